@@ -1,0 +1,176 @@
+"""The command line: parse, call `bisect`, render, exit. Thin by design."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import traceback
+from typing import Any, Callable, Optional
+
+import click
+
+from . import api, entry, faults
+from .errors import BisectError
+from .progress import make_progress
+from .report import Report
+from .verdict import POINTS
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 2, 130, 143
+
+SECURITY_NOTE = ("--entry imports and runs your code (like `uvicorn app:app`): point it only at code you trust.")
+
+
+def run_options(f: Callable) -> Callable:
+    """The options of a run, shared by the main command and `demo`."""
+    options = [
+        click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
+                     help="Write the result as JSON to this file (atomically; a partial result on failure or Ctrl-C)."),
+        click.option("--html", "html_path", type=click.Path(dir_okay=False, writable=True),
+                     help="Write the report as one self-contained HTML file."),
+        click.option("--max-seconds", type=click.FloatRange(min=1.0), default=api.DEFAULT_MAX_SECONDS, show_default=True,
+                     help="Hard bound on the whole run; points not measured in time are reported as such."),
+        click.option("--device", default=None,
+                     help="Device to train on, e.g. cpu, cuda, cuda:1.  [default: cuda if available, else cpu]"),
+        click.option("--points", default=None, metavar="LIST",
+                     help=f"Comma-separated subset of the points to measure (full is always needed): {','.join(POINTS)}."),
+        click.option("--cache-mb", type=click.FloatRange(min=1.0), default=api.DEFAULT_CACHE_MB, show_default=True,
+                     help="Memory budget of the caches; fewer distinct batches are kept when it is reached."),
+        click.option("--step-timeout", type=click.FloatRange(min=0.1), default=faults.DEFAULT_STEP_TIMEOUT,
+                     show_default=True,
+                     help="Watchdog: a point whose step or batch makes no progress for this long fails "
+                          "(\"no batch in N s\"), its workers are terminated, and the run goes on."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress; print only the verdict line."),
+        click.option("--debug", is_flag=True, help="Show tracebacks of errors."),
+        click.option("--sweep", "sweep", multiple=True, metavar="NAME=V1,V2,...",
+                     help="What-if sweep instead of the bisection: rerun the full pipeline under each combination "
+                          "of these settings and compare with yours. Repeatable; NAME is num_workers, pin_memory, "
+                          "prefetch_factor, persistent_workers or batch_size (e.g. --sweep num_workers=0,2,4)."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=SECURITY_NOTE)
+@click.option("--entry", "entry_spec", metavar="MODULE:FUNCTION",
+              help="Entry function returning your workload: mymod:make (importable from the current directory) "
+                   "or path/to/file.py:make. It returns bisect_pipeline.Workload(model=..., loader=...), a dict with "
+                   "those keys, or a (model, loader) tuple.")
+@run_options
+@click.version_option(package_name="bisect-pipeline", prog_name="bisect-pipeline")
+@click.pass_context
+def main(ctx: click.Context, entry_spec: Optional[str], **opts: Any) -> None:
+    """Find which stage of a PyTorch input pipeline starves the training step.
+
+    Trains with the data cached at each point of the pipeline (device, host, collated,
+    augmented, raw, full) and names the stage where throughput drops: load, augment,
+    collate, handoff, transfer, or none.
+
+    \b
+      bisect-pipeline --entry mymod:make --json result.json
+      bisect-pipeline demo
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if not entry_spec:
+        raise click.UsageError("give --entry MODULE:FUNCTION (or run `bisect-pipeline demo`).")
+    _run(lambda: entry.load(entry_spec), **opts)
+
+
+@main.command()
+@run_options
+def demo(**opts: Any) -> None:
+    """Run the built-in demo workload (a small CNN on CPU with a slow augmentation)."""
+    from .demo import make
+
+    _run(make, **opts)
+
+
+@main.command()
+@click.argument("before", type=click.Path(dir_okay=False))
+@click.argument("after", type=click.Path(dir_okay=False))
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
+              help="Write the comparison as JSON to this file.")
+def compare(before: str, after: str, json_path: Optional[str]) -> None:
+    """Compare two results written with --json: per point and stage, what changed beyond the noise."""
+    from . import compare as compare_mod
+
+    sys.exit(compare_mod.main(before, after, json_path))
+
+
+_signals_seen: list = []
+
+
+def _on_sigterm(signum, frame) -> None:
+    # SIGTERM takes the Ctrl-C path (partial result written, workers shut down), exit 143.
+    _signals_seen.append(signum)
+    raise KeyboardInterrupt()
+
+
+def _interrupt_code() -> int:
+    return EXIT_SIGTERM if signal.SIGTERM in _signals_seen else EXIT_SIGINT
+
+
+def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, points, cache_mb, quiet, debug,
+         step_timeout=faults.DEFAULT_STEP_TIMEOUT, sweep=()) -> None:
+    progress = make_progress(max_seconds, quiet=quiet)  # None when quiet or stderr is not a terminal
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    code = EXIT_OK
+    try:
+        try:
+            if sweep:
+                from . import sweep as sweep_mod
+
+                sys.exit(sweep_mod.main(make_workload, sweep, json_path=json_path, max_seconds=max_seconds, device=device,
+                                        quiet=quiet, debug=debug, progress=progress, interrupt_code=_interrupt_code))
+            point_list = [p.strip() for p in points.split(",") if p.strip()] if points else None
+            workload = make_workload()
+            try:
+                report = api.bisect(workload=workload, device=device, max_seconds=max_seconds, points=point_list,
+                                    step_timeout=step_timeout,
+                                    cache_mb=cache_mb, progress=progress)
+            finally:
+                if progress:
+                    progress.done()  # a clean line for the report, or for the error that follows
+        except api.Interrupted as exc:
+            report = exc.report
+            code = _interrupt_code()
+        except KeyboardInterrupt:
+            _fail("interrupted before anything was measured", _interrupt_code())
+        except BisectError as exc:
+            if debug:
+                traceback.print_exc()
+            _fail(str(exc), exc.exit_code)
+        except Exception as exc:
+            if debug:
+                traceback.print_exc()
+            _fail(f"the run failed: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", EXIT_FAILED)
+        _write_outputs(report, json_path, html_path)
+        click.echo(report.summary if quiet else str(report))
+        if code == EXIT_OK and report.bottleneck is None:
+            code = EXIT_FAILED
+    finally:
+        if progress:
+            progress.done()  # gives the cursor back on every path (done twice is a no-op)
+        signal.signal(signal.SIGTERM, previous)
+    sys.exit(code)
+
+
+def _write_outputs(report: Report, json_path: Optional[str], html_path: Optional[str]) -> None:
+    if json_path:
+        report.save_json(json_path)
+    if html_path:
+        from .render_html import to_document
+        from .report import write_atomic
+
+        write_atomic(html_path, to_document(report))
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"bisect-pipeline: error: {message}", err=True)
+    sys.exit(code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,213 @@
+"""Faults of the pipeline under test: which stage failed, what a killed worker means,
+a watchdog for hangs, and the /dev/shm check. The pipelines we run are in trouble by
+definition: every failure must end up as a clear reason at one point, never a hang."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+from typing import Any, Callable, Optional
+
+# Default --step-timeout: generous, so a slow but healthy first batch (a large model's
+# first CUDA call, workers importing heavy modules) is never mistaken for a hang.
+DEFAULT_STEP_TIMEOUT = 120.0
+# How often the watchdog looks; a hang is reported at most this much late.
+_WATCH_INTERVAL = 0.2
+
+# What a worker killed by a signal usually means (PEERS.md "Failure modes seen in the wild").
+SIGNAL_MEANING = {
+    "Killed": "killed (SIGKILL): usually the out-of-memory killer; the workers used too much host memory. "
+              "Use fewer workers, a smaller prefetch_factor or smaller batches",
+    "Bus error": "bus error (SIGBUS): usually /dev/shm is too small for the batches in flight. Give the container "
+                 "more shared memory (docker run --shm-size=...), or use fewer workers or smaller batches",
+    "Segmentation fault": "segmentation fault (SIGSEGV): a native crash in a library the dataset or transforms call "
+                          "(an image decoder, OpenCV with threads, ...). Rerun with num_workers=0 to get its traceback",
+    "Aborted": "aborted (SIGABRT): a native library aborted inside the worker",
+}
+
+
+class StageError(Exception):
+    """Raised by our wrappers around user code, naming the stage it belongs to.
+
+    Its message survives a DataLoader worker (which re-raises exceptions by type and
+    message only): "<stage> failed: <OriginalType>: <message>".
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+def stage_error(stage: str, exc: BaseException) -> StageError:
+    return StageError(f"{stage} failed: {type(exc).__name__}: {exc}")
+
+
+class StepTimeout(Exception):
+    """Raised in the main thread by the watchdog when a step makes no progress."""
+
+
+_STAGE_LINE = re.compile(r"StageError: (\S+) failed: (.*)")
+
+
+def classify(exc: BaseException) -> tuple[Optional[str], str]:
+    """(failed stage or None, one-paragraph reason) for an exception raised at a point."""
+    chain = []
+    e: Optional[BaseException] = exc
+    while e is not None and len(chain) < 10:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for e in chain:
+        text = str(e)
+        m = re.search(r"is killed by signal: ([A-Za-z ]+)\.", text)
+        if m:
+            sig = m.group(1).strip()
+            meaning = SIGNAL_MEANING.get(sig, f"killed by signal {sig}")
+            return "worker", f"a DataLoader worker died: {meaning}."
+    if isinstance(exc, StepTimeout):
+        return None, str(exc)
+    text = str(exc)
+    if isinstance(exc, StageError) and not text.startswith("Caught"):
+        stage, _, rest = text.partition(" failed: ")
+        return stage, f"{stage} raised {rest}"
+    hits = _STAGE_LINE.findall(text)
+    if hits:  # re-raised from a worker: "Caught StageError in DataLoader worker process N ..."
+        stage, rest = hits[-1]
+        worker = re.search(r"worker process (\d+)", text)
+        where = f" (in DataLoader worker {worker.group(1)})" if worker else ""
+        return stage, f"{stage} raised {rest.strip()}{where}"
+    if "out of memory" in text.lower() or type(exc).__name__ == "OutOfMemoryError":
+        return "step", (f"{type(exc).__name__}: {_headline(text)}. Lower --cache-mb (the caches hold batches on the "
+                        "device too) or the batch size.")
+    return None, f"{type(exc).__name__}: {_headline(text)}"
+
+
+def _headline(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if len(lines) > 2:  # a worker's re-raised traceback: its headline and its last line
+        return f"{lines[0]} ... {lines[-1]}"[:500]
+    return " ".join(lines)[:500]
+
+
+# --------------------------------------------------------------------------------------
+# Wrappers that tag user code with its stage (module level: they cross to workers)
+# --------------------------------------------------------------------------------------
+
+
+class Tagged:
+    """Calls `fn`; an exception from it becomes a StageError naming `stage`."""
+
+    def __init__(self, fn: Callable, stage: str) -> None:
+        self.fn = fn
+        self.stage = stage
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.fn(*args, **kwargs)
+        except StageError:
+            raise
+        except Exception as exc:
+            raise stage_error(self.stage, exc) from exc
+
+
+def tag(fn: Optional[Callable], stage: str) -> Optional[Callable]:
+    return None if fn is None else Tagged(fn, stage)
+
+
+# --------------------------------------------------------------------------------------
+# Watchdog
+# --------------------------------------------------------------------------------------
+
+
+class Watchdog:
+    """Interrupts the main thread when no step finishes for `timeout` seconds.
+
+    The timed loop calls `beat()` once per step (one attribute store: nothing else on
+    the per-step path). A background thread checks the beat; on a hang it sends SIGALRM
+    to this process, whose handler raises StepTimeout in the main thread — a real signal
+    also wakes a main thread blocked in a sleep or a queue wait. Only in the main thread
+    (signal handlers live there); elsewhere it is a no-op and the DataLoader `timeout`
+    still guards the workers.
+    """
+
+    def __init__(self, timeout: Optional[float], what: Callable[[], str] = lambda: "the step") -> None:
+        self.timeout = timeout
+        self.what = what
+        self.count = 0
+        self._stop = threading.Event()
+        self._fired = False
+        self._thread: Optional[threading.Thread] = None
+        self._previous = None
+        self.active = bool(timeout) and threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGALRM")
+
+    def beat(self) -> None:
+        self.count += 1
+
+    def __enter__(self) -> "Watchdog":
+        if self.active:
+            self._previous = signal.signal(signal.SIGALRM, self._on_alarm)
+            self._thread = threading.Thread(target=self._watch, name="bisect-pipeline-watchdog", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.active:
+            self._stop.set()
+            self._thread.join()
+            signal.signal(signal.SIGALRM, self._previous)
+
+    def _watch(self) -> None:
+        seen, since = self.count, time.monotonic()
+        while not self._stop.wait(_WATCH_INTERVAL):
+            if self.count != seen:
+                seen, since = self.count, time.monotonic()
+            elif time.monotonic() - since > self.timeout and not self._fired:
+                self._fired = True
+                os.kill(os.getpid(), signal.SIGALRM)
+
+    def _on_alarm(self, signum, frame) -> None:
+        if self._fired:
+            raise StepTimeout(f"{self.what()} made no progress in {self.timeout:g} s (--step-timeout)")
+
+
+def hang_location(exc: BaseException) -> str:
+    """'no batch' when a StepTimeout was raised while waiting for data, else 'step'."""
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename.replace(os.sep, "/")
+        if "torch/utils/data/" in filename:
+            return "no batch"
+        tb = tb.tb_next
+    return "step"
+
+
+# --------------------------------------------------------------------------------------
+# /dev/shm
+# --------------------------------------------------------------------------------------
+
+
+def shm_free_bytes(path: str = "/dev/shm") -> Optional[int]:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+# Batches in flight through shared memory are counted twice: the worker's output and
+# the copy a pin-memory thread or the loop may still hold.
+SHM_SAFETY = 2.0
+
+
+def shm_problem(num_workers: int, prefetch_depth: int, batch_bytes: int, free: Optional[int]) -> Optional[str]:
+    """A warning when /dev/shm cannot hold the batches the workers keep in flight."""
+    if num_workers == 0 or free is None or batch_bytes <= 0:
+        return None
+    need = int(prefetch_depth * batch_bytes * SHM_SAFETY)
+    if need <= free:
+        return None
+    return (f"/dev/shm has {free / 2**20:.0f} MiB free, but {num_workers} workers x prefetch keep about "
+            f"{need / 2**20:.0f} MiB of batches in shared memory: workers may die with a bus error. Give the container "
+            "more shared memory (docker run --shm-size=2g), or use fewer workers, a smaller prefetch_factor or smaller "
+            "batches.")

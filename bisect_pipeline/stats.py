@@ -1,0 +1,121 @@
+"""Pure statistics over timed windows: no clock, no torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+# A point whose windows disagree by more than this (IQR / median of throughput) is
+# flagged as noisy: 10% is where torch.utils.benchmark starts warning too, and
+# below it a 5-window median is stable to a few percent on a shared 2-core machine.
+NOISY_REL_IQR = 0.10
+# Gaussian constants: IQR = 1.349 sigma; the median of n draws has standard error
+# sqrt(pi/2) sigma / sqrt(n) = 1.2533 sigma / sqrt(n).
+IQR_PER_SIGMA = 1.349
+MEDIAN_SE_FACTOR = 1.2533
+
+
+def median(values: Sequence[float]) -> float:
+    if not values:
+        raise ValueError("median of no values")
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    if n % 2:
+        return float(ordered[mid])
+    return (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default method), 0 <= q <= 1."""
+    if not values:
+        raise ValueError("quantile of no values")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be within [0, 1], got {q}")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo = math.floor(pos)
+    hi = math.ceil(pos)
+    if lo == hi:
+        return float(ordered[lo])
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def iqr(values: Sequence[float]) -> float:
+    return quantile(values, 0.75) - quantile(values, 0.25)
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """One timed window: `steps` training steps took `seconds` of wall clock."""
+
+    steps: int
+    seconds: float
+
+    @property
+    def steps_per_sec(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else math.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """Raw windows of one point; every statistic is derived from them.
+
+    Throughput is total steps over total time per window (never a median of per-step
+    times, which a bursty producer such as a multi-worker loader makes wrong).
+    """
+
+    windows: tuple[Window, ...]
+    batch_size: int
+
+    def _rates(self) -> list[float]:
+        return [w.steps_per_sec * self.batch_size for w in self.windows]
+
+    @property
+    def n(self) -> int:
+        return len(self.windows)
+
+    @property
+    def samples_per_sec(self) -> float:
+        return median(self._rates())
+
+    @property
+    def iqr(self) -> float:
+        return iqr(self._rates())
+
+    @property
+    def rel_iqr(self) -> float:
+        """Spread relative to the median: 0.05 means windows agree within about 5%."""
+        med = self.samples_per_sec
+        return self.iqr / med if med > 0 else math.inf
+
+    @property
+    def sec_per_batch(self) -> float:
+        return self.batch_size / self.samples_per_sec
+
+    @property
+    def rel_se(self) -> float:
+        """Standard error of the median throughput, relative to it.
+
+        IQR/1.349 estimates the windows' standard deviation (exact for Gaussian noise),
+        and the median of n values has about 1.2533 sigma/sqrt(n) standard error.
+        """
+        return MEDIAN_SE_FACTOR * (self.rel_iqr / IQR_PER_SIGMA) / math.sqrt(self.n)
+
+    @property
+    def sec_per_batch_sigma(self) -> float:
+        """Standard error of `sec_per_batch` (relative errors of b/r and r are equal)."""
+        return self.sec_per_batch * self.rel_se
+
+    @property
+    def noisy(self) -> bool:
+        return self.rel_iqr > NOISY_REL_IQR
+
+    @property
+    def steps(self) -> int:
+        return sum(w.steps for w in self.windows)
+
+    @property
+    def seconds(self) -> float:
+        return sum(w.seconds for w in self.windows)
