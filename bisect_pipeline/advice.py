@@ -1,0 +1,386 @@
+"""What to change: typed findings from the measured numbers and the loader's settings.
+
+Every rule fires only when its measured condition holds, and every finding carries the
+numbers it rests on (`numbers`), so the advice is data first (the JSON's `advice`) and
+text second. Nothing here is generic: no number, no finding.
+
+The inputs are the Report: its verdict (stage costs from the bisection), `loader` (the
+user's settings, `stages.LoaderSpec.settings()`), `isolated` (costs measured alone, in
+this process: isolate.py) and `syncs` (host-device syncs in the step, CUDA only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any, Optional
+
+from .verdict import MIN_REL_DROP
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .report import Report
+
+# Input-bound class of the whole pipeline, from Verdict.input_bound_fraction: the share
+# of the ceiling's throughput lost to input, 1 - full/ceiling = gap / t(full). The
+# thresholds are the TensorFlow input-pipeline analyzer's (xprof
+# op_stats_to_input_pipeline_analysis.cc): < 5% NOT, 5-20% MODERATELY, >= 20% HIGHLY
+# input-bound. 5% is also the verdict's own MIN_REL_DROP. When the verdict is `none` (the
+# gap is within noise) the class is `not`, whatever the point estimate.
+INPUT_BOUND_MODERATE = 0.05
+INPUT_BOUND_HIGH = 0.20
+INPUT_BOUND_CLASSES = ("not", "moderately", "highly")
+
+# A measured isolated cost (transfer) is worth acting on from the same share of t(full)
+# that makes a bisection drop real (verdict.MIN_REL_DROP).
+MIN_ACTIONABLE_SHARE = MIN_REL_DROP
+# Peak GPU memory below this share of the device's memory leaves room for a larger batch
+# (the seed's example peaks under 1 GB of 16 GB; half the memory is a safe margin for
+# activations that grow with the batch).
+MEMORY_UNUSED_FRACTION = 0.5
+# A custom collate_fn costing this many times default_collate on the same samples does
+# work of its own beyond the batch structure.
+OWN_COLLATE_WORK_RATIO = 2.0
+# Per-sample structure that makes default_collate slow: Python numbers and lists become
+# one tensor per position, numpy arrays are converted one by one, many small tensors are
+# stacked one by one.
+MANY_NUMBERS = 8
+MANY_TENSORS = 8
+# Bytes per element saved by sending uint8 instead of a floating dtype.
+_FLOAT_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
+
+WORKER_STAGES = ("load", "augment", "collate")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    kind: str  # num_workers, cores, pin_memory, uint8_payload, collate, storage, augment, handoff, batch_size, syncs
+    stage: str  # the stage it is about (or "step")
+    message: str
+    numbers: dict  # the measured numbers and settings it rests on
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "stage": self.stage, "message": self.message, "numbers": dict(self.numbers)}
+
+
+def input_bound_class(r: "Report") -> Optional[str]:
+    """`not`, `moderately`, `highly` input-bound, or None when there is no verdict."""
+    v = r.verdict
+    if v.bottleneck is None or v.input_bound_fraction is None:
+        return None
+    if v.bottleneck == "none":
+        return "not"
+    f = v.input_bound_fraction
+    if f < INPUT_BOUND_MODERATE:
+        return "not"
+    if f < INPUT_BOUND_HIGH:
+        return "moderately"
+    return "highly"
+
+
+def advise(r: "Report") -> list:
+    """The findings as JSON-ready dicts (kind, stage, message, numbers)."""
+    return [f.to_dict() for f in findings(r)]
+
+
+def findings(r: "Report") -> list:
+    ctx = _Context(r)
+    out: list = []
+    for rule in (_workers, _pin_memory, _uint8_payload, _collate, _storage, _augment, _handoff, _batch_size, _syncs):
+        found = rule(ctx)
+        if found:
+            out.extend(found if isinstance(found, list) else [found])
+    return out
+
+
+# --------------------------------------------------------------------------------------
+
+
+class _Context:
+    """The measured numbers the rules read, with their absence made explicit."""
+
+    def __init__(self, r: "Report") -> None:
+        self.r = r
+        self.b = r.verdict.bottleneck
+        self.lo = r.loader or {}
+        self.iso = r.isolated or {}
+        self.workers = int(self.lo.get("num_workers") or 0)
+        self.cuda = str(r.device).startswith("cuda")
+        self.t_full = _sec_per_batch(r, "full")
+        self.t_ceiling = _ceiling(r)
+
+    def stage(self, name: str):
+        try:
+            return self.r.stage(name)
+        except KeyError:
+            return None
+
+    def significant(self, name: str) -> bool:
+        s = self.stage(name)
+        return s is not None and s.status == "ok" and s.significant
+
+    def stage_ms(self, name: str) -> Optional[float]:
+        s = self.stage(name)
+        return None if s is None or s.sec_per_batch is None else s.sec_per_batch * 1e3
+
+    def part(self, name: str) -> dict:
+        p = self.iso.get(name)
+        return p if isinstance(p, dict) and p.get("status") == "ok" else {}
+
+
+def _sec_per_batch(r: "Report", point: str) -> Optional[float]:
+    for p in r.points:
+        if p.point == point and p.status == "ok" and p.throughput is not None:
+            return p.throughput.sec_per_batch
+    return None
+
+
+def _ceiling(r: "Report") -> Optional[float]:
+    for name in ("device", "host", "collated", "augmented", "raw"):
+        t = _sec_per_batch(r, name)
+        if t is not None:
+            return t
+    return None
+
+
+def _r(x: Optional[float], nd: int = 3) -> Optional[float]:
+    return None if x is None else round(float(x), nd)
+
+
+def _workers_needed(c: _Context) -> Optional[dict]:
+    """Workers that would feed the step: from the isolated costs when measured, else from
+    the bisection (with num_workers=0 a stage's drop is its serial cost per batch)."""
+    w = c.part("workers")
+    if w.get("needed"):
+        return {"needed": int(w["needed"]), "worker_ms_per_batch": w["worker_ms_per_batch"],
+                "step_ms_per_batch": w["step_ms_per_batch"], "cores": int(w["cores"]),
+                "available": int(w["available"]), "source": "isolated costs"}
+    if c.workers != 0 or c.t_ceiling is None:
+        return None
+    work = sum(max(0.0, c.stage_ms(s) or 0.0) for s in WORKER_STAGES)
+    step_ms = c.t_ceiling * 1e3
+    cores = int((c.r.run or {}).get("cpu_count") or 1)
+    return {"needed": max(1, math.ceil(work / step_ms)), "worker_ms_per_batch": _r(work), "step_ms_per_batch": _r(step_ms),
+            "cores": cores, "available": max(0, cores - 1), "source": "bisection stage costs (num_workers=0)"}
+
+
+def _workers(c: _Context):
+    """num_workers too low for a load/augment/collate bottleneck -> the count that feeds the step."""
+    if c.b not in WORKER_STAGES or not c.significant(c.b):
+        return None
+    need = _workers_needed(c)
+    if need is None:
+        return None
+    ms = c.stage_ms(c.b)
+    n, avail, cores = need["needed"], need["available"], need["cores"]
+    numbers = {"num_workers": c.workers, "stage_ms_per_batch": _r(ms), **need}
+    on_cpu = " On the CPU the step itself uses these cores too, so workers and step compete." if not c.cuda else ""
+    if n > avail and c.workers >= avail:
+        return Finding("cores", c.b, (
+            f"Feeding the step takes about {n} workers ({need['worker_ms_per_batch']:.1f} ms of {c.b} work per batch "
+            f"against a {need['step_ms_per_batch']:.1f} ms step), but this machine has {cores} cores "
+            f"({avail} for workers) and num_workers={c.workers} already uses them: make the {c.b} work itself cheaper."
+            + on_cpu), numbers)
+    recommended = max(1, min(n, avail)) if avail else 1
+    if c.workers >= recommended:
+        return None
+    numbers["recommended"] = {"num_workers": recommended}
+    where = ("runs in the training loop's own process" if c.workers == 0
+             else f"is spread over only {c.workers} worker(s)")
+    fit = (f"{n} worker(s) would feed the step and this machine's {cores} cores can supply them"
+           if n <= avail else
+           f"{n} workers would feed the step but this machine has {cores} cores: {recommended} is the most it can "
+           f"supply, so also make the {c.b} work cheaper")
+    return Finding("num_workers", c.b, (
+        f"num_workers={c.workers}: {c.b} ({ms:.1f} ms per batch) {where}. Alone it costs "
+        f"{need['worker_ms_per_batch']:.1f} ms of worker work per batch against a {need['step_ms_per_batch']:.1f} ms "
+        f"step: {fit}. Set num_workers={recommended}." + on_cpu), numbers)
+
+
+def _transfer_ms(c: _Context) -> tuple[Optional[float], str]:
+    """The transfer cost worth acting on: the bisection's when significant, else the
+    isolated one when it is at least MIN_ACTIONABLE_SHARE of t(full)."""
+    if c.significant("transfer"):
+        return c.stage_ms("transfer"), "bisection (host -> device points)"
+    t = c.part("transfer")
+    if t.get("ms_per_batch") is not None and c.t_full and t["ms_per_batch"] / 1e3 >= MIN_ACTIONABLE_SHARE * c.t_full:
+        return t["ms_per_batch"], "isolated copy"
+    return None, ""
+
+
+def _pin_memory(c: _Context):
+    """pin_memory=False with a measured transfer cost -> pin and copy non_blocking."""
+    if not c.cuda or c.lo.get("pin_memory"):
+        return None
+    ms, source = _transfer_ms(c)
+    if ms is None:
+        return None
+    t = c.part("transfer")
+    gbs = t.get("gb_per_s")
+    bw = f" at {gbs:.1f} GB/s" if gbs else ""
+    return Finding("pin_memory", "transfer", (
+        f"The host-to-device copy costs {ms:.1f} ms per batch{bw} and pin_memory=False: pageable memory is copied "
+        "through a staging buffer and the copy blocks the step. Set pin_memory=True and move batches with "
+        ".to(device, non_blocking=True) so the copy overlaps compute."),
+        {"transfer_ms_per_batch": _r(ms), "source": source, "gb_per_s": gbs,
+         "bytes_per_batch": t.get("bytes_per_batch"), "pin_memory": False})
+
+
+def _uint8_payload(c: _Context):
+    """Floating-point images crossing the bus (or the worker handoff) with a measured
+    cost there -> send uint8 and convert/normalize on the device."""
+    images = [t for t in (c.part("batch").get("tensors") or []) if t.get("image") and t.get("dtype") in _FLOAT_BYTES
+              and _FLOAT_BYTES[t["dtype"]] > 1]
+    if not images:
+        return None
+    ms, source = _transfer_ms(c) if c.cuda else (None, "")
+    stage = "transfer"
+    if ms is None and c.significant("handoff"):
+        ms, source, stage = c.stage_ms("handoff"), "bisection (collated -> host points)", "handoff"
+    if ms is None:
+        return None
+    img = max(images, key=lambda t: t["bytes"])
+    factor = _FLOAT_BYTES[img["dtype"]]
+    saved = img["bytes"] - img["bytes"] // factor
+    where = "the host-to-device copy" if stage == "transfer" else "the hand-off from workers to the loop"
+    return Finding("uint8_payload", stage, (
+        f"{img['path']} is a {img['dtype']} image batch {img['shape']} ({img['bytes'] / 2**20:.1f} MB) and {where} "
+        f"costs {ms:.1f} ms per batch: keep images uint8 through the loader (drop ToTensor/Normalize from the "
+        f"transforms, e.g. PILToTensor) and convert and normalize on the device inside the step: {factor}x less "
+        f"payload ({saved / 2**20:.1f} MB less per batch)."),
+        {"tensor": img["path"], "dtype": img["dtype"], "shape": img["shape"], "bytes": img["bytes"],
+         "bytes_saved": saved, "stage_ms_per_batch": _r(ms), "source": source})
+
+
+def _collate(c: _Context):
+    """A collate bottleneck -> what in the batch structure (or the function) makes it slow."""
+    if c.b != "collate" or not c.significant("collate"):
+        return None
+    ms = c.stage_ms("collate")
+    col, st, batch = c.part("collate"), c.part("sample_structure"), c.part("batch")
+    name = c.lo.get("collate_fn") or col.get("collate_fn") or "collate_fn"
+    numbers = {"collate_ms_per_batch": _r(ms), "collate_fn": name,
+               "isolated_ms_per_batch": col.get("ms_per_batch"),
+               "default_collate_ms_per_batch": col.get("default_collate_ms_per_batch"),
+               "sample_structure": {k: v for k, v in st.items() if k != "status"} or None,
+               "batch_tensors": batch.get("n_tensors"), "batch_bytes": batch.get("bytes")}
+    causes = []
+    own, dflt = col.get("ms_per_batch"), col.get("default_collate_ms_per_batch")
+    if own is not None and dflt is not None and own >= OWN_COLLATE_WORK_RATIO * max(dflt, 1e-3):
+        causes.append(f"{name} costs {own:.1f} ms per batch alone against {dflt:.2f} ms for torch's default_collate "
+                      "on the same samples: the cost is the function's own work (per-sample Python, padding, copies), "
+                      "not the batch structure; vectorize it or move it into the dataset's transforms (in the workers)")
+    if st.get("numbers", 0) >= MANY_NUMBERS or st.get("longest_list", 0) >= MANY_NUMBERS:
+        causes.append(f"each sample carries {st.get('numbers', 0)} Python numbers (longest list "
+                      f"{st.get('longest_list', 0)}): default_collate builds one tensor per position; return one "
+                      "tensor per field from __getitem__")
+    if st.get("ndarrays", 0):
+        causes.append(f"each sample carries {st['ndarrays']} numpy array(s), converted one by one: return torch "
+                      "tensors (torch.from_numpy) from __getitem__")
+    if st.get("tensors", 0) >= MANY_TENSORS:
+        causes.append(f"each sample carries {st['tensors']} separate tensors, stacked one by one: concatenate them "
+                      "into fewer, larger tensors")
+    if st.get("images", 0):
+        causes.append(f"{st['images']} PIL image(s) per sample reach collate_fn: convert to tensors in the transform")
+    if st.get("strings", 0):
+        causes.append(f"{st['strings']} string(s) per sample are gathered into Python lists: map them to ids in "
+                      "the dataset")
+    if not causes and batch.get("bytes"):
+        causes.append(f"the batch is {batch.get('n_tensors')} tensor(s), {batch['bytes'] / 2**20:.1f} MB: collate "
+                      "copies every byte once; shrink the payload (uint8, smaller crops) or build the batch in one "
+                      "preallocated tensor")
+    if not causes:
+        return None
+    return Finding("collate", "collate", f"collate adds {ms:.1f} ms per batch: " + "; ".join(causes) + ".", numbers)
+
+
+def _storage(c: _Context):
+    """A load bottleneck -> storage, file format, decoding, caching, with its numbers."""
+    if c.b != "load" or not c.significant("load"):
+        return None
+    ms = c.stage_ms("load")
+    load = c.part("load")
+    per_sample = load.get("ms_per_sample")
+    bs = c.r.batch_size
+    numbers = {"load_ms_per_batch": _r(ms), "isolated_ms_per_sample": per_sample, "batch_size": bs,
+               "dataset": c.lo.get("dataset"), "num_workers": c.workers, "cache": c.r.cache or None}
+    cap = ""
+    if per_sample:
+        rate = max(1, c.workers) * 1e3 / per_sample
+        numbers["load_cap_samples_per_sec"] = _r(rate, 1)
+        cap = (f" Alone a sample takes {per_sample:.2f} ms to load, so {max(1, c.workers)} process(es) cap input at "
+               f"{rate:,.0f} samples/s.")
+    includes = c.stage("load").includes if c.stage("load") else ()
+    merged = " (measured together with augment: the transforms could not be split)" if "augment" in includes else ""
+    return Finding("storage", "load", (
+        f"Loading {c.lo.get('dataset') or 'the dataset'}'s samples adds {ms:.1f} ms per batch{merged}.{cap} Read "
+        "fewer, larger files (sharded tar/record formats) from local or faster storage, store pre-resized or "
+        "cheaper-to-decode data, or cache decoded samples in memory when they fit."), numbers)
+
+
+def _augment(c: _Context):
+    """An augment bottleneck -> the transforms found, with their isolated cost."""
+    if c.b != "augment" or not c.significant("augment"):
+        return None
+    ms = c.stage_ms("augment")
+    aug = c.part("augment")
+    found = list((c.r.cache or {}).get("raw_transforms") or [])
+    numbers = {"augment_ms_per_batch": _r(ms), "isolated_ms_per_sample": aug.get("ms_per_sample"),
+               "transforms": found, "num_workers": c.workers}
+    alone = f" ({aug['ms_per_sample']:.2f} ms per sample alone)" if aug.get("ms_per_sample") is not None else ""
+    which = ", ".join(found) or "the dataset's transforms"
+    return Finding("augment", "augment", (
+        f"{which} add {ms:.1f} ms per batch{alone}. Move work that is the same every epoch (decode, resize) to data "
+        "preparation, crop before expensive ops, and run tensor transforms batched on the device inside the step."),
+        numbers)
+
+
+def _handoff(c: _Context):
+    """A handoff bottleneck -> the payload the workers send, with its size."""
+    if c.b != "handoff" or not c.significant("handoff"):
+        return None
+    ms = c.stage_ms("handoff")
+    batch = c.part("batch")
+    numbers = {"handoff_ms_per_batch": _r(ms), "batch_bytes": batch.get("bytes"), "n_tensors": batch.get("n_tensors"),
+               "num_workers": c.workers, "pin_memory": c.lo.get("pin_memory")}
+    size = f" a batch of {batch['n_tensors']} tensor(s), {batch['bytes'] / 2**20:.1f} MB," if batch.get("bytes") else ""
+    pin = (" pin_memory=True pins each batch in the loop's pinning thread: check it against pin_memory=False with "
+           "--sweep pin_memory=0,1." if c.lo.get("pin_memory") else "")
+    return Finding("handoff", "handoff", (
+        f"Moving{size} from the workers to the training loop adds {ms:.1f} ms per batch: send fewer, more compact "
+        "tensors (uint8 instead of float, no unused fields)." + pin), numbers)
+
+
+def _batch_size(c: _Context):
+    """CUDA, step-bound (not input-bound) and most of the GPU memory unused -> a larger batch."""
+    if not c.cuda:
+        return None
+    mem = c.part("memory")
+    frac = mem.get("fraction")
+    if frac is None or frac >= MEMORY_UNUSED_FRACTION or input_bound_class(c.r) != "not":
+        return None
+    bs = c.r.batch_size
+    room = int(bs * MEMORY_UNUSED_FRACTION / max(frac, 1e-6))
+    return Finding("batch_size", "step", (
+        f"The step is the limit and peaks at {mem['peak_bytes'] / 2**30:.2f} GB of {mem['total_bytes'] / 2**30:.0f} GB "
+        f"GPU memory ({frac * 100:.0f}%): a larger batch (up to about {room} from {bs}, keeping half the memory free) "
+        "raises samples/s. It changes the optimization: retune the learning rate."),
+        {"peak_bytes": mem["peak_bytes"], "total_bytes": mem["total_bytes"], "fraction": frac, "batch_size": bs,
+         "batch_size_fits_about": room})
+
+
+def _syncs(c: _Context):
+    """Host-device syncs counted in the step (CUDA) -> where they are and why they hurt."""
+    s = c.r.syncs or {}
+    if s.get("status") != "ok" or not s.get("per_step"):
+        return None
+    per = s["per_step"]
+    sites = ", ".join(f"{x['where']} ({x['count']}x)" for x in s.get("sites", [])[:3])
+    cls = input_bound_class(c.r)
+    tie = (f" The pipeline is {cls} input-bound: a syncing step also stalls while it waits, so the loader's "
+           "prefetching overlaps less." if cls in ("moderately", "highly") else "")
+    return Finding("syncs", "step", (
+        f"The training step synchronizes host and device {per:g} time(s) per step (at {sites}): each sync stops the "
+        "CPU from queueing work until the GPU catches up. Remove .item(), .cpu(), print of tensors and "
+        "data-dependent shapes from the step, or accumulate metrics on the device." + tie),
+        {"per_step": per, "total": s.get("total"), "steps": s.get("steps"), "sites": s.get("sites", []),
+         "input_bound_class": cls})

@@ -1,0 +1,177 @@
+"""`bisect-pipeline compare before.json after.json`: what changed, with the noise.
+
+Reads the two JSON documents only (json.load, never pickle), rebuilds them with
+`Report.from_dict`, and compares per point (throughput) and per stage (ms per batch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Optional
+
+from .errors import BisectError
+from .report import Report
+from .stats import Throughput
+from .verdict import MIN_REL_DROP, POINTS, Z_NOISE
+
+# A point's change is real when |log(after / before)| exceeds both Z_NOISE combined
+# relative standard errors of the two medians (hypot of Throughput.rel_se, the same
+# 3-sigma rule as the verdict) and MIN_REL_CHANGE: drift between two runs is at least
+# the drift between two points of one run, which the verdict bounds at 5%.
+MIN_REL_CHANGE = MIN_REL_DROP
+# A stage's change is real when |after - before| (ms per batch) exceeds both Z_NOISE
+# combined noise_ms of the two runs and MIN_REL_CHANGE of the slower full pipeline's time
+# per batch (the verdict's threshold for a stage's cost, applied to the difference).
+
+
+def load(path: str) -> Report:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise BisectError(f"compare: no file {path!r}; give two JSON files written with --json.") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BisectError(f"compare: {path!r} is not a JSON document ({exc}); give files written with --json.") from None
+    if not isinstance(doc, dict) or doc.get("kind") == "sweep":
+        raise BisectError(f"compare: {path!r} is not a bisection result (a sweep's JSON or another document); "
+                          "give files written by `bisect-pipeline --entry ... --json PATH`.")
+    try:
+        return Report.from_dict(doc)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BisectError(f"compare: {path!r} is not a bisect-pipeline result ({type(exc).__name__}: {exc}).") from None
+
+
+def _tp(r: Report, name: str) -> Optional[Throughput]:
+    for p in r.points:
+        if p.point == name and p.status == "ok" and p.throughput is not None:
+            return p.throughput
+    return None
+
+
+def point_change(before: Optional[Throughput], after: Optional[Throughput]) -> dict:
+    """ratio = after / before throughput; `real` by the rule above."""
+    if before is None or after is None:
+        return {"ratio": None, "real": None, "label": "not measured in both runs"}
+    ratio = after.samples_per_sec / before.samples_per_sec
+    se = math.hypot(before.rel_se, after.rel_se)
+    threshold = max(Z_NOISE * se, MIN_REL_CHANGE)
+    real = abs(math.log(ratio)) > threshold
+    if not real:
+        label = "within noise"
+    elif ratio > 1:
+        label = f"{ratio:.2f}x faster"
+    else:
+        label = f"{1 / ratio:.2f}x slower"
+    return {"ratio": round(ratio, 4), "real": real, "threshold_rel": round(threshold, 4), "label": label}
+
+
+def stage_change(before, after, t_full: Optional[float]) -> dict:
+    """diff = after - before ms per batch; `real` by the rule above."""
+    if before is None or after is None or before.sec_per_batch is None or after.sec_per_batch is None:
+        return {"diff_ms": None, "real": None, "label": "not measured in both runs"}
+    diff = after.sec_per_batch - before.sec_per_batch
+    sigma = math.hypot(before.sigma or 0.0, after.sigma or 0.0)
+    threshold = max(Z_NOISE * sigma, MIN_REL_CHANGE * (t_full or 0.0))
+    real = abs(diff) > threshold
+    label = "within noise" if not real else (f"{-diff * 1e3:.1f} ms per batch cheaper" if diff < 0
+                                             else f"{diff * 1e3:.1f} ms per batch costlier")
+    return {"diff_ms": round(diff * 1e3, 3), "real": real, "threshold_ms": round(threshold * 1e3, 3), "label": label}
+
+
+def compare(before: Report, after: Report) -> dict:
+    points = []
+    for name in reversed(POINTS):
+        b, a = _tp(before, name), _tp(after, name)
+        points.append({"point": name,
+                       "before_samples_per_sec": None if b is None else round(b.samples_per_sec, 1),
+                       "after_samples_per_sec": None if a is None else round(a.samples_per_sec, 1),
+                       **point_change(b, a)})
+    fulls = [t.sec_per_batch for t in (_tp(before, "full"), _tp(after, "full")) if t is not None]
+    t_full = max(fulls) if fulls else None
+    stages = []
+    for sb in before.verdict.stages:
+        try:
+            sa = after.stage(sb.stage)
+        except KeyError:
+            sa = None
+        ok_b = sb if sb.status == "ok" else None
+        ok_a = sa if sa is not None and sa.status == "ok" else None
+        stages.append({"stage": sb.stage,
+                       "before_ms_per_batch": None if ok_b is None else round(ok_b.sec_per_batch * 1e3, 3),
+                       "after_ms_per_batch": None if ok_a is None else round(ok_a.sec_per_batch * 1e3, 3),
+                       "before_significant": None if ok_b is None else ok_b.significant,
+                       "after_significant": None if ok_a is None else ok_a.significant,
+                       **stage_change(ok_b, ok_a, t_full)})
+    settings = sorted(set(before.loader) | set(after.loader))
+    changed = {k: [before.loader.get(k), after.loader.get(k)] for k in settings
+               if before.loader.get(k) != after.loader.get(k)}
+    full = next(p for p in points if p["point"] == "full")
+    return {
+        "kind": "compare",
+        "schema_version": 1,
+        "bottleneck": [before.bottleneck, after.bottleneck],
+        "batch_size": [before.batch_size, after.batch_size],
+        "device": [before.device, after.device],
+        "loader_changes": changed,
+        "full": full,
+        "points": points,
+        "stages": stages,
+        "rule": (f"a change is real when it exceeds {Z_NOISE:g} combined standard errors of the two runs and "
+                 f"{MIN_REL_CHANGE * 100:.0f}% (of throughput for points, of the full pipeline's time per batch "
+                 "for stages)"),
+    }
+
+
+def to_text(c: dict) -> str:
+    from tabulate import tabulate
+
+    lines = []
+    b0, b1 = c["bottleneck"]
+    lines.append(f"bisect-pipeline compare: bottleneck {b0} -> {b1}"
+                 + ("" if c["batch_size"][0] == c["batch_size"][1]
+                    else f"; batch size {c['batch_size'][0]} -> {c['batch_size'][1]}")
+                 + ("" if c["device"][0] == c["device"][1] else f"; device {c['device'][0]} -> {c['device'][1]}"))
+    if c["loader_changes"]:
+        lines.append("loader: " + ", ".join(f"{k} {v[0]} -> {v[1]}" for k, v in c["loader_changes"].items()))
+    rows = [[p["point"], _f(p["before_samples_per_sec"]), _f(p["after_samples_per_sec"]), p["label"]] for p in c["points"]]
+    lines += ["", tabulate(rows, headers=["point", "before samples/s", "after samples/s", "change"],
+                           colalign=("left", "right", "right", "left"), disable_numparse=True)]
+    srows = [[s["stage"], _f(s["before_ms_per_batch"], 2, s["before_significant"]),
+              _f(s["after_ms_per_batch"], 2, s["after_significant"]), s["label"]] for s in c["stages"]]
+    lines += ["", tabulate(srows, headers=["stage", "before ms/batch", "after ms/batch", "change"],
+                           colalign=("left", "right", "right", "left"), disable_numparse=True)]
+    full = c["full"]
+    lines.append("")
+    if full["ratio"] is None:
+        lines.append("The full pipeline was not measured in both runs.")
+    elif full["real"]:
+        lines.append(f"Full pipeline: {full['label']} ({full['before_samples_per_sec']:,.1f} -> "
+                     f"{full['after_samples_per_sec']:,.1f} samples/s).")
+    else:
+        lines.append(f"Full pipeline: within noise ({full['before_samples_per_sec']:,.1f} -> "
+                     f"{full['after_samples_per_sec']:,.1f} samples/s, x{full['ratio']:.2f}).")
+    lines.append(f"Rule: {c['rule']}.")
+    return "\n".join(lines)
+
+
+def _f(x: Optional[float], nd: int = 1, significant: Optional[bool] = None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.{nd}f}" + (" (noise)" if significant is False else "")
+
+
+def main(before_path: str, after_path: str, json_path: Optional[str] = None) -> int:
+    import click
+
+    from .report import write_atomic
+
+    try:
+        c = compare(load(before_path), load(after_path))
+    except BisectError as exc:
+        click.echo(f"bisect-pipeline: error: {exc}", err=True)
+        return exc.exit_code
+    if json_path:
+        write_atomic(json_path, json.dumps(c, indent=2) + "\n")
+    click.echo(to_text(c))
+    return 0

@@ -1,0 +1,353 @@
+"""Stage costs measured in isolation, in this process, without workers.
+
+The bisection measures what each stage costs *under the user's parallelism*; this
+module measures what each stage costs *alone*, one sample or batch at a time in the
+main process, so the advice can say how many workers would feed the step:
+
+    worker work per batch = (load + augment) ms per sample * batch size + collate ms per batch
+    workers needed        = ceil(worker work per batch / step ms per batch)
+
+It also records what crosses the bus (bytes and dtypes of a batch), the achieved
+host-to-device bandwidth, and, on CUDA, the host-device synchronizations of the step
+and its peak memory. Every measurement is bounded by a small time budget.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import os
+import time
+import warnings
+from typing import Any, Callable, Optional
+
+import torch
+from torch.utils.data import default_collate
+
+from . import faults, replay, stages
+
+# The isolation measurements take at most this share of --max-seconds, and never more
+# than ISOLATE_MAX_SECONDS: they refine the advice, the bisection is the measurement.
+ISOLATE_SHARE = 0.05
+ISOLATE_MAX_SECONDS = 2.0
+# Training steps run under torch.cuda.set_sync_debug_mode("warn") to count syncs.
+SYNC_STEPS = 3
+# At most this many tensors of a batch are described in the JSON.
+_MAX_TENSORS = 16
+
+
+def budget(max_seconds: float) -> float:
+    """Seconds reserved for isolation out of a run of `max_seconds`."""
+    return min(ISOLATE_MAX_SECONDS, ISOLATE_SHARE * max_seconds)
+
+
+def cores() -> int:
+    """CPU cores this process may run on (affinity-aware where the OS says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def measure(spec: stages.LoaderSpec, caches: Any, device: torch.device, move: Callable[[Any], Any],
+            train_step: Callable[[Any], Any], step_sec_per_batch: Optional[float], *,
+            budget_s: float, clock: Callable[[], float] = time.perf_counter) -> tuple[dict, dict]:
+    """(isolated, syncs): the report's two dicts. Never raises for a failing measurement:
+    a part that fails says so with its reason; KeyboardInterrupt propagates."""
+    if caches is None:
+        reason = "the caches could not be filled"
+        return {"status": "unavailable", "reason": reason}, {"status": "unavailable", "reason": reason}
+    start = clock()
+    share = budget_s / 5  # augment, load, collate, transfer, step
+    bs = caches.batch_size
+    out: dict = {"status": "ok", "budget_s": round(budget_s, 3), "batch_size": bs}
+    out["augment"] = _guard(lambda: _augment(caches, share, clock))
+    out["load"] = _guard(lambda: _load(spec, caches, out["augment"], share, clock))
+    out["collate"] = _guard(lambda: _collate(spec, caches, share, clock))
+    out["batch"] = _guard(lambda: describe_batch(caches.batches[0]))
+    out["sample_structure"] = _guard(lambda: sample_structure(caches.samples[0]))
+    out["transfer"] = _guard(lambda: _transfer(spec, caches, device, move, share, clock))
+
+    device_batch = None
+    syncs: dict
+    try:
+        device_batch = replay.device_batches(replay.host_batches(caches, spec, device)[:1], move, device)[0]
+    except Exception as exc:
+        syncs = {"status": "failed", "reason": _reason(exc)}
+    if step_sec_per_batch is not None:
+        out["step"] = {"status": "ok", "ms_per_batch": round(step_sec_per_batch * 1e3, 3),
+                       "source": "the device point (batches cached on the device)"}
+    elif device_batch is not None:
+        out["step"] = _guard(lambda: _step(train_step, device_batch, device, share, clock))
+    else:
+        out["step"] = {"status": "unavailable", "reason": "no batch on the device to step on"}
+    if device_batch is not None:
+        syncs = _guard(lambda: count_syncs(train_step, device_batch, device))
+        if device.type == "cuda":
+            out["memory"] = _guard(lambda: _memory(device))
+    out["workers"] = workers_needed(out, bs, cores())
+    out["elapsed_s"] = round(clock() - start, 4)
+    return out, syncs
+
+
+def _guard(fn: Callable[[], dict]) -> dict:
+    try:
+        return fn()
+    except (KeyboardInterrupt, faults.StepTimeout):  # the watchdog ends all of the isolation
+        raise
+    except Exception as exc:
+        return {"status": "failed", "reason": _reason(exc)}
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+
+
+def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock) -> tuple[int, float]:
+    """Run fn over items until `share` seconds pass (at least one call). The first call
+    is a warm-up when there are more: it is not timed."""
+    if len(items) > 1:
+        fn(items[0])
+        items = items[1:]
+    t0 = clock()
+    n = 0
+    for item in items:
+        fn(item)
+        n += 1
+        if clock() - t0 >= share:
+            break
+    return n, clock() - t0
+
+
+def _load(spec, caches, augment: dict, share, clock) -> dict:
+    """Building a sample through the dataset (loading + its transforms), minus the
+    transforms replayed alone: what loading costs."""
+    dataset = replay._copy_or_same(spec.dataset)
+    if spec.iterable:
+        it = iter(dataset)
+        n, sec = _timed_loop(list(range(len(caches.samples) + 1)), lambda _: next(it), share, clock)
+        return {"status": "ok", "ms_per_sample": round(sec / n * 1e3, 4), "samples": n, "includes": ["load", "augment"],
+                "note": "IterableDataset: loading and transforms run together"}
+    order = stages.index_order(spec)
+    if spec.batch_sampler is not None:
+        order = itertools.chain.from_iterable(order)
+    indices = list(itertools.islice(order, max(2, len(caches.samples) + 1)))
+    n, sec = _timed_loop(indices, lambda i: dataset[i], share, clock)
+    per_sample = sec / n
+    info = {"status": "ok", "samples": n, "getitem_ms_per_sample": round(per_sample * 1e3, 4)}
+    if augment.get("status") != "ok":
+        info.update(ms_per_sample=round(per_sample * 1e3, 4), includes=["load", "augment"],
+                    note="the transforms could not be split from loading: both are included")
+        return info
+    info.update(ms_per_sample=round(max(0.0, per_sample * 1e3 - augment["ms_per_sample"]), 4), includes=["load"])
+    return info
+
+
+def _augment(caches, share, clock) -> dict:
+    if caches.raw_calls is None:
+        return {"status": "unavailable", "reason": caches.raw_reason or "the transforms could not be split from loading"}
+    pairs = list(zip(caches.samples, caches.raw_calls))
+    n, sec = _timed_loop(pairs, lambda p: stages.replay_sample(p[0], p[1]), share, clock)
+    return {"status": "ok", "ms_per_sample": round(sec / n * 1e3, 4), "samples": n}
+
+
+def _groups(spec, caches) -> list:
+    bs = caches.batch_size
+    if not spec.auto_collation:
+        return list(caches.samples)
+    return [caches.samples[i:i + bs] for i in range(0, len(caches.samples) - bs + 1, bs)] or [caches.samples]
+
+
+def _collate(spec, caches, share, clock) -> dict:
+    groups = _groups(spec, caches)
+    n, sec = _timed_loop(groups, spec.collate_fn, share / 2, clock)
+    info = {"status": "ok", "ms_per_batch": round(sec / n * 1e3, 4), "batches": n,
+            "collate_fn": getattr(spec.collate_fn, "__qualname__", type(spec.collate_fn).__name__)}
+    if spec.collate_fn is not default_collate and spec.auto_collation:
+        # The same samples through torch's default_collate: tells the function's own work
+        # apart from what the batch structure costs.
+        try:
+            n2, sec2 = _timed_loop(groups, default_collate, share / 2, clock)
+            info["default_collate_ms_per_batch"] = round(sec2 / n2 * 1e3, 4)
+        except Exception as exc:
+            info["default_collate_ms_per_batch"] = None
+            info["default_collate_reason"] = _reason(exc)
+    return info
+
+
+def _transfer(spec, caches, device, move, share, clock) -> dict:
+    host = replay.host_batches(caches, spec, device)
+    nbytes = stages.nbytes(host[0])
+    if device.type == "cpu":
+        return {"status": "skipped", "reason": "no accelerator: host and device coincide", "bytes_per_batch": nbytes}
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+    def one(batch):
+        move(batch)
+        sync()
+    n, sec = _timed_loop(host, one, share, clock)
+    per = sec / n
+    return {"status": "ok", "ms_per_batch": round(per * 1e3, 4), "bytes_per_batch": nbytes,
+            "gb_per_s": round(nbytes / per / 1e9, 3) if per > 0 else None, "pinned": bool(spec.pin_memory),
+            "batches": n}
+
+
+def _step(train_step, batch, device, share, clock) -> dict:
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+    def one(b):
+        train_step(b)
+        sync()
+    n, sec = _timed_loop([batch] * 4, one, share, clock)
+    return {"status": "ok", "ms_per_batch": round(sec / n * 1e3, 3), "source": "steps timed in isolation"}
+
+
+def count_syncs(train_step: Callable[[Any], Any], batch: Any, device: torch.device, steps: int = SYNC_STEPS) -> dict:
+    """Host-device synchronizations per training step, counted with
+    torch.cuda.set_sync_debug_mode("warn") over `steps` steps on one device batch."""
+    if device.type != "cuda":
+        return {"status": "skipped", "reason": f"no CUDA device (running on {device.type}): "
+                                               "host-device syncs are counted on CUDA only"}
+    torch.cuda.synchronize(device)
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                train_step(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    torch.cuda.synchronize(device)
+    found = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    sites: dict = {}
+    for w in found:
+        key = f"{w.filename}:{w.lineno}"
+        sites[key] = sites.get(key, 0) + 1
+    top = sorted(sites.items(), key=lambda kv: -kv[1])[:5]
+    return {"status": "ok", "steps": steps, "total": len(found), "per_step": round(len(found) / steps, 2),
+            "sites": [{"where": k, "count": c} for k, c in top]}
+
+
+def _memory(device: torch.device) -> dict:
+    total = torch.cuda.get_device_properties(device).total_memory
+    peak = torch.cuda.max_memory_allocated(device)
+    return {"status": "ok", "peak_bytes": int(peak), "total_bytes": int(total),
+            "fraction": round(peak / total, 4) if total else None,
+            "note": "peak since the process started (includes the tool's cached batches): an upper bound"}
+
+
+def workers_needed(iso: dict, batch_size: int, n_cores: int) -> dict:
+    """Workers that would produce batches as fast as the step consumes them.
+
+    worker work per batch = (load + augment) ms per sample * batch size + collate ms per
+    batch; needed = ceil(work / step ms). The training loop's process keeps one core, so
+    the machine can supply at most n_cores - 1 workers.
+    """
+    step = iso.get("step", {})
+    load, aug, col = iso.get("load", {}), iso.get("augment", {}), iso.get("collate", {})
+    if step.get("status") != "ok" or load.get("status") != "ok" or col.get("status") != "ok":
+        return {"status": "unavailable", "reason": "the step, load or collate cost was not measured"}
+    per_sample = load["ms_per_sample"] + (aug["ms_per_sample"] if aug.get("status") == "ok" else 0.0)
+    work = per_sample * batch_size + col["ms_per_batch"]
+    step_ms = step["ms_per_batch"]
+    needed = max(1, math.ceil(work / step_ms)) if step_ms > 0 else None
+    available = max(0, n_cores - 1)
+    return {"status": "ok", "worker_ms_per_batch": round(work, 3), "step_ms_per_batch": round(step_ms, 3),
+            "needed": needed, "cores": n_cores, "available": available,
+            "fits": needed is not None and needed <= available}
+
+
+# --------------------------------------------------------------------------------------
+# What a batch and a sample are made of (for the payload and collate advice)
+# --------------------------------------------------------------------------------------
+
+
+def is_image(shape: list, dtype: str) -> bool:
+    """A batch of images: rank 4, channels (1, 3 or 4) first or last, and 2-D extent."""
+    if len(shape) != 4:
+        return False
+    c_first = shape[1] in (1, 3, 4) and min(shape[2], shape[3]) >= 8
+    c_last = shape[3] in (1, 3, 4) and min(shape[1], shape[2]) >= 8
+    return c_first or c_last
+
+
+def describe_batch(batch: Any) -> dict:
+    tensors: list = []
+    _walk_tensors(batch, "batch", tensors)
+    total = stages.nbytes(batch)
+    return {"status": "ok", "bytes": int(total), "n_tensors": len(tensors), "tensors": tensors[:_MAX_TENSORS]}
+
+
+def _walk_tensors(obj: Any, path: str, out: list, depth: int = 0) -> None:
+    if isinstance(obj, torch.Tensor):
+        shape = list(obj.shape)
+        dtype = str(obj.dtype).replace("torch.", "")
+        out.append({"path": path, "dtype": dtype, "shape": shape, "bytes": obj.element_size() * obj.nelement(),
+                    "image": obj.is_floating_point() and is_image(shape, dtype)})
+        return
+    if depth > 6:
+        return
+    for key, child in stages._children(obj):
+        _walk_tensors(child, f"{path}[{key!r}]", out, depth + 1)
+
+
+def sample_structure(sample: Any) -> dict:
+    """Counts of the leaves of one sample by kind: what default_collate turns into tensors."""
+    counts = {"tensors": 0, "ndarrays": 0, "numbers": 0, "strings": 0, "images": 0, "other": 0, "containers": 0,
+              "longest_list": 0}
+    _walk_sample(copy.copy(sample), counts, 0)
+    counts["leaves"] = sum(counts[k] for k in ("tensors", "ndarrays", "numbers", "strings", "images", "other"))
+    counts["status"] = "ok"
+    return counts
+
+
+def _walk_sample(obj: Any, counts: dict, depth: int) -> None:
+    module = type(obj).__module__ or ""
+    if isinstance(obj, torch.Tensor):
+        counts["tensors"] += 1
+    elif module.startswith("numpy") and hasattr(obj, "shape") and getattr(obj, "ndim", 0) > 0:
+        counts["ndarrays"] += 1
+    elif isinstance(obj, (bool, int, float, complex)) or module.startswith("numpy"):
+        counts["numbers"] += 1
+    elif isinstance(obj, (str, bytes)):
+        counts["strings"] += 1
+    elif module.startswith("PIL"):
+        counts["images"] += 1
+    elif isinstance(obj, (tuple, list, dict)) or stages._children(obj):
+        counts["containers"] += 1
+        if isinstance(obj, list):
+            counts["longest_list"] = max(counts["longest_list"], len(obj))
+        if depth < 6:
+            for _, child in stages._children(obj):
+                _walk_sample(child, counts, depth + 1)
+    else:
+        counts["other"] += 1
+
+
+def after_points(spec: stages.LoaderSpec, caches: Any, device: torch.device, move: Callable[[Any], Any],
+                 train_step: Callable[[Any], Any], results: dict, *, max_seconds: float,
+                 step_timeout: Optional[float] = None,
+                 clock: Callable[[], float] = time.perf_counter) -> tuple[dict, dict]:
+    """api.bisect's hook, after the points are measured and before the state is restored:
+    the step time comes from the device point (the ceiling) when it was measured.
+    Guarded by the same watchdog as the points; skipped when a point already hung."""
+    hung = [name for name, p in results.items() if p.failed_stage == "hang"]
+    if hung:
+        reason = f"point {hung[0]} hung (--step-timeout): nothing is timed again"
+        return {"status": "skipped", "reason": reason}, {"status": "skipped", "reason": reason}
+    dp = results.get("device")
+    step = dp.throughput.sec_per_batch if dp is not None and dp.status == "ok" and dp.throughput else None
+    try:
+        with faults.Watchdog(step_timeout, lambda: "the isolated stage timing") as dog:
+            def beating_clock() -> float:  # every timed item beats the watchdog
+                dog.beat()
+                return clock()
+            return measure(spec, caches, device, move, train_step, step, budget_s=budget(max_seconds),
+                           clock=beating_clock)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # never costs the run its verdict
+        failed = {"status": "failed", "reason": _reason(exc)}
+        return failed, dict(failed)

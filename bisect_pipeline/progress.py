@@ -1,0 +1,104 @@
+"""Progress on stderr while measuring: one line drawn by click's progress bar.
+
+It receives the events `api.bisect(progress=...)` emits ({"event": "cache"},
+{"event": "point", "point", "index", "total"}, {"event": "window", "point", "window",
+"max_windows"}; others are ignored) and shows which point is measured, how far along the
+run is, and the time left against --max-seconds (an upper bound: points that settle
+early end sooner). It is on only when asked for and stderr is a terminal.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from typing import Callable, Optional, TextIO
+
+import click
+
+from .timing import Plan
+
+STEPS = 1000  # resolution of the bar
+BAR_WIDTH = 20
+
+
+def make_progress(max_seconds: float, *, quiet: bool = False, stream: Optional[TextIO] = None,
+                  clock: Callable[[], float] = time.monotonic) -> Optional["Progress"]:
+    """A progress callback for `bisect`, or None when quiet or `stream` (stderr by
+    default) is not a terminal: a log file or a pipe gets no control characters."""
+    stream = sys.stderr if stream is None else stream
+    if quiet or not _isatty(stream):
+        return None
+    return Progress(max_seconds, stream, clock=clock)
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+class Progress:
+    """`progress(event)` redraws the line; `done()` clears it (safe to call twice)."""
+
+    def __init__(self, max_seconds: float, stream: TextIO, *, clock: Callable[[], float] = time.monotonic,
+                 columns: Optional[int] = None) -> None:
+        self.max_seconds = max_seconds
+        self.clock = clock
+        self.stream = stream
+        self.columns = columns or shutil.get_terminal_size().columns
+        self.start: Optional[float] = None
+        self.what = "starting"
+        self.index, self.total, self.windows, self.max_windows = 0, 1, 0, Plan().max_windows
+        self.finished = False
+        self.bar = click.progressbar(length=STEPS, file=stream, width=BAR_WIDTH, show_eta=False, show_percent=True,
+                                     bar_template="[%(bar)s]  %(info)s", fill_char="#", empty_char="-",
+                                     item_show_func=self._fit)
+
+    @property
+    def fraction(self) -> float:
+        """Points done, plus the current point's windows out of the most it may take."""
+        within = min(self.windows, self.max_windows) / self.max_windows
+        return min(1.0, (self.index + within) / max(1, self.total))
+
+    def seconds_left(self) -> float:
+        return 0.0 if self.start is None else max(0.0, self.max_seconds - (self.clock() - self.start))
+
+    def __call__(self, event: dict) -> None:
+        if self.finished:
+            return
+        if self.start is None:
+            self.start = self.clock()  # bisect's own clock starts with its first event
+        kind = event.get("event")
+        if kind == "cache":
+            self.what = "filling the caches"
+        elif kind == "point":
+            self.index, self.total, self.windows = event["index"], event["total"], 0
+            self.what = f"{event['point']} ({self.index + 1}/{self.total})"
+        elif kind == "window":
+            self.windows = event["window"]
+            self.max_windows = event.get("max_windows") or self.max_windows
+            self.what = f"{event['point']} ({self.index + 1}/{self.total}), window {self.windows}"
+        else:
+            return
+        info = f"{self.what}, at most {self.seconds_left():.0f} s left"
+        step = max(0, round(self.fraction * STEPS) - self.bar.pos)  # never backwards
+        self.bar.update(step, info)
+        self.bar.render_progress()  # also when only the text changed
+
+    def _fit(self, info: Optional[str]) -> Optional[str]:
+        # "[bar]  NNN%  info" must fit one terminal line, or \r cannot redraw it.
+        room = self.columns - (BAR_WIDTH + 2) - 2 - 4 - 2 - 1
+        if info is None or len(info) <= room:
+            return info
+        return info[: max(0, room - 3)] + "..."
+
+    def done(self) -> None:
+        """Clear the line and give the cursor back (click hides it while drawing)."""
+        if self.finished:
+            return
+        self.finished = True
+        if self.start is not None:
+            click.echo("\r\033[K\033[?25h", file=self.stream, nl=False)
+            self.stream.flush()

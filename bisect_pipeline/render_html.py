@@ -1,0 +1,300 @@
+"""The report as HTML (pure functions of it): `to_html` is the fragment a notebook shows
+(`Report._repr_html_`), `to_document` the standalone file `--html` writes.
+
+Inline SVG and inline CSS only: no JavaScript, nothing fetched, so it renders the same
+offline and in exported notebooks. Every string that comes from the user's code or the
+run (class names, reasons, loader settings, advice) is escaped. The markup is also
+well-formed XML, which is how the tests check it strictly.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import TYPE_CHECKING, Any, Optional
+
+from . import plot as plot_mod
+from .verdict import STAGES
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .report import Report
+
+CSS = """
+.bisect-pipeline{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;font-size:14px;
+ line-height:1.45;color:#1f2328;background:#fff;max-width:960px;padding:16px 18px;box-sizing:border-box;text-align:left}
+.bisect-pipeline *{box-sizing:border-box}
+.bisect-pipeline .title{margin:0 0 8px;font-size:12px;color:#6b7280;letter-spacing:.02em}
+.bisect-pipeline h3{font-size:14px;margin:18px 0 6px;color:#1f2328}
+.bisect-pipeline .verdict{font-size:16px;font-weight:600;margin:0 0 6px;padding:10px 14px;border-left:5px solid #8a94a6;
+ border-radius:4px;background:#f2f4f7}
+.bisect-pipeline .verdict.named{border-color:#e4572e;background:#fdf0ec}
+.bisect-pipeline .verdict.none{border-color:#2e9e5b;background:#edf7f0}
+.bisect-pipeline .verdict.failed{border-color:#b42318;background:#fdecea}
+.bisect-pipeline .incomplete{margin:6px 0;color:#b42318;font-size:13px}
+.bisect-pipeline .chart svg{display:block;width:100%;height:auto;max-width:760px}
+.bisect-pipeline .legend{font-size:12px;color:#4b5563;margin:2px 0 0}
+.bisect-pipeline .legend span{display:inline-block;margin-right:16px;white-space:nowrap}
+.bisect-pipeline .swatch{display:inline-block;width:11px;height:11px;margin-right:5px;vertical-align:-1px;border-radius:2px}
+.bisect-pipeline .wrap{overflow-x:auto;max-width:100%}
+.bisect-pipeline table{border-collapse:collapse;font-size:13px;margin:0;border:none}
+.bisect-pipeline th,.bisect-pipeline td{padding:4px 10px;border:none;border-bottom:1px solid #e5e7eb;text-align:left;
+ vertical-align:top;background:transparent;color:#1f2328}
+.bisect-pipeline th{font-weight:600;background:#f6f8fa;white-space:nowrap}
+.bisect-pipeline th.num,.bisect-pipeline td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.bisect-pipeline td.text{overflow-wrap:anywhere;min-width:14em}
+.bisect-pipeline tr.bottleneck td{background:#fdf0ec;font-weight:600}
+.bisect-pipeline .muted{color:#6b7280}
+.bisect-pipeline ul{margin:4px 0;padding-left:22px}
+.bisect-pipeline li{margin:3px 0;overflow-wrap:anywhere}
+.bisect-pipeline ul.warnings li{color:#8a4b00}
+.bisect-pipeline dl{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:3px 14px;margin:0;font-size:13px}
+.bisect-pipeline dt{color:#6b7280}
+.bisect-pipeline dd{margin:0;overflow-wrap:anywhere}
+""".strip()
+
+DOCUMENT_CSS = "html,body{margin:0;padding:0;background:#fff}\n.bisect-pipeline{margin:0 auto}"
+
+# Chart geometry, in SVG user units (the SVG scales down with its container).
+WIDTH = 760
+LABEL_W = 118  # point names, right-aligned at LABEL_W - 8
+VALUE_W = 96  # samples/s, right-aligned at WIDTH - 6
+BAR_X0 = LABEL_W
+BAR_X1 = WIDTH - VALUE_W - 14
+TOP = 26
+ROW_H = 34
+BAR_H = 20
+AXIS_H = 26
+CHAR_W = 6.8  # average width of a 12px sans-serif character, to fit text in a box
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _num(x: float, nd: int = 1) -> str:
+    return f"{x:,.{nd}f}"
+
+
+def _fit(text: str, width: float) -> str:
+    n = max(4, int(width / CHAR_W))
+    return text if len(text) <= n else text[: n - 1].rstrip() + "\u2026"
+
+
+def _verdict_class(bottleneck: Optional[str]) -> str:
+    if bottleneck in STAGES:
+        return "named"
+    if bottleneck in ("none", "inconclusive"):
+        return bottleneck
+    return "failed"
+
+
+def _nice_step(span: float) -> float:
+    """A 1-2-5 step giving about four gridlines over `span`."""
+    raw = span / 4
+    mag = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 5, 10):
+        if m * mag >= raw:
+            return m * mag
+    return 10 * mag  # pragma: no cover
+
+
+def chart_svg(r: "Report") -> str:
+    """Horizontal bars of samples/s per point, the ceiling on top, the full pipeline at
+    the bottom; each stage's loss drawn on its upstream point's row, the bottleneck's
+    highlighted. One `rect.bar` per measured point."""
+    c = plot_mod.chart(r)
+    rows = len(c.bars)
+    height = TOP + rows * ROW_H + AXIS_H
+    span = BAR_X1 - BAR_X0
+
+    def x(rate: float) -> float:
+        return BAR_X0 + span * rate / c.max_rate
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" '
+           f'role="img" aria-label="samples per second at each point of the pipeline" font-size="12">']
+    # Gridlines and the axis.
+    step = _nice_step(c.max_rate)
+    bottom = TOP + rows * ROW_H
+    tick = 0.0
+    while tick <= c.max_rate * 1.0001:
+        tx = x(tick)
+        out.append(f'<line x1="{tx:.1f}" y1="{TOP - 4}" x2="{tx:.1f}" y2="{bottom}" stroke="#e5e7eb" stroke-width="1"/>')
+        out.append(f'<text x="{tx:.1f}" y="{bottom + 16}" text-anchor="middle" fill="#6b7280" font-size="11">'
+                   f'{_e(_num(tick, 0 if step >= 1 else 2))}</text>')
+        tick += step
+    out.append(f'<text x="{WIDTH - 6}" y="{TOP - 10}" text-anchor="end" fill="#6b7280" font-size="11">samples/s</text>')
+    ceiling = c.measured[0] if c.measured else None
+    y_of = {}
+    for i, b in enumerate(c.bars):
+        y = TOP + i * ROW_H + (ROW_H - BAR_H) / 2
+        y_of[b.point] = y
+        mid = y + BAR_H / 2
+        sub = "ceiling" if b is ceiling else ("your pipeline" if b.point == "full" else None)
+        if sub:
+            out.append(f'<text x="{LABEL_W - 8}" y="{mid - 2:.1f}" text-anchor="end" fill="#1f2328" font-size="13" '
+                       f'font-weight="600">{_e(b.point)}</text>')
+            out.append(f'<text x="{LABEL_W - 8}" y="{mid + 11:.1f}" text-anchor="end" fill="#6b7280" '
+                       f'font-size="10">{_e(sub)}</text>')
+        else:
+            out.append(f'<text x="{LABEL_W - 8}" y="{mid + 4.5:.1f}" text-anchor="end" fill="#1f2328" '
+                       f'font-size="13">{_e(b.point)}</text>')
+        if b.samples_per_sec is None:
+            note = f"{b.status}: {b.reason}" if b.reason else b.status
+            out.append(f'<text class="missing" x="{BAR_X0 + 6}" y="{mid + 4:.1f}" fill="#6b7280" font-style="italic">'
+                       f'<title>{_e(note)}</title>{_e(_fit(note, WIDTH - BAR_X0 - 12))}</text>')
+            continue
+        color = plot_mod.CEILING_COLOR if b is ceiling else plot_mod.BAR_COLOR
+        out.append(f'<rect class="bar" data-point="{_e(b.point)}" x="{BAR_X0}" y="{y:.1f}" '
+                   f'width="{max(x(b.samples_per_sec) - BAR_X0, 0.5):.1f}" height="{BAR_H}" fill="{color}" rx="2">'
+                   f'<title>{_e(b.point)}: {_e(_num(b.samples_per_sec))} samples/s</title></rect>')
+        out.append(f'<text class="value" x="{WIDTH - 6}" y="{mid + 4:.1f}" text-anchor="end" fill="#1f2328" '
+                   f'font-variant-numeric="tabular-nums">{_e(_num(b.samples_per_sec))}</text>')
+    for d in c.drops:
+        x0, x1 = x(d.from_rate), x(d.to_rate)
+        y = y_of[d.lower]
+        cls = "drop bottleneck" if d.bottleneck else "drop"
+        fill = plot_mod.BOTTLENECK_COLOR if d.bottleneck else plot_mod.DROP_COLOR
+        tip = f"{d.stage} ({d.lower} \u2192 {d.upper}): {_num(d.to_rate - d.from_rate)} samples/s lost"
+        out.append(f'<rect class="{cls}" data-stage="{_e(d.stage)}" data-point="{_e(d.lower)}" x="{x0:.1f}" '
+                   f'y="{y:.1f}" width="{x1 - x0:.1f}" height="{BAR_H}" fill="{fill}" rx="2">'
+                   f'<title>{_e(tip)}</title></rect>')
+        if (x1 - x0) >= len(d.stage) * CHAR_W + 10:
+            color = "#fff" if d.bottleneck else "#374151"
+            weight = ' font-weight="600"' if d.bottleneck else ""
+            out.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{y + BAR_H / 2 + 4:.1f}" text-anchor="middle" '
+                       f'fill="{color}"{weight}>{_e(d.stage)}</text>')
+    if ceiling is not None:
+        cx = x(ceiling.samples_per_sec)
+        out.append(f'<line class="ceiling" x1="{cx:.1f}" y1="{TOP - 4}" x2="{cx:.1f}" y2="{bottom}" '
+                   f'stroke="{plot_mod.CEILING_COLOR}" stroke-width="1" stroke-dasharray="3 3"/>')
+    out.append("</svg>")
+    legend = [f'<span><span class="swatch" style="background:{plot_mod.BAR_COLOR}"></span>samples/s at this point</span>']
+    top = next((d for d in c.drops if d.bottleneck), None)
+    if top is not None:
+        legend.append(f'<span><span class="swatch" style="background:{plot_mod.BOTTLENECK_COLOR}"></span>'
+                      f'lost to {_e(top.stage)}, the bottleneck</span>')
+    if any(not d.bottleneck for d in c.drops):
+        legend.append(f'<span><span class="swatch" style="background:{plot_mod.DROP_COLOR}"></span>'
+                      f'lost to another stage</span>')
+    return ('<div class="chart">' + "".join(out) + '<p class="legend">' + "".join(legend) + "</p></div>")
+
+
+def _table(headers: list, rows: list, numeric: set, row_classes: Optional[list] = None) -> str:
+    head = "".join(f'<th class="num">{_e(h)}</th>' if i in numeric else f"<th>{_e(h)}</th>"
+                   for i, h in enumerate(headers))
+    body = []
+    for k, row in enumerate(rows):
+        cls = row_classes[k] if row_classes and row_classes[k] else None
+        cells = "".join(f'<td class="num">{_e(v)}</td>' if i in numeric else
+                        f'<td class="text">{_e(v)}</td>' if i == len(row) - 1 else f"<td>{_e(v)}</td>"
+                        for i, v in enumerate(row))
+        body.append((f'<tr class="{cls}">' if cls else "<tr>") + cells + "</tr>")
+    return ('<div class="wrap"><table><thead><tr>' + head + "</tr></thead><tbody>" + "".join(body)
+            + "</tbody></table></div>")
+
+
+def stage_table(r: "Report") -> str:
+    rows, classes = [], []
+    for s in r.verdict.stages:
+        if s.status == "ok":
+            note = []
+            if len(s.includes) > 1:
+                note.append("includes " + ", ".join(s.includes))
+            if not s.significant:
+                note.append(f"(noise) within the measurement noise, ±{s.sigma * 1e3:.2f} ms" if s.sigma is not None
+                            else "(noise)")
+            rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}",
+                         "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
+                         "-" if s.samples_per_sec_if_free is None else _num(s.samples_per_sec_if_free),
+                         "; ".join(note)])
+        else:
+            rows.append([s.stage, "-", "-", "-", f"{s.status}: {s.reason}" if s.reason else s.status])
+        classes.append("bottleneck" if s.stage == r.bottleneck else None)
+    return _table(["stage", "ms per batch added", "share of gap", "samples/s if free", "note"], rows, {1, 2, 3}, classes)
+
+
+def point_table(r: "Report") -> str:
+    from .report import _POINT_MEANING
+
+    rows = []
+    for b in plot_mod.chart(r).bars:
+        p = r.point(b.point)
+        tp = p.throughput if p.status == "ok" else None
+        rows.append([
+            p.point, p.status,
+            _num(tp.samples_per_sec) if tp else "-",
+            f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
+            f"{tp.sec_per_batch * 1e3:.2f}" if tp else "-",
+            "-" if p.first_batch_seconds is None else f"{p.first_batch_seconds * 1e3:.0f}",
+            _POINT_MEANING.get(p.point, "") if p.status == "ok" else (p.reason or p.status),
+        ])
+    return _table(["point", "status", "samples/s", "spread", "ms per batch", "first batch, ms", "what runs / why not"],
+                  rows, {2, 3, 4, 5})
+
+
+def _context(r: "Report") -> str:
+    items = [("device", r.device), ("batch size", str(r.batch_size))]
+    if r.loader:
+        items.append(("loader", ", ".join(f"{k}={v}" for k, v in r.loader.items() if v is not None)))
+    spread = [f"{p.point} ±{p.throughput.rel_iqr * 100:.1f}%" for p in r.points
+              if p.status == "ok" and p.throughput is not None]
+    if spread:
+        items.append(("spread (IQR/median)", ", ".join(spread)))
+    if r.cache:
+        cache = f"{r.cache.get('batches')} batch(es), {r.cache.get('samples')} samples"
+        if r.cache.get("fill_seconds") is not None:
+            cache += f", filled in {r.cache['fill_seconds']:.2f} s"
+        if r.cache.get("limited_by"):
+            cache += f", limited by {r.cache['limited_by']}"
+        items.append(("cache", cache))
+    run = r.run or {}
+    versions = ", ".join(f"{k} {run[k]}" for k in ("torch", "torchvision", "python") if run.get(k))
+    if versions:
+        items.append(("versions", versions))
+    if run.get("platform"):
+        items.append(("platform", f"{run['platform']}, {run.get('cpu_count')} CPU cores"))
+    if run.get("elapsed_s") is not None:
+        items.append(("run time", f"{run['elapsed_s']:.1f} s of at most {run.get('max_seconds')} s"))
+    return "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items) + "</dl>"
+
+
+def to_html(r: "Report", *, style: bool = True) -> str:
+    """The report as an HTML fragment (a `div.bisect-pipeline`), its CSS inline unless
+    `style=False`."""
+    from .report import summary
+
+    parts = ['<div class="bisect-pipeline">']
+    if style:
+        parts.append(f"<style>{CSS}</style>")
+    parts.append('<p class="title">bisect-pipeline</p>')
+    parts.append(f'<p class="verdict {_verdict_class(r.bottleneck)}">{_e(summary(r))}</p>')
+    if not r.complete:
+        why = "interrupted" if r.interrupted else "stopped by --max-seconds"
+        parts.append(f'<p class="incomplete">Incomplete run ({_e(why)}): some points were cut short or not run.</p>')
+    parts.append("<h3>Throughput at each point</h3>")
+    parts.append(chart_svg(r))
+    parts.append("<h3>Stages</h3>")
+    parts.append(stage_table(r))
+    advice = r.advice
+    if advice:
+        parts.append('<h3>What to do</h3><ul class="advice">'
+                     + "".join(f"<li>{_e(a['message'])}</li>" for a in advice) + "</ul>")
+    parts.append("<h3>Points</h3>")
+    parts.append(point_table(r))
+    if r.warnings:
+        parts.append('<h3>Warnings</h3><ul class="warnings">' + "".join(f"<li>{_e(w)}</li>" for w in r.warnings)
+                     + "</ul>")
+    parts.append("<h3>Run</h3>")
+    parts.append(_context(r))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def to_document(r: "Report") -> str:
+    """A complete standalone HTML document: one self-contained file."""
+    title = f"bisect-pipeline: bottleneck {r.bottleneck}" if r.bottleneck else "bisect-pipeline: no verdict"
+    return ("<!DOCTYPE html>\n"
+            '<html lang="en">\n<head>\n<meta charset="utf-8"/>\n'
+            '<meta name="viewport" content="width=device-width, initial-scale=1"/>\n'
+            f"<title>{_e(title)}</title>\n<style>\n{CSS}\n{DOCUMENT_CSS}\n</style>\n</head>\n<body>\n"
+            + to_html(r, style=False) + "\n</body>\n</html>\n")

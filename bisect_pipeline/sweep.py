@@ -1,0 +1,365 @@
+"""What-if sweep: rerun the `full` point under other loader settings.
+
+`--sweep num_workers=0,1,2,4 --sweep pin_memory=0,1` measures the user's pipeline, as
+it is, under every combination of the given settings (plus the user's own, the
+baseline), and names the fastest. Loaders are rebuilt with `replay.full_loader` from a
+modified `stages.LoaderSpec`, timed with `timing.measure` like api's points, and the
+user's state is restored afterwards as in `api.bisect`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+import sys
+import time
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+from . import api, replay, stages
+from . import state as state_mod
+from .errors import BisectError
+from .stats import Throughput
+from .timing import Plan, measure
+from .verdict import MIN_REL_DROP, Z_NOISE
+from .workload import Workload, to_device as default_to_device, validate
+
+SCHEMA_VERSION = 1
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean (use 0/1 or true/false)")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{value} must be >= 1")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"{value} must be >= 0")
+    return value
+
+
+# The settings a sweep can vary, with the parser of their values.
+SWEEPABLE = {
+    "num_workers": _count,
+    "pin_memory": _bool,
+    "prefetch_factor": _positive_int,
+    "persistent_workers": _bool,
+    "batch_size": _positive_int,
+}
+
+
+def parse(options: Iterable[str]) -> dict:
+    """['num_workers=0,1,2', 'pin_memory=0,1'] -> {'num_workers': [0, 1, 2], 'pin_memory': [False, True]}."""
+    grid: dict = {}
+    for opt in options:
+        name, sep, values = opt.partition("=")
+        name = name.strip()
+        if not sep or not values.strip():
+            raise BisectError(f"--sweep {opt!r} is not NAME=V1,V2,...; e.g. --sweep num_workers=0,2,4.")
+        if name not in SWEEPABLE:
+            raise BisectError(f"--sweep: {name!r} cannot be swept; the settings are {', '.join(SWEEPABLE)}.")
+        if name in grid:
+            raise BisectError(f"--sweep: {name} is given twice; list all its values once: {name}=V1,V2,...")
+        try:
+            parsed = [SWEEPABLE[name](v) for v in values.split(",") if v.strip()]
+        except ValueError as exc:
+            raise BisectError(f"--sweep {opt!r}: {exc}.") from None
+        grid[name] = list(dict.fromkeys(parsed))  # unique, in the order given
+    return grid
+
+
+def _user_settings(spec: stages.LoaderSpec) -> dict:
+    return {"num_workers": spec.num_workers, "pin_memory": spec.pin_memory,
+            "prefetch_factor": spec.prefetch_factor, "persistent_workers": spec.persistent_workers,
+            "batch_size": spec.batch_size}
+
+
+def effective(settings: dict) -> dict:
+    """Settings as the DataLoader applies them: without workers, prefetch_factor and
+    persistent_workers do nothing; with workers and no prefetch_factor, torch uses 2."""
+    eff = dict(settings)
+    if eff["num_workers"] == 0:
+        eff["prefetch_factor"], eff["persistent_workers"] = None, False
+    elif eff["prefetch_factor"] is None:
+        eff["prefetch_factor"] = 2
+    return eff
+
+
+def combinations(spec: stages.LoaderSpec, grid: dict) -> list:
+    """The distinct effective settings to measure, the user's own first (the baseline)."""
+    user = _user_settings(spec)
+    if "batch_size" in grid and not (spec.batch_size is not None and spec.batch_sampler is None):
+        raise BisectError("--sweep batch_size needs a loader built with batch_size=N; this loader uses "
+                          + ("its own batch_sampler" if spec.batch_sampler is not None else "batch_size=None")
+                          + ", so its batch size cannot be changed here.")
+    names = list(grid)
+    out = [effective(user)]
+    for values in itertools.product(*(grid[n] for n in names)):
+        combo = effective({**user, **dict(zip(names, values))})
+        if combo not in out:
+            out.append(combo)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    settings: dict
+    status: str  # ok | failed | not run
+    throughput: Optional[Throughput] = None
+    reason: Optional[str] = None
+    first_batch_seconds: Optional[float] = None
+
+    @property
+    def samples_per_sec(self) -> Optional[float]:
+        return self.throughput.samples_per_sec if self.throughput else None
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+    device: str
+    grid: dict
+    rows: tuple  # Row, the baseline (user's setting) first
+    loader: dict
+    run: dict
+    interrupted: bool = False
+
+    @property
+    def baseline(self) -> Row:
+        return self.rows[0]
+
+    def speedup(self, row: Row) -> Optional[float]:
+        b = self.baseline
+        if row.samples_per_sec is None or b.samples_per_sec is None or b.samples_per_sec <= 0:
+            return None
+        return row.samples_per_sec / b.samples_per_sec
+
+    def beyond_noise(self, row: Row) -> Optional[bool]:
+        """Is the row's change against the baseline real? The same rule as compare.py:
+        |log(ratio)| > max(Z_NOISE * combined relative standard error, MIN_REL_DROP)."""
+        ratio = self.speedup(row)
+        if ratio is None:
+            return None
+        se = math.hypot(row.throughput.rel_se, self.baseline.throughput.rel_se)
+        return abs(math.log(ratio)) > max(Z_NOISE * se, MIN_REL_DROP)
+
+    @property
+    def best(self) -> Optional[Row]:
+        ok = [r for r in self.rows if r.status == "ok"]
+        return max(ok, key=lambda r: r.samples_per_sec) if ok else None
+
+    def varied(self) -> list:
+        """The settings shown in the table: those swept, in the order given."""
+        return list(self.grid)
+
+    def summary(self) -> str:
+        best, base = self.best, self.baseline
+        if best is None:
+            return "No setting could be measured."
+        if base.status != "ok":
+            return f"Best: {_fmt_settings(best.settings, self.varied())} at {best.samples_per_sec:,.1f} samples/s " \
+                   "(your setting could not be measured to compare with)."
+        if best is base or not self.beyond_noise(best) or self.speedup(best) <= 1:
+            return (f"Your setting ({_fmt_settings(base.settings, self.varied())}) is the best within noise at "
+                    f"{base.samples_per_sec:,.1f} samples/s.")
+        return (f"Best: {_fmt_settings(best.settings, self.varied())} at {best.samples_per_sec:,.1f} samples/s, "
+                f"{self.speedup(best):.2f}x your setting ({_fmt_settings(base.settings, self.varied())}, "
+                f"{base.samples_per_sec:,.1f} samples/s).")
+
+    def to_dict(self) -> dict:
+        best = self.best
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": "bisect-pipeline",
+            "kind": "sweep",
+            "device": self.device,
+            "interrupted": self.interrupted,
+            "grid": {k: list(v) for k, v in self.grid.items()},
+            "baseline": self.baseline.settings,
+            "best": best.settings if best else None,
+            "summary": self.summary(),
+            "rows": [{
+                "settings": r.settings,
+                "user_setting": i == 0,
+                "status": r.status,
+                "reason": r.reason,
+                "samples_per_sec": None if r.samples_per_sec is None else round(r.samples_per_sec, 1),
+                "rel_spread": None if r.throughput is None else round(r.throughput.rel_iqr, 4),
+                "rel_se": None if r.throughput is None else round(r.throughput.rel_se, 4),
+                "windows": [{"steps": w.steps, "seconds": round(w.seconds, 6)} for w in r.throughput.windows]
+                if r.throughput else [],
+                "speedup": None if self.speedup(r) is None else round(self.speedup(r), 4),
+                "beyond_noise": self.beyond_noise(r),
+                "time_to_first_batch_s": None if r.first_batch_seconds is None else round(r.first_batch_seconds, 4),
+            } for i, r in enumerate(self.rows)],
+            "loader": self.loader,
+            "run": self.run,
+        }
+
+    def __str__(self) -> str:
+        from tabulate import tabulate
+
+        names = self.varied()
+        table = []
+        for i, r in enumerate(self.rows):
+            sp = self.speedup(r)
+            noise = self.beyond_noise(r)
+            label = "-" if sp is None else f"{sp:.2f}x" + ("" if noise or i == 0 else " (noise)")
+            table.append([*(_fmt_value(r.settings[n]) for n in names),
+                          "-" if r.samples_per_sec is None else f"{r.samples_per_sec:,.1f}",
+                          "" if r.throughput is None else f"±{r.throughput.rel_iqr * 100:.1f}%",
+                          label,
+                          "; ".join(filter(None, [
+                              "your setting" if i == 0 else "",
+                              "" if r.status == "ok" else f"{r.status}: {r.reason}",
+                              "pin_memory has no effect without an accelerator"
+                              if r.settings.get("pin_memory") and self.device == "cpu" and "pin_memory" in names else ""]))])
+        head = f"bisect-pipeline sweep: device {self.device}, full pipeline under {len(self.rows)} setting(s)"
+        text = tabulate(table, headers=[*names, "samples/s", "spread", "vs yours", "note"], disable_numparse=True,
+                        colalign=(*("left" for _ in names), "right", "right", "right", "left"))
+        return "\n".join([head, "", text, "", self.summary()])
+
+
+def _fmt_value(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+def _fmt_settings(settings: dict, names: list) -> str:
+    return ", ".join(f"{n}={_fmt_value(settings[n])}" for n in names)
+
+
+def run(workload: Workload, grid: dict, *, device: Any = None, max_seconds: float = api.DEFAULT_MAX_SECONDS,
+        plan: Optional[Plan] = None, progress: Optional[Callable[[dict], None]] = None,
+        clock: Callable[[], float] = time.perf_counter) -> SweepResult:
+    """Measure the full pipeline under each combination of `grid` (see `parse`).
+
+    The user's loader is never iterated; the model, optimizer, RNGs and thread count are
+    restored afterwards (state.capture/restore), on success, error or Ctrl-C: a Ctrl-C
+    returns the rows measured so far with `interrupted=True`.
+    """
+    validate(workload, "sweep")
+    if not grid:
+        raise BisectError("the sweep has no setting to vary; e.g. --sweep num_workers=0,2,4.")
+    if not max_seconds or max_seconds <= 0:
+        raise BisectError(f"max_seconds must be > 0, got {max_seconds}.")
+    dev = api.resolve_device(device)
+    spec = stages.describe(workload.loader)
+    combos = combinations(spec, grid)
+    emit = progress or (lambda event: None)
+    base_plan = plan or Plan()
+
+    start = clock()
+    deadline = start + max_seconds
+    snap = state_mod.capture(workload.model, workload.optimizer)
+    moved_from = api._move_model(workload.model, dev)
+    rows: list = []
+    interrupted = False
+    try:
+        train_step = api._make_step(workload)
+        user_move = workload.to_device or default_to_device
+        move = lambda batch: user_move(batch, dev)  # noqa: E731
+        sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+        for i, settings in enumerate(combos):
+            emit({"event": "point", "point": "full " + _fmt_settings(settings, list(grid)), "index": i,
+                  "total": len(combos)})
+            left = len(combos) - i
+            row_deadline = clock() + max(0.0, deadline - clock()) / left
+            rows.append(_measure(spec, settings, move, train_step, base_plan, row_deadline, clock, sync))
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if moved_from is not None:
+            workload.model.to(moved_from)
+        state_mod.restore(snap, workload.model, workload.optimizer)
+    for settings in combos[len(rows):]:
+        rows.append(Row(settings, "not run", reason="interrupted" if interrupted else "out of time"))
+    run_info = {"max_seconds": max_seconds, "elapsed_s": round(clock() - start, 3), "torch": torch.__version__,
+                "cpu_count": os.cpu_count()}
+    return SweepResult(device=str(dev), grid=grid, rows=tuple(rows), loader=spec.settings(), run=run_info,
+                       interrupted=interrupted)
+
+
+def _measure(spec: stages.LoaderSpec, settings: dict, move, train_step, plan: Plan, deadline: float, clock,
+             sync) -> Row:
+    spec2 = dataclasses.replace(spec, **settings)
+    if spec2.num_workers == 0 and spec2.timeout:
+        spec2 = dataclasses.replace(spec2, timeout=0.0)  # DataLoader refuses a timeout without workers
+    plan2 = api._plan_for(plan, spec2)
+    seen: list = []
+
+    t0 = clock()
+    try:
+        with replay.full_loader(spec2) as next_batch:
+            def counted() -> Any:
+                batch = next_batch()
+                if not seen:
+                    seen.append(stages.leading_dim(batch) or 1)
+                return batch
+            opened = clock() - t0
+            m = measure(counted, move, train_step, batch_size=spec2.batch_size or 1, plan=plan2, deadline=deadline,
+                        clock=clock, sync=sync, prefetch_depth=spec2.prefetch_depth)
+    except KeyboardInterrupt:
+        raise
+    except BisectError:
+        raise
+    except Exception as exc:
+        return Row(settings, "failed", reason=api._reason(exc))
+    if m.throughput is None:
+        return Row(settings, "failed", reason="out of time before one window was measured (raise --max-seconds)",
+                   first_batch_seconds=opened + m.first_batch_seconds)
+    bs = spec2.batch_size or (seen[0] if seen else 1)
+    return Row(settings, "ok", Throughput(m.throughput.windows, bs), first_batch_seconds=opened + m.first_batch_seconds)
+
+
+def main(make_workload: Callable[[], Workload], options: Iterable[str], *, json_path: Optional[str], max_seconds: float,
+         device: Any, quiet: bool, debug: bool, progress: Optional[Callable[[dict], None]] = None,
+         interrupt_code: Callable[[], int] = lambda: 130) -> int:
+    """The CLI's `--sweep` run: returns the exit status (0 ok, 1 nothing measured, 2 usage, 130/143 Ctrl-C)."""
+    import traceback
+
+    import click
+
+    from .report import write_atomic
+
+    try:
+        grid = parse(options)
+        result = run(make_workload(), grid, device=device, max_seconds=max_seconds, progress=progress)
+    except KeyboardInterrupt:
+        click.echo("bisect-pipeline: error: interrupted before anything was measured", err=True)
+        return interrupt_code()
+    except BisectError as exc:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"bisect-pipeline: error: {exc}", err=True)
+        return exc.exit_code
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"bisect-pipeline: error: the sweep failed: {type(exc).__name__}: {exc} "
+                   "(rerun with --debug for the traceback)", err=True)
+        return 1
+    if progress is not None and hasattr(progress, "done"):
+        progress.done()
+    if json_path:
+        import json
+
+        write_atomic(json_path, json.dumps(result.to_dict(), indent=2) + "\n")
+    click.echo(result.summary() if quiet else str(result))
+    sys.stdout.flush()
+    if result.interrupted:
+        return interrupt_code()
+    return 0 if result.best is not None else 1
