@@ -1,0 +1,114 @@
+"""The command line, run as users run it: a real process, exit codes, files."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+ENTRY = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from conftest import planted
+    from bisect_pipeline import Workload
+
+    def make():
+        model, loader = planted({kind!r}, {workers})
+        return Workload(model=model, loader=loader)
+
+    def make_tuple():
+        return planted({kind!r}, {workers})
+
+    def make_dict():
+        model, loader = planted({kind!r}, {workers})
+        return dict(model=model, loader=loader)
+
+    def make_bad():
+        return 42
+
+    def make_raises():
+        raise ValueError("no data here")
+""")
+
+
+def write_entry(tmp_path, kind="augment", workers=0, name="user_entry.py"):
+    path = tmp_path / name
+    path.write_text(ENTRY.format(tests=TESTS, kind=kind, workers=workers))
+    return path
+
+
+def cli(*args, cwd, timeout=120):
+    return subprocess.run([sys.executable, "-m", "bisect_pipeline", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("kind,workers,func", [("augment", 0, "make"), ("load", 2, "make_tuple"),
+                                               ("collate", 0, "make_dict")])
+def test_file_entry_gives_verdict_and_json(tmp_path, kind, workers, func):
+    entry = write_entry(tmp_path, kind, workers)
+    out = tmp_path / "result.json"
+    r = cli("--entry", f"{entry}:{func}", "--json", str(out), "--max-seconds", "25", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["bottleneck"] == kind, r.stdout
+    assert f"Bottleneck: {kind}" in r.stdout
+    assert {p["point"]: p["status"] for p in doc["points"]}["host"] == "skipped"
+
+
+def test_module_entry_importable_from_the_current_directory(tmp_path):
+    write_entry(tmp_path, "augment", 0, name="mymod.py")
+    r = cli("--entry", "mymod:make", "--quiet", "--points", "full,augmented,device", "--max-seconds", "15",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().startswith("Bottleneck:")  # --quiet: the verdict line only
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ("nosuchmod:make", "no module named 'nosuchmod'"),
+    ("user_entry.py:nothing", "has no attribute 'nothing'"),
+    ("user_entry.py:make_bad", "returned int"),
+    ("user_entry.py:make_raises", "raised ValueError: no data here"),
+    ("missing.py:make", "no file"),
+    ("no-colon", "MODULE:FUNCTION"),
+])
+def test_bad_entries_exit_2_with_one_clear_message(tmp_path, spec, needle):
+    write_entry(tmp_path)
+    r = cli("--entry", spec, cwd=tmp_path)
+    assert r.returncode == 2
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    write_entry(tmp_path)
+    r = cli("--entry", "user_entry.py:make_raises", "--debug", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" in r.stderr
+
+
+def test_usage_errors_exit_2(tmp_path):
+    assert cli(cwd=tmp_path).returncode == 2  # no --entry
+    write_entry(tmp_path)
+    r = cli("--entry", "user_entry.py:make", "--points", "full,bogus", cwd=tmp_path)
+    assert r.returncode == 2 and "unknown point" in r.stderr
+
+
+def test_help_documents_every_option_and_the_security_note(tmp_path):
+    r = cli("--help", cwd=tmp_path)
+    assert r.returncode == 0
+    for option in ("--entry", "--json", "--html", "--max-seconds", "--device", "--points", "--cache-mb", "--quiet",
+                   "--debug"):
+        assert option in r.stdout
+    assert "runs your code" in r.stdout
+
+
+def test_demo_runs_and_names_augment(tmp_path):
+    out = tmp_path / "demo.json"
+    r = cli("demo", "--json", str(out), "--max-seconds", "30", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["bottleneck"] == "augment", r.stdout
+    assert doc["run"]["elapsed_s"] < 30 * 1.1

@@ -1,0 +1,218 @@
+"""The HTML report, on reports built from planted numbers (no run): valid markup,
+everything from user code escaped, one bar per measured point, the bottleneck shown."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+
+import pytest
+
+from bisect_pipeline import advice as advice_mod
+from bisect_pipeline.render_html import to_document, to_html
+from bisect_pipeline.report import PointResult, Report
+from bisect_pipeline.stats import Throughput, Window
+from bisect_pipeline.verdict import decide
+
+BATCH = 32
+CPU_SKIP = {"host": "no accelerator: host and device coincide"}
+
+
+def planted_report(rates: dict, *, skipped: dict = CPU_SKIP, status: dict = {}, loader: dict = None,
+                   windows: int = 5, jitter: float = 0.01, **kw) -> Report:
+    """A Report whose points run at `rates` (samples/s), each from `windows` windows of
+    10 steps that disagree by +-`jitter`: exact numbers, no clock, no torch."""
+    measured = {}
+    points = []
+    for name in ("full", "raw", "augmented", "collated", "host", "device"):
+        if name in rates:
+            secs = 10 * BATCH / rates[name]
+            tp = Throughput(tuple(Window(10, secs * (1 + jitter * ((i % 3) - 1))) for i in range(windows)), BATCH)
+            measured[name] = tp
+            points.append(PointResult(name, "ok", tp, first_batch_seconds=0.05))
+        elif name in skipped:
+            points.append(PointResult(name, "skipped", reason=skipped[name]))
+        else:
+            st, reason = status.get(name, ("not run", "out of time"))
+            points.append(PointResult(name, st, reason=reason))
+    verdict = decide(measured, BATCH, skipped)
+    if loader is None:
+        loader = {"dataset": "SyntheticImages", "num_workers": 0, "pin_memory": False, "collate_fn": "default_collate"}
+    kw.setdefault("run", {"torch": "2.4.0", "torchvision": "0.19.0", "python": "3.11.2", "max_seconds": 20.0,
+                          "elapsed_s": 17.3})
+    return Report(device="cpu", batch_size=BATCH, points=tuple(points), verdict=verdict, loader=loader, **kw)
+
+
+# augment (raw -> augmented) is the bottleneck: 330 samples/s with it, 920 without.
+AUGMENT = {"device": 950.0, "collated": 930.0, "augmented": 920.0, "raw": 330.0, "full": 320.0}
+
+
+class StrictHTML(HTMLParser):
+    """Fails on any end tag that does not close the innermost open element; records
+    elements and text so tests can look at what a browser would see."""
+
+    VOID = {"meta", "br", "hr", "img", "input", "link", "col", "area", "base", "embed", "source", "track", "wbr"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list = []
+        self.elements: list = []  # (tag, attrs dict)
+        self.text: list = []
+        self.errors: list = []
+
+    def handle_starttag(self, tag, attrs):
+        self.elements.append((tag, dict(attrs)))
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.elements.append((tag, dict(attrs)))
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+        else:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(markup: str) -> StrictHTML:
+    p = StrictHTML()
+    p.feed(markup)
+    p.close()
+    assert p.errors == []
+    assert p.stack == [], f"unclosed: {p.stack}"
+    return p
+
+
+def find(p: StrictHTML, tag: str, cls: str = None) -> list:
+    return [a for t, a in p.elements if t == tag and (cls is None or cls in (a.get("class") or "").split())]
+
+
+def test_fragment_and_document_are_valid_html_and_well_formed_xml():
+    r = planted_report(AUGMENT)
+    fragment = to_html(r)
+    parse(fragment)
+    root = ET.fromstring(fragment)  # strict: balanced, quoted, escaped
+    assert root.tag == "div" and root.get("class") == "bisect-pipeline"
+
+    doc = to_document(r)
+    assert doc.startswith("<!DOCTYPE html>")
+    p = parse(doc)
+    assert [t for t, _ in p.elements][:2] == ["html", "head"]
+    assert ET.fromstring(doc.split("\n", 1)[1]).tag == "html"
+    assert doc.count("<style>") == 1 and "<body>" in doc and doc.rstrip().endswith("</html>")
+
+
+def test_report_repr_html_is_the_rendered_fragment():
+    r = planted_report(AUGMENT)
+    assert r._repr_html_() == to_html(r)
+
+
+def test_no_script_and_nothing_fetched():
+    r = planted_report(AUGMENT)
+    for markup in (to_html(r), to_document(r)):
+        p = parse(markup)
+        tags = {t for t, _ in p.elements}
+        assert not tags & {"script", "iframe", "img", "link", "object", "embed"}
+        for _, attrs in p.elements:
+            assert not [k for k in attrs if k.startswith("on") or k in ("src", "href")]
+        assert "url(" not in markup and "@import" not in markup
+
+
+def test_user_strings_are_escaped(monkeypatch):
+    evil = "<script>alert(1)</script>"
+    img = '<img src=x onerror="alert(2)">'
+    r = planted_report(
+        {"device": 950.0, "collated": 930.0, "full": 320.0},
+        status={"augmented": ("failed", f"RuntimeError: {evil} & more"), "raw": ("unavailable", img)},
+        loader={"dataset": evil, "num_workers": 0, "collate_fn": img, "pin_memory": False},
+        warnings=(f"warning about {evil}",),
+    )
+    # Advice quotes user code (e.g. the collate_fn's name): plant one that does.
+    monkeypatch.setattr(advice_mod, "advise", lambda report: [{"kind": "x", "stage": "load", "message": f"fix {img}"}])
+    for markup in (to_html(r), to_document(r)):
+        p = parse(markup)
+        assert find(p, "script") == [] and find(p, "img") == []
+        text = "".join(p.text)
+        assert f"RuntimeError: {evil} & more" in text  # the failed point's reason, as text
+        assert f"fix {img}" in text and f"dataset={evil}" in text and f"warning about {evil}" in text
+        assert "&lt;script&gt;" in markup and "<script" not in markup and "<img" not in markup
+
+
+def test_one_bar_per_measured_point_ceiling_on_top_full_at_bottom():
+    r = planted_report(AUGMENT)
+    p = parse(to_html(r))
+    bars = find(p, "rect", "bar")
+    assert [b["data-point"] for b in bars] == ["device", "collated", "augmented", "raw", "full"]
+    ys = [float(b["y"]) for b in bars]
+    assert ys == sorted(ys)  # device at the top, full at the bottom
+    widths = {b["data-point"]: float(b["width"]) for b in bars}
+    assert widths["device"] > widths["augmented"] > widths["raw"] > widths["full"]
+    assert widths["full"] == pytest.approx(widths["device"] * 320 / 950, rel=0.01)
+    # the skipped host point has a row, with its reason, but no bar
+    assert "skipped: no accelerator" in "".join(p.text)
+
+
+def test_only_measured_points_get_bars():
+    r = planted_report({"device": 950.0, "full": 320.0}, status={"raw": ("failed", "boom")})
+    bars = find(parse(to_html(r)), "rect", "bar")
+    assert [b["data-point"] for b in bars] == ["device", "full"]
+
+
+def test_the_bottleneck_drop_is_highlighted_and_spans_its_loss():
+    r = planted_report(AUGMENT)
+    assert r.bottleneck == "augment"
+    markup = to_html(r)
+    p = parse(markup)
+    drops = find(p, "rect", "bottleneck")
+    assert len(drops) == 1
+    (d,) = drops
+    assert d["data-stage"] == "augment" and d["data-point"] == "raw"  # drawn on the upstream point's row
+    bars = {b["data-point"]: b for b in find(p, "rect", "bar")}
+    raw, augmented = bars["raw"], bars["augmented"]
+    x0 = float(raw["x"])
+    assert float(d["x"]) == pytest.approx(x0 + float(raw["width"]), abs=0.2)
+    assert float(d["x"]) + float(d["width"]) == pytest.approx(x0 + float(augmented["width"]), abs=0.2)
+    assert d["y"] == raw["y"]
+    # the stage table marks the same stage
+    rows = re.findall(r'<tr class="bottleneck"><td>([^<]*)</td>', markup)
+    assert rows == ["augment"]
+
+
+def test_nothing_is_highlighted_when_the_pipeline_keeps_up():
+    r = planted_report({"device": 950.0, "collated": 948.0, "augmented": 945.0, "raw": 944.0, "full": 940.0})
+    assert r.bottleneck == "none"
+    markup = to_html(r)
+    p = parse(markup)
+    assert find(p, "rect", "bottleneck") == []
+    assert 'class="bottleneck"' not in markup
+    assert find(p, "p", "none")  # the verdict box says so
+
+
+def test_verdict_first_then_chart_stages_advice_and_context():
+    r = planted_report(AUGMENT)
+    markup = to_html(r)
+    text = "".join(parse(markup).text)
+    summary = r.summary
+    assert summary.startswith("Bottleneck: augment")
+    order = [markup.index(s) for s in (summary, "<svg", "ms per batch added", r.advice[0]["message"][:30], "torch 2.4.0")]
+    assert order == sorted(order)
+    for s in ("share of gap", "samples/s if free", "num_workers=0", "SyntheticImages", "full ±", "batch size"):
+        assert s in text
+
+
+def test_incomplete_run_is_said():
+    r = planted_report({"device": 950.0, "full": 320.0}, complete=False)
+    assert "Incomplete run (stopped by --max-seconds)" in "".join(parse(to_html(r)).text)
+
+
+def test_no_verdict_still_renders():
+    r = planted_report({"device": 950.0}, status={"full": ("failed", "ValueError: bad sample")})
+    assert r.bottleneck is None
+    p = parse(to_html(r))
+    assert find(p, "p", "failed")
+    assert "ValueError: bad sample" in "".join(p.text)
