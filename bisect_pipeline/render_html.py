@@ -261,13 +261,12 @@ def _context(r: "Report") -> str:
 def to_html(r: "Report", *, style: bool = True) -> str:
     """The report as an HTML fragment (a `div.bisect-pipeline`), its CSS inline unless
     `style=False`."""
-    from .report import summary
-
     parts = ['<div class="bisect-pipeline">']
     if style:
         parts.append(f"<style>{CSS}</style>")
     parts.append('<p class="title">bisect-pipeline</p>')
-    parts.append(f'<p class="verdict {_verdict_class(r.bottleneck)}">{_e(summary(r))}</p>')
+    # r.summary, not summary(r): a DistributedReport's names the rank that sets the pace.
+    parts.append(f'<p class="verdict {_verdict_class(r.bottleneck)}">{_e(r.summary)}</p>')
     if not r.complete:
         why = "interrupted" if r.interrupted else "stopped by --max-seconds"
         parts.append(f'<p class="incomplete">Incomplete run ({_e(why)}): some points were cut short or not run.</p>')

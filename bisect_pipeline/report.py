@@ -7,9 +7,9 @@ import dataclasses
 import json
 import os
 import tempfile
+import textwrap
 from typing import Any, Optional
 
-from tabulate import tabulate
 
 from . import advice as advice_mod
 from .stats import Throughput, Window
@@ -288,13 +288,54 @@ def summary(r: Report) -> str:
             f"{s.samples_per_sec_if_free:,.0f} samples/s instead of {full.samples_per_sec:,.0f} (+{gain * 100:.0f}%).")
 
 
+WIDTH = 80  # the text report fits a classic terminal: prose is wrapped, tables' last column too
+
+# What runs at each point, as the text table says it (narrow: the row above plus one stage).
+_POINT_SHORT = {
+    "device": "step only (the ceiling)",
+    "host": "+ transfer",
+    "collated": "+ handoff",
+    "augmented": "+ collate",
+    "raw": "+ augment",
+    "full": "+ load (your pipeline)",
+}
+
+
+def _wrap(text: str, first: str = "", rest: str = "") -> list:
+    """`text` as lines of at most WIDTH columns, `first` before the first, `rest` before the others."""
+    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False) or [first]
+
+
+def _table(title: str, headers: list, rows: list, align: str) -> list:
+    """A plain table under its title: columns two spaces apart, `align` one of "l"/"r" per
+    column (numbers right-aligned with the same decimals per column, so they line up),
+    the last (text) column wrapped so that each line fits WIDTH."""
+    cols = len(headers) - 1
+    widths = [max([len(headers[i])] + [len(row[i]) for row in rows]) for i in range(cols)]
+    room = max(16, WIDTH - sum(widths) - 2 * cols)
+    widths.append(min(room, max([len(headers[-1])] + [len(row[-1]) for row in rows])))
+
+    def line(cells: list) -> str:
+        out = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(cells, widths, align)]
+        return "  ".join(out).rstrip()
+
+    out = [title, line(headers), line(["-" * w for w in widths])]
+    for row in rows:
+        wrapped = textwrap.wrap(row[-1], widths[-1], break_on_hyphens=False) or [""]
+        out.append(line(row[:-1] + [wrapped[0]]))
+        out.extend(line([""] * cols + [more]) for more in wrapped[1:])
+    return out
+
+
 def to_text(r: Report) -> str:
+    """The report for a terminal: header, the two tables (times in ms), warnings, then the
+    verdict and the advice last, where they stay on screen; wrapped at WIDTH columns."""
     lines = []
     head = f"bisect-pipeline: device {r.device}, batch size {r.batch_size}"
     lw = r.loader.get("num_workers")
     if lw is not None:
         head += f", num_workers {lw}, pin_memory {r.loader.get('pin_memory')}"
-    lines.append(head)
+    lines.extend(_wrap(head, rest="  "))
     if not r.complete:
         lines.append("(incomplete run: " + ("interrupted" if r.interrupted else "stopped by --max-seconds") + ")")
     rows = []
@@ -303,45 +344,63 @@ def to_text(r: Report) -> str:
         if p is None:
             continue
         tp = p.throughput if p.status == "ok" else None
+        if p.status == "ok":
+            note = _POINT_SHORT[name]
+        else:
+            note = f"{p.status}: {p.reason}" if p.reason else p.status
         rows.append([
             name,
-            p.status,
             _fmt_rate(tp.samples_per_sec) if tp else "-",
-            f"±{tp.rel_iqr * 100:.1f}%" if tp else "",
+            f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
             f"{tp.sec_per_batch * 1e3:.2f}" if tp else "-",
-            "" if p.first_batch_seconds is None else f"{p.first_batch_seconds * 1e3:.0f}",
-            p.reason or _POINT_MEANING[name] if p.status != "ok" else _POINT_MEANING[name],
+            "-" if p.first_batch_seconds is None else f"{p.first_batch_seconds * 1e3:.0f}",
+            note,
         ])
     lines.append("")
-    lines.append(tabulate(rows, headers=["point", "status", "samples/s", "spread", "ms/batch", "first batch ms", "what runs / why not"],
-                          colalign=("left", "left", "right", "right", "right", "right", "left"), disable_numparse=True))
+    lines.extend(_table("Throughput at each point, the ceiling first (times in ms)",
+                        ["point", "samples/s", "spread", "per batch", "first batch", "what runs / why not"], rows,
+                        "lrrrrl"))
     srows = []
+    full = _tp(r, "full")
     for s in r.verdict.stages:
         if s.status == "ok":
-            cost = f"{s.sec_per_batch * 1e3:.2f}" + ("" if s.significant else " (noise)")
-            share = "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%"
-            free = _fmt_rate(s.samples_per_sec_if_free)
-            gain = _gain_if_free(s, _tp(r, "full"))
-            free += "" if gain is None else f" ({gain * 100:+.0f}%)"
-            note = "includes " + ", ".join(s.includes) if len(s.includes) > 1 else ""
+            gain = _gain_if_free(s, full)
+            notes = []
+            if not s.significant:
+                notes.append("within noise" + ("" if s.sigma is None else f" (±{s.sigma * 1e3:.2f})"))
+            if len(s.includes) > 1:
+                notes.append("includes " + ", ".join(s.includes))
+            srows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}",
+                          "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
+                          _fmt_rate(s.samples_per_sec_if_free), "-" if gain is None else f"{gain * 100:+.0f}%",
+                          "; ".join(notes)])
         else:
-            cost, share, free, note = "-", "-", "-", f"{s.status}: {s.reason or ''}"
-        srows.append([s.stage, cost, share, free, note])
+            srows.append([s.stage, "-", "-", "-", "-", f"{s.status}: {s.reason}" if s.reason else s.status])
     lines.append("")
-    lines.append(tabulate(srows, headers=["stage", "ms/batch added", "share of gap", "samples/s if free", "note"],
-                          colalign=("left", "right", "right", "right", "left"), disable_numparse=True))
+    lines.extend(_table("What each stage costs (times in ms per batch)",
+                        ["stage", "added", "of gap", "samples/s if free", "gain", "note"], srows,
+                        "lrrrrl"))
+    extra = _isolated_lines(r)
+    if extra or r.warnings:
+        lines.append("")
+    for line in extra:
+        lines.extend(_wrap(line, rest="  "))
+    for w in r.warnings:
+        lines.extend(_wrap(w, first="warning: ", rest="  "))
     lines.append("")
-    lines.append(summary(r))
+    lines.extend(_wrap(summary(r)))
     cls = advice_mod.input_bound_class(r)
     if cls is not None and r.verdict.input_bound_fraction is not None:
-        lines.append(f"Input-bound: {cls} ({r.verdict.input_bound_fraction * 100:.0f}% of the ceiling's throughput is "
-                     f"lost to input; not < {advice_mod.INPUT_BOUND_MODERATE * 100:.0f}% <= moderately < "
-                     f"{advice_mod.INPUT_BOUND_HIGH * 100:.0f}% <= highly).")
-    lines.extend(_isolated_lines(r))
-    for a in r.advice:
-        lines.append(f"  - {a['message']}")
-    for w in r.warnings:
-        lines.append(f"warning: {w}")
+        lines.extend(_wrap(
+            f"Input-bound: {cls} ({r.verdict.input_bound_fraction * 100:.0f}% of the ceiling's throughput is "
+            f"lost to input; not < {advice_mod.INPUT_BOUND_MODERATE * 100:.0f}% <= moderately < "
+            f"{advice_mod.INPUT_BOUND_HIGH * 100:.0f}% <= highly)."))
+    advice = r.advice
+    if advice:
+        lines.append("")
+        lines.append("What to do:")
+        for a in advice:
+            lines.extend(_wrap(a["message"], first="  - ", rest="    "))
     return "\n".join(lines)
 
 

@@ -1,0 +1,160 @@
+"""The text report (`str(report)`), on reports built from planted numbers (no run): every
+line fits 80 columns, each table states its one time unit, numbers line up, and the
+verdict and the advice come last, readable as whole sentences."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+
+import pytest
+
+from bisect_pipeline import advice as advice_mod
+from bisect_pipeline.report import WIDTH, from_dict, to_text
+from test_render_html import AUGMENT, planted_report
+
+LONG_ADVICE = ("num_workers=0: augment (62.2 ms per batch) runs in the training loop's own process. Alone it costs "
+               "60.1 ms of worker work per batch against a 34.8 ms step: 2 worker(s) would feed the step. "
+               "Set num_workers=2.")
+
+
+def blocks(text: str) -> list:
+    return [b.splitlines() for b in text.split("\n\n")]
+
+
+def table(text: str, title_start: str) -> list:
+    (block,) = [b for b in blocks(text) if b[0].startswith(title_start)]
+    assert set(block[2].replace(" ", "")) == {"-"}  # title, header, rule, rows
+    return block
+
+
+def row(block: list, first: str) -> str:
+    (line,) = [ln for ln in block[3:] if ln.split() and ln.split()[0] == first]
+    return line
+
+
+def right_edge(header: str, name: str) -> int:
+    return header.index(name) + len(name)
+
+
+@pytest.fixture
+def long_advice(monkeypatch):
+    monkeypatch.setattr(advice_mod, "advise", lambda r: [
+        {"kind": "workers", "stage": "augment", "message": LONG_ADVICE},
+        {"kind": "augment", "stage": "augment", "message": "Second piece of advice, " + "quite long " * 12 + "end."},
+    ])
+
+
+def test_every_line_fits_80_columns(long_advice):
+    r = planted_report(
+        {"device": 950.0, "collated": 930.0, "full": 320.0},
+        status={"augmented": ("failed", "RuntimeError: " + "a very long error message from user code " * 4),
+                "raw": ("unavailable", "the dataset has no transform attribute to split raw samples from " * 2)},
+        loader={"dataset": "AVeryLongDatasetClassNameThatGoesOnAndOn" * 3, "num_workers": 4, "pin_memory": True},
+        warnings=("full: windows disagree by 40% (IQR/median); the machine is busy or the pipeline is bursty. "
+                  "Close other work or raise --max-seconds for more windows.", "x" * 120),
+        complete=False,
+    )
+    text = to_text(r)
+    assert WIDTH == 80
+    too_wide = [ln for ln in text.splitlines() if len(ln) > 80]
+    assert too_wide == []
+    # wrapped, not cut: the failed point's reason is all there, in its row's note column
+    block = table(text, "Throughput at each point")
+    col = block[1].index("what runs / why not")
+    start = block.index(row(block, "augmented"))
+    cont = list(itertools.takewhile(lambda ln: not ln[:col].strip(), block[start + 1:]))
+    note = " ".join(ln[col:].strip() for ln in [block[start]] + cont)
+    assert note.startswith("failed: RuntimeError: a very long error message")
+    assert note.count("from user code") == 4
+    assert "(incomplete run: stopped by --max-seconds)" in text
+
+
+def test_each_table_states_its_time_unit_and_uses_only_it():
+    r = planted_report(AUGMENT)
+    text = to_text(r)
+    points = table(text, "Throughput at each point")
+    assert points[0].endswith("(times in ms)")
+    stages = table(text, "What each stage costs")
+    assert stages[0].endswith("(times in ms per batch)")
+    # full runs at 320 samples/s with batches of 32: 100 ms per batch, printed in ms
+    full = row(points, "full").split()
+    assert full[1:4] == ["320.0", "±1.0%", "100.00"] and full[4] == "50"  # first batch 0.05 s
+    # augment costs 32/330 - 32/920 s per batch = 62.19 ms; without it 32/(100 - 62.19 ms)
+    augment = row(stages, "augment").split()
+    cost = 32 / 330 - 32 / 920
+    assert augment[1] == f"{cost * 1e3:.2f}" == "62.19"
+    free = 32 / (32 / 320 - cost)
+    assert augment[2] == "94%" and augment[3] == f"{free:.1f}" and augment[4] == f"+{(free / 320 - 1) * 100:.0f}%"
+    for block in (points, stages):
+        for line in block[1:]:
+            assert not re.search(r"\d\s*(s|sec|µs|us)\b", line), line  # no second unit in a table
+
+
+def test_numbers_are_right_aligned_in_their_columns():
+    r = planted_report({"device": 12345.0, "collated": 930.0, "augmented": 920.0, "raw": 33.0, "full": 32.0})
+    text = to_text(r)
+    points = table(text, "Throughput at each point")
+    header = points[1]
+    for name in ("samples/s", "spread", "per batch", "first batch"):
+        edge = right_edge(header, name)
+        for line in points[3:]:
+            if line[:9].strip():  # a row, not a wrapped note
+                assert line[edge - 1] != " " and (len(line) == edge or line[edge] == " "), (name, line)
+    rates = [row(points, p) for p in ("device", "collated", "raw")]
+    dots = {ln.index(".", len("device")) for ln in rates}
+    assert len(dots) == 1  # 12,345.0 and 33.0: the decimal points line up
+    stages = table(text, "What each stage costs")
+    for name in ("added", "of gap", "samples/s if free", "gain"):
+        edge = right_edge(stages[1], name)
+        for line in stages[3:]:
+            if line[:8].strip():
+                assert line[edge - 1] != " ", (name, line)
+
+
+def test_noise_is_said_in_the_note_not_glued_to_the_number():
+    r = planted_report({"device": 950.0, "collated": 948.0, "augmented": 920.0, "raw": 330.0, "full": 320.0})
+    stages = table(to_text(r), "What each stage costs")
+    collate = row(stages, "collate")
+    assert "within noise (±" in collate
+    assert re.match(r"collate\s+\d+\.\d\d\s+\d+%", collate)
+
+
+def test_verdict_and_advice_come_last_as_whole_sentences(long_advice):
+    r = planted_report(AUGMENT, warnings=("device: windows disagree by 14% (IQR/median)",))
+    text = to_text(r)
+    lines = text.splitlines()
+    verdict_at = next(i for i, ln in enumerate(lines) if ln.startswith("Bottleneck: augment"))
+    assert verdict_at > next(i for i, ln in enumerate(lines) if ln.startswith("warning:"))
+    assert verdict_at > next(i for i, ln in enumerate(lines) if ln.startswith("What each stage costs"))
+    # the verdict, wrapped at word boundaries, reads back as the one-sentence summary
+    verdict = []
+    for ln in lines[verdict_at:]:
+        if not ln.strip():
+            break
+        verdict.append(ln)
+    assert " ".join(verdict).startswith(r.summary)
+    assert max(len(ln) for ln in verdict) <= 80 and len(verdict) >= 2
+    # the advice: a bullet per item, continuation lines indented under it
+    advice_at = lines.index("What to do:")
+    assert advice_at > verdict_at
+    bullets = lines[advice_at + 1:]
+    assert bullets[0].startswith("  - num_workers=0:")
+    first = [bullets[0]] + [ln for ln in bullets[1:][:next(i for i, b in enumerate(bullets[1:]) if b.startswith("  - "))]]
+    assert all(ln.startswith("    ") for ln in first[1:])
+    assert " ".join(ln.strip().removeprefix("- ") for ln in first) == LONG_ADVICE
+    assert sum(ln.startswith("  - ") for ln in bullets) == 2
+
+
+def test_quiet_summary_and_json_summary_stay_one_line():
+    r = planted_report(AUGMENT)
+    assert "\n" not in r.summary and len(r.summary) > 80
+    assert r.to_dict()["verdict"]["summary"] == r.summary
+
+
+def test_a_report_loaded_from_json_renders_the_same():
+    r = planted_report(AUGMENT)
+    again = from_dict(json.loads(r.to_json()))
+    assert to_text(again).splitlines()[:4] == to_text(r).splitlines()[:4]
+    assert "Bottleneck: augment" in to_text(again)
