@@ -216,3 +216,51 @@ def test_no_verdict_still_renders():
     p = parse(to_html(r))
     assert find(p, "p", "failed")
     assert "ValueError: bad sample" in "".join(p.text)
+
+
+EVIL_ENTRY = '''
+import sys
+sys.path.insert(0, {tests!r})
+from conftest import PlantedDataset, Sleep, make_loader, tiny_model
+from torch.utils.data import default_collate
+
+# A user's classes and functions may be named anything: these would inject if unescaped.
+Evil = type("<script>alert(1)</script>", (PlantedDataset,), {{}})
+
+
+def collate(samples):
+    return default_collate(samples)
+
+
+collate.__qualname__ = '<img src=x onerror="alert(2)">'
+
+
+def make():
+    return tiny_model(2.0), make_loader(Evil(transform=Sleep(5.0)), collate_fn=collate)
+'''
+
+
+def test_cli_html_file_from_a_real_run_escapes_class_names(tmp_path):
+    """`--html` end to end: a real run of a pipeline whose dataset class is named
+    `<script>...`; the file is one valid, self-contained document with the name as text.
+    stderr is a pipe here, so no progress bar is drawn into it."""
+    import os
+    import subprocess
+    import sys
+
+    entry = tmp_path / "evil_entry.py"
+    entry.write_text(EVIL_ENTRY.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "report.html"
+    r = subprocess.run([sys.executable, "-m", "bisect_pipeline", "--entry", f"{entry}:make", "--html", str(out),
+                        "--max-seconds", "5"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stderr and "\r" not in r.stderr  # not a terminal: no progress
+    doc = out.read_text()
+    p = parse(doc)
+    assert find(p, "script") == [] and find(p, "img") == []
+    assert "<script" not in doc and "<img" not in doc
+    text = "".join(p.text)
+    assert "dataset=<script>alert(1)</script>" in text
+    assert 'collate_fn=<img src=x onerror="alert(2)">' in text
+    assert len(find(p, "rect", "bar")) >= 2  # measured points drawn
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []  # written atomically

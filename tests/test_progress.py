@@ -1,0 +1,126 @@
+"""Progress on stderr, driven by the events `bisect` emits, with a fake terminal and a
+fake clock: which point, how far along, how long is left against --max-seconds; nothing
+at all when quiet or when the stream is not a terminal."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from bisect_pipeline import progress as progress_mod
+from bisect_pipeline.progress import Progress, make_progress
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def frames(stream: io.StringIO) -> list:
+    """What the terminal shows after each redraw: the text between carriage returns,
+    control sequences removed."""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", stream.getvalue())
+    return [f.rstrip() for f in text.split("\r") if f.strip()]
+
+
+def percent(frame: str) -> int:
+    return int(re.search(r"(\d+)%", frame).group(1))
+
+
+def run_events(p, clock: FakeClock) -> None:
+    p({"event": "cache", "message": "filling the caches"})
+    clock.t += 4
+    p({"event": "point", "point": "device", "index": 0, "total": 4})
+    clock.t += 1
+    p({"event": "window", "point": "device", "window": 3, "max_windows": 6})
+    clock.t += 2
+    p({"event": "point", "point": "collated", "index": 1, "total": 4})
+    clock.t += 3
+    p({"event": "warning", "message": "ignored"})
+    p({"event": "window", "point": "collated", "window": 6, "max_windows": 6})
+
+
+def test_shows_the_point_how_far_and_time_left_against_max_seconds():
+    clock, stream = FakeClock(), FakeTTY()
+    p = make_progress(20.0, stream=stream, clock=clock)
+    assert isinstance(p, Progress)
+    p.columns = 120
+    run_events(p, clock)
+    shown = frames(stream)
+    assert len(shown) == 5  # one redraw per known event; the warning event is ignored
+    assert "filling the caches" in shown[0] and "at most 20 s left" in shown[0]
+    assert "device (1/4)" in shown[1] and "at most 16 s left" in shown[1]  # 4 s of 20 gone
+    assert "device (1/4), window 3" in shown[2] and "at most 15 s left" in shown[2]
+    assert "collated (2/4)" in shown[3] and "at most 13 s left" in shown[3]
+    assert "collated (2/4), window 6" in shown[4] and "at most 10 s left" in shown[4]
+    # how far: points done plus the current point's windows out of the most it may take
+    assert [percent(f) for f in shown] == [0, 0, 12, 25, 50]
+    assert all(f.startswith("[") for f in shown)  # click's bar, drawn with fill/empty chars
+    assert "#" * 10 in shown[4] and "-" * 10 in shown[4]
+
+
+def test_time_left_never_goes_negative_and_the_bar_never_goes_back():
+    clock, stream = FakeClock(), FakeTTY()
+    p = make_progress(5.0, stream=stream, clock=clock)
+    p.columns = 120
+    p({"event": "point", "point": "raw", "index": 2, "total": 4})
+    p({"event": "window", "point": "raw", "window": 6, "max_windows": 6})
+    clock.t += 60
+    p({"event": "point", "point": "raw", "index": 2, "total": 4})  # e.g. a retried point: same index
+    shown = frames(stream)
+    assert "at most 0 s left" in shown[-1]
+    assert percent(shown[-1]) >= percent(shown[-2]) == 75
+
+
+def test_done_clears_the_line_and_shows_the_cursor_again_once():
+    clock, stream = FakeClock(), FakeTTY()
+    p = make_progress(20.0, stream=stream, clock=clock)
+    p({"event": "point", "point": "device", "index": 0, "total": 2})
+    p.done()
+    out = stream.getvalue()
+    assert out.endswith("\r\x1b[K\x1b[?25h")
+    p.done()
+    p({"event": "point", "point": "full", "index": 1, "total": 2})  # after done: nothing more
+    assert stream.getvalue() == out
+
+
+def test_long_lines_are_cut_to_the_terminal_width():
+    clock, stream = FakeClock(), FakeTTY()
+    p = Progress(20.0, stream, clock=clock, columns=60)
+    p({"event": "point", "point": "full num_workers=4, pin_memory=True, prefetch_factor=8", "index": 0, "total": 9})
+    (shown,) = frames(stream)
+    assert len(shown) <= 60 and shown.endswith("...")
+
+
+@pytest.mark.parametrize("quiet,tty", [(True, True), (False, False), (True, False)])
+def test_nothing_is_written_when_quiet_or_not_a_terminal(quiet, tty):
+    stream = FakeTTY() if tty else io.StringIO()
+    assert make_progress(20.0, quiet=quiet, stream=stream, clock=FakeClock()) is None
+    assert stream.getvalue() == ""
+
+
+def test_stderr_is_the_default_stream(monkeypatch):
+    fake = FakeTTY()
+    monkeypatch.setattr(progress_mod.sys, "stderr", fake)
+    p = make_progress(20.0, clock=FakeClock())
+    p({"event": "point", "point": "device", "index": 0, "total": 1})
+    assert "device (1/1)" in frames(fake)[0]
+    monkeypatch.setattr(progress_mod.sys, "stderr", io.StringIO())  # a pipe or a log file
+    assert make_progress(20.0) is None
+
+
+def test_a_closed_or_odd_stream_counts_as_not_a_terminal():
+    closed = io.StringIO()
+    closed.close()
+    assert make_progress(20.0, stream=closed) is None
+    assert make_progress(20.0, stream=object()) is None
