@@ -79,6 +79,7 @@ def plot(report: "Report", ax: Any = None) -> Any:
     pipeline at the bottom), the bottleneck stage's drop highlighted. Returns the
     matplotlib Figure (drawn into `ax` when given)."""
     try:
+        import matplotlib  # noqa: F401  (first: a missing package fails here, even if a submodule is cached)
         from matplotlib.figure import Figure
         from matplotlib.patches import Patch
     except ImportError as exc:
@@ -98,7 +99,9 @@ def plot(report: "Report", ax: Any = None) -> Any:
             continue
         color = CEILING_COLOR if b is c.measured[0] else BAR_COLOR
         ax.barh(y, b.samples_per_sec, height=0.6, color=color, gid=f"bar-{b.point}")
-        ax.text(b.samples_per_sec, y, f" {b.samples_per_sec:,.0f}", va="center", ha="left", fontsize=9)
+        # the value right of everything on the row (the bar and the loss drawn after it)
+        end = max([b.samples_per_sec] + [d.to_rate for d in c.drops if d.lower == b.point])
+        ax.text(end, y, f" {b.samples_per_sec:,.0f}", va="center", ha="left", fontsize=9)
     for d in c.drops:
         ax.barh(y_of[d.lower], d.to_rate - d.from_rate, left=d.from_rate, height=0.6,
                 color=BOTTLENECK_COLOR if d.bottleneck else DROP_COLOR,
