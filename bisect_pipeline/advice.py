@@ -146,6 +146,25 @@ def _r(x: Optional[float], nd: int = 3) -> Optional[float]:
     return None if x is None else round(float(x), nd)
 
 
+def headroom(r: "Report", stage: str) -> dict:
+    """If `stage` were free: the bisection's samples/s and the gain over the full
+    pipeline (0.33 = +33%), or {} when the stage was not costed."""
+    c = r if isinstance(r, _Context) else _Context(r)
+    s = c.stage(stage)
+    if s is None or s.status != "ok" or s.samples_per_sec_if_free is None or not c.t_full:
+        return {}
+    full = c.r.batch_size / c.t_full
+    return {"samples_per_sec": _r(full, 1), "samples_per_sec_if_free": _r(s.samples_per_sec_if_free, 1),
+            "gain_if_free": _r(s.samples_per_sec_if_free / full - 1, 4)}
+
+
+def _headroom_text(h: dict, stage: str) -> str:
+    if not h:
+        return ""
+    return (f" If {stage} were free: {h['samples_per_sec_if_free']:,.0f} samples/s instead of {h['samples_per_sec']:,.0f} "
+            f"({h['gain_if_free'] * 100:+.0f}%).")
+
+
 def _workers_needed(c: _Context) -> Optional[dict]:
     """Workers that would feed the step: from the isolated costs when measured, else from
     the bisection (with num_workers=0 a stage's drop is its serial cost per batch)."""
@@ -172,7 +191,8 @@ def _workers(c: _Context):
         return None
     ms = c.stage_ms(c.b)
     n, avail, cores = need["needed"], need["available"], need["cores"]
-    numbers = {"num_workers": c.workers, "stage_ms_per_batch": _r(ms), **need}
+    head = headroom(c, c.b)
+    numbers = {"num_workers": c.workers, "stage_ms_per_batch": _r(ms), **need, "headroom": head}
     on_cpu = " On the CPU the step itself uses these cores too, so workers and step compete." if not c.cuda else ""
     if n > avail and c.workers >= avail:
         return Finding("cores", c.b, (
@@ -193,7 +213,7 @@ def _workers(c: _Context):
     return Finding("num_workers", c.b, (
         f"num_workers={c.workers}: {c.b} ({ms:.1f} ms per batch) {where}. Alone it costs "
         f"{need['worker_ms_per_batch']:.1f} ms of worker work per batch against a {need['step_ms_per_batch']:.1f} ms "
-        f"step: {fit}. Set num_workers={recommended}." + on_cpu), numbers)
+        f"step: {fit}. Set num_workers={recommended}." + _headroom_text(head, c.b) + on_cpu), numbers)
 
 
 def _transfer_ms(c: _Context) -> tuple[Optional[float], str]:
@@ -217,12 +237,15 @@ def _pin_memory(c: _Context):
     t = c.part("transfer")
     gbs = t.get("gb_per_s")
     bw = f" at {gbs:.1f} GB/s" if gbs else ""
+    size = f" ({t['bytes_per_batch'] / 2**20:.1f} MB)" if t.get("bytes_per_batch") else ""
+    head = headroom(c, "transfer")
     return Finding("pin_memory", "transfer", (
-        f"The host-to-device copy costs {ms:.1f} ms per batch{bw} and pin_memory=False: pageable memory is copied "
-        "through a staging buffer and the copy blocks the step. Set pin_memory=True and move batches with "
-        ".to(device, non_blocking=True) so the copy overlaps compute."),
+        f"The host-to-device copy of each batch{size} costs {ms:.1f} ms{bw} and pin_memory=False: pageable memory "
+        "is copied through a staging buffer and the copy blocks the step. Set pin_memory=True and move batches with "
+        ".to(device, non_blocking=True) so the copy overlaps compute." + _headroom_text(head, "transfer")),
         {"transfer_ms_per_batch": _r(ms), "source": source, "gb_per_s": gbs,
-         "bytes_per_batch": t.get("bytes_per_batch"), "pin_memory": False})
+         "bytes_per_batch": t.get("bytes_per_batch"), "pin_memory": False, "headroom": head,
+         "recommended": {"pin_memory": True, "non_blocking": True}})
 
 
 def _uint8_payload(c: _Context):
@@ -290,7 +313,9 @@ def _collate(c: _Context):
                       "preallocated tensor")
     if not causes:
         return None
-    return Finding("collate", "collate", f"collate adds {ms:.1f} ms per batch: " + "; ".join(causes) + ".", numbers)
+    head = numbers["headroom"] = headroom(c, "collate")
+    return Finding("collate", "collate", f"{name} adds {ms:.1f} ms per batch: " + "; ".join(causes) + "."
+                   + _headroom_text(head, "collate"), numbers)
 
 
 def _storage(c: _Context):
@@ -309,12 +334,13 @@ def _storage(c: _Context):
         numbers["load_cap_samples_per_sec"] = _r(rate, 1)
         cap = (f" Alone a sample takes {per_sample:.2f} ms to load, so {max(1, c.workers)} process(es) cap input at "
                f"{rate:,.0f} samples/s.")
+    head = numbers["headroom"] = headroom(c, "load")
     includes = c.stage("load").includes if c.stage("load") else ()
     merged = " (measured together with augment: the transforms could not be split)" if "augment" in includes else ""
     return Finding("storage", "load", (
         f"Loading {c.lo.get('dataset') or 'the dataset'}'s samples adds {ms:.1f} ms per batch{merged}.{cap} Read "
         "fewer, larger files (sharded tar/record formats) from local or faster storage, store pre-resized or "
-        "cheaper-to-decode data, or cache decoded samples in memory when they fit."), numbers)
+        "cheaper-to-decode data, or cache decoded samples in memory when they fit." + _headroom_text(head, "load")), numbers)
 
 
 def _augment(c: _Context):
@@ -328,10 +354,11 @@ def _augment(c: _Context):
                "transforms": found, "num_workers": c.workers}
     alone = f" ({aug['ms_per_sample']:.2f} ms per sample alone)" if aug.get("ms_per_sample") is not None else ""
     which = ", ".join(found) or "the dataset's transforms"
+    head = numbers["headroom"] = headroom(c, "augment")
     return Finding("augment", "augment", (
-        f"{which} add {ms:.1f} ms per batch{alone}. Move work that is the same every epoch (decode, resize) to data "
-        "preparation, crop before expensive ops, and run tensor transforms batched on the device inside the step."),
-        numbers)
+        f"{which} add {ms:.1f} ms per batch{alone} with num_workers={c.workers}. Move work that is the same every "
+        "epoch (decode, resize) to data preparation, crop before expensive ops, and run tensor transforms batched on "
+        "the device inside the step." + _headroom_text(head, "augment")), numbers)
 
 
 def _handoff(c: _Context):
@@ -343,11 +370,13 @@ def _handoff(c: _Context):
     numbers = {"handoff_ms_per_batch": _r(ms), "batch_bytes": batch.get("bytes"), "n_tensors": batch.get("n_tensors"),
                "num_workers": c.workers, "pin_memory": c.lo.get("pin_memory")}
     size = f" a batch of {batch['n_tensors']} tensor(s), {batch['bytes'] / 2**20:.1f} MB," if batch.get("bytes") else ""
+    head = numbers["headroom"] = headroom(c, "handoff")
     pin = (" pin_memory=True pins each batch in the loop's pinning thread: check it against pin_memory=False with "
            "--sweep pin_memory=0,1." if c.lo.get("pin_memory") else "")
     return Finding("handoff", "handoff", (
         f"Moving{size} from the workers to the training loop adds {ms:.1f} ms per batch: send fewer, more compact "
-        "tensors (uint8 instead of float, no unused fields)." + pin), numbers)
+        f"tensors (uint8 instead of float, no unused fields) with num_workers={c.workers}." + pin
+        + _headroom_text(head, "handoff")), numbers)
 
 
 def _batch_size(c: _Context):

@@ -26,20 +26,35 @@ MIN_REL_CHANGE = MIN_REL_DROP
 
 
 def load(path: str) -> Report:
+    """A bisection result from its JSON file: json.load only (never pickle, never code),
+    then a schema check; anything else is a BisectError (exit 2) naming the file."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except FileNotFoundError:
         raise BisectError(f"compare: no file {path!r}; give two JSON files written with --json.") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:
         raise BisectError(f"compare: {path!r} is not a JSON document ({exc}); give files written with --json.") from None
-    if not isinstance(doc, dict) or doc.get("kind") == "sweep":
-        raise BisectError(f"compare: {path!r} is not a bisection result (a sweep's JSON or another document); "
-                          "give files written by `bisect-pipeline --entry ... --json PATH`.")
+    hint = "give files written by `bisect-pipeline --entry ... --json PATH`"
+    if not isinstance(doc, dict):
+        raise BisectError(f"compare: {path!r} holds a JSON {type(doc).__name__}, not a bisect-pipeline result; {hint}.")
+    if doc.get("kind") in ("sweep", "compare"):
+        raise BisectError(f"compare: {path!r} is the JSON of a {doc['kind']}, not of a bisection; {hint}.")
+    if doc.get("tool", "bisect-pipeline") != "bisect-pipeline" or "schema_version" not in doc:
+        raise BisectError(f"compare: {path!r} is not a bisect-pipeline result (no schema_version); {hint}.")
     try:
-        return Report.from_dict(doc)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise BisectError(f"compare: {path!r} is not a bisect-pipeline result ({type(exc).__name__}: {exc}).") from None
+        report = Report.from_dict(doc)
+        for p in report.points:  # every statistic compare uses must be computable
+            if p.throughput is not None:
+                if any(w.steps <= 0 or w.seconds <= 0 for w in p.throughput.windows):
+                    raise ValueError(f"point {p.point} has a window without steps or time")
+                p.throughput.rel_se  # noqa: B018
+    except BisectError:
+        raise
+    except Exception as exc:  # a wrong-schema document: whatever from_dict tripped on
+        raise BisectError(f"compare: {path!r} is not a bisect-pipeline result of schema_version 1 "
+                          f"({type(exc).__name__}: {exc}); {hint}.") from None
+    return report
 
 
 def _tp(r: Report, name: str) -> Optional[Throughput]:
@@ -60,9 +75,9 @@ def point_change(before: Optional[Throughput], after: Optional[Throughput]) -> d
     if not real:
         label = "within noise"
     elif ratio > 1:
-        label = f"{ratio:.2f}x faster"
+        label = f"{ratio:.2f}\u00d7 faster"
     else:
-        label = f"{1 / ratio:.2f}x slower"
+        label = f"{1 / ratio:.2f}\u00d7 slower"
     return {"ratio": round(ratio, 4), "real": real, "threshold_rel": round(threshold, 4), "label": label}
 
 
@@ -150,7 +165,7 @@ def to_text(c: dict) -> str:
                      f"{full['after_samples_per_sec']:,.1f} samples/s).")
     else:
         lines.append(f"Full pipeline: within noise ({full['before_samples_per_sec']:,.1f} -> "
-                     f"{full['after_samples_per_sec']:,.1f} samples/s, x{full['ratio']:.2f}).")
+                     f"{full['after_samples_per_sec']:,.1f} samples/s, \u00d7{full['ratio']:.2f}).")
     lines.append(f"Rule: {c['rule']}.")
     return "\n".join(lines)
 

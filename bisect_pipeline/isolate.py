@@ -249,7 +249,9 @@ def workers_needed(iso: dict, batch_size: int, n_cores: int) -> dict:
     load, aug, col = iso.get("load", {}), iso.get("augment", {}), iso.get("collate", {})
     if step.get("status") != "ok" or load.get("status") != "ok" or col.get("status") != "ok":
         return {"status": "unavailable", "reason": "the step, load or collate cost was not measured"}
-    per_sample = load["ms_per_sample"] + (aug["ms_per_sample"] if aug.get("status") == "ok" else 0.0)
+    # When the transforms could not be split from loading, load's time already holds them.
+    merged = "augment" in (load.get("includes") or ())
+    per_sample = load["ms_per_sample"] + (aug["ms_per_sample"] if aug.get("status") == "ok" and not merged else 0.0)
     work = per_sample * batch_size + col["ms_per_batch"]
     step_ms = step["ms_per_batch"]
     needed = max(1, math.ceil(work / step_ms)) if step_ms > 0 else None

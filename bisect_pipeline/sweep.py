@@ -177,7 +177,7 @@ class SweepResult:
             return (f"Your setting ({_fmt_settings(base.settings, self.varied())}) is the best within noise at "
                     f"{base.samples_per_sec:,.1f} samples/s.")
         return (f"Best: {_fmt_settings(best.settings, self.varied())} at {best.samples_per_sec:,.1f} samples/s, "
-                f"{self.speedup(best):.2f}x your setting ({_fmt_settings(base.settings, self.varied())}, "
+                f"{self.speedup(best):.2f}\u00d7 your setting ({_fmt_settings(base.settings, self.varied())}, "
                 f"{base.samples_per_sec:,.1f} samples/s).")
 
     def to_dict(self) -> dict:
@@ -218,7 +218,7 @@ class SweepResult:
         for i, r in enumerate(self.rows):
             sp = self.speedup(r)
             noise = self.beyond_noise(r)
-            label = "-" if sp is None else f"{sp:.2f}x" + ("" if noise or i == 0 else " (noise)")
+            label = "-" if sp is None else f"{sp:.2f}\u00d7" + ("" if noise or i == 0 else " (noise)")
             table.append([*(_fmt_value(r.settings[n]) for n in names),
                           "-" if r.samples_per_sec is None else f"{r.samples_per_sec:,.1f}",
                           "" if r.throughput is None else f"±{r.throughput.rel_iqr * 100:.1f}%",
@@ -232,6 +232,11 @@ class SweepResult:
         text = tabulate(table, headers=[*names, "samples/s", "spread", "vs yours", "note"], disable_numparse=True,
                         colalign=(*("left" for _ in names), "right", "right", "right", "left"))
         return "\n".join([head, "", text, "", self.summary()])
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
 
 
 def _fmt_value(v: Any) -> str:
@@ -296,8 +301,10 @@ def run(workload: Workload, grid: dict, *, device: Any = None, max_seconds: floa
 def _measure(spec: stages.LoaderSpec, settings: dict, move, train_step, plan: Plan, deadline: float, clock,
              sync) -> Row:
     spec2 = dataclasses.replace(spec, **settings)
-    if spec2.num_workers == 0 and spec2.timeout:
-        spec2 = dataclasses.replace(spec2, timeout=0.0)  # DataLoader refuses a timeout without workers
+    if spec2.num_workers == 0:
+        # DataLoader refuses a timeout or a multiprocessing_context without workers: a
+        # user loader with workers swept down to num_workers=0 drops them.
+        spec2 = dataclasses.replace(spec2, timeout=0.0, multiprocessing_context=None)
     plan2 = api._plan_for(plan, spec2)
     seen: list = []
 
@@ -317,7 +324,7 @@ def _measure(spec: stages.LoaderSpec, settings: dict, move, train_step, plan: Pl
     except BisectError:
         raise
     except Exception as exc:
-        return Row(settings, "failed", reason=api._reason(exc))
+        return Row(settings, "failed", reason=_reason(exc))
     if m.throughput is None:
         return Row(settings, "failed", reason="out of time before one window was measured (raise --max-seconds)",
                    first_batch_seconds=opened + m.first_batch_seconds)
