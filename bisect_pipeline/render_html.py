@@ -89,13 +89,22 @@ def _verdict_class(bottleneck: Optional[str]) -> str:
 
 
 def _nice_step(span: float) -> float:
-    """A 1-2-5 step giving about four gridlines over `span`."""
-    raw = span / 4
+    """A 1-2-5 step giving four to ten gridlines over `span`."""
+    raw = span / 5
     mag = 10 ** math.floor(math.log10(raw))
     for m in (1, 2, 5, 10):
         if m * mag >= raw:
             return m * mag
     return 10 * mag  # pragma: no cover
+
+
+def _stage_ms(r: "Report", name: str) -> Optional[float]:
+    """ms per batch added by the stage a drop is drawn for (named by its first stage)."""
+    try:
+        s = r.stage(name.split("+")[0])
+    except KeyError:
+        return None
+    return None if s.sec_per_batch is None else s.sec_per_batch * 1e3
 
 
 def chart_svg(r: "Report") -> str:
@@ -124,6 +133,10 @@ def chart_svg(r: "Report") -> str:
         tick += step
     out.append(f'<text x="{WIDTH - 6}" y="{TOP - 10}" text-anchor="end" fill="#6b7280" font-size="11">samples/s</text>')
     ceiling = c.measured[0] if c.measured else None
+    if ceiling is not None:  # drawn first, behind the bars and their labels
+        cx = x(ceiling.samples_per_sec)
+        out.append(f'<line class="ceiling" x1="{cx:.1f}" y1="{TOP - 4}" x2="{cx:.1f}" y2="{bottom}" '
+                   f'stroke="{plot_mod.CEILING_COLOR}" stroke-width="1" stroke-dasharray="3 3"/>')
     y_of = {}
     for i, b in enumerate(c.bars):
         y = TOP + i * ROW_H + (ROW_H - BAR_H) / 2
@@ -154,19 +167,22 @@ def chart_svg(r: "Report") -> str:
         y = y_of[d.lower]
         cls = "drop bottleneck" if d.bottleneck else "drop"
         fill = plot_mod.BOTTLENECK_COLOR if d.bottleneck else plot_mod.DROP_COLOR
-        tip = f"{d.stage} ({d.lower} \u2192 {d.upper}): {_num(d.to_rate - d.from_rate)} samples/s lost"
+        cost = _stage_ms(r, d.stage)
+        tip = (f"{d.stage} ({d.lower} \u2192 {d.upper}): {_num(d.to_rate - d.from_rate)} samples/s lost"
+               + ("" if cost is None else f", {cost:.2f} ms per batch"))
         out.append(f'<rect class="{cls}" data-stage="{_e(d.stage)}" data-point="{_e(d.lower)}" x="{x0:.1f}" '
                    f'y="{y:.1f}" width="{x1 - x0:.1f}" height="{BAR_H}" fill="{fill}" rx="2">'
                    f'<title>{_e(tip)}</title></rect>')
-        if (x1 - x0) >= len(d.stage) * CHAR_W + 10:
+        # Name the stage on its loss, with its cost in ms per batch when that fits too: the
+        # bars are rates, and a stage's share of the rate lost is not its share of the time.
+        ms = _stage_ms(r, d.stage)
+        label = next((t for t in ([f"{d.stage} +{ms:.1f} ms"] if ms is not None else []) + [d.stage]
+                      if (x1 - x0) >= len(t) * CHAR_W + 10), None)
+        if label:
             color = "#fff" if d.bottleneck else "#374151"
             weight = ' font-weight="600"' if d.bottleneck else ""
-            out.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{y + BAR_H / 2 + 4:.1f}" text-anchor="middle" '
-                       f'fill="{color}"{weight}>{_e(d.stage)}</text>')
-    if ceiling is not None:
-        cx = x(ceiling.samples_per_sec)
-        out.append(f'<line class="ceiling" x1="{cx:.1f}" y1="{TOP - 4}" x2="{cx:.1f}" y2="{bottom}" '
-                   f'stroke="{plot_mod.CEILING_COLOR}" stroke-width="1" stroke-dasharray="3 3"/>')
+            out.append(f'<text class="drop-label" x="{(x0 + x1) / 2:.1f}" y="{y + BAR_H / 2 + 4:.1f}" '
+                       f'text-anchor="middle" fill="{color}"{weight}>{_e(label)}</text>')
     out.append("</svg>")
     legend = [f'<span><span class="swatch" style="background:{plot_mod.BAR_COLOR}"></span>samples/s at this point</span>']
     top = next((d for d in c.drops if d.bottleneck), None)
@@ -201,8 +217,7 @@ def stage_table(r: "Report") -> str:
             if len(s.includes) > 1:
                 note.append("includes " + ", ".join(s.includes))
             if not s.significant:
-                note.append(f"(noise) within the measurement noise, ±{s.sigma * 1e3:.2f} ms" if s.sigma is not None
-                            else "(noise)")
+                note.append("within the measurement noise" + ("" if s.sigma is None else f" (±{s.sigma * 1e3:.2f} ms)"))
             rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}",
                          "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
                          "-" if s.samples_per_sec_if_free is None else _num(s.samples_per_sec_if_free),

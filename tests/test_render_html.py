@@ -264,3 +264,13 @@ def test_cli_html_file_from_a_real_run_escapes_class_names(tmp_path):
     assert 'collate_fn=<img src=x onerror="alert(2)">' in text
     assert len(find(p, "rect", "bar")) >= 2  # measured points drawn
     assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []  # written atomically
+
+
+def test_losses_are_labelled_with_their_cost_and_the_ceiling_line_is_behind_the_bars():
+    r = planted_report(AUGMENT)
+    markup = to_html(r)
+    labels = re.findall(r'<text class="drop-label"[^>]*>([^<]*)</text>', markup)
+    assert labels == [f"augment +{(32 / 330 - 32 / 920) * 1e3:.1f} ms"]  # 62.2 ms per batch, as the table says
+    svg = markup[markup.index("<svg"):markup.index("</svg>")]
+    assert svg.index('class="ceiling"') < svg.index('class="bar"')  # drawn first: never over a label
+    assert "within the measurement noise (±" in markup and "(noise) within" not in markup
