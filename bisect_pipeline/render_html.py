@@ -153,7 +153,10 @@ def chart_svg(r: "Report") -> str:
                        f'font-size="13">{_e(b.point)}</text>')
         if b.samples_per_sec is None:
             note = f"{b.status}: {b.reason}" if b.reason else b.status
-            out.append(f'<text class="missing" x="{BAR_X0 + 6}" y="{mid + 4:.1f}" fill="#6b7280" font-style="italic">'
+            # a white halo (stroke painted under the fill) keeps the gridlines and the
+            # ceiling line from running through the words
+            out.append(f'<text class="missing" x="{BAR_X0 + 6}" y="{mid + 4:.1f}" fill="#6b7280" font-style="italic" '
+                       f'stroke="#fff" stroke-width="4" stroke-linejoin="round" paint-order="stroke">'
                        f'<title>{_e(note)}</title>{_e(_fit(note, WIDTH - BAR_X0 - 12))}</text>')
             continue
         color = plot_mod.CEILING_COLOR if b is ceiling else plot_mod.BAR_COLOR

@@ -159,8 +159,13 @@ def test_one_bar_per_measured_point_ceiling_on_top_full_at_bottom():
 
 def test_only_measured_points_get_bars():
     r = planted_report({"device": 950.0, "full": 320.0}, status={"raw": ("failed", "boom")})
-    bars = find(parse(to_html(r)), "rect", "bar")
+    p = parse(to_html(r))
+    bars = find(p, "rect", "bar")
     assert [b["data-point"] for b in bars] == ["device", "full"]
+    # rows without a bar say why, over a halo that keeps grid and ceiling lines off the words
+    missing = find(p, "text", "missing")
+    assert len(missing) == 4  # host skipped, collated and augmented not run, raw failed
+    assert all(m.get("paint-order") == "stroke" and m.get("stroke") == "#fff" for m in missing)
 
 
 def test_the_bottleneck_drop_is_highlighted_and_spans_its_loss():
