@@ -258,7 +258,9 @@ def test_cli_html_file_from_a_real_run_escapes_class_names(tmp_path):
     out = tmp_path / "report.html"
     r = subprocess.run([sys.executable, "-m", "bisect_pipeline", "--entry", f"{entry}:make", "--html", str(out),
                         "--max-seconds", "5"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    # 0 with a verdict, 1 without one (a busy machine may not reach `full` in 5 s): the
+    # HTML is written either way, and that is what this test is about
+    assert r.returncode in (0, 1), r.stderr
     assert "\x1b" not in r.stderr and "\r" not in r.stderr  # not a terminal: no progress
     doc = out.read_text()
     p = parse(doc)
@@ -267,7 +269,8 @@ def test_cli_html_file_from_a_real_run_escapes_class_names(tmp_path):
     text = "".join(p.text)
     assert "dataset=<script>alert(1)</script>" in text
     assert 'collate_fn=<img src=x onerror="alert(2)">' in text
-    assert len(find(p, "rect", "bar")) >= 2  # measured points drawn
+    assert find(p, "rect", "bar")  # measured points drawn
+    assert find(p, "p", "verdict")
     assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []  # written atomically
 
 
