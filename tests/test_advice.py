@@ -1,0 +1,374 @@
+"""Advice: each finding rule fires on its measured condition and stays silent otherwise.
+
+Rules are tested on Reports built directly (exact planted stage costs, isolated
+costs, syncs, memory): fast, and the only way to test the CUDA-only rules on a CPU
+machine. Two end-to-end tests run planted pipelines through bisect().
+"""
+
+import json
+
+import pytest
+
+from bisect_pipeline import advice, bisect
+from bisect_pipeline.report import PointResult, Report, stage_dict
+from bisect_pipeline.stats import Throughput, Window
+from bisect_pipeline.verdict import POINTS, StageCost, Verdict, decide
+from conftest import FAST_PLAN, PlantedDataset, Sleep, make_loader, planted, tiny_model
+
+BS = 16
+CPU_SKIP = {"host": "no accelerator: host and device coincide"}
+
+
+def tp(ms: float, jitter: float = 0.01) -> Throughput:
+    """Five windows of 10 steps at `ms` per batch, spread by +-jitter."""
+    factors = [1 - jitter, 1 - jitter / 2, 1, 1 + jitter / 2, 1 + jitter]
+    return Throughput(tuple(Window(10, 10 * ms / 1e3 * f) for f in factors), BS)
+
+
+def make_report(ms: dict, *, device: str = "cpu", loader: dict = None, isolated: dict = None, syncs: dict = None,
+                cpu_count: int = 8) -> Report:
+    """A Report from planted ms per batch at each point (the verdict computed from them)."""
+    cuda = device.startswith("cuda")
+    skipped = {} if cuda else dict(CPU_SKIP)
+    points = []
+    for name in POINTS:
+        if name in ms:
+            points.append(PointResult(name, "ok", tp(ms[name])))
+        elif name in skipped:
+            points.append(PointResult(name, "skipped", reason=skipped[name]))
+        else:
+            points.append(PointResult(name, "skipped", reason="not selected"))
+    measured = {p.point: p.throughput for p in points if p.status == "ok"}
+    verdict = decide(measured, BS, {k: v for k, v in skipped.items()})
+    lo = {"num_workers": 0, "pin_memory": False, "collate_fn": "default_collate", "dataset": "ImageFolder"}
+    lo.update(loader or {})
+    return Report(device=device, batch_size=BS, points=tuple(points), verdict=verdict, loader=lo,
+                  cache={"raw_transforms": ["dataset.transform (Compose)"]}, run={"cpu_count": cpu_count},
+                  isolated=isolated or {}, syncs=syncs or {})
+
+
+# Planted pipelines (ms per batch at each point, the ceiling 10 ms).
+AUGMENT_BOUND = {"device": 10, "collated": 10.5, "augmented": 11, "raw": 60, "full": 61}
+LOAD_BOUND = {"device": 10, "collated": 10.5, "augmented": 11, "raw": 11.5, "full": 70}
+COLLATE_BOUND = {"device": 10, "collated": 10.5, "augmented": 50, "raw": 50.5, "full": 51}
+HANDOFF_BOUND = {"device": 10, "collated": 40, "augmented": 40.5, "raw": 41, "full": 41.5}
+MODEL_BOUND = {"device": 40, "collated": 40.2, "augmented": 40.1, "raw": 40.3, "full": 40.4}
+TRANSFER_BOUND = {"device": 10, "host": 30, "collated": 30.5, "augmented": 31, "raw": 31.5, "full": 32}
+
+
+def kinds(r: Report) -> list:
+    return [f["kind"] for f in r.advice]
+
+
+def finding(r: Report, kind: str) -> dict:
+    found = [f for f in r.advice if f["kind"] == kind]
+    assert found, f"no {kind} finding in {kinds(r)}"
+    return found[0]
+
+
+def iso_workers(needed: int, cores: int, work: float = 48.0, step: float = 10.0) -> dict:
+    return {"status": "ok", "workers": {"status": "ok", "needed": needed, "worker_ms_per_batch": work,
+                                        "step_ms_per_batch": step, "cores": cores, "available": cores - 1,
+                                        "fits": needed <= cores - 1}}
+
+
+# --- num_workers / cores -----------------------------------------------------------------------
+
+
+def test_num_workers_fires_for_augment_bottleneck_at_zero_workers_with_the_count_that_feeds_the_step():
+    r = make_report(AUGMENT_BOUND, isolated=iso_workers(needed=5, cores=8))
+    assert r.bottleneck == "augment"
+    f = finding(r, "num_workers")
+    assert f["stage"] == "augment"
+    assert f["numbers"]["recommended"] == {"num_workers": 5}
+    assert f["numbers"]["num_workers"] == 0 and f["numbers"]["needed"] == 5
+    # tied to the measured numbers and the loader's own setting, never generic
+    assert "num_workers=0" in f["message"] and "Set num_workers=5" in f["message"]
+    assert "49.0 ms per batch" in f["message"]  # augment's measured drop: 60 - 11
+    assert "48.0 ms of worker work" in f["message"] and "10.0 ms step" in f["message"]
+    assert "If augment were free" in f["message"]
+
+
+def test_num_workers_capped_by_this_machines_cores():
+    r = make_report(AUGMENT_BOUND, isolated=iso_workers(needed=5, cores=2))
+    f = finding(r, "num_workers")
+    assert f["numbers"]["recommended"] == {"num_workers": 1}
+    assert "2 cores" in f["message"] and "make the augment work cheaper" in f["message"]
+
+
+def test_num_workers_from_bisection_costs_when_isolation_is_missing():
+    # num_workers=0: each stage's drop is its serial cost: load 1 + augment 49 + collate 0.5 ms
+    # = 50.5 ms of worker work per batch against a 10 ms step -> ceil(5.05) = 6 workers
+    r = make_report(AUGMENT_BOUND, isolated={}, cpu_count=16)
+    f = finding(r, "num_workers")
+    assert f["numbers"]["needed"] == 6 and f["numbers"]["source"].startswith("bisection")
+    assert f["numbers"]["worker_ms_per_batch"] == pytest.approx(50.5, abs=0.01)
+    assert f["numbers"]["recommended"] == {"num_workers": 6}
+
+
+def test_num_workers_silent_when_model_bound():
+    r = make_report(MODEL_BOUND, isolated=iso_workers(needed=1, cores=8))
+    assert r.bottleneck == "none"
+    assert "num_workers" not in kinds(r) and "cores" not in kinds(r)
+    assert r.advice == []
+
+
+def test_num_workers_silent_when_the_loader_already_has_enough_workers():
+    r = make_report(AUGMENT_BOUND, loader={"num_workers": 6}, isolated=iso_workers(needed=5, cores=8))
+    assert "num_workers" not in kinds(r)
+    assert "augment" in kinds(r)  # the stage still costs: its own finding says so
+
+
+def test_cores_finding_when_the_machine_cannot_supply_the_workers():
+    r = make_report(AUGMENT_BOUND, loader={"num_workers": 1}, isolated=iso_workers(needed=4, cores=2))
+    f = finding(r, "cores")
+    assert "num_workers=1 already uses them" in f["message"] and "about 4 workers" in f["message"]
+    assert "num_workers" not in kinds(r)
+
+
+# --- pin_memory / non_blocking (transfer) ----------------------------------------------------
+
+
+def transfer_iso(ms: float = 18.0, nbytes: int = 16 * 3 * 224 * 224 * 4, gbs: float = 0.6) -> dict:
+    return {"status": "ok", "transfer": {"status": "ok", "ms_per_batch": ms, "bytes_per_batch": nbytes,
+                                         "gb_per_s": gbs, "pinned": False}}
+
+
+def test_pin_memory_fires_on_cuda_with_a_transfer_cost_and_pin_memory_false():
+    r = make_report(TRANSFER_BOUND, device="cuda:0", isolated=transfer_iso())
+    assert r.bottleneck == "transfer"
+    f = finding(r, "pin_memory")
+    assert f["stage"] == "transfer"
+    assert "pin_memory=False" in f["message"] and "non_blocking=True" in f["message"]
+    assert "20.0 ms" in f["message"] and "0.6 GB/s" in f["message"]  # the measured drop host -> device
+    assert f["numbers"]["recommended"] == {"pin_memory": True, "non_blocking": True}
+    assert f["numbers"]["source"].startswith("bisection")
+
+
+def test_pin_memory_from_the_isolated_copy_when_the_bisection_drop_is_within_noise():
+    flat = {"device": 30, "host": 30.1, "collated": 30.5, "augmented": 31, "raw": 31.5, "full": 32}
+    r = make_report(flat, device="cuda:0", isolated=transfer_iso(ms=5.0))  # 5 ms >= 5% of 32 ms
+    f = finding(r, "pin_memory")
+    assert f["numbers"]["source"] == "isolated copy" and f["numbers"]["transfer_ms_per_batch"] == 5.0
+    r = make_report(flat, device="cuda:0", isolated=transfer_iso(ms=0.5))  # negligible
+    assert "pin_memory" not in kinds(r)
+
+
+@pytest.mark.parametrize("device,loader", [("cuda:0", {"pin_memory": True}), ("cpu", {})])
+def test_pin_memory_silent_when_pinned_or_without_cuda(device, loader):
+    ms = TRANSFER_BOUND if device != "cpu" else {k: v for k, v in TRANSFER_BOUND.items() if k != "host"}
+    r = make_report(ms, device=device, loader=loader, isolated=transfer_iso())
+    assert "pin_memory" not in kinds(r)
+
+
+def test_pin_memory_silent_without_a_transfer_cost():
+    r = make_report(MODEL_BOUND | {"host": 40.1}, device="cuda:0", isolated=transfer_iso(ms=0.2))
+    assert "pin_memory" not in kinds(r)
+
+
+# --- uint8 payload -------------------------------------------------------------------------------
+
+
+def batch_iso(dtype: str = "float32", shape=(16, 3, 224, 224), image: bool = True, **extra) -> dict:
+    size = {"float32": 4, "uint8": 1, "float16": 2}[dtype]
+    n = 1
+    for d in shape:
+        n *= d
+    tensors = [{"path": "batch[0]", "dtype": dtype, "shape": list(shape), "bytes": n * size, "image": image},
+               {"path": "batch[1]", "dtype": "int64", "shape": [shape[0]], "bytes": shape[0] * 8, "image": False}]
+    iso = {"status": "ok", "batch": {"status": "ok", "bytes": n * size + shape[0] * 8, "n_tensors": 2,
+                                     "tensors": tensors}}
+    iso.update(extra)
+    return iso
+
+
+def test_uint8_payload_fires_for_float32_images_crossing_the_bus():
+    r = make_report(TRANSFER_BOUND, device="cuda:0", isolated=batch_iso(**transfer_iso()))
+    f = finding(r, "uint8_payload")
+    nbytes = 16 * 3 * 224 * 224 * 4
+    assert f["numbers"]["bytes"] == nbytes and f["numbers"]["bytes_saved"] == nbytes * 3 // 4
+    assert "float32" in f["message"] and "[16, 3, 224, 224]" in f["message"] and "4x less payload" in f["message"]
+    assert "9.2 MB" in f["message"]  # the batch's own size: 16*3*224*224*4 bytes
+
+
+def test_uint8_payload_fires_on_the_handoff_without_cuda():
+    r = make_report(HANDOFF_BOUND, loader={"num_workers": 4}, isolated=batch_iso())
+    assert r.bottleneck == "handoff"
+    f = finding(r, "uint8_payload")
+    assert f["stage"] == "handoff" and "hand-off from workers" in f["message"]
+
+
+@pytest.mark.parametrize("kw", [{"dtype": "uint8", "image": False}, {"image": False}])
+def test_uint8_payload_silent_for_uint8_or_non_image_batches(kw):
+    r = make_report(TRANSFER_BOUND, device="cuda:0", isolated=batch_iso(**kw, **transfer_iso()))
+    assert "uint8_payload" not in kinds(r)
+
+
+def test_uint8_payload_silent_when_moving_the_batch_costs_nothing():
+    r = make_report(AUGMENT_BOUND, isolated=batch_iso())  # CPU, handoff within noise
+    assert "uint8_payload" not in kinds(r)
+
+
+# --- collate -------------------------------------------------------------------------------------
+
+
+def collate_iso(own=None, default=None, **structure) -> dict:
+    st = {"status": "ok", "tensors": 1, "ndarrays": 0, "numbers": 1, "strings": 0, "images": 0, "longest_list": 0}
+    st.update(structure)
+    col = {"status": "ok", "ms_per_batch": own, "collate_fn": "pad_collate"}
+    if default is not None:
+        col["default_collate_ms_per_batch"] = default
+    return {"status": "ok", "collate": col, "sample_structure": st,
+            "batch": {"status": "ok", "bytes": 4096, "n_tensors": 2, "tensors": []}}
+
+
+def test_collate_names_a_custom_functions_own_work():
+    r = make_report(COLLATE_BOUND, loader={"collate_fn": "pad_collate"}, isolated=collate_iso(own=38.0, default=0.4))
+    assert r.bottleneck == "collate"
+    f = finding(r, "collate")
+    assert "pad_collate" in f["message"] and "38.0 ms per batch alone" in f["message"]
+    assert "0.40 ms for torch's default_collate" in f["message"]
+    assert f["numbers"]["collate_ms_per_batch"] == pytest.approx(39.5)  # 50 - 10.5
+
+
+def test_collate_names_the_batch_structure_that_makes_it_slow():
+    r = make_report(COLLATE_BOUND, isolated=collate_iso(own=38.0, numbers=257, longest_list=256, ndarrays=3))
+    f = finding(r, "collate")
+    assert "257 Python numbers" in f["message"] and "longest list 256" in f["message"]
+    assert "3 numpy array(s)" in f["message"]
+    assert f["numbers"]["sample_structure"]["numbers"] == 257
+
+
+def test_collate_silent_when_collate_is_not_the_bottleneck():
+    r = make_report(AUGMENT_BOUND, isolated=collate_iso(own=38.0, default=0.4, numbers=300))
+    assert "collate" not in kinds(r)
+
+
+# --- storage (load) --------------------------------------------------------------------------------
+
+
+def test_storage_advice_for_a_load_bottleneck_with_its_numbers():
+    iso = {"status": "ok", "load": {"status": "ok", "ms_per_sample": 3.5, "includes": ["load"]}}
+    r = make_report(LOAD_BOUND, loader={"num_workers": 2, "dataset": "ImageFolder"}, isolated=iso)
+    assert r.bottleneck == "load"
+    f = finding(r, "storage")
+    assert "ImageFolder" in f["message"] and "58.5 ms per batch" in f["message"]
+    assert "3.50 ms to load" in f["message"] and "2 process(es) cap input at 571 samples/s" in f["message"]
+    assert f["numbers"]["load_cap_samples_per_sec"] == pytest.approx(2 * 1000 / 3.5, abs=0.1)
+    assert "If load were free" in f["message"]
+
+
+def test_storage_silent_when_not_load_bound():
+    iso = {"status": "ok", "load": {"status": "ok", "ms_per_sample": 3.5, "includes": ["load"]}}
+    for ms in (AUGMENT_BOUND, MODEL_BOUND):
+        assert "storage" not in kinds(make_report(ms, isolated=iso))
+
+
+# --- batch size / memory (CUDA only) ----------------------------------------------------------
+
+
+def memory_iso(fraction: float, total: int = 80 * 2**30) -> dict:
+    return {"status": "ok", "memory": {"status": "ok", "peak_bytes": int(total * fraction), "total_bytes": total,
+                                       "fraction": fraction}}
+
+
+def test_batch_size_fires_when_step_bound_and_memory_mostly_unused():
+    r = make_report(MODEL_BOUND | {"host": 40.1}, device="cuda:0", isolated=memory_iso(0.1))
+    assert advice.input_bound_class(r) == "not"
+    f = finding(r, "batch_size")
+    assert f["numbers"]["batch_size_fits_about"] == 80  # 16 * 0.5 / 0.1
+    assert "8.00 GB of 80 GB" in f["message"] and "from 16" in f["message"]
+
+
+@pytest.mark.parametrize("ms,device,fraction", [
+    (MODEL_BOUND | {"host": 40.1}, "cuda:0", 0.7),  # memory mostly used
+    (AUGMENT_BOUND | {"host": 10.2}, "cuda:0", 0.1),  # input-bound: a larger batch does not help
+    (MODEL_BOUND, "cpu", 0.1),  # no GPU memory to speak of
+])
+def test_batch_size_silent_otherwise(ms, device, fraction):
+    assert "batch_size" not in kinds(make_report(ms, device=device, isolated=memory_iso(fraction)))
+
+
+# --- syncs (CUDA only) -------------------------------------------------------------------------
+
+
+def test_syncs_finding_names_where_the_step_synchronizes():
+    syncs = {"status": "ok", "steps": 3, "total": 6, "per_step": 2.0,
+             "sites": [{"where": "train.py:42", "count": 3}, {"where": "train.py:57", "count": 3}]}
+    r = make_report(AUGMENT_BOUND | {"host": 10.2}, device="cuda:0", syncs=syncs)
+    f = finding(r, "syncs")
+    assert f["stage"] == "step" and f["numbers"]["per_step"] == 2.0
+    assert "2 time(s) per step" in f["message"] and "train.py:42 (3x)" in f["message"]
+    assert "highly input-bound" in f["message"]  # and why it matters here
+
+
+@pytest.mark.parametrize("syncs", [{"status": "ok", "steps": 3, "total": 0, "per_step": 0.0, "sites": []},
+                                   {"status": "skipped", "reason": "no CUDA device"}, {}])
+def test_syncs_silent_without_syncs(syncs):
+    assert "syncs" not in kinds(make_report(MODEL_BOUND, syncs=syncs))
+
+
+# --- headroom and the input-bound class ----------------------------------------------------------
+
+
+def test_headroom_if_a_stage_were_free():
+    r = make_report(AUGMENT_BOUND)
+    # full 61 ms, augment costs 49 ms: free -> 12 ms per batch -> 16 / 0.012 samples/s
+    h = advice.headroom(r, "augment")
+    assert h["samples_per_sec_if_free"] == pytest.approx(BS / 0.012, rel=1e-3)
+    assert h["gain_if_free"] == pytest.approx(61 / 12 - 1, rel=1e-3)
+    full = r.points[0].throughput
+    d = stage_dict(r.stage("augment"), full)
+    assert d["samples_per_sec_if_free"] == pytest.approx(BS / 0.012, rel=1e-3)
+    assert d["gain_if_free"] == pytest.approx(61 / 12 - 1, rel=1e-3)
+    assert advice.headroom(r, "transfer") == {}  # skipped on CPU: no headroom to claim
+    assert "If augment were free: 1,333 samples/s instead of 262 (+408%)" in str(r)
+
+
+@pytest.mark.parametrize("fraction,bottleneck,expected", [
+    (0.0, "none", "not"), (0.30, "none", "not"),  # within noise: not input-bound whatever the estimate
+    (0.049, "augment", "not"), (0.05, "augment", "moderately"), (0.199, "load", "moderately"),
+    (0.20, "load", "highly"), (0.9, "inconclusive", "highly"), (None, None, None)])
+def test_input_bound_class_thresholds(fraction, bottleneck, expected):
+    v = Verdict(bottleneck, (), input_bound_fraction=fraction)
+    r = Report(device="cpu", batch_size=BS, points=(), verdict=v)
+    assert advice.input_bound_class(r) == expected
+    assert (advice.INPUT_BOUND_MODERATE, advice.INPUT_BOUND_HIGH) == (0.05, 0.20)
+
+
+def test_advice_is_typed_data_in_the_json():
+    r = make_report(AUGMENT_BOUND, isolated=iso_workers(needed=3, cores=8))
+    doc = json.loads(r.to_json())
+    assert doc["verdict"]["input_bound_class"] == "highly"
+    assert doc["verdict"]["input_bound_thresholds"] == {"moderately": 0.05, "highly": 0.2}
+    assert [a["kind"] for a in doc["advice"]] == ["num_workers", "augment"]
+    for a in doc["advice"]:
+        assert set(a) == {"kind", "stage", "message", "numbers"} and a["numbers"]
+    # the text renders the same findings
+    text = str(r)
+    assert "What to do:" in text and "Set num_workers=3" in text.replace("\n    ", " ")
+
+
+# --- end to end through bisect() -------------------------------------------------------------------
+
+
+def test_end_to_end_augment_bound_at_zero_workers_advises_workers(no_leftover_workers):
+    # 8 x 10 ms of augment per batch against a ~2 ms step: 40x every other stage, so a busy
+    # 2-core machine's noise cannot make another stage look as costly
+    model, loader = tiny_model(2.0), make_loader(PlantedDataset(transform=Sleep(10.0)), num_workers=0)
+    r = bisect(model, loader, device="cpu", max_seconds=8, plan=FAST_PLAN)
+    assert r.bottleneck == "augment", str(r)
+    f = finding(r, "num_workers")
+    iso = r.isolated["workers"]
+    assert iso["needed"] >= 2  # 80 ms of worker work against a step of a few ms
+    assert f["numbers"]["recommended"]["num_workers"] == max(1, min(iso["needed"], iso["available"]))
+    assert f["numbers"]["num_workers"] == 0 and "num_workers=0" in f["message"]
+    assert advice.input_bound_class(r) == "highly"
+
+
+def test_end_to_end_model_bound_gives_no_worker_advice(no_leftover_workers):
+    model, loader = planted("model", 0)
+    r = bisect(model, loader, device="cpu", max_seconds=8, plan=FAST_PLAN)
+    assert r.bottleneck in ("none", "inconclusive"), str(r)
+    assert not {"num_workers", "cores", "augment", "storage", "collate"} & set(kinds(r)), r.advice
+    assert r.isolated["workers"]["needed"] == 1  # the 40 ms step outruns ~0 ms of worker work
