@@ -53,7 +53,7 @@ def load(spec: str) -> Workload:
         raise BisectError(f"--entry {spec!r}: calling it without arguments failed: {exc}. {CONTRACT}") from exc
     except Exception as exc:
         raise BisectError(
-            f"--entry {spec!r} raised {type(exc).__name__}: {exc}. Fix the entry function "
+            f"--entry {spec!r} raised {type(exc).__name__}: {exc}.{_hint(exc)} Fix the entry function "
             "(rerun with --debug for the traceback)."
         ) from exc
     return as_workload(result, where=f"--entry {spec!r}")
@@ -102,6 +102,14 @@ def _import_file(path: str, spec: str):
 
 def _import_failed(spec: str, exc: BaseException) -> BisectError:
     return BisectError(
-        f"--entry {spec!r}: importing it raised {type(exc).__name__}: {exc}. The error is in the user's "
-        "module, not in bisect-pipeline (rerun with --debug for the traceback)."
+        f"--entry {spec!r}: importing it raised {type(exc).__name__}: {exc}.{_hint(exc)} The error is in the "
+        "user's module, not in bisect-pipeline (rerun with --debug for the traceback)."
     )
+
+
+def _hint(exc: BaseException) -> str:
+    """' Install it: pip install "bisect-pipeline[hf]".' when an optional library is missing."""
+    from .integrations import install_hint
+
+    hint = install_hint(exc)
+    return f" Missing optional library: {hint}." if hint else ""

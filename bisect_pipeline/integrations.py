@@ -32,6 +32,10 @@ EXTRAS = {"datasets": "hf", "timm": "timm", "lightning": "lightning", "pytorch_l
           "webdataset": "webdataset"}
 
 
+class PipelineWarning(UserWarning):
+    """A problem of the user's pipeline found while measuring it (also in report.warnings)."""
+
+
 def require(module: str) -> Any:
     """Import an optional library, or raise a BisectError that says how to install it."""
     try:
@@ -42,6 +46,15 @@ def require(module: str) -> Any:
             f"this pipeline needs the optional library {module!r}, which is not installed ({exc}). "
             f'Install it with: pip install "bisect-pipeline[{extra}]"'
         ) from exc
+
+
+def install_hint(exc: BaseException) -> Optional[str]:
+    """For an ImportError of an optional library an integration covers: how to install it."""
+    name = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+    extra = EXTRAS.get((name or "").split(".")[0])
+    if extra is None:
+        return None
+    return f'the pipeline needs {name.split(".")[0]!r}: pip install "bisect-pipeline[{extra}]"'
 
 
 def _is(obj: Any, modules: tuple, names: tuple) -> bool:
@@ -118,6 +131,20 @@ def _instrument_hf(ds: Any, ds2: Any, where: str, recorder: Any, found: list) ->
     ds2._format_kwargs = dict(kwargs, transform=_HFRecordingTransform(fn, f"{where}.set_transform", recorder))
     found.append(f"{where} format transform ({getattr(fn, '__qualname__', type(fn).__name__)}, "
                  "with_transform/set_transform)")
+
+
+def no_transform_reason(ds: Any) -> Optional[str]:
+    """Why `raw` is unavailable, in the library's own terms, when the dataset (or the one
+    under a Subset chain) is a library dataset without a transform we can separate."""
+    while isinstance(ds, torch.utils.data.Subset):
+        ds = ds.dataset
+    if is_hf_dataset(ds):
+        fmt = getattr(ds, "_format_type", None)
+        return (f"the Hugging Face Dataset has no format transform (its format is {fmt!r}): its rows are read, "
+                "decoded and formatted in one step, so nothing separates loading from augmentation. Apply the "
+                "per-sample transforms with ds.with_transform(fn) or ds.set_transform(fn) (not .map(), which "
+                "runs once ahead of time) to make the raw point available")
+    return None
 
 
 def _recording_base():
@@ -229,9 +256,8 @@ class TimmDeviceWork:
 
     def __call__(self, batch: Any) -> Any:
         inputs, targets = batch
-        mean, std = self._for(inputs.device)
+        mean, std, erasing = self._for(inputs.device)
         inputs = (inputs.to(self.img_dtype) - mean.to(self.img_dtype)) / std.to(self.img_dtype)
-        _, _, erasing = self._for(inputs.device)
         if erasing is not None:
             inputs = erasing(inputs)
         return inputs, targets

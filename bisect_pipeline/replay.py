@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import itertools
 import time
+import warnings
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -44,6 +45,7 @@ class Caches:
     fill_seconds: float
     limited_by: Optional[str] = None  # "memory budget" or "time" when fewer batches were kept
     stopped_by: Optional[str] = None  # an error that ended the fill after the first batch
+    warnings: list = dataclasses.field(default_factory=list)  # problems seen while filling (for the report)
 
     @property
     def n_batches(self) -> int:
@@ -60,6 +62,7 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
     `stopped_by`); an error before it raises FillError naming the stage.
     """
     start = clock()
+    found_warnings = _pipeline_warnings(spec)
     rec = _Recording(spec)
     samples: list = []
     batches: list = []
@@ -101,7 +104,23 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
     raw_calls = rec.raw_calls if rec.raw_calls is not None and len(rec.raw_calls) == len(samples) else None
     return Caches(batch_size=batch_size, dataset=rec.dataset, samples=samples, raw_calls=raw_calls, raw_reason=rec.raw_reason,
                   raw_found=rec.found, batches=batches, batch_bytes=batch_bytes, fill_seconds=clock() - start,
-                  limited_by=limited_by, stopped_by=stopped_by)
+                  limited_by=limited_by, stopped_by=stopped_by, warnings=found_warnings)
+
+
+def _pipeline_warnings(spec: LoaderSpec) -> list:
+    """Problems of the pipeline itself, seen before it is measured: an IterableDataset
+    whose workers all yield the same samples. Each is also issued as a Python warning,
+    so that it shows even where the caller does not read Caches.warnings."""
+    from . import integrations
+
+    out = []
+    if spec.iterable:
+        dup = integrations.iterable_duplicates(spec.dataset, spec.num_workers, spec.worker_init_fn)
+        if dup:
+            out.append(dup)
+    for message in out:
+        warnings.warn(message, integrations.PipelineWarning, stacklevel=3)
+    return out
 
 
 class FillError(Exception):
@@ -130,7 +149,9 @@ class _Recording:
             except Exception as exc:  # copy.copy refused
                 self.raw_reason = f"the dataset could not be copied to proxy its transforms ({type(exc).__name__}: {exc})"
             if self.inst is not None and not self.inst.found:
-                self.raw_reason = (
+                from . import integrations
+
+                self.raw_reason = integrations.no_transform_reason(spec.dataset) or (
                     f"no per-sample transform was found on {type(spec.dataset).__name__} (looked for "
                     f"{', '.join(stages.TRANSFORM_ATTRS)}, also through Subset and ConcatDataset). Keep the "
                     "transforms in `self.transform` and apply them in __getitem__, as torchvision datasets do, "

@@ -20,6 +20,16 @@ MAX_S = 8
 SIZE = 32
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on a 2-core machine shared with other jobs, OpenMP threads
+    that spin-wait for a descheduled sibling make CPU steps erratic (10x spikes)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def write_jpegs(root, classes=2, per_class=8, size=40):
     rng = np.random.default_rng(0)
     for c in range(classes):
@@ -143,7 +153,9 @@ def test_joint_v2_transforms_on_image_and_target(tmp_path):
 
 
 def test_fakedata_with_workers(tmp_path, no_leftover_workers):
-    ds = datasets.FakeData(size=48, image_size=(3, SIZE, SIZE), num_classes=2, transform=v2_train(extra_ms=6.0))
+    # FakeData draws its image on the CPU (0.5 ms a sample alone, 5 ms on a busy 2-core machine with
+    # two workers): the planted augment cost is 15 ms a sample so that augment stays well ahead of load.
+    ds = datasets.FakeData(size=48, image_size=(3, SIZE, SIZE), num_classes=2, transform=v2_train(extra_ms=15.0))
     report = run(image_model(), loader_of(ds, num_workers=2))
     assert statuses(report) == ALL_OK, str(report)
     assert report.bottleneck == "augment", str(report)

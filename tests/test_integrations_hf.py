@@ -1,0 +1,134 @@
+"""Hugging Face `datasets` end to end: a Dataset whose format transform (with_transform /
+set_transform) is the augment stage, read by a DataLoader. Offline: nothing is downloaded."""
+
+import io
+import os
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from bisect_pipeline import bisect  # noqa: E402
+from conftest import CLASSES, FAST_PLAN, FEATURES, Sleep, SleepLayer, tiny_model  # noqa: E402
+
+datasets = pytest.importorskip("datasets")
+
+MAX_S = 8
+SIZE = 16
+ALL_OK = {"full": "ok", "raw": "ok", "augmented": "ok", "collated": "ok", "host": "skipped", "device": "ok"}
+
+
+@pytest.fixture(autouse=True)
+def offline_one_thread(monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # OpenMP threads spin on a busy 2-core machine: erratic CPU steps
+    yield
+    torch.set_num_threads(before)
+
+
+def run(model, loader, **kw):
+    return bisect(model, loader, device="cpu", max_seconds=MAX_S, plan=FAST_PLAN, **kw)
+
+
+def statuses(report):
+    return {p.point: p.status for p in report.points}
+
+
+class ToTensors:
+    """A format transform: a batch of rows (dict of lists) -> tensors, with a planted cost
+    per row (module level: it crosses to the workers)."""
+
+    def __init__(self, ms_per_row):
+        self.sleep = Sleep(ms_per_row)
+
+    def __call__(self, batch):
+        for _ in batch["x"]:
+            self.sleep(None)
+        return {"inputs": [torch.tensor(x, dtype=torch.float32) for x in batch["x"]],
+                "targets": [int(y) for y in batch["y"]]}
+
+
+def table(n=64):
+    rng = np.random.default_rng(0)
+    return datasets.Dataset.from_dict({"x": rng.standard_normal((n, FEATURES)).astype(np.float32).tolist(),
+                                       "y": [i % CLASSES for i in range(n)]})
+
+
+def test_with_transform_is_the_augment_stage():
+    ds = table().with_transform(ToTensors(6.0))
+    report = run(tiny_model(2.0), DataLoader(ds, batch_size=8, shuffle=True))
+    assert statuses(report) == ALL_OK, str(report)
+    assert report.bottleneck == "augment", str(report)
+    assert report.cache["raw_transforms"] == ["dataset format transform (ToTensors, with_transform/set_transform)"]
+    # the user's dataset keeps its own format transform
+    assert isinstance(ds._format_kwargs["transform"], ToTensors)
+
+
+def jpeg_bytes(rng):
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+class ImagesToTensors:
+    """set_transform on an Image column: the rows arrive decoded (PIL: decoding is load)."""
+
+    def __init__(self, ms_per_row):
+        self.sleep = Sleep(ms_per_row)
+
+    def __call__(self, batch):
+        out = []
+        for img in batch["image"]:
+            self.sleep(None)
+            out.append(torch.from_numpy(np.asarray(img.convert("RGB"), dtype=np.float32)).permute(2, 0, 1) / 255)
+        return {"pixel_values": out, "label": batch["label"]}
+
+
+def test_set_transform_on_an_image_column_with_workers(no_leftover_workers):
+    rng = np.random.default_rng(1)
+    ds = datasets.Dataset.from_dict({"image": [{"bytes": jpeg_bytes(rng), "path": None} for _ in range(48)],
+                                     "label": [i % 2 for i in range(48)]},
+                                    features=datasets.Features({"image": datasets.Image(),
+                                                                "label": datasets.Value("int64")}))
+    ds.set_transform(ImagesToTensors(15.0))
+    torch.manual_seed(0)
+    model = nn.Sequential(SleepLayer(2.0), nn.Flatten(), nn.Linear(3 * SIZE * SIZE, 2))
+    seen = []
+
+    def step(batch):  # dict batch: the default step's keys (pixel_values, label) are found too
+        seen.append((batch["pixel_values"].dtype, tuple(batch["pixel_values"].shape[1:])))
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(batch["pixel_values"]), batch["label"]).backward()
+        opt.step()
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, multiprocessing_context="fork")
+    report = run(model, loader, optimizer=opt, step=step)
+    assert statuses(report) == ALL_OK, str(report)
+    assert report.bottleneck == "augment", str(report)
+    assert set(seen) == {(torch.float32, (3, SIZE, SIZE))}
+
+
+def test_default_step_reads_the_transformed_dict_batch():
+    ds = table().with_transform(ToTensors(0.0))
+    report = run(tiny_model(30.0), DataLoader(ds, batch_size=8, shuffle=True))
+    assert statuses(report) == ALL_OK, str(report)
+    assert report.bottleneck == "none", str(report)  # the 30 ms step is the limit
+
+
+def test_dataset_without_format_transform_says_why_raw_is_unavailable():
+    ds = table().with_format("torch")
+    report = run(tiny_model(2.0), DataLoader(ds, batch_size=8, shuffle=True),
+                 step=lambda batch: None)
+    raw = report.point("raw")
+    assert raw.status == "unavailable" and "has no format transform (its format is 'torch')" in raw.reason, str(report)
+    assert "with_transform" in raw.reason
+    assert all(s == ALL_OK[p] for p, s in statuses(report).items() if p != "raw"), str(report)

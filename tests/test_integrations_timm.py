@@ -1,0 +1,129 @@
+"""timm end to end: `timm.data.create_loader` returns a PrefetchLoader around the real
+DataLoader that converts and normalizes each batch on the device. The bisection runs on
+the inner DataLoader and that device-side work runs in the step, at every point.
+Offline: a timm ImageDataset over JPEG files written here, a tiny model, no weights."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+from torch import nn  # noqa: E402
+from torchvision import transforms as T  # noqa: E402
+
+from bisect_pipeline import BisectError, bisect  # noqa: E402
+from conftest import FAST_PLAN, Sleep, SleepLayer  # noqa: E402
+
+timm_data = pytest.importorskip("timm.data")
+
+MAX_S = 8
+SIZE = 16
+ALL_OK = {"full": "ok", "raw": "ok", "augmented": "ok", "collated": "ok", "host": "skipped", "device": "ok"}
+
+
+@pytest.fixture(autouse=True)
+def offline_one_thread(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # OpenMP threads spin on a busy 2-core machine: erratic CPU steps
+    yield
+    torch.set_num_threads(before)
+
+
+def write_jpegs(root, classes=2, per_class=12, size=24):
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        os.makedirs(root / f"class{c}", exist_ok=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(root / f"class{c}" / f"{i}.jpg")
+    return str(root)
+
+
+class Probe(nn.Module):
+    """Records what reaches the model: dtype and the mean of the first batch it sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, x):
+        if len(self.seen) < 64:
+            self.seen.append((x.dtype, float(x.float().mean())))
+        return x
+
+
+def model(step_ms=2.0):
+    torch.manual_seed(0)
+    return nn.Sequential(Probe(), SleepLayer(step_ms), nn.Flatten(), nn.Linear(3 * SIZE * SIZE, 2))
+
+
+def timm_loader(root, num_workers=0, augment_ms=0.0, **kw):
+    ds = timm_data.ImageDataset(root)
+    loader = timm_data.create_loader(ds, input_size=(3, SIZE, SIZE), batch_size=8, is_training=True,
+                                     use_prefetcher=True, device=torch.device("cpu"), num_workers=num_workers,
+                                     persistent_workers=False, **kw)
+    if augment_ms:  # a planted cost in front of timm's own training transforms
+        ds.transform = T.Compose([Sleep(augment_ms), ds.transform])
+    return loader
+
+
+def run(m, loader, **kw):
+    return bisect(m, loader, device="cpu", max_seconds=MAX_S, plan=FAST_PLAN, **kw)
+
+
+def statuses(report):
+    return {p.point: p.status for p in report.points}
+
+
+def test_prefetch_loader_is_unwrapped_and_normalizes_inside_the_step(tmp_path):
+    loader = timm_loader(write_jpegs(tmp_path / "imgs"), augment_ms=6.0)
+    assert type(loader).__name__ == "PrefetchLoader"
+    m = model()
+    report = run(m, loader)
+    assert statuses(report) == ALL_OK, str(report)
+    assert report.bottleneck == "augment", str(report)
+    assert report.cache["raw_transforms"] == ["dataset.transform (Compose)"]
+    # the loader yields uint8 batches (fast_collate); the step saw them converted and
+    # normalized, as the PrefetchLoader does on the device: float32, about zero-mean
+    assert report.loader["collate_fn"] == "fast_collate"
+    dtypes = {dt for dt, _ in m[0].seen}
+    assert dtypes == {torch.float32}, m[0].seen
+    assert all(abs(mean) < 3.0 for _, mean in m[0].seen), m[0].seen  # uint8 would average ~128
+
+
+def test_random_erasing_on_the_device_is_kept_with_workers(tmp_path, no_leftover_workers):
+    loader = timm_loader(write_jpegs(tmp_path / "imgs"), num_workers=2, re_prob=1.0, augment_ms=15.0)
+    assert loader.random_erasing is not None
+    report = run(model(), loader)
+    assert statuses(report) == ALL_OK, str(report)
+    assert report.bottleneck == "augment", str(report)
+
+
+def test_user_step_gets_the_normalized_batch(tmp_path):
+    loader = timm_loader(write_jpegs(tmp_path / "imgs"))
+    m = model(0.0)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    seen = []
+
+    def step(batch):
+        x, y = batch
+        seen.append(x.dtype)
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(m(x), y).backward()
+        opt.step()
+
+    report = run(m, loader, step=step, optimizer=opt, points=("full", "collated", "device"))
+    assert report.point("full").status == "ok" and report.point("device").status == "ok", str(report)
+    assert set(seen) == {torch.float32}
+
+
+def test_prefetcher_around_something_else_is_a_clear_error():
+    class Fake:
+        pass
+
+    pf = timm_data.loader.PrefetchLoader(Fake(), device=torch.device("cpu"))
+    with pytest.raises(BisectError, match="PrefetchLoader wraps a Fake, not a DataLoader"):
+        run(model(), pf)
