@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
@@ -10,7 +11,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from . import faults, isolate, replay, stages
+from . import distributed, faults, isolate, replay, stages
 from . import state as state_mod
 from .errors import BisectError
 from .report import PointResult, Report
@@ -72,8 +73,12 @@ def bisect(
     _check_not_empty(spec)
     emit = progress or (lambda event: None)
 
+    coord = distributed.Coordinator.current()  # None unless a process group of 2+ ranks is up
+    if coord is not None:
+        coord.watch(wl.model)
+        coord.broadcast([0.0])  # every rank starts its clock together
     start = clock()
-    deadline = start + max_seconds - isolate.budget(max_seconds)  # room for isolate.after_points
+    deadline = start + max_seconds - (0.0 if coord else isolate.budget(max_seconds))  # room for isolation
     snap = state_mod.capture(wl.model, wl.optimizer)
     moved_from = _move_model(wl.model, dev)
     results: dict[str, PointResult] = {}
@@ -81,6 +86,7 @@ def bisect(
     warnings: list[str] = []
     interrupted = False
     isolated, syncs = {}, {}
+    waits: dict = {}  # point -> seconds per batch the loop waited for data (distributed only)
     try:
         train_step = _make_step(wl)
         user_move = wl.to_device or default_to_device
@@ -99,13 +105,22 @@ def bisect(
             warnings.extend(_before_run(spec, caches))
             for w in warnings:
                 emit({"event": "warning", "message": w})
-            fresh = _step_mutates(train_step, move, caches, spec, dev)
+            if coord is None:
+                fresh = _step_mutates(train_step, move, caches, spec, dev)
+        if coord is not None:  # every rank steps once, or the others would wait in DDP's all-reduce
+            probe: list = []
+            coord.unit(lambda: probe.append(_step_mutates(train_step, move, caches, spec, dev)), caches is None)
+            fresh = bool(probe and probe[0])
+        if caches is not None:
             if fresh:
                 warnings.append("the training step changes its input batch in place: the host and device points hand "
                                 "it a fresh copy each step (the copy is included in their time).")
         batch_size = caches.batch_size if caches else (spec.batch_size or 1)
         plan = _plan_for(plan, spec)
-        todo = [p for p in MEASURE_ORDER if p in selected and p not in results]
+        if coord is not None:
+            _measure_lockstep(coord, results, selected, spec, caches, dev, move, train_step, batch_size, plan,
+                              deadline, clock, emit, step_timeout, fresh, waits)
+        todo = [] if coord is not None else [p for p in MEASURE_ORDER if p in selected and p not in results]
         for i, name in enumerate(todo):
             unavailable = _not_applicable(name, dev, caches)
             if unavailable:
@@ -116,8 +131,12 @@ def bisect(
             point_deadline = clock() + max(0.0, deadline - clock()) / max(1, len(remaining))
             results[name] = _measure_point(name, spec, caches, dev, move, train_step, batch_size, plan,
                                            point_deadline, clock, emit, step_timeout, fresh)
-        isolated, syncs = isolate.after_points(spec, caches, dev, move, train_step, results, max_seconds=max_seconds,
-                                               step_timeout=step_timeout, clock=clock)
+        if coord is not None:
+            reason = "not timed under torch.distributed: isolated steps would break the ranks' lockstep"
+            isolated, syncs = {"status": "skipped", "reason": reason}, {"status": "skipped", "reason": reason}
+        else:
+            isolated, syncs = isolate.after_points(spec, caches, dev, move, train_step, results, max_seconds=max_seconds,
+                                                   step_timeout=step_timeout, clock=clock)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -154,7 +173,73 @@ def bisect(
     )
     if interrupted:
         raise Interrupted(report)
+    if coord is not None:
+        report = distributed.combine(report, coord, waits)
     return report
+
+
+def _measure_lockstep(coord, results, selected, spec, caches, dev, move, train_step, batch_size, plan, deadline,
+                      clock, emit, step_timeout, fresh, waits) -> None:
+    """The points on every rank in the same order, each in lockstep (distributed.py);
+    a point no rank can measure is settled without steps."""
+    todo = [p for p in MEASURE_ORDER if p in selected]
+    for i, name in enumerate(todo):
+        local = results.get(name)  # already failed here (the cache fill)
+        if local is None:
+            na = _not_applicable(name, dev, caches)
+            if na:
+                local = PointResult(name, na[0], reason=na[1])
+        if coord.all(local is not None):
+            results[name] = local
+            continue
+        emit({"event": "point", "point": name, "index": i, "total": len(todo)})
+        remaining = len(todo) - i
+        point_deadline = clock() + max(0.0, deadline - clock()) / max(1, remaining)
+        result, wait = _measure_point_lockstep(name, spec, caches, dev, move, train_step, batch_size, plan,
+                                               point_deadline, clock, emit, step_timeout, fresh, coord,
+                                               skip=local is not None)
+        outcomes = coord.gather((result.status if local is None else "skipped", result.reason))  # agree, then go on
+        if local is not None:
+            result = local
+        elif result.status == "failed" and result.failed_stage == "peer":
+            who = [(r, why) for r, (st, why) in enumerate(outcomes) if st == "failed" and r != coord.rank]
+            first = who[0] if who else (None, "unknown")
+            result = dataclasses.replace(result, reason=f"rank {first[0]} failed at this point: {first[1]}")
+        if wait is not None:
+            waits[name] = wait
+        results[name] = result
+
+
+def _measure_point_lockstep(name, spec, caches, dev, move, train_step, batch_size, plan, deadline, clock, emit,
+                            step_timeout, fresh, coord, skip) -> tuple:
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    t0 = clock()
+    open_error = None
+    with contextlib.ExitStack() as stack:
+        dog = stack.enter_context(faults.Watchdog(step_timeout, lambda: f"point {name}"))
+        next_batch, moves = None, True
+        if not skip:
+            try:
+                source, moves = _source(name, spec, caches, dev, move, fresh)
+                next_batch = stack.enter_context(source)
+            except Exception as exc:  # this rank takes part without steps, then fails the point
+                open_error = exc
+        opened = clock() - t0
+        lm = distributed.measure(next_batch, move if moves else None, train_step, batch_size=batch_size, plan=plan,
+                                 deadline=deadline, clock=clock, sync=sync,
+                                 prefetch_depth=spec.prefetch_depth if name not in ("host", "device") else 0,
+                                 coord=coord, beat=dog.beat,
+                                 on_window=lambda i, w: emit({"event": "window", "point": name, "window": i,
+                                                               "max_windows": plan.max_windows}))
+    error = open_error or lm.error
+    if error is not None:
+        return _failed(name, error, step_timeout, train_step, move), None
+    if lm.peer_failed or lm.measured is None:
+        return PointResult(name, "failed", reason="another rank failed at this point", failed_stage="peer"), None
+    m = lm.measured
+    wait = lm.wait_seconds / max(lm.steps, 1)
+    return PointResult(name, "ok", m.throughput, None, opened + m.first_batch_seconds, m.warmup_steps,
+                       m.stopped_by_deadline), wait
 
 
 def resolve_device(device: Any) -> torch.device:
@@ -320,24 +405,29 @@ def _measure_point(name, spec, caches, dev, move, train_step, batch_size, plan, 
         raise
     except BisectError:
         raise
-    except faults.StepTimeout as exc:
-        what = (f"no batch in {step_timeout:g} s" if faults.hang_location(exc) == "no batch"
-                else f"the training step did not finish in {step_timeout:g} s")
-        return PointResult(name, "failed", reason=f"{what} (--step-timeout); its workers were terminated",
-                           failed_stage="hang")
     except Exception as exc:
-        stage, reason = faults.classify(exc)
-        if stage is None:
-            stage = _stage_from_traceback(exc, name, train_step, move)
-            if stage is not None:
-                reason = f"{stage} raised {reason}"
-        return PointResult(name, "failed", reason=reason, failed_stage=stage)
+        return _failed(name, exc, step_timeout, train_step, move)
     if m.throughput is None:
         return PointResult(name, "failed", reason="out of time before one window was measured (raise --max-seconds)",
                            first_batch_seconds=opened + m.first_batch_seconds, warmup_steps=m.warmup_steps,
                            stopped_by_deadline=True)
     return PointResult(name, "ok", m.throughput, None, opened + m.first_batch_seconds, m.warmup_steps,
                        m.stopped_by_deadline)
+
+
+def _failed(name: str, exc: BaseException, step_timeout, train_step, move) -> PointResult:
+    """A failed point: the stage whose code raised, and the original error."""
+    if isinstance(exc, faults.StepTimeout):
+        what = (f"no batch in {step_timeout:g} s" if faults.hang_location(exc) == "no batch"
+                else f"the training step did not finish in {step_timeout:g} s")
+        return PointResult(name, "failed", reason=f"{what} (--step-timeout); its workers were terminated",
+                           failed_stage="hang")
+    stage, reason = faults.classify(exc)
+    if stage is None:
+        stage = _stage_from_traceback(exc, name, train_step, move)
+        if stage is not None:
+            reason = f"{stage} raised {reason}"
+    return PointResult(name, "failed", reason=reason, failed_stage=stage)
 
 
 def _stage_from_traceback(exc: BaseException, point: str, train_step, move) -> Optional[str]:

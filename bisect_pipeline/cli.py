@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 
 import click
 
-from . import api, entry, faults
+from . import api, distributed, entry, faults
 from .errors import BisectError
 from .progress import make_progress
 from .report import Report
@@ -114,7 +114,10 @@ def _interrupt_code() -> int:
 
 def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, points, cache_mb, quiet, debug,
          step_timeout=faults.DEFAULT_STEP_TIMEOUT, sweep=()) -> None:
-    progress = make_progress(max_seconds, quiet=quiet)  # None when quiet or stderr is not a terminal
+    # Under torchrun: start the process group before the entry builds its DDP model.
+    started = distributed.init_from_env(device)
+    rank0 = distributed.rank() == 0
+    progress = make_progress(max_seconds, quiet=quiet or not rank0)  # None when quiet or stderr is not a terminal
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     code = EXIT_OK
     try:
@@ -146,14 +149,16 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
             if debug:
                 traceback.print_exc()
             _fail(f"the run failed: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", EXIT_FAILED)
-        _write_outputs(report, json_path, html_path)
-        click.echo(report.summary if quiet else str(report))
+        if rank0:  # only rank 0 writes files and prints the report
+            _write_outputs(report, json_path, html_path)
+            click.echo(report.summary if quiet else str(report))
         if code == EXIT_OK and report.bottleneck is None:
             code = EXIT_FAILED
     finally:
         if progress:
             progress.done()  # gives the cursor back on every path (done twice is a no-op)
         signal.signal(signal.SIGTERM, previous)
+        distributed.shutdown(started)
     sys.exit(code)
 
 
