@@ -1,0 +1,132 @@
+"""Streaming / IterableDataset pipelines end to end: webdataset over local tar shards
+(sharded by worker) with two workers, and the warning for an IterableDataset whose
+workers all yield the same samples (silent when it shards)."""
+
+import io
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from bisect_pipeline import bisect
+from bisect_pipeline.integrations import PipelineWarning
+from conftest import CLASSES, FAST_PLAN, FEATURES, PlantedIterable, tiny_model
+
+wds = pytest.importorskip("webdataset")
+
+MAX_S = 8
+# raw needs per-sample transforms apart from loading; an iterator has none
+OK_BUT_RAW = {"full": "ok", "raw": "unavailable", "augmented": "ok", "collated": "ok", "host": "skipped",
+              "device": "ok"}
+DUPLICATES = "does not shard across workers"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # OpenMP threads spin on a busy 2-core machine: erratic CPU steps
+    yield
+    torch.set_num_threads(before)
+
+
+def write_shards(root, shards=4, per_shard=32):
+    rng = np.random.default_rng(0)
+    urls = []
+    for s in range(shards):
+        path = str(root / f"train-{s:04d}.tar")
+        with wds.TarWriter(path) as sink:
+            for i in range(per_shard):
+                buf = io.BytesIO()
+                np.save(buf, rng.standard_normal(FEATURES).astype(np.float32))
+                sink.write({"__key__": f"s{s}_{i:04d}", "x.npy": buf.getvalue(), "cls": str(i % CLASSES).encode()})
+        urls.append(path)
+    return urls
+
+
+class Decode:
+    """Decode one webdataset sample to (tensor, label), with a planted cost."""
+
+    def __init__(self, ms):
+        self.ms = ms
+
+    def __call__(self, sample):
+        if self.ms:
+            time.sleep(self.ms / 1e3)
+        x = np.load(io.BytesIO(sample["x.npy"]))
+        return torch.from_numpy(x), int(sample["cls"])
+
+
+def run(model, loader):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = bisect(model, loader, device="cpu", max_seconds=MAX_S, plan=FAST_PLAN)
+    # the warning is in report.warnings (and issued as a PipelineWarning while filling the caches)
+    messages = list(report.warnings) + [str(w.message) for w in caught if issubclass(w.category, PipelineWarning)]
+    return report, messages
+
+
+def test_webdataset_sharded_by_worker(tmp_path, no_leftover_workers):
+    urls = write_shards(tmp_path)
+    ds = wds.WebDataset(urls, shardshuffle=False, repeat=True).map(Decode(10.0))  # split_by_worker by default
+    loader = DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork")
+    report, messages = run(tiny_model(2.0), loader)
+    assert {p.point: p.status for p in report.points} == OK_BUT_RAW, str(report)
+    assert "IterableDataset" in report.point("raw").reason
+    assert report.bottleneck == "load", str(report)  # without raw, load + augment is reported as load
+    assert not [m for m in messages if DUPLICATES in m], messages
+
+
+def test_webdataset_without_worker_split_warns_about_duplicates(tmp_path, no_leftover_workers):
+    urls = write_shards(tmp_path)
+    ds = wds.WebDataset(urls, shardshuffle=False, repeat=True, workersplitter=None).map(Decode(0.0))
+    loader = DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork")
+    report, messages = run(tiny_model(2.0), loader)
+    assert report.point("full").status == "ok", str(report)
+    dup = [m for m in messages if DUPLICATES in m]
+    assert dup and "every sample comes 2 times per epoch" in dup[0], messages
+
+
+class Unsharded(IterableDataset):
+    """The classic mistake: every worker runs the whole range."""
+
+    def __init__(self, n=4000):
+        self.n = n
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield torch.full((FEATURES,), float(i)), i % CLASSES
+
+
+def test_unsharded_iterable_warns_and_sharded_one_is_silent(no_leftover_workers):
+    _, messages = run(tiny_model(2.0), DataLoader(Unsharded(), batch_size=8, num_workers=2,
+                                                  multiprocessing_context="fork"))
+    assert [m for m in messages if DUPLICATES in m and "Unsharded" in m], messages
+    _, messages = run(tiny_model(2.0), DataLoader(PlantedIterable(n=4000), batch_size=8, num_workers=2,
+                                                  multiprocessing_context="fork"))
+    assert not [m for m in messages if DUPLICATES in m], messages
+
+
+def test_sharding_in_worker_init_fn_is_followed():
+    from bisect_pipeline.integrations import iterable_duplicates
+
+    class Ranged(IterableDataset):
+        def __init__(self):
+            self.start, self.end = 0, 100
+
+        def __iter__(self):
+            return iter(range(self.start, self.end))
+
+    def shard(worker_id):  # the torch docs' pattern: split the range in worker_init_fn
+        info = torch.utils.data.get_worker_info()
+        per = (info.dataset.end - info.dataset.start) // info.num_workers
+        info.dataset.start += worker_id * per
+        info.dataset.end = info.dataset.start + per
+
+    ds = Ranged()
+    assert iterable_duplicates(ds, 2, shard) is None
+    assert DUPLICATES in iterable_duplicates(ds, 2, None)
+    assert (ds.start, ds.end) == (0, 100)  # probed on copies
+    assert iterable_duplicates(ds, 1, None) is None  # one worker: nothing to duplicate
