@@ -26,11 +26,15 @@ import torch
 from torch.utils.data import default_collate
 
 from . import faults, replay, stages
+from .stats import median
 
 # The isolation measurements take at most this share of --max-seconds, and never more
 # than ISOLATE_MAX_SECONDS: they refine the advice, the bisection is the measurement.
 ISOLATE_SHARE = 0.05
 ISOLATE_MAX_SECONDS = 2.0
+# The isolated step: untimed warm-up steps, then at most this many timed ones.
+STEP_WARMUP = 3
+STEP_MAX_TIMED = 20
 # Training steps run under torch.cuda.set_sync_debug_mode("warn") to count syncs.
 SYNC_STEPS = 3
 # At most this many tensors of a batch are described in the JSON.
@@ -194,13 +198,28 @@ def _transfer(spec, caches, device, move, share, clock) -> dict:
 
 
 def _step(train_step, batch, device, share, clock) -> dict:
+    """The step alone on one device batch, after STEP_WARMUP untimed steps: a fresh
+    step's first calls are several times slower (lazy initialisation, the optimizer's
+    first update), which would overstate the step and understate the workers needed."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
     def one(b):
         train_step(b)
         sync()
-    n, sec = _timed_loop([batch] * 4, one, share, clock)
-    return {"status": "ok", "ms_per_batch": round(sec / n * 1e3, 3), "source": "steps timed in isolation"}
+    for _ in range(STEP_WARMUP):
+        one(batch)
+    # The median step: on a shared machine a few steps wait for a core, and the step's
+    # own time is what the workers must keep up with.
+    times: list = []
+    t0 = clock()
+    while len(times) < STEP_MAX_TIMED:
+        t = clock()
+        one(batch)
+        times.append(clock() - t)
+        if clock() - t0 >= share:
+            break
+    return {"status": "ok", "ms_per_batch": round(median(times) * 1e3, 3), "steps": len(times),
+            "source": "median of steps timed in isolation"}
 
 
 def count_syncs(train_step: Callable[[Any], Any], batch: Any, device: torch.device, steps: int = SYNC_STEPS) -> dict:

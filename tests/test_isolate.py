@@ -1,0 +1,153 @@
+"""Isolated stage costs (isolate.py): planted costs come back roughly right, the
+workers-needed arithmetic is exact, and syncs are counted on CUDA only."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from bisect_pipeline import Workload, api, isolate, replay, stages
+from bisect_pipeline.report import PointResult
+from bisect_pipeline.workload import to_device
+from conftest import PlantedDataset, Sleep, SlowCollate, make_loader, tiny_model
+
+CPU = torch.device("cpu")
+
+
+def isolated(model, loader, budget_s=1.0):
+    """isolate.measure on a real cache fill, as api.bisect calls it (no step time given:
+    the step is timed alone too)."""
+    spec = stages.describe(loader)
+    caches = replay.fill(spec, cache_mb=64, max_batches=4, time_budget=10)
+    step = api._make_step(Workload(model=model, loader=loader))
+    return isolate.measure(spec, caches, CPU, lambda b: to_device(b, CPU), step, None, budget_s=budget_s)
+
+
+def within(value, planted, lo=0.5, hi=2.0):
+    return lo * planted <= value <= hi * planted
+
+
+def test_planted_costs_come_back_within_a_factor_of_two():
+    # per sample: load 4 ms, augment 3 ms; per batch: collate 20 ms, step 10 ms
+    ds = PlantedDataset(n=48, load_ms=4.0, transform=Sleep(3.0))
+    loader = make_loader(ds, batch_size=8, collate_fn=SlowCollate(20.0))
+    iso, syncs = isolated(tiny_model(10.0), loader)
+    assert iso["status"] == "ok"
+    assert within(iso["augment"]["ms_per_sample"], 3.0), iso["augment"]
+    assert within(iso["load"]["ms_per_sample"], 4.0), iso["load"]
+    assert iso["load"]["includes"] == ["load"]  # the transforms were split off
+    assert within(iso["collate"]["ms_per_batch"], 20.0), iso["collate"]
+    assert iso["collate"]["collate_fn"] == "SlowCollate"
+    assert iso["collate"]["default_collate_ms_per_batch"] < 5.0  # the same samples, torch's collate
+    assert within(iso["step"]["ms_per_batch"], 10.0), iso["step"]
+    # (4 + 3) ms x 8 + 20 ms = 76 ms of worker work against a ~10 ms step: about 8 workers
+    w = iso["workers"]
+    assert w["status"] == "ok" and 4 <= w["needed"] <= 15, w
+    assert w["cores"] == isolate.cores() and w["available"] == w["cores"] - 1
+    # on CPU: no transfer to time, syncs skipped with their reason
+    assert iso["transfer"]["status"] == "skipped" and iso["transfer"]["bytes_per_batch"] == 8 * (16 * 4 + 8)
+    assert syncs["status"] == "skipped" and "CUDA" in syncs["reason"]
+    assert iso["elapsed_s"] < 5.0  # bounded by the budget (plus one call per part)
+
+
+def test_an_augment_only_pipeline_reports_no_load_cost():
+    ds = PlantedDataset(n=48, transform=Sleep(5.0))
+    iso, _ = isolated(tiny_model(0.0), make_loader(ds, batch_size=8))
+    assert within(iso["augment"]["ms_per_sample"], 5.0)
+    assert iso["load"]["ms_per_sample"] < 1.5  # the getitem is all transform
+
+
+def test_workers_needed_arithmetic():
+    iso = {"load": {"status": "ok", "ms_per_sample": 2.0, "includes": ["load"]},
+           "augment": {"status": "ok", "ms_per_sample": 3.0},
+           "collate": {"status": "ok", "ms_per_batch": 4.0},
+           "step": {"status": "ok", "ms_per_batch": 10.0}}
+    w = isolate.workers_needed(iso, batch_size=8, n_cores=4)
+    # (2 + 3) x 8 + 4 = 44 ms per batch / 10 ms step -> ceil(4.4) = 5 workers; 3 cores for workers
+    assert w == {"status": "ok", "worker_ms_per_batch": 44.0, "step_ms_per_batch": 10.0, "needed": 5, "cores": 4,
+                 "available": 3, "fits": False}
+    assert isolate.workers_needed(iso, batch_size=8, n_cores=8)["fits"] is True
+    # exactly one step's worth of work: one worker
+    iso["step"]["ms_per_batch"] = 44.0
+    assert isolate.workers_needed(iso, 8, 2)["needed"] == 1
+    # a step that outruns the workers by far still needs at least one
+    iso["step"]["ms_per_batch"] = 1000.0
+    assert isolate.workers_needed(iso, 8, 2)["needed"] == 1
+
+
+def test_workers_needed_does_not_count_augment_twice_when_merged_into_load():
+    iso = {"load": {"status": "ok", "ms_per_sample": 5.0, "includes": ["load", "augment"]},
+           "augment": {"status": "ok", "ms_per_sample": 3.0},
+           "collate": {"status": "ok", "ms_per_batch": 0.0},
+           "step": {"status": "ok", "ms_per_batch": 10.0}}
+    assert isolate.workers_needed(iso, 4, 4)["worker_ms_per_batch"] == 20.0
+
+
+@pytest.mark.parametrize("missing", ["step", "load", "collate"])
+def test_workers_needed_unavailable_without_its_inputs(missing):
+    iso = {"load": {"status": "ok", "ms_per_sample": 2.0}, "augment": {"status": "unavailable"},
+           "collate": {"status": "ok", "ms_per_batch": 4.0}, "step": {"status": "ok", "ms_per_batch": 10.0}}
+    iso[missing] = {"status": "failed", "reason": "boom"}
+    w = isolate.workers_needed(iso, 8, 4)
+    assert w["status"] == "unavailable" and "not measured" in w["reason"]
+    # without augment (unavailable) the rest still counts: 2 x 8 + 4 = 20 ms
+    iso[missing] = {"status": "ok", "ms_per_sample": 2.0, "ms_per_batch": 10.0 if missing == "step" else 4.0}
+    assert isolate.workers_needed(iso, 8, 4)["worker_ms_per_batch"] == 20.0
+
+
+def test_syncs_skipped_on_cpu_with_reason():
+    calls = []
+    s = isolate.count_syncs(lambda b: calls.append(b), torch.zeros(2), CPU)
+    assert s["status"] == "skipped" and "no CUDA device" in s["reason"] and "cpu" in s["reason"]
+    assert calls == []  # nothing run for nothing
+
+
+def test_unfilled_caches_and_hung_points_skip_isolation():
+    iso, syncs = isolate.measure(None, None, CPU, None, None, None, budget_s=1.0)
+    assert iso["status"] == syncs["status"] == "unavailable"
+    hung = {"full": PointResult("full", "failed", reason="no batch in 5 s", failed_stage="hang")}
+    iso, syncs = isolate.after_points(None, None, CPU, None, None, hung, max_seconds=10)
+    assert iso["status"] == "skipped" and "hung" in iso["reason"] and syncs["status"] == "skipped"
+
+
+def test_budget_is_a_small_bounded_share_of_the_run():
+    assert isolate.budget(10) == pytest.approx(0.5)
+    assert isolate.budget(600) == isolate.ISOLATE_MAX_SECONDS
+
+
+def test_describe_batch_flags_float_images_only():
+    d = isolate.describe_batch((torch.zeros(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)))
+    assert d["n_tensors"] == 2 and d["bytes"] == 4 * 3 * 32 * 32 * 4 + 4 * 8
+    assert [t["image"] for t in d["tensors"]] == [True, False]
+    assert d["tensors"][0]["path"] == "batch[0]" and d["tensors"][0]["shape"] == [4, 3, 32, 32]
+    assert not isolate.describe_batch({"x": torch.zeros(4, 3, 32, 32, dtype=torch.uint8)})["tensors"][0]["image"]
+    assert not isolate.describe_batch(torch.zeros(4, 16))["tensors"][0]["image"]
+    assert isolate.describe_batch(torch.zeros(4, 32, 32, 3))["tensors"][0]["image"]  # channels last
+
+
+def test_sample_structure_counts_what_default_collate_turns_into_tensors():
+    sample = {"img": Image.new("RGB", (8, 8)), "feats": [0.5] * 20, "arr": np.zeros(3), "name": "a",
+              "t": torch.zeros(2), "label": 3}
+    st = isolate.sample_structure(sample)
+    assert st["images"] == 1 and st["numbers"] == 21 and st["longest_list"] == 20
+    assert st["ndarrays"] == 1 and st["strings"] == 1 and st["tensors"] == 1
+    assert st["leaves"] == 25
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counting host-device syncs needs CUDA")
+def test_cuda_counts_a_planted_item_sync_per_step():
+    dev = torch.device("cuda")
+    batch = torch.randn(64, 64, device=dev)
+    w = torch.randn(64, 64, device=dev)
+
+    def syncing(b):
+        return (b @ w).sum().item()  # one device-to-host copy: a sync per step
+
+    def clean(b):
+        return (b @ w).sum()
+
+    s = isolate.count_syncs(syncing, batch, dev, steps=3)
+    assert s["status"] == "ok" and s["steps"] == 3 and s["per_step"] >= 1, s
+    assert s["sites"] and "test_isolate.py" in s["sites"][0]["where"]
+    assert isolate.count_syncs(clean, batch, dev, steps=3)["per_step"] == 0
+    assert torch.cuda.get_sync_debug_mode() == 0  # restored
