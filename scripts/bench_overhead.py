@@ -1,0 +1,136 @@
+"""The tool's own overhead (issue 3, target 1).
+
+Side by side in one process, alternating which goes first, `--rounds` rounds:
+
+- device: the throughput bisect() reports at `device` vs a hand-written loop running
+  the same step on one cached batch (target: ratio within 2%);
+- full: the throughput bisect() reports at `full` vs a hand-written loop over a fresh
+  DataLoader with the user's settings (target: within 5%);
+- the harness's per-step cost: timing.measure over a no-op step on a cached batch, in
+  microseconds, next to a bare Python loop doing the same calls.
+
+    python scripts/bench_overhead.py                  # 5 rounds, num_workers 0 and 2
+    python scripts/bench_overhead.py --rounds 3 --workers 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+import _planted as planted
+from bisect_pipeline import Plan, bisect
+from bisect_pipeline.timing import measure
+
+HAND_SECONDS = 3.0
+
+
+def make(workers: int):
+    """A real compute step (no sleep): an MLP on 16 x 1024 inputs, ~3-5 ms on this CPU,
+    and a loader with a mild, real augmentation (noise added per sample)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 4))
+    ds = planted.Data(n=512)
+    ds.data = torch.randn(512, 1024)
+    ds.transform = lambda x: x + 0.01 * torch.randn_like(x)
+    kw = {"multiprocessing_context": "fork"} if workers else {}
+    loader = DataLoader(ds, batch_size=16, shuffle=True, num_workers=workers, **kw)
+    return model, loader
+
+
+def train_step(model):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step(batch):
+        x, y = batch
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def hand_device(model, loader) -> float:
+    step = train_step(model)
+    batch = next(iter(DataLoader(loader.dataset, batch_size=loader.batch_size)))
+    for _ in range(20):
+        step(batch)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < HAND_SECONDS:
+        step(batch)
+        n += 1
+    return n * loader.batch_size / (time.perf_counter() - t0)
+
+
+def hand_full(model, loader) -> float:
+    step = train_step(model)
+    kw = {"multiprocessing_context": "fork"} if loader.num_workers else {}
+    fresh = DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=True, num_workers=loader.num_workers,
+                       persistent_workers=bool(loader.num_workers), **kw)
+    batches = (b for _ in itertools.count() for b in fresh)
+    for _ in range(10 + 2 * loader.num_workers):  # worker start-up and their prefetched batches
+        step(next(batches))
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < HAND_SECONDS:
+        step(next(batches))
+        n += 1
+    rate = n * loader.batch_size / (time.perf_counter() - t0)
+    del batches, fresh
+    return rate
+
+
+def tool(model, loader) -> tuple:
+    step = train_step(model)
+    r = bisect(model, loader, step=step, device="cpu", points=("device", "full"), max_seconds=30)
+    return r.point("device").throughput.samples_per_sec, r.point("full").throughput.samples_per_sec
+
+
+def harness_us(seconds: float = 2.0) -> tuple:
+    batch = (torch.zeros(1), torch.zeros(1))
+    noop = lambda b: None  # noqa: E731
+    nb = lambda: batch  # noqa: E731
+    m = measure(nb, None, noop, batch_size=1, plan=Plan(max_windows=12, min_windows=12), deadline=time.perf_counter() + seconds,
+                clock=time.perf_counter)
+    per_step_tool = m.throughput.sec_per_batch * 1e6
+    n, t0 = 1_000_000, time.perf_counter()
+    for _ in range(n):
+        noop(nb())
+    return per_step_tool, (time.perf_counter() - t0) / n * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--workers", default="0,2")
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # the same intra-op threads for the tool and the hand loops
+
+    tool_us, bare_us = harness_us()
+    print(f"harness per step (no-op step, cached batch): {tool_us:.2f} us; bare Python loop: {bare_us:.2f} us")
+    for workers in (int(w) for w in args.workers.split(",")):
+        dev_ratios, full_ratios = [], []
+        for r in range(args.rounds):
+            model, loader = make(workers)
+            if r % 2 == 0:
+                td, tf = tool(model, loader)
+                hd, hf = hand_device(model, loader), hand_full(model, loader)
+            else:
+                hd, hf = hand_device(model, loader), hand_full(model, loader)
+                td, tf = tool(model, loader)
+            dev_ratios.append(td / hd)
+            full_ratios.append(tf / hf)
+            print(f"  workers={workers} round {r + 1}: device tool {td:.1f} / hand {hd:.1f} = {td / hd:.3f};  "
+                  f"full tool {tf:.1f} / hand {hf:.1f} = {tf / hf:.3f}", flush=True)
+        print(f"workers={workers}: device ratio median {statistics.median(dev_ratios):.3f} "
+              f"(range {min(dev_ratios):.3f}-{max(dev_ratios):.3f}); full ratio median "
+              f"{statistics.median(full_ratios):.3f} (range {min(full_ratios):.3f}-{max(full_ratios):.3f})")
+
+
+if __name__ == "__main__":
+    main()
