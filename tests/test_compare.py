@@ -1,0 +1,151 @@
+"""compare: per point and stage changes against the noise; reads JSON only."""
+
+import json
+import os
+import pickle
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from bisect_pipeline import compare
+from bisect_pipeline.cli import main
+from bisect_pipeline.report import PointResult, Report
+from bisect_pipeline.stats import Throughput, Window
+from bisect_pipeline.verdict import POINTS, decide
+
+BS = 16
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def tp(ms: float, spread: float = 0.01) -> Throughput:
+    return Throughput(tuple(Window(10, 10 * ms / 1e3 * f) for f in (1 - spread, 1 - spread / 2, 1, 1 + spread / 2,
+                                                                     1 + spread)), BS)
+
+
+def make_report(ms: dict, num_workers: int = 0, spread: float = 0.01) -> Report:
+    skipped = {"host": "no accelerator: host and device coincide"}
+    points = tuple(PointResult(p, "ok", tp(ms[p], spread)) if p in ms else PointResult(p, "skipped", reason=skipped["host"])
+                   for p in POINTS)
+    verdict = decide({p.point: p.throughput for p in points if p.status == "ok"}, BS, skipped)
+    return Report(device="cpu", batch_size=BS, points=points, verdict=verdict,
+                  loader={"num_workers": num_workers, "pin_memory": False})
+
+
+BEFORE = {"device": 10, "collated": 10.5, "augmented": 11, "raw": 60, "full": 61}  # augment-bound, 0 workers
+AFTER = {"device": 10, "collated": 10.6, "augmented": 11.1, "raw": 30, "full": 30.5}  # 2 workers: half the cost
+
+
+def test_point_change_labels():
+    assert compare.point_change(tp(10), tp(10.2))["label"] == "within noise"  # 2% < the 5% floor
+    c = compare.point_change(tp(20), tp(10))  # half the time per batch: twice the samples/s
+    assert c["real"] and c["label"] == "2.00\u00d7 faster" and c["ratio"] == pytest.approx(2.0)
+    assert compare.point_change(tp(10), tp(25))["label"] == "2.50\u00d7 slower"
+    # 30% apart, but windows that disagree by +-60%: not beyond the noise
+    assert compare.point_change(tp(10, 0.6), tp(13, 0.6))["label"] == "within noise"
+    assert compare.point_change(None, tp(10))["label"] == "not measured in both runs"
+
+
+def test_compare_per_point_and_stage():
+    c = compare.compare(make_report(BEFORE), make_report(AFTER, num_workers=2))
+    points = {p["point"]: p for p in c["points"]}
+    assert points["full"]["label"] == "2.00\u00d7 faster"
+    assert points["device"]["label"] == "within noise"
+    assert points["host"]["label"] == "not measured in both runs"
+    stages = {s["stage"]: s for s in c["stages"]}
+    assert stages["augment"]["diff_ms"] == pytest.approx(-30.1, abs=0.01)
+    assert stages["augment"]["label"] == "30.1 ms per batch cheaper"
+    assert stages["collate"]["label"] == "within noise"
+    assert c["loader_changes"] == {"num_workers": [0, 2]}
+    assert c["bottleneck"] == ["augment", "augment"]
+    text = compare.to_text(c)
+    assert "num_workers 0 -> 2" in text and "Full pipeline: 2.00\u00d7 faster (262.3 -> 524.6 samples/s)" in text
+
+
+def write(tmp_path, name, report):
+    path = tmp_path / name
+    report.save_json(str(path))
+    return str(path)
+
+
+def test_compare_cli_on_two_json_files(tmp_path):
+    before = write(tmp_path, "before.json", make_report(BEFORE))
+    after = write(tmp_path, "after.json", make_report(AFTER, num_workers=2))
+    out = tmp_path / "cmp.json"
+    r = CliRunner().invoke(main, ["compare", before, after, "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "within noise" in r.output and "2.00\u00d7 faster" in r.output and "ms per batch cheaper" in r.output
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "compare" and doc["full"]["real"] is True
+    # a run against itself: nothing changed
+    r = CliRunner().invoke(main, ["compare", before, before])
+    assert r.exit_code == 0 and "Full pipeline: within noise" in r.output and "faster" not in r.output
+
+
+class _Payload:
+    """Unpickling this creates a file: compare must never unpickle."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("not json at all", "is not a JSON document"),
+    ('{"x": 1}', "no schema_version"),
+    ("[1, 2]", "holds a JSON list"),
+    ('{"kind": "sweep", "schema_version": 1}', "JSON of a sweep"),
+    ('{"schema_version": 1, "batch_size": 8, "points": ["full"]}', "not a bisect-pipeline result of schema_version 1"),
+    ('{"schema_version": 7, "batch_size": 8}', "unsupported schema_version 7"),
+])
+def test_compare_rejects_other_documents_with_exit_2(tmp_path, content, needle):
+    good = write(tmp_path, "good.json", make_report(BEFORE))
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    r = CliRunner().invoke(main, ["compare", good, str(bad)])
+    assert r.exit_code == 2, r.output
+    assert "bisect-pipeline: error: compare:" in r.output and needle in r.output and "bad.json" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_compare_never_unpickles(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.json"
+    evil.write_bytes(pickle.dumps(_Payload(str(marker))))
+    good = write(tmp_path, "good.json", make_report(BEFORE))
+    r = CliRunner().invoke(main, ["compare", str(evil), good])
+    assert r.exit_code == 2 and "is not a JSON document" in r.output
+    assert not marker.exists()
+    r = CliRunner().invoke(main, ["compare", str(tmp_path / "missing.json"), good])
+    assert r.exit_code == 2 and "missing.json" in r.output
+
+
+ENTRY = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from conftest import PlantedDataset, Sleep, make_loader, tiny_model
+
+    def make(workers=0):
+        # 8 x 10 ms of (sleeping) augment per batch, a ~2 ms step
+        return tiny_model(2.0), make_loader(PlantedDataset(transform=Sleep(10.0)), batch_size=8, num_workers=workers)
+
+    def make_w2():
+        return make(2)
+""")
+
+
+def test_compare_end_to_end_two_real_runs(tmp_path, no_leftover_workers):
+    entry = tmp_path / "cmp_entry.py"
+    entry.write_text(ENTRY.format(tests=TESTS))
+    runner = CliRunner()
+    for func, name in (("make", "w0.json"), ("make_w2", "w2.json")):
+        r = runner.invoke(main, ["--entry", f"{entry}:{func}", "--max-seconds", "7", "--quiet", "--points",
+                                 "full,augmented,device", "--json", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+    r = runner.invoke(main, ["compare", str(tmp_path / "w0.json"), str(tmp_path / "w2.json")])
+    assert r.exit_code == 0, r.output
+    assert "num_workers 0 -> 2" in r.output
+    full = [line for line in r.output.splitlines() if line.startswith("full ")][0]
+    assert "faster" in full, r.output  # 2 workers overlap the 80 ms of augment per batch
