@@ -390,7 +390,11 @@ def to_text(r: Report) -> str:
     lines.append("")
     lines.extend(_wrap(summary(r)))
     cls = advice_mod.input_bound_class(r)
-    if cls is not None and r.verdict.input_bound_fraction is not None:
+    if cls == "not" and r.verdict.bottleneck == "none":
+        # the estimate may be far from 0 on a noisy run; within noise it is not a loss
+        lines.extend(_wrap(f"Input-bound: not (the full pipeline's loss to input, "
+                           f"{r.verdict.input_bound_fraction * 100:.0f}% of the ceiling's throughput, is within noise)."))
+    elif cls is not None and r.verdict.input_bound_fraction is not None:
         lines.extend(_wrap(
             f"Input-bound: {cls} ({r.verdict.input_bound_fraction * 100:.0f}% of the ceiling's throughput is "
             f"lost to input; not < {advice_mod.INPUT_BOUND_MODERATE * 100:.0f}% <= moderately < "

@@ -158,3 +158,12 @@ def test_a_report_loaded_from_json_renders_the_same():
     again = from_dict(json.loads(r.to_json()))
     assert to_text(again).splitlines()[:4] == to_text(r).splitlines()[:4]
     assert "Bottleneck: augment" in to_text(again)
+
+
+def test_input_bound_line_does_not_contradict_a_none_verdict():
+    # a noisy run: full looks 30% slower than the ceiling, but within noise
+    r = planted_report({"device": 950.0, "full": 665.0}, jitter=0.6)
+    assert r.bottleneck == "none" and r.verdict.input_bound_fraction > 0.2
+    text = " ".join(to_text(r).split())
+    assert "Input-bound: not (the full pipeline's loss to input, 30% of the ceiling's throughput, is within noise)." in text
+    assert "lost to input; not <" not in text
