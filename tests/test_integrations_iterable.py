@@ -11,13 +11,15 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from bisect_pipeline import bisect
+from bisect_pipeline import Plan, bisect
 from bisect_pipeline.integrations import PipelineWarning
 from conftest import CLASSES, FAST_PLAN, FEATURES, PlantedIterable, tiny_model
 
 wds = pytest.importorskip("webdataset")
 
 MAX_S = 8
+# Only the points' statuses are asserted here, not a verdict: short windows suffice.
+TINY_PLAN = Plan(window_seconds=0.05, min_windows=1, max_windows=2, warmup_seconds=0.02, min_warmup_steps=1)
 # raw needs per-sample transforms apart from loading; an iterator has none
 OK_BUT_RAW = {"full": "ok", "raw": "unavailable", "augmented": "ok", "collated": "ok", "host": "skipped",
               "device": "ok"}
@@ -59,10 +61,10 @@ class Decode:
         return torch.from_numpy(x), int(sample["cls"])
 
 
-def run(model, loader):
+def run(model, loader, plan=FAST_PLAN):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        report = bisect(model, loader, device="cpu", max_seconds=MAX_S, plan=FAST_PLAN)
+        report = bisect(model, loader, device="cpu", max_seconds=MAX_S if plan is FAST_PLAN else 4, plan=plan)
     # the warning is in report.warnings (and issued as a PipelineWarning while filling the caches)
     messages = list(report.warnings) + [str(w.message) for w in caught if issubclass(w.category, PipelineWarning)]
     return report, messages
@@ -83,7 +85,7 @@ def test_webdataset_without_worker_split_warns_about_duplicates(tmp_path, no_lef
     urls = write_shards(tmp_path)
     ds = wds.WebDataset(urls, shardshuffle=False, repeat=True, workersplitter=None).map(Decode(0.0))
     loader = DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork")
-    report, messages = run(tiny_model(2.0), loader)
+    report, messages = run(tiny_model(2.0), loader, TINY_PLAN)
     assert report.point("full").status == "ok", str(report)
     dup = [m for m in messages if DUPLICATES in m]
     assert dup and "every sample comes 2 times per epoch" in dup[0], messages
@@ -102,10 +104,10 @@ class Unsharded(IterableDataset):
 
 def test_unsharded_iterable_warns_and_sharded_one_is_silent(no_leftover_workers):
     _, messages = run(tiny_model(2.0), DataLoader(Unsharded(), batch_size=8, num_workers=2,
-                                                  multiprocessing_context="fork"))
+                                                  multiprocessing_context="fork"), TINY_PLAN)
     assert [m for m in messages if DUPLICATES in m and "Unsharded" in m], messages
     _, messages = run(tiny_model(2.0), DataLoader(PlantedIterable(n=4000), batch_size=8, num_workers=2,
-                                                  multiprocessing_context="fork"))
+                                                  multiprocessing_context="fork"), TINY_PLAN)
     assert not [m for m in messages if DUPLICATES in m], messages
 
 

@@ -60,9 +60,9 @@ def model(step_ms=2.0):
     return nn.Sequential(Probe(), SleepLayer(step_ms), nn.Flatten(), nn.Linear(3 * SIZE * SIZE, 2))
 
 
-def timm_loader(root, num_workers=0, augment_ms=0.0, **kw):
+def timm_loader(root, num_workers=0, augment_ms=0.0, batch_size=8, **kw):
     ds = timm_data.ImageDataset(root)
-    loader = timm_data.create_loader(ds, input_size=(3, SIZE, SIZE), batch_size=8, is_training=True,
+    loader = timm_data.create_loader(ds, input_size=(3, SIZE, SIZE), batch_size=batch_size, is_training=True,
                                      use_prefetcher=True, device=torch.device("cpu"), num_workers=num_workers,
                                      persistent_workers=False, **kw)
     if augment_ms:  # a planted cost in front of timm's own training transforms
@@ -95,7 +95,8 @@ def test_prefetch_loader_is_unwrapped_and_normalizes_inside_the_step(tmp_path):
 
 
 def test_random_erasing_on_the_device_is_kept_with_workers(tmp_path, no_leftover_workers):
-    loader = timm_loader(write_jpegs(tmp_path / "imgs"), num_workers=2, re_prob=1.0, augment_ms=15.0)
+    loader = timm_loader(write_jpegs(tmp_path / "imgs"), num_workers=2, re_prob=1.0, augment_ms=10.0,
+                         batch_size=4)
     assert loader.random_erasing is not None
     report = run(model(), loader)
     assert statuses(report) == ALL_OK, str(report)

@@ -13,10 +13,12 @@ from torch.utils.data import ConcatDataset, DataLoader, Subset
 from torchvision import datasets, tv_tensors
 from torchvision.transforms import v2
 
-from bisect_pipeline import bisect
+from bisect_pipeline import Plan, bisect
 from conftest import FAST_PLAN, Sleep, SleepLayer
 
 MAX_S = 8
+# Only the points' statuses are asserted here, not a verdict: short windows suffice.
+TINY_PLAN = Plan(window_seconds=0.05, min_windows=1, max_windows=2, warmup_seconds=0.02, min_warmup_steps=1)
 SIZE = 32
 
 
@@ -76,10 +78,10 @@ def statuses(report):
 ALL_OK = {"full": "ok", "raw": "ok", "augmented": "ok", "collated": "ok", "host": "skipped", "device": "ok"}
 
 
-def loader_of(ds, num_workers=0, **kw):
+def loader_of(ds, num_workers=0, batch_size=8, **kw):
     if num_workers:
         kw.setdefault("multiprocessing_context", "fork")
-    return DataLoader(ds, batch_size=8, shuffle=True, num_workers=num_workers, **kw)
+    return DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=num_workers, **kw)
 
 
 def test_imagefolder_decode_cost_lands_in_load(tmp_path):
@@ -154,9 +156,10 @@ def test_joint_v2_transforms_on_image_and_target(tmp_path):
 
 def test_fakedata_with_workers(tmp_path, no_leftover_workers):
     # FakeData draws its image on the CPU (0.5 ms a sample alone, 5 ms on a busy 2-core machine with
-    # two workers): the planted augment cost is 15 ms a sample so that augment stays well ahead of load.
+    # two workers): the planted augment cost is 15 ms a sample so that augment stays well ahead of load,
+    # in batches of 4 so that a batch (30 ms from two workers) leaves room for several windows.
     ds = datasets.FakeData(size=48, image_size=(3, SIZE, SIZE), num_classes=2, transform=v2_train(extra_ms=15.0))
-    report = run(image_model(), loader_of(ds, num_workers=2))
+    report = run(image_model(), loader_of(ds, num_workers=2, batch_size=4))
     assert statuses(report) == ALL_OK, str(report)
     assert report.bottleneck == "augment", str(report)
 
@@ -187,7 +190,8 @@ def pil_collate(samples):
 def test_wrapped_dataset_without_transforms_says_why_raw_is_unavailable(tmp_path):
     root = write_jpegs(tmp_path / "imgs")
     ds = datasets.wrap_dataset_for_transforms_v2(datasets.ImageFolder(root))
-    report = run(image_model(), loader_of(ds, collate_fn=pil_collate))
+    report = bisect(image_model(), loader_of(ds, collate_fn=pil_collate), device="cpu", max_seconds=4,
+                    plan=TINY_PLAN)
     raw = report.point("raw")
     assert raw.status == "unavailable" and "no per-sample transform" in raw.reason
     assert all(s == ALL_OK[p] for p, s in statuses(report).items() if p != "raw"), str(report)
