@@ -15,7 +15,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any, Optional
 
-from .verdict import MIN_REL_DROP
+from .verdict import MIN_REL_DROP, Z_NOISE
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Report
@@ -134,6 +134,13 @@ def _sec_per_batch(r: "Report", point: str) -> Optional[float]:
     return None
 
 
+def _tp(r: "Report", point: str):
+    for p in r.points:
+        if p.point == point and p.status == "ok" and p.throughput is not None:
+            return p.throughput
+    return None
+
+
 def _ceiling(r: "Report") -> Optional[float]:
     for name in ("device", "host", "collated", "augmented", "raw"):
         t = _sec_per_batch(r, name)
@@ -182,24 +189,53 @@ def _workers_needed(c: _Context) -> Optional[dict]:
             "cores": cores, "available": max(0, cores - 1), "source": "bisection stage costs (num_workers=0)"}
 
 
+def _worker_side(c: _Context) -> Optional[tuple]:
+    """(stage, ms per batch, label) of the work num_workers parallelizes, when it is a
+    real cost: the bottleneck when it is load, augment or collate; or, when the verdict is
+    inconclusive between stages, the whole drop from `full` to the first point below
+    collate (load + augment + collate together) when that drop is above the noise by the
+    verdict's own rule (Z_NOISE sigma and MIN_REL_DROP of t(full))."""
+    if c.b in WORKER_STAGES and c.significant(c.b):
+        return c.b, c.stage_ms(c.b), c.b
+    if c.b != "inconclusive":
+        return None
+    full = _tp(c.r, "full")
+    upper = next((t for t in (_tp(c.r, p) for p in ("collated", "host", "device")) if t is not None), None)
+    if full is None or upper is None:
+        return None
+    drop = full.sec_per_batch - upper.sec_per_batch
+    sigma = math.hypot(full.sec_per_batch_sigma, upper.sec_per_batch_sigma)
+    if drop <= max(Z_NOISE * sigma, MIN_REL_DROP * full.sec_per_batch):
+        return None
+    costed = [(c.stage_ms(s) or 0.0, s) for s in WORKER_STAGES if c.stage(s) is not None and c.stage(s).status == "ok"]
+    if not costed:
+        return None
+    top = max(costed)[1]
+    parts = [s for _, s in sorted(costed, reverse=True) if (c.stage_ms(s) or 0) > 0] or [top]
+    return top, drop * 1e3, " + ".join(parts) + " together"
+
+
 def _workers(c: _Context):
     """num_workers too low for a load/augment/collate bottleneck -> the count that feeds the step."""
-    if c.b not in WORKER_STAGES or not c.significant(c.b):
+    side = _worker_side(c)
+    if side is None:
         return None
+    stage, ms, label = side
     need = _workers_needed(c)
     if need is None:
         return None
-    ms = c.stage_ms(c.b)
     n, avail, cores = need["needed"], need["available"], need["cores"]
-    head = headroom(c, c.b)
-    numbers = {"num_workers": c.workers, "stage_ms_per_batch": _r(ms), **need, "headroom": head}
+    head = headroom(c, stage) if label == stage else {}
+    numbers = {"num_workers": c.workers, "stage_ms_per_batch": _r(ms), "stages": label, **need, "headroom": head}
     on_cpu = " On the CPU the step itself uses these cores too, so workers and step compete." if not c.cuda else ""
+    alone = (f"Alone, the work the workers would do (load + augment + collate) costs "
+             f"{need['worker_ms_per_batch']:.1f} ms per batch against a {need['step_ms_per_batch']:.1f} ms step")
     if n > avail and c.workers >= avail:
-        return Finding("cores", c.b, (
-            f"Feeding the step takes about {n} workers ({need['worker_ms_per_batch']:.1f} ms of {c.b} work per batch "
+        return Finding("cores", stage, (
+            f"Feeding the step takes about {n} workers ({need['worker_ms_per_batch']:.1f} ms of worker work per batch "
             f"against a {need['step_ms_per_batch']:.1f} ms step), but this machine has {cores} cores "
-            f"({avail} for workers) and num_workers={c.workers} already uses them: make the {c.b} work itself cheaper."
-            + on_cpu), numbers)
+            f"({avail} for workers) and num_workers={c.workers} already uses them: make the {label} work itself "
+            "cheaper." + on_cpu), numbers)
     recommended = max(1, min(n, avail)) if avail else 1
     if c.workers >= recommended:
         return None
@@ -209,11 +245,10 @@ def _workers(c: _Context):
     fit = (f"{n} worker(s) would feed the step and this machine's {cores} cores can supply them"
            if n <= avail else
            f"{n} workers would feed the step but this machine has {cores} cores: {recommended} is the most it can "
-           f"supply, so also make the {c.b} work cheaper")
-    return Finding("num_workers", c.b, (
-        f"num_workers={c.workers}: {c.b} ({ms:.1f} ms per batch) {where}. Alone it costs "
-        f"{need['worker_ms_per_batch']:.1f} ms of worker work per batch against a {need['step_ms_per_batch']:.1f} ms "
-        f"step: {fit}. Set num_workers={recommended}." + _headroom_text(head, c.b) + on_cpu), numbers)
+           f"supply, so also make the {label} work cheaper")
+    return Finding("num_workers", stage, (
+        f"num_workers={c.workers}: {label} ({ms:.1f} ms per batch) {where}. {alone}: {fit}. "
+        f"Set num_workers={recommended}." + _headroom_text(head, stage) + on_cpu), numbers)
 
 
 def _transfer_ms(c: _Context) -> tuple[Optional[float], str]:

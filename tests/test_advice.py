@@ -85,7 +85,7 @@ def test_num_workers_fires_for_augment_bottleneck_at_zero_workers_with_the_count
     # tied to the measured numbers and the loader's own setting, never generic
     assert "num_workers=0" in f["message"] and "Set num_workers=5" in f["message"]
     assert "49.0 ms per batch" in f["message"]  # augment's measured drop: 60 - 11
-    assert "48.0 ms of worker work" in f["message"] and "10.0 ms step" in f["message"]
+    assert "costs 48.0 ms per batch against a 10.0 ms step" in f["message"]
     assert "If augment were free" in f["message"]
 
 
@@ -104,6 +104,26 @@ def test_num_workers_from_bisection_costs_when_isolation_is_missing():
     assert f["numbers"]["needed"] == 6 and f["numbers"]["source"].startswith("bisection")
     assert f["numbers"]["worker_ms_per_batch"] == pytest.approx(50.5, abs=0.01)
     assert f["numbers"]["recommended"] == {"num_workers": 6}
+
+
+def test_num_workers_fires_when_load_and_augment_together_starve_the_step():
+    # load 25 ms and augment 24 ms: too close to name one (inconclusive), but together a
+    # 49 ms drop from full to collated, far above the noise: workers parallelize both
+    ms = {"device": 10, "collated": 10.5, "augmented": 11, "raw": 35, "full": 60}
+    r = make_report(ms, isolated=iso_workers(needed=5, cores=8))
+    assert r.bottleneck == "inconclusive"
+    f = finding(r, "num_workers")
+    assert f["stage"] == "load" and f["numbers"]["stages"] == "load + augment + collate together"
+    assert f["numbers"]["stage_ms_per_batch"] == pytest.approx(49.5, abs=0.01)  # 60 - 10.5
+    assert "Set num_workers=5" in f["message"]
+
+
+def test_num_workers_silent_when_inconclusive_but_the_worker_side_drop_is_noise():
+    # handoff and transfer cost 15 ms each (inconclusive); load + augment + collate 0.8 ms
+    ms = {"device": 10, "host": 25, "collated": 40, "augmented": 40.3, "raw": 40.5, "full": 40.8}
+    r = make_report(ms, device="cuda:0", isolated=iso_workers(needed=1, cores=8))
+    assert r.bottleneck == "inconclusive"
+    assert "num_workers" not in kinds(r) and "cores" not in kinds(r)
 
 
 def test_num_workers_silent_when_model_bound():
