@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import platform
 import time
@@ -15,7 +16,7 @@ from . import distributed, faults, isolate, replay, stages
 from . import state as state_mod
 from .errors import BisectError
 from .report import PointResult, Report
-from .stats import NOISY_REL_IQR
+from .stats import NOISY_REL_IQR, Throughput
 from .timing import Plan, measure
 from .verdict import POINTS, decide
 from .workload import Workload, default_step, to_device as default_to_device, validate
@@ -25,6 +26,9 @@ DEFAULT_CACHE_MB = 1024.0
 # Measured from the ceiling down, so the most trustworthy numbers come first and a
 # run cut short by --max-seconds still has a ceiling to compare with.
 MEASURE_ORDER = ("device", "host", "collated", "augmented", "raw", "full")
+# Points are measured in paired rounds, the ceiling down then back up (see _measure_rounds).
+ROUNDS = 2
+FULL_WEIGHT = 2.0
 # Share of --max-seconds the cache fill may take before it settles for fewer batches.
 CACHE_TIME_SHARE = 0.2
 
@@ -120,17 +124,9 @@ def bisect(
         if coord is not None:
             _measure_lockstep(coord, results, selected, spec, caches, dev, move, train_step, batch_size, plan,
                               deadline, clock, emit, step_timeout, fresh, waits)
-        todo = [] if coord is not None else [p for p in MEASURE_ORDER if p in selected and p not in results]
-        for i, name in enumerate(todo):
-            unavailable = _not_applicable(name, dev, caches)
-            if unavailable:
-                results[name] = PointResult(name, unavailable[0], reason=unavailable[1])
-                continue
-            emit({"event": "point", "point": name, "index": i, "total": len(todo)})
-            remaining = [p for p in todo[i:] if not _not_applicable(p, dev, caches)]
-            point_deadline = clock() + max(0.0, deadline - clock()) / max(1, len(remaining))
-            results[name] = _measure_point(name, spec, caches, dev, move, train_step, batch_size, plan,
-                                           point_deadline, clock, emit, step_timeout, fresh)
+        if coord is None:
+            _measure_rounds(results, selected, spec, caches, dev, move, train_step, batch_size, plan, deadline,
+                            clock, emit, step_timeout, fresh)
         if coord is not None:
             reason = "not timed under torch.distributed: isolated steps would break the ranks' lockstep"
             isolated, syncs = {"status": "skipped", "reason": reason}, {"status": "skipped", "reason": reason}
@@ -176,6 +172,62 @@ def bisect(
     if coord is not None:
         report = distributed.combine(report, coord, waits)
     return report
+
+
+def _round_plan(plan: Plan, rounds: int) -> Plan:
+    """Each round measures its share of the windows; together they meet the plan."""
+    if rounds == 1:
+        return plan
+    lo = max(2, math.ceil(plan.min_windows / rounds))
+    return dataclasses.replace(plan, min_windows=lo, max_windows=max(lo, math.ceil(plan.max_windows / rounds)),
+                               target_rel_se=plan.target_rel_se * math.sqrt(rounds))
+
+
+def _measure_rounds(results, selected, spec, caches, dev, move, train_step, batch_size, plan, deadline, clock, emit,
+                    step_timeout, fresh) -> None:
+    """The points in ROUNDS paired rounds: the ceiling down, then back up. Each point's
+    windows from both rounds are pooled, so a machine that slows down (or speeds up)
+    over the run weighs on every point alike instead of showing up as a stage cost
+    between the points measured early and late."""
+    todo = []
+    for name in MEASURE_ORDER:
+        if name not in selected or name in results:
+            continue
+        unavailable = _not_applicable(name, dev, caches)
+        if unavailable:
+            results[name] = PointResult(name, unavailable[0], reason=unavailable[1])
+        else:
+            todo.append(name)
+    rounds = ROUNDS if len(todo) > 1 else 1
+    slots = [name for r in range(rounds) for name in (todo if r % 2 == 0 else todo[::-1])]
+    sub = _round_plan(plan, rounds)
+    for i, name in enumerate(slots):
+        before = results.get(name)
+        if before is not None and before.status != "ok":
+            continue  # failed in the first round: not run again
+        emit({"event": "point", "point": name, "index": i, "total": len(slots)})
+        share = _weight(name) / sum(_weight(n) for n in slots[i:])
+        point_deadline = clock() + max(0.0, deadline - clock()) * share
+        now = _measure_point(name, spec, caches, dev, move, train_step, batch_size, sub, point_deadline, clock, emit,
+                             step_timeout, fresh)
+        results[name] = now if before is None else _pool(before, now, batch_size)
+
+
+def _weight(name: str) -> float:
+    """Share of the time left that a point may take, relative to the others: `full`
+    gets more, since without it there is no verdict, and its first batch (worker
+    start-up over the real pipeline) is the slowest of all."""
+    return FULL_WEIGHT if name == "full" else 1.0
+
+
+def _pool(first: PointResult, second: PointResult, batch_size: int) -> PointResult:
+    """One point's result from two rounds (a failure in the second round fails it)."""
+    if second.status != "ok":
+        return second
+    windows = first.throughput.windows + second.throughput.windows
+    return dataclasses.replace(first, throughput=Throughput(windows, batch_size),
+                               warmup_steps=first.warmup_steps + second.warmup_steps,
+                               stopped_by_deadline=first.stopped_by_deadline or second.stopped_by_deadline)
 
 
 def _measure_lockstep(coord, results, selected, spec, caches, dev, move, train_step, batch_size, plan, deadline,
