@@ -147,6 +147,48 @@ def no_transform_reason(ds: Any) -> Optional[str]:
     return None
 
 
+def fetches_batches(ds: Any) -> bool:
+    """Whether a DataLoader fetches a whole batch from `ds` in one call that runs a
+    Hugging Face format transform once for all its rows (Dataset.__getitems__, also
+    through Subset, which forwards it; ConcatDataset does not)."""
+    while isinstance(ds, torch.utils.data.Subset):
+        ds = ds.dataset
+    return is_hf_dataset(ds) and callable(getattr(ds, "__getitems__", None))
+
+
+def mark_batched(calls: list) -> None:
+    """Mark the recorded format-transform calls of a sample as fetched in batches."""
+    for call in calls:
+        if isinstance(call.fn, HFRow):
+            call.fn.batched = True
+
+
+def replay_batched(templates: list, calls: list) -> Optional[list]:
+    """Replay the samples of one batch with a single call of their format transform, as
+    Dataset.__getitems__ does; None when these samples were not fetched that way (each
+    is then replayed alone)."""
+    if not templates or any(len(c) != 1 or not isinstance(c[0].fn, HFRow) or not c[0].fn.batched for c in calls):
+        return None
+    transform = calls[0][0].fn.transform
+    if any(c[0].fn.transform is not transform for c in calls):
+        return None
+    from .stages import clone_data, set_path
+
+    rows = [clone_data(c[0].args[0]) for c in calls]
+    if not all(isinstance(r, Mapping) and not c[0].kwargs for r, c in zip(rows, calls)):
+        return None
+    batch = {k: [v for r in rows for v in r[k]] for k in rows[0]}
+    out = transform(batch)
+    samples = []
+    for i, (template, c) in enumerate(zip(templates, calls)):
+        row = {k: v[i] for k, v in out.items()}
+        sample = template
+        for elem, path in c[0].placements:
+            sample = set_path(sample, path, row if elem is None else row[elem])
+        samples.append(sample)
+    return samples
+
+
 def _recording_base():
     from . import stages
 
@@ -159,6 +201,7 @@ class HFRow:
 
     def __init__(self, transform: Callable) -> None:
         self.transform = transform
+        self.batched = False  # the loader fetches whole batches: replay_batched runs it once per batch
 
     def __call__(self, batch: Any) -> Any:
         out = self.transform(batch)

@@ -160,6 +160,9 @@ class _Recording:
         self.found = list(self.inst.found) if self.inst is not None else []
         self.dataset = self.inst.dataset if self.inst is not None else _copy_or_same(spec.dataset)
         self.raw_calls: Optional[list] = [] if self.inst is not None else None
+        from .integrations import fetches_batches
+
+        self.batched_fetch = self.inst is not None and fetches_batches(spec.dataset)
 
     def sample(self, index: Any, item: Any) -> Any:
         if self.spec.iterable:
@@ -177,6 +180,10 @@ class _Recording:
         except SplitError as exc:
             self.raw_reason, self.raw_calls = str(exc), None
             return stages.clone_data(self.dataset[index])
+        if self.batched_fetch:
+            from .integrations import mark_batched
+
+            mark_batched(calls)
         self.raw_calls.append(calls)
         return stages.clone_data(sample)
 
@@ -267,6 +274,20 @@ class RawReplay(Dataset):
             raise
         except Exception as exc:
             raise faults.stage_error("augment", exc) from exc
+
+    def __getitems__(self, indices: list) -> list:
+        """A batch of samples, as the DataLoader's fetcher asks for them. Where the user's
+        dataset fetches whole batches (a Hugging Face Dataset runs its format transform
+        once on all the rows of a batch), the transform is replayed the same way."""
+        from .integrations import replay_batched
+
+        try:
+            batched = replay_batched([self.templates[i] for i in indices], [self.calls[i] for i in indices])
+        except StageError:
+            raise
+        except Exception as exc:
+            raise faults.stage_error("augment", exc) from exc
+        return batched if batched is not None else [self[i] for i in indices]
 
 
 class BatchCache(Dataset):

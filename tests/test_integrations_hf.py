@@ -134,3 +134,27 @@ def test_dataset_without_format_transform_says_why_raw_is_unavailable():
     assert raw.status == "unavailable" and "has no format transform (its format is 'torch')" in raw.reason, str(report)
     assert "with_transform" in raw.reason
     assert all(s == ALL_OK[p] for p, s in statuses(report).items() if p != "raw"), str(report)
+
+
+class PerCallCost:
+    """A format transform whose cost is per call, not per row (a tokenizer call, a model
+    call): the DataLoader calls it once per batch (Dataset.__getitems__)."""
+
+    def __init__(self, ms_per_call):
+        self.sleep = Sleep(ms_per_call)
+
+    def __call__(self, batch):
+        self.sleep(None)
+        return {"inputs": [torch.tensor(x, dtype=torch.float32) for x in batch["x"]],
+                "targets": [int(y) for y in batch["y"]]}
+
+
+def test_raw_replays_the_format_transform_once_per_batch_as_the_loader_does():
+    ds = table().with_transform(PerCallCost(20.0))
+    report = run(tiny_model(2.0), DataLoader(ds, batch_size=8, shuffle=True))
+    assert statuses(report) == ALL_OK, str(report)
+    # once per row would cost 8 x 20 ms a batch at raw against 20 ms in full: raw would be
+    # several times slower than full and load would come out hugely negative
+    raw, full = report.point("raw").throughput.samples_per_sec, report.point("full").throughput.samples_per_sec
+    assert raw > 0.6 * full, str(report)
+    assert report.bottleneck == "augment", str(report)

@@ -128,3 +128,16 @@ def test_prefetcher_around_something_else_is_a_clear_error():
     pf = timm_data.loader.PrefetchLoader(Fake(), device=torch.device("cpu"))
     with pytest.raises(BisectError, match="PrefetchLoader wraps a Fake, not a DataLoader"):
         run(model(), pf)
+
+
+def test_missing_optional_library_names_the_extra_to_install(tmp_path, monkeypatch):
+    import sys
+
+    from bisect_pipeline import entry
+
+    path = tmp_path / "needs_timm.py"
+    path.write_text("import timm\n\ndef make():\n    return None\n")
+    monkeypatch.setitem(sys.modules, "timm", None)  # as if timm were not installed
+    with pytest.raises(BisectError) as info:
+        entry.load(f"{path}:make")
+    assert 'pip install "bisect-pipeline[timm]"' in str(info.value)
