@@ -225,7 +225,13 @@ def _workers(c: _Context):
     if need is None:
         return None
     n, avail, cores = need["needed"], need["available"], need["cores"]
-    head = headroom(c, stage) if label == stage else {}
+    if label == stage:
+        head = headroom(c, stage)
+    else:  # the worker side together: t(full) without its drop, never above the ceiling
+        full_sps = c.r.batch_size / c.t_full
+        free = c.r.batch_size / max(c.t_full - ms / 1e3, c.t_ceiling or 0.0)
+        head = {"samples_per_sec": _r(full_sps, 1), "samples_per_sec_if_free": _r(free, 1),
+                "gain_if_free": _r(free / full_sps - 1, 4)}
     numbers = {"num_workers": c.workers, "stage_ms_per_batch": _r(ms), "stages": label, **need, "headroom": head}
     on_cpu = " On the CPU the step itself uses these cores too, so workers and step compete." if not c.cuda else ""
     alone = (f"Alone, the work the workers would do (load + augment + collate) costs "
@@ -240,15 +246,16 @@ def _workers(c: _Context):
     if c.workers >= recommended:
         return None
     numbers["recommended"] = {"num_workers": recommended}
-    where = ("runs in the training loop's own process" if c.workers == 0
-             else f"is spread over only {c.workers} worker(s)")
+    one = label == stage
+    where = ((("runs" if one else "run") + " in the training loop's own process") if c.workers == 0
+             else ("is" if one else "are") + f" spread over only {c.workers} worker(s)")
     fit = (f"{n} worker(s) would feed the step and this machine's {cores} cores can supply them"
            if n <= avail else
            f"{n} workers would feed the step but this machine has {cores} cores: {recommended} is the most it can "
            f"supply, so also make the {label} work cheaper")
     return Finding("num_workers", stage, (
         f"num_workers={c.workers}: {label} ({ms:.1f} ms per batch) {where}. {alone}: {fit}. "
-        f"Set num_workers={recommended}." + _headroom_text(head, stage) + on_cpu), numbers)
+        f"Set num_workers={recommended}." + _headroom_text(head, stage if one else "that work") + on_cpu), numbers)
 
 
 def _transfer_ms(c: _Context) -> tuple[Optional[float], str]:

@@ -4,7 +4,7 @@ The seed trains a torchvision ResNet-18 on FakeCIFAR images through PIL Resize(2
 ToTensor and Normalize, batch 32, num_workers=0, and finds the loader starves the GPU.
 Here, for a 2-core CPU with no accelerator:
 
-- torchvision's FakeData: PIL images generated per sample (3x128x128), which stands in
+- torchvision's FakeData: PIL images generated per sample (3x224x224, its default), which stands in
   for reading and decoding (the `load` stage);
 - transforms Resize(32), ToTensor, Normalize: the seed's, at CIFAR's own 32x32, which a CPU step
   can afford (the `augment` stage);
@@ -33,7 +33,7 @@ from bisect_pipeline import Workload
 BATCH_SIZE = 16
 RESOLUTION = 32
 SAMPLES = 2048
-IMAGE_SIZE = (3, 128, 128)
+IMAGE_SIZE = (3, 224, 224)  # torchvision FakeData's default
 
 
 def make(num_workers: int = 0, pin_memory: bool = False) -> Workload:

@@ -115,7 +115,10 @@ def test_num_workers_fires_when_load_and_augment_together_starve_the_step():
     f = finding(r, "num_workers")
     assert f["stage"] == "load" and f["numbers"]["stages"] == "load + augment + collate together"
     assert f["numbers"]["stage_ms_per_batch"] == pytest.approx(49.5, abs=0.01)  # 60 - 10.5
-    assert "Set num_workers=5" in f["message"]
+    assert "Set num_workers=5" in f["message"] and "run in the training loop's own process" in f["message"]
+    # if that work were free: 60 - 49.5 = 10.5 ms per batch, the ceiling 10 ms -> 16 / 0.0105
+    assert f["numbers"]["headroom"]["samples_per_sec_if_free"] == pytest.approx(16 / 0.0105, rel=1e-3)
+    assert "If that work were free" in f["message"]
 
 
 def test_num_workers_silent_when_inconclusive_but_the_worker_side_drop_is_noise():
