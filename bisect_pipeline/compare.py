@@ -122,6 +122,7 @@ def compare(before: Report, after: Report) -> dict:
     changed = {k: [before.loader.get(k), after.loader.get(k)] for k in settings
                if before.loader.get(k) != after.loader.get(k)}
     full = next(p for p in points if p["point"] == "full")
+    ceiling, share, warning = _ceiling(before, after)
     return {
         "kind": "compare",
         "schema_version": 1,
@@ -130,12 +131,40 @@ def compare(before: Report, after: Report) -> dict:
         "device": [before.device, after.device],
         "loader_changes": changed,
         "full": full,
+        "ceiling": ceiling,
+        "share_of_ceiling": share,
+        "warning": warning,
         "points": points,
         "stages": stages,
         "rule": (f"a change is real when it exceeds {Z_NOISE:g} combined standard errors of the two runs and "
                  f"{MIN_REL_CHANGE * 100:.0f}% (of throughput for points, of the full pipeline's time per batch "
                  "for stages)"),
     }
+
+
+def _ceiling(before: Report, after: Report) -> tuple:
+    """The most downstream point measured in both runs (the step without the loader, which
+    no loader setting changes) and the full pipeline as a share of it, before and after.
+    When the ceiling itself changed beyond the noise with the same batch size, the machine
+    (or the step) changed between the runs: the warning says so, and the share of the
+    ceiling is the fairer comparison of the loader settings."""
+    for name in ("device", "host", "collated"):
+        b, a = _tp(before, name), _tp(after, name)
+        if b is not None and a is not None:
+            break
+    else:
+        return None, None, None
+    change = {"point": name, **point_change(b, a)}
+    fb, fa = _tp(before, "full"), _tp(after, "full")
+    share = None
+    if fb is not None and fa is not None:
+        share = [round(fb.samples_per_sec / b.samples_per_sec, 4), round(fa.samples_per_sec / a.samples_per_sec, 4)]
+    warning = None
+    if change["real"] and before.batch_size == after.batch_size:
+        warning = (f"the ceiling ({name}: the step alone, which no loader setting changes) is {change['label']} in "
+                   "the second run: the machine's load or the step changed between the runs, so raw throughput "
+                   "changes mix that in; compare the full pipeline's share of the ceiling")
+    return change, share, warning
 
 
 def to_text(c: dict) -> str:
@@ -166,6 +195,12 @@ def to_text(c: dict) -> str:
     else:
         lines.append(f"Full pipeline: within noise ({full['before_samples_per_sec']:,.1f} -> "
                      f"{full['after_samples_per_sec']:,.1f} samples/s, \u00d7{full['ratio']:.2f}).")
+    share = c.get("share_of_ceiling")
+    if share:
+        lines.append(f"Full pipeline as a share of the ceiling ({c['ceiling']['point']}): {share[0] * 100:.0f}% -> "
+                     f"{share[1] * 100:.0f}%.")
+    if c.get("warning"):
+        lines.append(f"Warning: {c['warning']}.")
     lines.append(f"Rule: {c['rule']}.")
     return "\n".join(lines)
 

@@ -149,3 +149,17 @@ def test_compare_end_to_end_two_real_runs(tmp_path, no_leftover_workers):
     assert "num_workers 0 -> 2" in r.output
     full = [line for line in r.output.splitlines() if line.startswith("full ")][0]
     assert "faster" in full, r.output  # 2 workers overlap the 80 ms of augment per batch
+
+
+def test_compare_warns_when_the_ceiling_itself_moved():
+    # the same loader settings, but every point 2x slower: the machine changed, not the loader
+    slow = {k: 2 * v for k, v in BEFORE.items()}
+    c = compare.compare(make_report(BEFORE), make_report(slow))
+    assert c["ceiling"]["point"] == "device" and c["ceiling"]["label"] == "2.00\u00d7 slower"
+    assert c["share_of_ceiling"] == [pytest.approx(10 / 61, abs=1e-3)] * 2
+    assert "machine's load or the step changed" in c["warning"]
+    assert "Warning: the ceiling (device" in compare.to_text(c)
+    # a loader change under a steady ceiling: no warning, the share moves
+    c = compare.compare(make_report(BEFORE), make_report(AFTER, num_workers=2))
+    assert c["warning"] is None and c["ceiling"]["label"] == "within noise"
+    assert c["share_of_ceiling"][1] == pytest.approx(10 / 30.5, abs=1e-3)
