@@ -179,7 +179,8 @@ def _workers_needed(c: _Context) -> Optional[dict]:
     if w.get("needed"):
         return {"needed": int(w["needed"]), "worker_ms_per_batch": w["worker_ms_per_batch"],
                 "step_ms_per_batch": w["step_ms_per_batch"], "cores": int(w["cores"]),
-                "available": int(w["available"]), "source": "isolated costs"}
+                "available": int(w["available"]), "step_threads": int(w.get("step_threads") or 0),
+                "source": "isolated costs"}
     if c.workers != 0 or c.t_ceiling is None:
         return None
     work = sum(max(0.0, c.stage_ms(s) or 0.0) for s in WORKER_STAGES)
@@ -246,6 +247,15 @@ def _workers(c: _Context):
     if c.workers >= recommended:
         return None
     numbers["recommended"] = {"num_workers": recommended}
+    threads = need.get("step_threads") or 0
+    if not c.cuda and threads + recommended > cores:
+        # A CPU step already runs on every core (torch.get_num_threads()): a worker added
+        # on top oversubscribes them and can make the run slower; hand it a core instead.
+        numbers["recommended"]["torch_num_threads"] = max(1, cores - recommended)
+        on_cpu = (f" The step runs on the CPU with torch.get_num_threads()={threads} on {cores} cores, so a worker "
+                  f"added on top would compete with it: also call torch.set_num_threads("
+                  f"{numbers['recommended']['torch_num_threads']}) in the training process, and check the gain with "
+                  f"--sweep num_workers={c.workers},{recommended}.")
     one = label == stage
     where = ((("runs" if one else "run") + " in the training loop's own process") if c.workers == 0
              else ("is" if one else "are") + f" spread over only {c.workers} worker(s)")

@@ -90,7 +90,7 @@ def measure(spec: stages.LoaderSpec, caches: Any, device: torch.device, move: Ca
         syncs = _guard(lambda: count_syncs(train_step, device_batch, device))
         if device.type == "cuda":
             out["memory"] = _guard(lambda: _memory(device))
-    out["workers"] = workers_needed(out, bs, cores())
+    out["workers"] = workers_needed(out, bs, cores(), step_threads=torch.get_num_threads() if device.type == "cpu" else 0)
     out["elapsed_s"] = round(clock() - start, 4)
     return out, syncs
 
@@ -257,12 +257,14 @@ def _memory(device: torch.device) -> dict:
             "note": "peak since the process started (includes the tool's cached batches): an upper bound"}
 
 
-def workers_needed(iso: dict, batch_size: int, n_cores: int) -> dict:
+def workers_needed(iso: dict, batch_size: int, n_cores: int, step_threads: int = 0) -> dict:
     """Workers that would produce batches as fast as the step consumes them.
 
     worker work per batch = (load + augment) ms per sample * batch size + collate ms per
     batch; needed = ceil(work / step ms). The training loop's process keeps one core, so
-    the machine can supply at most n_cores - 1 workers.
+    the machine can supply at most n_cores - 1 workers. `step_threads` is the number of
+    intra-op threads a CPU step runs on (torch.get_num_threads(); 0 on an accelerator):
+    workers beyond n_cores - step_threads compete with the step for cores.
     """
     step = iso.get("step", {})
     load, aug, col = iso.get("load", {}), iso.get("augment", {}), iso.get("collate", {})
@@ -276,7 +278,7 @@ def workers_needed(iso: dict, batch_size: int, n_cores: int) -> dict:
     needed = max(1, math.ceil(work / step_ms)) if step_ms > 0 else None
     available = max(0, n_cores - 1)
     return {"status": "ok", "worker_ms_per_batch": round(work, 3), "step_ms_per_batch": round(step_ms, 3),
-            "needed": needed, "cores": n_cores, "available": available,
+            "needed": needed, "cores": n_cores, "available": available, "step_threads": step_threads,
             "fits": needed is not None and needed <= available}
 
 

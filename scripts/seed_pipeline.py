@@ -13,8 +13,9 @@ Here, for a 2-core CPU with no accelerator:
 Entries for `bisect-pipeline --entry scripts/seed_pipeline.py:FUNC`:
 
     make_w0       num_workers=0, as the seed starts
-    make_advised  the settings the advice recommends: SEED_NUM_WORKERS (default 1, what
-                  the advice gives on a 2-core machine) and SEED_PIN_MEMORY (0/1)
+    make_advised  the settings the advice recommends: SEED_NUM_WORKERS (default 1),
+                  SEED_TORCH_THREADS (default 1: on a 2-core CPU the advice gives the
+                  worker a core, torch.set_num_threads(1)) and SEED_PIN_MEMORY (0/1)
     make(num_workers=0, pin_memory=False)
 """
 
@@ -52,5 +53,8 @@ def make_w0() -> Workload:
 
 def make_advised() -> Workload:
     workers = int(os.environ.get("SEED_NUM_WORKERS", "1"))
+    threads = int(os.environ.get("SEED_TORCH_THREADS", "1"))
+    if threads > 0:
+        torch.set_num_threads(threads)  # the step's intra-op threads, as the advice recommends
     pin = os.environ.get("SEED_PIN_MEMORY", "0").strip().lower() in ("1", "true", "yes")
     return make(num_workers=workers, pin_memory=pin)

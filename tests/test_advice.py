@@ -96,6 +96,19 @@ def test_num_workers_capped_by_this_machines_cores():
     assert "2 cores" in f["message"] and "make the augment work cheaper" in f["message"]
 
 
+def test_num_workers_on_a_cpu_step_that_uses_every_core_also_gives_the_worker_a_core():
+    iso = iso_workers(needed=1, cores=2)
+    iso["workers"]["step_threads"] = 2  # torch.get_num_threads() of the CPU step
+    f = finding(make_report(AUGMENT_BOUND, isolated=iso), "num_workers")
+    assert f["numbers"]["recommended"] == {"num_workers": 1, "torch_num_threads": 1}
+    assert "torch.get_num_threads()=2 on 2 cores" in f["message"] and "torch.set_num_threads(1)" in f["message"]
+    assert "--sweep num_workers=0,1" in f["message"]
+    # the same on CUDA (the step does not run on the cores): workers only
+    iso["workers"]["step_threads"] = 0
+    f = finding(make_report(AUGMENT_BOUND | {"host": 10.2}, device="cuda:0", isolated=iso), "num_workers")
+    assert f["numbers"]["recommended"] == {"num_workers": 1} and "set_num_threads" not in f["message"]
+
+
 def test_num_workers_from_bisection_costs_when_isolation_is_missing():
     # num_workers=0: each stage's drop is its serial cost: load 1 + augment 49 + collate 0.5 ms
     # = 50.5 ms of worker work per batch against a 10 ms step -> ceil(5.05) = 6 workers

@@ -44,6 +44,7 @@ def test_planted_costs_come_back_within_a_factor_of_two():
     w = iso["workers"]
     assert w["status"] == "ok" and 4 <= w["needed"] <= 15, w
     assert w["cores"] == isolate.cores() and w["available"] == w["cores"] - 1
+    assert w["step_threads"] == torch.get_num_threads()  # a CPU step runs on the intra-op threads
     # on CPU: no transfer to time, syncs skipped with their reason
     assert iso["transfer"]["status"] == "skipped" and iso["transfer"]["bytes_per_batch"] == 8 * (16 * 4 + 8)
     assert syncs["status"] == "skipped" and "CUDA" in syncs["reason"]
@@ -65,7 +66,8 @@ def test_workers_needed_arithmetic():
     w = isolate.workers_needed(iso, batch_size=8, n_cores=4)
     # (2 + 3) x 8 + 4 = 44 ms per batch / 10 ms step -> ceil(4.4) = 5 workers; 3 cores for workers
     assert w == {"status": "ok", "worker_ms_per_batch": 44.0, "step_ms_per_batch": 10.0, "needed": 5, "cores": 4,
-                 "available": 3, "fits": False}
+                 "available": 3, "step_threads": 0, "fits": False}
+    assert isolate.workers_needed(iso, batch_size=8, n_cores=4, step_threads=4)["step_threads"] == 4
     assert isolate.workers_needed(iso, batch_size=8, n_cores=8)["fits"] is True
     # exactly one step's worth of work: one worker
     iso["step"]["ms_per_batch"] = 44.0
