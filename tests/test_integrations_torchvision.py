@@ -95,14 +95,6 @@ def test_imagefolder_decode_cost_lands_in_load(tmp_path):
     assert ds.transform is transform_before  # the user's dataset is untouched
 
 
-def test_imagefolder_transforms_land_in_augment(tmp_path):
-    root = write_jpegs(tmp_path / "imgs")
-    ds = datasets.ImageFolder(root, transform=v2_train(extra_ms=6.0))
-    report = run(image_model(), loader_of(ds))
-    assert statuses(report) == ALL_OK, str(report)
-    assert report.bottleneck == "augment", str(report)
-
-
 class JointDetection(torch.utils.data.Dataset):
     """A detection-style dataset: JPEG image and a target dict with tv_tensors boxes; a
     joint v2 transform on (image, target) through `self.transforms`."""
