@@ -466,7 +466,7 @@ def iterable_duplicates(dataset: Any, num_workers: int, worker_init_fn: Optional
     prints = []
     try:
         for wid in (0, 1):
-            ds = copy.copy(dataset)
+            ds = _probe_copy(dataset)
             saved = worker_mod._worker_info
             worker_mod._worker_info = worker_mod.WorkerInfo(id=wid, num_workers=num_workers, seed=wid, dataset=ds)
             it = None
@@ -494,6 +494,23 @@ def iterable_duplicates(dataset: Any, num_workers: int, worker_init_fn: Optional
             f"{num_workers} yield the same first samples, so every sample comes {num_workers} times per epoch. "
             "Split the data by worker in __iter__ (torch.utils.data.get_worker_info()), or use a sharded source "
             "(e.g. webdataset's split_by_worker).")
+
+
+# A dataset holding more than this in memory is probed on a shallow copy (a deep copy
+# would cost time and memory); smaller ones on a deep copy, so that state their
+# iterators keep (shard-shuffle epochs, counters) stays the user's own.
+_DEEPCOPY_MAX_BYTES = 64 * 2**20
+
+
+def _probe_copy(dataset: Any) -> Any:
+    from .stages import nbytes
+
+    try:
+        if nbytes(vars(dataset)) <= _DEEPCOPY_MAX_BYTES:
+            return copy.deepcopy(dataset)
+    except Exception:  # not deep-copyable (open files, locks): a shallow copy
+        pass
+    return copy.copy(dataset)
 
 
 def _fingerprint(obj: Any, depth: int = 0) -> Optional[str]:

@@ -132,3 +132,19 @@ def test_sharding_in_worker_init_fn_is_followed():
     assert DUPLICATES in iterable_duplicates(ds, 2, None)
     assert (ds.start, ds.end) == (0, 100)  # probed on copies
     assert iterable_duplicates(ds, 1, None) is None  # one worker: nothing to duplicate
+
+
+def test_probe_leaves_state_kept_by_the_datasets_iterators_alone():
+    from bisect_pipeline.integrations import iterable_duplicates
+
+    class Epochs(IterableDataset):
+        def __init__(self):
+            self.state = {"epoch": 0}  # e.g. a shard shuffler's epoch counter
+
+        def __iter__(self):
+            self.state["epoch"] += 1
+            return iter(range(10))
+
+    ds = Epochs()
+    assert DUPLICATES in iterable_duplicates(ds, 2, None)
+    assert ds.state == {"epoch": 0}
