@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset
 
 from bisect_pipeline import Plan, bisect
 from conftest import CLASSES, FAST_PLAN, FEATURES, Sleep, SleepLayer
