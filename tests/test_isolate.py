@@ -31,15 +31,21 @@ def test_planted_costs_come_back_within_a_factor_of_two():
     # per sample: load 4 ms, augment 3 ms; per batch: collate 20 ms, step 10 ms
     ds = PlantedDataset(n=48, load_ms=4.0, transform=Sleep(3.0))
     loader = make_loader(ds, batch_size=8, collate_fn=SlowCollate(20.0))
-    iso, syncs = isolated(tiny_model(10.0), loader)
+    model = tiny_model(10.0)
+    iso, syncs = isolated(model, loader)
+    again, _ = isolated(model, loader)
+    # Other work on a shared machine only ever adds time (a sleeping stage waits for a
+    # core when it wakes): the smaller of two measurements is the stage's own cost.
+    def best(part, key):
+        return min(iso[part][key], again[part][key])
     assert iso["status"] == "ok"
-    assert within(iso["augment"]["ms_per_sample"], 3.0), iso["augment"]
-    assert within(iso["load"]["ms_per_sample"], 4.0), iso["load"]
+    assert within(best("augment", "ms_per_sample"), 3.0), (iso["augment"], again["augment"])
+    assert within(best("load", "ms_per_sample"), 4.0), (iso["load"], again["load"])
     assert iso["load"]["includes"] == ["load"]  # the transforms were split off
-    assert within(iso["collate"]["ms_per_batch"], 20.0), iso["collate"]
+    assert within(best("collate", "ms_per_batch"), 20.0), (iso["collate"], again["collate"])
     assert iso["collate"]["collate_fn"] == "SlowCollate"
     assert iso["collate"]["default_collate_ms_per_batch"] < 5.0  # the same samples, torch's collate
-    assert within(iso["step"]["ms_per_batch"], 10.0), iso["step"]
+    assert within(best("step", "ms_per_batch"), 10.0), (iso["step"], again["step"])
     # (4 + 3) ms x 8 + 20 ms = 76 ms of worker work against a ~10 ms step: about 8 workers
     w = iso["workers"]
     assert w["status"] == "ok" and 4 <= w["needed"] <= 15, w
@@ -53,9 +59,10 @@ def test_planted_costs_come_back_within_a_factor_of_two():
 
 def test_an_augment_only_pipeline_reports_no_load_cost():
     ds = PlantedDataset(n=48, transform=Sleep(5.0))
-    iso, _ = isolated(tiny_model(0.0), make_loader(ds, batch_size=8))
-    assert within(iso["augment"]["ms_per_sample"], 5.0)
-    assert iso["load"]["ms_per_sample"] < 1.5  # the getitem is all transform
+    loader = make_loader(ds, batch_size=8)
+    runs = [isolated(tiny_model(0.0), loader)[0] for _ in range(2)]
+    assert within(min(r["augment"]["ms_per_sample"] for r in runs), 5.0), runs
+    assert min(r["load"]["ms_per_sample"] for r in runs) < 1.5  # the getitem is all transform
 
 
 def test_workers_needed_arithmetic():
