@@ -344,7 +344,7 @@ def _check_not_empty(spec: stages.LoaderSpec) -> None:
 
 def _before_run(spec: stages.LoaderSpec, caches: replay.Caches) -> list:
     """Problems that can be seen before measuring anything."""
-    out = []
+    out = list(caches.warnings)  # pipeline problems seen while filling (a non-sharding IterableDataset)
     shm = faults.shm_problem(spec.num_workers, spec.prefetch_depth, caches.batch_bytes, faults.shm_free_bytes())
     if shm:
         out.append(shm)

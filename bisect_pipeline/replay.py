@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import itertools
 import time
-import warnings
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -109,8 +108,8 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
 
 def _pipeline_warnings(spec: LoaderSpec) -> list:
     """Problems of the pipeline itself, seen before it is measured: an IterableDataset
-    whose workers all yield the same samples. Each is also issued as a Python warning,
-    so that it shows even where the caller does not read Caches.warnings."""
+    whose workers all yield the same samples. They reach the report's warnings
+    (api._before_run): bisect() never prints."""
     from . import integrations
 
     out = []
@@ -118,8 +117,6 @@ def _pipeline_warnings(spec: LoaderSpec) -> list:
         dup = integrations.iterable_duplicates(spec.dataset, spec.num_workers, spec.worker_init_fn)
         if dup:
             out.append(dup)
-    for message in out:
-        warnings.warn(message, integrations.PipelineWarning, stacklevel=3)
     return out
 
 

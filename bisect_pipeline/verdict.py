@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
 from .stats import Throughput
 

@@ -131,6 +131,16 @@ def planted(kind: str, num_workers: int = 0, **kw):
     return tiny_model(step_ms), loader
 
 
+@pytest.fixture(autouse=True)
+def one_intra_op_thread():
+    """Steps use one thread: on a 2-core CI machine torch's intra-op threads and the
+    loader's workers would otherwise fight for the cores and spike step times 10x."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def no_leftover_workers():
     """Fails the test if a worker process outlives it."""

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import ConcatDataset, Subset
 
-from bisect_pipeline import BisectError, Workload, bisect
+from bisect_pipeline import BisectError, bisect
 from conftest import FAST_PLAN, PlantedDataset, PlantedIterable, Sleep, make_loader, planted, tiny_model
 
 MAX_S = 20

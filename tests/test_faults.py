@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset
 
 from bisect_pipeline import BisectError, Plan, bisect, faults
 from bisect_pipeline.report import write_atomic
