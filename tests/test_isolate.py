@@ -1,6 +1,8 @@
 """Isolated stage costs (isolate.py): planted costs come back roughly right, the
 workers-needed arithmetic is exact, and syncs are counted on CUDA only."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -45,7 +47,18 @@ def test_planted_costs_come_back_within_a_factor_of_two():
     assert within(best("collate", "ms_per_batch"), 20.0), (iso["collate"], again["collate"])
     assert iso["collate"]["collate_fn"] == "SlowCollate"
     assert iso["collate"]["default_collate_ms_per_batch"] < 5.0  # the same samples, torch's collate
-    assert within(best("step", "ms_per_batch"), 10.0), (iso["step"], again["step"])
+    # The step: against the same step timed directly here, now (median of 5 after a
+    # warm-up): a busy machine can stretch a 10 ms sleep, for both alike.
+    step = api._make_step(Workload(model=model, loader=loader))
+    batch = next(iter(make_loader(PlantedDataset(n=16), batch_size=8)))
+    direct = []
+    for i in range(8):
+        t0 = time.perf_counter()
+        step(batch)
+        direct.append(time.perf_counter() - t0)
+    direct_ms = sorted(direct[3:])[2] * 1e3
+    assert direct_ms >= 9.0  # the planted 10 ms sleep is in the step
+    assert within(best("step", "ms_per_batch"), direct_ms), (iso["step"], again["step"], direct_ms)
     # (4 + 3) ms x 8 + 20 ms = 76 ms of worker work against a ~10 ms step: about 8 workers
     w = iso["workers"]
     assert w["status"] == "ok" and 4 <= w["needed"] <= 15, w
