@@ -425,8 +425,11 @@ def _isolated_lines(r: Report) -> list:
                 parts.append(f"{label} {d['status']}")
         w = iso.get("workers") or {}
         if w.get("status") == "ok" and w.get("needed"):
-            parts.append(f"workers to feed the step: {w['needed']} ({w['cores']} cores: "
-                         + ("enough" if w["fits"] else "not enough") + ")")
+            fit = "enough" if w["fits"] else "not enough"
+            threads = w.get("step_threads") or 0
+            if threads and threads + w["needed"] > w["cores"]:
+                fit += f"; the CPU step uses {threads} threads"
+            parts.append(f"workers to feed the step: {w['needed']} ({w['cores']} cores: {fit})")
         out.append("Isolated (this process, no workers): " + "; ".join(parts) + ".")
     s = r.syncs or {}
     if s.get("status") == "ok":
