@@ -379,6 +379,17 @@ class LoaderSource:
 
 
 def _terminate(it: Any) -> None:
+    # Unregister the workers from DataLoader's SIGCHLD check first: killed on purpose
+    # here, they would otherwise raise "worker killed by signal Terminated" in whatever
+    # the main thread runs next (the next point), hiding the error that ended this one.
+    if getattr(it, "_worker_pids_set", False):
+        try:
+            from torch.utils.data._utils import signal_handling
+
+            signal_handling._remove_worker_pids(id(it))
+            it._worker_pids_set = False
+        except Exception:  # a torch without this private API: the shutdown still happens
+            pass
     for w in getattr(it, "_workers", None) or ():
         if w.is_alive():
             w.terminate()
