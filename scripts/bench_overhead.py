@@ -2,6 +2,8 @@
 
 Side by side in one process, alternating which goes first, `--rounds` rounds:
 
+Both sides state throughput the same way: the median over windows of whole steps.
+
 - device: the throughput bisect() reports at `device` vs a hand-written loop running
   the same step on one cached batch (target: ratio within 2%);
 - full: the throughput bisect() reports at `full` vs a hand-written loop over a fresh
@@ -11,6 +13,7 @@ Side by side in one process, alternating which goes first, `--rounds` rounds:
 
     python scripts/bench_overhead.py                  # 5 rounds, num_workers 0 and 2
     python scripts/bench_overhead.py --rounds 3 --workers 0
+    python scripts/bench_overhead.py --step sleep     # fixed-length step: the harness alone
 """
 
 from __future__ import annotations
@@ -29,6 +32,16 @@ from bisect_pipeline import Plan, bisect
 from bisect_pipeline.timing import measure
 
 HAND_SECONDS = 3.0
+
+
+def make_sleep(workers: int):
+    """A step of fixed length (a 5 ms sleep plus a tiny MLP) and a loader whose samples
+    cost 0.2 ms each: immune to the CPU-speed swings of a shared VM, so what differs
+    between the tool and the hand loop is the harness."""
+    model = planted.model(planted.STEP_MS)
+    ds = planted.Data(n=512, transform=planted.Sleep(0.2))
+    kw = {"multiprocessing_context": "fork"} if workers else {}
+    return model, DataLoader(ds, batch_size=16, shuffle=True, num_workers=workers, **kw)
 
 
 def make(workers: int):
@@ -56,16 +69,25 @@ def train_step(model):
     return step
 
 
+def windows_rate(one, batch_size: int, window: float = 0.5) -> float:
+    """The hand loop's samples/s as the tool states it: the median over windows of
+    whole steps (HAND_SECONDS in all), so that both sides use the same statistic."""
+    rates, end = [], time.perf_counter() + HAND_SECONDS
+    while time.perf_counter() < end:
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < window:
+            one()
+            n += 1
+        rates.append(n * batch_size / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
 def hand_device(model, loader) -> float:
     step = train_step(model)
     batch = next(iter(DataLoader(loader.dataset, batch_size=loader.batch_size)))
     for _ in range(20):
         step(batch)
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < HAND_SECONDS:
-        step(batch)
-        n += 1
-    return n * loader.batch_size / (time.perf_counter() - t0)
+    return windows_rate(lambda: step(batch), loader.batch_size)
 
 
 def hand_full(model, loader) -> float:
@@ -76,11 +98,7 @@ def hand_full(model, loader) -> float:
     batches = (b for _ in itertools.count() for b in fresh)
     for _ in range(10 + 2 * loader.num_workers):  # worker start-up and their prefetched batches
         step(next(batches))
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < HAND_SECONDS:
-        step(next(batches))
-        n += 1
-    rate = n * loader.batch_size / (time.perf_counter() - t0)
+    rate = windows_rate(lambda: step(next(batches)), loader.batch_size)
     del batches, fresh
     return rate
 
@@ -108,7 +126,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--workers", default="0,2")
+    ap.add_argument("--step", choices=("compute", "sleep"), default="compute",
+                    help="compute: a CPU-bound MLP step (real, but swings with the VM's CPU speed); "
+                         "sleep: a fixed 5 ms step, so the comparison isolates the harness")
     args = ap.parse_args()
+    build = make_sleep if args.step == "sleep" else make
     torch.set_num_threads(1)  # the same intra-op threads for the tool and the hand loops
 
     tool_us, bare_us = harness_us()
@@ -116,7 +138,7 @@ def main() -> None:
     for workers in (int(w) for w in args.workers.split(",")):
         dev_ratios, full_ratios = [], []
         for r in range(args.rounds):
-            model, loader = make(workers)
+            model, loader = build(workers)
             if r % 2 == 0:
                 td, tf = tool(model, loader)
                 hd, hf = hand_device(model, loader), hand_full(model, loader)
