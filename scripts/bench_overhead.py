@@ -99,7 +99,6 @@ def hand_full(model, loader) -> float:
     for _ in range(10 + 2 * loader.num_workers):  # worker start-up and their prefetched batches
         step(next(batches))
     rate = windows_rate(lambda: step(next(batches)), loader.batch_size)
-    del batches, fresh
     return rate
 
 
