@@ -103,8 +103,10 @@ _signals_seen: list = []
 
 
 def _on_sigterm(signum, frame) -> None:
-    # SIGTERM takes the Ctrl-C path (partial result written, workers shut down), exit 143.
+    # SIGTERM takes the Ctrl-C path (partial result written, workers shut down), exit 143;
+    # SIGINT comes here too, so that both are remembered if their exception is swallowed.
     _signals_seen.append(signum)
+    faults.INTERRUPT_REQUESTED[0] = True
     raise KeyboardInterrupt()
 
 
@@ -118,7 +120,10 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
     started = distributed.init_from_env(device)
     rank0 = distributed.rank() == 0
     progress = make_progress(max_seconds, quiet=quiet or not rank0)  # None when quiet or stderr is not a terminal
+    _signals_seen.clear()
+    faults.INTERRUPT_REQUESTED[0] = False
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous_int = signal.signal(signal.SIGINT, _on_sigterm)
     code = EXIT_OK
     try:
         try:
@@ -152,12 +157,16 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
         if rank0:  # only rank 0 writes files and prints the report
             _write_outputs(report, json_path, html_path)
             click.echo(report.summary if quiet else str(report))
+        if code == EXIT_OK and _signals_seen:  # interrupted, though the run got to its end
+            code = _interrupt_code()
         if code == EXIT_OK and report.bottleneck is None:
             code = EXIT_FAILED
     finally:
         if progress:
             progress.done()  # gives the cursor back on every path (done twice is a no-op)
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+        faults.INTERRUPT_REQUESTED[0] = False
         distributed.shutdown(started)
     sys.exit(code)
 

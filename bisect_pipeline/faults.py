@@ -45,6 +45,12 @@ def stage_error(stage: str, exc: BaseException) -> StageError:
     return StageError(f"{stage} failed: {type(exc).__name__}: {exc}")
 
 
+# Set by the CLI's signal handlers. The KeyboardInterrupt they raise is lost when the
+# signal lands in code whose exceptions Python ignores (an at-fork hook while workers
+# start, a __del__): the next watchdog beat, every step, raises it again.
+INTERRUPT_REQUESTED = [False]
+
+
 class StepTimeout(Exception):
     """Raised in the main thread by the watchdog when a step makes no progress."""
 
@@ -144,6 +150,8 @@ class Watchdog:
 
     def beat(self) -> None:
         self.count += 1
+        if INTERRUPT_REQUESTED[0]:  # a signal whose KeyboardInterrupt Python swallowed
+            raise KeyboardInterrupt()
 
     def __enter__(self) -> "Watchdog":
         if self.active:

@@ -353,3 +353,16 @@ def test_bad_step_timeout_is_rejected():
 def test_plan_is_validated():
     with pytest.raises(ValueError):
         Plan(min_windows=0)
+
+
+def test_a_swallowed_interrupt_is_raised_again_at_the_next_step():
+    # a signal landing in code whose exceptions Python ignores (an at-fork hook while
+    # workers start) loses its KeyboardInterrupt; the CLI's handler also sets this flag
+    dog = faults.Watchdog(None)
+    dog.beat()  # no request: nothing happens
+    faults.INTERRUPT_REQUESTED[0] = True
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            dog.beat()
+    finally:
+        faults.INTERRUPT_REQUESTED[0] = False
