@@ -111,13 +111,6 @@ CASES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # OpenMP threads spin on a busy 2-core machine: erratic CPU steps
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.mark.parametrize("kind", list(CASES))
 def test_structured_batches_every_point(kind):

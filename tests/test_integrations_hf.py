@@ -27,13 +27,9 @@ ALL_OK = {"full": "ok", "raw": "ok", "augmented": "ok", "collated": "ok", "host"
 
 
 @pytest.fixture(autouse=True)
-def offline_one_thread(monkeypatch):
+def offline(monkeypatch):  # one intra-op thread comes from conftest
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # OpenMP threads spin on a busy 2-core machine: erratic CPU steps
-    yield
-    torch.set_num_threads(before)
 
 
 def run(model, loader, **kw):

@@ -26,13 +26,6 @@ OK_BUT_RAW = {"full": "ok", "raw": "unavailable", "augmented": "ok", "collated":
 DUPLICATES = "does not shard across workers"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # OpenMP threads spin on a busy 2-core machine: erratic CPU steps
-    yield
-    torch.set_num_threads(before)
-
 
 def write_shards(root, shards=4, per_shard=32):
     rng = np.random.default_rng(0)

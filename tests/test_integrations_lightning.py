@@ -77,13 +77,6 @@ ENTRY = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # OpenMP threads spin on a busy 2-core machine: erratic CPU steps
-    yield
-    torch.set_num_threads(before)
-
 
 def cli(tmp_path, func, *args):
     entry = tmp_path / "lit_entry.py"
