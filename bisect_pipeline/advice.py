@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
-from .verdict import MIN_REL_DROP, Z_NOISE
+from .stats import MIN_REL_DROP, is_real
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Report
@@ -53,7 +53,8 @@ WORKER_STAGES = ("load", "augment", "collate")
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    kind: str  # num_workers, cores, pin_memory, uint8_payload, collate, storage, augment, handoff, batch_size, syncs
+    kind: str  # num_workers, cores, pin_memory, uint8_payload, collate, storage, augment, handoff, batch_size, syncs,
+    # allocator
     stage: str  # the stage it is about (or "step")
     message: str
     numbers: dict  # the measured numbers and settings it rests on
@@ -63,12 +64,17 @@ class Finding:
 
 
 def input_bound_class(r: "Report") -> Optional[str]:
-    """`not`, `moderately`, `highly` input-bound, or None when there is no verdict."""
+    """`not`, `moderately`, `highly` input-bound, or None when there is no verdict or
+    the run is too noisy to tell (inconclusive, and the gap itself is not real)."""
     v = r.verdict
     if v.bottleneck is None or v.input_bound_fraction is None:
         return None
     if v.bottleneck == "none":
         return "not"
+    t_full = v.fitted.get("full")
+    if (v.bottleneck == "inconclusive" and v.gap_sigma is not None and t_full
+            and not is_real(v.gap_sec_per_batch or 0.0, v.gap_sigma, t_full)):
+        return None
     f = v.input_bound_fraction
     if f < INPUT_BOUND_MODERATE:
         return "not"
@@ -85,7 +91,8 @@ def advise(r: "Report") -> list:
 def findings(r: "Report") -> list:
     ctx = _Context(r)
     out: list = []
-    for rule in (_workers, _pin_memory, _uint8_payload, _collate, _storage, _augment, _handoff, _batch_size, _syncs):
+    for rule in (_workers, _pin_memory, _uint8_payload, _collate, _storage, _augment, _handoff, _batch_size, _syncs,
+                 _allocator):
         found = rule(ctx)
         if found:
             out.extend(found if isinstance(found, list) else [found])
@@ -128,6 +135,11 @@ class _Context:
 
 
 def _sec_per_batch(r: "Report", point: str) -> Optional[float]:
+    """The point's time per batch as the report shows it: the verdict's fitted time
+    (verdict.decide), else the median of its windows."""
+    fitted = r.verdict.fitted.get(point)
+    if fitted:
+        return fitted
     for p in r.points:
         if p.point == point and p.status == "ok" and p.throughput is not None:
             return p.throughput.sec_per_batch
@@ -142,6 +154,8 @@ def _tp(r: "Report", point: str):
 
 
 def _ceiling(r: "Report") -> Optional[float]:
+    if r.verdict.ceiling and r.verdict.ceiling in r.verdict.fitted:
+        return r.verdict.fitted[r.verdict.ceiling]
     for name in ("device", "host", "collated", "augmented", "raw"):
         t = _sec_per_batch(r, name)
         if t is not None:
@@ -195,18 +209,18 @@ def _worker_side(c: _Context) -> Optional[tuple]:
     real cost: the bottleneck when it is load, augment or collate; or, when the verdict is
     inconclusive between stages, the whole drop from `full` to the first point below
     collate (load + augment + collate together) when that drop is above the noise by the
-    verdict's own rule (Z_NOISE sigma and MIN_REL_DROP of t(full))."""
+    verdict's own rule (stats.is_real against t(full))."""
     if c.b in WORKER_STAGES and c.significant(c.b):
         return c.b, c.stage_ms(c.b), c.b
     if c.b != "inconclusive":
         return None
     full = _tp(c.r, "full")
-    upper = next((t for t in (_tp(c.r, p) for p in ("collated", "host", "device")) if t is not None), None)
-    if full is None or upper is None:
+    name = next((p for p in ("collated", "host", "device") if _tp(c.r, p) is not None), None)
+    if full is None or name is None:
         return None
-    drop = full.sec_per_batch - upper.sec_per_batch
-    sigma = math.hypot(full.sec_per_batch_sigma, upper.sec_per_batch_sigma)
-    if drop <= max(Z_NOISE * sigma, MIN_REL_DROP * full.sec_per_batch):
+    drop = c.t_full - _sec_per_batch(c.r, name)
+    sigma = math.hypot(full.sec_per_batch_sigma, _tp(c.r, name).sec_per_batch_sigma)
+    if not is_real(drop, sigma, c.t_full):
         return None
     costed = [(c.stage_ms(s) or 0.0, s) for s in WORKER_STAGES if c.stage(s) is not None and c.stage(s).status == "ok"]
     if not costed:
@@ -465,3 +479,22 @@ def _syncs(c: _Context):
         "data-dependent shapes from the step, or accumulate metrics on the device." + tie),
         {"per_step": per, "total": s.get("total"), "steps": s.get("steps"), "sites": s.get("sites", []),
          "input_bound_class": cls})
+
+
+def _allocator(c: _Context):
+    """The step alone costs more with glibc's default malloc settings than with freed
+    memory kept (allocator.Held.time_step) -> the variables that keep it."""
+    a = c.part("allocator")
+    if not a.get("real"):
+        return None
+    d, h = a["default_ms_per_batch"], a["held_ms_per_batch"]
+    gain = d / h - 1 if h else None
+    return Finding("allocator", "step", (
+        f"The step alone takes {d:.1f} ms per batch with this process's malloc settings and {h:.1f} ms with freed "
+        "memory kept for reuse: glibc gives the step's freed activation memory back to the OS and the next step "
+        "page-faults it in again (in your loop, other allocations between steps can make it worse). Start training with MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=-1 "
+        "(keeps at most the process's peak), or preload jemalloc or tcmalloc (LD_PRELOAD=libjemalloc.so.2)"
+        + (f": {gain * 100:+.0f}% for the step alone." if gain else ".")),
+        {"default_ms_per_batch": d, "held_ms_per_batch": h, "cost_ms_per_batch": a["cost_ms_per_batch"],
+         "noise_ms": a["noise_ms"], "gain_if_held": _r(gain, 4) if gain is not None else None,
+         "recommended": {"env": {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "-1"}}})

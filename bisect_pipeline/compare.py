@@ -13,7 +13,8 @@ from typing import Optional
 from .errors import BisectError
 from .report import Report
 from .stats import Throughput
-from .verdict import MIN_REL_DROP, POINTS, Z_NOISE
+from .stats import MIN_REL_DROP, Z_NOISE, is_real, noise_threshold
+from .verdict import POINTS
 
 # A point's change is real when |log(after / before)| exceeds both Z_NOISE combined
 # relative standard errors of the two medians (hypot of Throughput.rel_se, the same
@@ -70,8 +71,8 @@ def point_change(before: Optional[Throughput], after: Optional[Throughput]) -> d
         return {"ratio": None, "real": None, "label": "not measured in both runs"}
     ratio = after.samples_per_sec / before.samples_per_sec
     se = math.hypot(before.rel_se, after.rel_se)
-    threshold = max(Z_NOISE * se, MIN_REL_CHANGE)
-    real = abs(math.log(ratio)) > threshold
+    threshold = noise_threshold(se, 1.0)  # relative: |log ratio| against 1
+    real = is_real(abs(math.log(ratio)), se, 1.0)
     if not real:
         label = "within noise"
     elif ratio > 1:
@@ -87,8 +88,8 @@ def stage_change(before, after, t_full: Optional[float]) -> dict:
         return {"diff_ms": None, "real": None, "label": "not measured in both runs"}
     diff = after.sec_per_batch - before.sec_per_batch
     sigma = math.hypot(before.sigma or 0.0, after.sigma or 0.0)
-    threshold = max(Z_NOISE * sigma, MIN_REL_CHANGE * (t_full or 0.0))
-    real = abs(diff) > threshold
+    threshold = noise_threshold(sigma, t_full or 0.0)
+    real = is_real(abs(diff), sigma, t_full or 0.0)
     label = "within noise" if not real else (f"{-diff * 1e3:.1f} ms per batch cheaper" if diff < 0
                                              else f"{diff * 1e3:.1f} ms per batch costlier")
     return {"diff_ms": round(diff * 1e3, 3), "real": real, "threshold_ms": round(threshold * 1e3, 3), "label": label}

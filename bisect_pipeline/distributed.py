@@ -36,10 +36,10 @@ import torch
 import torch.distributed as dist
 
 from .stats import Throughput, Window
-from .timing import Measured, Plan
+from .timing import Measured, Plan, kept_windows, visit_state
 
 # A rank is a straggler when its loop waits for data at `full` for at least this share
-# of the time per batch (the verdict's own "real drop" floor, verdict.MIN_REL_DROP)...
+# of the time per batch (the verdict's own "real drop" floor, stats.MIN_REL_DROP)...
 STRAGGLER_MIN_WAIT_SHARE = 0.05
 # ...and for at least this share of the longest wait of any rank (ranks with about the
 # same stall are named together).
@@ -183,28 +183,16 @@ def measure(next_batch: Optional[Callable[[], Any]], move, step, *, batch_size: 
     if failed:
         return LockstepMeasured(None, err, err is None, 0.0, 0)
 
-    need = plan.min_warmup_steps + prefetch_depth
+    need = max(1, plan.min_warmup_steps + prefetch_depth)
     w0 = clock()
     err, failed = coord.unit(steps(need), skip)
     if failed:
         return LockstepMeasured(None, err, err is None, 0.0, 0)
-    elapsed = clock() - w0
-    est = elapsed / max(need, 1)
-    # rank 0 decides: more warm-up up to warmup_seconds, then the window length
-    extra, n, remaining = coord.broadcast([
-        max(0, math.ceil((plan.warmup_seconds - elapsed) / max(est, 1e-7))),
-        max(plan.min_window_steps, math.ceil(plan.window_seconds / max(est, 1e-7))),
-        deadline - clock(),
-    ])
+    est = (clock() - w0) / need
+    # rank 0 decides the window length and the deadline
+    n, remaining = coord.broadcast([max(plan.min_window_steps, math.ceil(plan.window_seconds / max(est, 1e-7))),
+                                    deadline - clock()])
     deadline = clock() + remaining  # rank 0's deadline, on this rank's clock
-    warm_steps = need
-    if extra:
-        extra = int(min(extra, max(0, remaining / 2) / max(est, 1e-7)))
-    if extra:
-        err, failed = coord.unit(steps(int(extra)), skip)
-        if failed:
-            return LockstepMeasured(None, err, err is None, 0.0, 0)
-        warm_steps += int(extra)
     warm_seconds = clock() - w0
 
     windows: list[Window] = []
@@ -218,24 +206,24 @@ def measure(next_batch: Optional[Callable[[], Any]], move, step, *, batch_size: 
         windows.append(Window(n, span[0]))
         on_window(len(windows), windows[-1])
         # rank 0 decides whether to go on and how long the next window is
-        go, n_next, out_of_time = coord.broadcast(_decide(windows, n, plan, deadline, clock, batch_size))
+        go, n_next, out_of_time = coord.broadcast(_decide(windows, n, plan, deadline, clock))
         stopped = bool(out_of_time)
         if not go:
             break
         n = int(n_next)
-    tp = Throughput(tuple(windows), batch_size)
-    return LockstepMeasured(Measured(tp, t_first, warm_steps, warm_seconds, stopped), None, False, wait[0],
-                            sum(w.steps for w in windows))
+    kept, steady = kept_windows(windows, plan)
+    tp = Throughput(kept, batch_size)
+    return LockstepMeasured(Measured(tp, t_first, need, warm_seconds, stopped, steady, len(windows) - len(kept)),
+                            None, False, wait[0], sum(w.steps for w in windows))
 
 
-def _decide(windows: list, n: int, plan: Plan, deadline: float, clock, batch_size: int) -> list:
-    """[go on, next window's steps, stopped by the deadline] (rank 0's figures count)."""
+def _decide(windows: list, n: int, plan: Plan, deadline: float, clock) -> list:
+    """[go on, next window's steps, stopped by the deadline] (rank 0's figures count):
+    the single-process visit's rule (timing.visit_state)."""
     if len(windows) == 1:
         w = windows[0]
         n = max(plan.min_window_steps, math.ceil(plan.window_seconds * w.steps / max(w.seconds, 1e-9)))
-    if len(windows) >= plan.max_windows:
-        return [0, n, 0]
-    if len(windows) >= plan.min_windows and Throughput(tuple(windows), batch_size).rel_se <= plan.target_rel_se:
+    if visit_state(windows, plan).done:
         return [0, n, 0]
     per_step = windows[-1].seconds / max(windows[-1].steps, 1)
     left = deadline - clock()

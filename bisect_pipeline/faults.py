@@ -52,7 +52,13 @@ INTERRUPT_REQUESTED = [False]
 
 
 class StepTimeout(Exception):
-    """Raised in the main thread by the watchdog when a step makes no progress."""
+    """Raised in the main thread by the watchdog when a step makes no progress, or is
+    still running at the run's hard end (`past_end`)."""
+
+    def __init__(self, message: str, seconds: float = 0.0, past_end: bool = False) -> None:
+        super().__init__(message)
+        self.seconds = seconds
+        self.past_end = past_end
 
 
 _STAGE_LINE = re.compile(r"StageError: (\S+) failed: (.*)")
@@ -112,7 +118,7 @@ class Tagged:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return self.fn(*args, **kwargs)
-        except StageError:
+        except (StageError, StepTimeout):
             raise
         except Exception as exc:
             raise stage_error(self.stage, exc) from exc
@@ -128,7 +134,8 @@ def tag(fn: Optional[Callable], stage: str) -> Optional[Callable]:
 
 
 class Watchdog:
-    """Interrupts the main thread when no step finishes for `timeout` seconds.
+    """Interrupts the main thread when no step finishes for `timeout` seconds, or when
+    the work is still running `end` seconds from now (the run's hard end, --max-seconds).
 
     The timed loop calls `beat()` once per step (one attribute store: nothing else on
     the per-step path). A background thread checks the beat; on a hang it sends SIGALRM
@@ -138,20 +145,30 @@ class Watchdog:
     still guards the workers.
     """
 
-    def __init__(self, timeout: Optional[float], what: Callable[[], str] = lambda: "the step") -> None:
+    def __init__(self, timeout: Optional[float], what: Callable[[], str] = lambda: "the step",
+                 end: Optional[float] = None) -> None:
         self.timeout = timeout
         self.what = what
         self.count = 0
         self._stop = threading.Event()
-        self._fired = False
+        self._fired: Optional[str] = None
         self._thread: Optional[threading.Thread] = None
         self._previous = None
-        self.active = bool(timeout) and threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGALRM")
+        self._since = time.monotonic()
+        self._end = None if end is None else time.monotonic() + max(0.0, end)
+        self._end_label = "--max-seconds"
+        self.active = ((bool(timeout) or end is not None) and threading.current_thread() is threading.main_thread()
+                       and hasattr(signal, "SIGALRM"))
 
     def beat(self) -> None:
         self.count += 1
         if INTERRUPT_REQUESTED[0]:  # a signal whose KeyboardInterrupt Python swallowed
             raise KeyboardInterrupt()
+
+    def end_in(self, seconds: float, label: str = "--max-seconds") -> None:
+        """Move the hard end to `seconds` from now (e.g. when a phase gets its own budget)."""
+        self._end = time.monotonic() + max(0.0, seconds)
+        self._end_label = label
 
     def __enter__(self) -> "Watchdog":
         if self.active:
@@ -167,17 +184,46 @@ class Watchdog:
             signal.signal(signal.SIGALRM, self._previous)
 
     def _watch(self) -> None:
-        seen, since = self.count, time.monotonic()
+        seen, self._since = self.count, time.monotonic()
         while not self._stop.wait(_WATCH_INTERVAL):
+            now = time.monotonic()
             if self.count != seen:
-                seen, since = self.count, time.monotonic()
-            elif time.monotonic() - since > self.timeout and not self._fired:
-                self._fired = True
+                seen, self._since = self.count, now
+            fire = None
+            if self.timeout and now - self._since > self.timeout:
+                fire = "timeout"
+            elif self._end is not None and now > self._end:
+                fire = "end"
+            if fire:
+                self._fired = fire
+                # Again after as long, if the code swallowed the exception and hangs on.
+                self._since = now
+                if fire == "end":
+                    self._end = now + max(self.timeout or 0.0, 2.0)
                 os.kill(os.getpid(), signal.SIGALRM)
 
     def _on_alarm(self, signum, frame) -> None:
-        if self._fired:
-            raise StepTimeout(f"{self.what()} made no progress in {self.timeout:g} s (--step-timeout)")
+        if not self._fired:
+            return
+        stalled = self.timeout or 0.0
+        if self._fired == "end":
+            raise StepTimeout(f"{self.what()} was still running at the end of {self._end_label}", stalled,
+                              past_end=True)
+        raise StepTimeout(f"{self.what()} made no progress in {self.timeout:g} s (--step-timeout)", stalled)
+
+
+def stage_in_traceback(exc: BaseException) -> Optional[str]:
+    """The stage whose tagged code was running when `exc` was raised (the innermost
+    Tagged wrapper or transform proxy in the traceback), or None."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self") if tb.tb_frame.f_code.co_name == "__call__" else None
+        stage = getattr(owner, "stage", None)
+        if isinstance(stage, str):
+            found = stage
+        tb = tb.tb_next
+    return found
 
 
 def hang_location(exc: BaseException) -> str:

@@ -223,6 +223,8 @@ class HFLocate:
 class _HFRecordingTransform:
     """Stands in for the format transform on the dataset copy (picklable for workers)."""
 
+    stage = "augment"
+
     def __init__(self, fn: Callable, name: str, recorder: Any) -> None:
         self.inner = _recording_base()(fn, name, recorder)
 

@@ -50,7 +50,7 @@ class Progress:
         self.columns = columns or shutil.get_terminal_size().columns
         self.start: Optional[float] = None
         self.what = "starting"
-        self.index, self.total, self.windows, self.max_windows = 0, 1, 0, Plan().max_windows
+        self.index, self.total, self.windows, self.max_windows = 0, 1, 0, Plan().windows_per_visit
         self.finished = False
         self.bar = click.progressbar(length=STEPS, file=stream, width=BAR_WIDTH, show_eta=False, show_percent=True,
                                      bar_template="[%(bar)s]  %(info)s", fill_char="#", empty_char="-",

@@ -20,7 +20,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_wor
 
 from . import faults, stages
 from .errors import BisectError
-from .faults import StageError
+from .faults import StageError, StepTimeout
 from .stages import LoaderSpec, SplitError
 
 # Distinct batches kept per cache point: enough that a replay loader with a few workers
@@ -52,13 +52,16 @@ class Caches:
 
 
 def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_BATCHES,
-         time_budget: float = 10.0, clock: Callable[[], float] = time.perf_counter) -> Caches:
+         time_budget: float = 10.0, clock: Callable[[], float] = time.perf_counter,
+         on_batch: Callable[[int], None] = lambda n: None) -> Caches:
     """Build the first batches of the pipeline once, in this process, keeping every
     intermediate product: transform inputs, samples, and collated batches.
 
     Stops at `max_batches`, at the memory budget, or after `time_budget` seconds (with
     at least one batch). An error after the first batch keeps what was built (said in
-    `stopped_by`); an error before it raises FillError naming the stage.
+    `stopped_by`); an error before it raises FillError naming the stage. A hang is
+    ended by the caller's watchdog (faults.StepTimeout): the reason names the sample
+    and the stage it hung in. `on_batch(n)` is called after each batch is cached.
     """
     start = clock()
     found_warnings = _pipeline_warnings(spec)
@@ -69,13 +72,25 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
     limited_by = stopped_by = None
     batch_size = spec.batch_size
     groups = _sample_groups(spec, rec.dataset)
+    at = {"index": None, "n": 0}  # the sample being built, for a hang's reason
     while True:
         try:
             group = next(groups)
-            group_samples = [rec.sample(index, item) for index, item in group]
+            group_samples = []
+            for index, item in group:
+                at["index"], at["n"] = index, at["n"] + 1
+                group_samples.append(rec.sample(index, item))
             batch = faults.Tagged(spec.collate_fn, "collate")(
                 group_samples if spec.auto_collation else group_samples[0])
         except StopIteration:
+            break
+        except faults.StepTimeout as exc:
+            stage = faults.stage_in_traceback(exc) or "load"
+            which = f"sample {at['index']}" if at["index"] is not None else f"sample #{at['n']} of the iterator"
+            reason = f"{which} hung in {stage}: {exc}"
+            if not batches:
+                raise FillError(stage, reason, hang=True) from exc
+            stopped_by = reason
             break
         except Exception as exc:
             tagged = exc if isinstance(exc, StageError) else faults.stage_error("load", exc)
@@ -89,6 +104,7 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
         if batch_size is None:
             batch_size = stages.leading_dim(batch) or 1
         batch_bytes = max(batch_bytes, stages.nbytes(batch))
+        on_batch(len(batches))
         if len(batches) >= max_batches:
             break
         if (len(batches) + 1) * batch_bytes * _COPIES > cache_mb * 2**20:
@@ -123,10 +139,11 @@ def _pipeline_warnings(spec: LoaderSpec) -> list:
 class FillError(Exception):
     """Not even one batch could be built: every cached point fails with this reason."""
 
-    def __init__(self, stage: Optional[str], reason: str) -> None:
+    def __init__(self, stage: Optional[str], reason: str, hang: bool = False) -> None:
         super().__init__(reason)
         self.stage = stage
         self.reason = reason
+        self.hang = hang
 
 
 class _Recording:
@@ -267,7 +284,7 @@ class RawReplay(Dataset):
     def __getitem__(self, i: int) -> Any:
         try:
             return stages.replay_sample(self.templates[i], self.calls[i])
-        except StageError:
+        except (StageError, StepTimeout):
             raise
         except Exception as exc:
             raise faults.stage_error("augment", exc) from exc
@@ -280,7 +297,7 @@ class RawReplay(Dataset):
 
         try:
             batched = replay_batched([self.templates[i] for i in indices], [self.calls[i] for i in indices])
-        except StageError:
+        except (StageError, StepTimeout):
             raise
         except Exception as exc:
             raise faults.stage_error("augment", exc) from exc
@@ -288,18 +305,27 @@ class RawReplay(Dataset):
 
 
 class BatchCache(Dataset):
-    """`collated`: collate_fn's outputs, cached. Each fetch returns a fresh copy, in
-    shared memory inside a worker as default_collate makes it, so the handoff costs
-    what it costs for real and the step never sees data a previous step changed."""
+    """`collated`: collate_fn's outputs, cached.
 
-    def __init__(self, batches: list) -> None:
+    Inside a worker each fetch returns a fresh copy in shared memory, as collate_fn
+    makes its output there, so the handoff costs what it costs for real. In the main
+    process (num_workers=0) it returns the cached batch itself, as the `device` point
+    does: the real loop copies nothing between collate and the step, so neither side of
+    the handoff may (a copy there read as a handoff cost that does not exist). With
+    `fresh` (a step that changes its batch in place) both sides copy it.
+    """
+
+    def __init__(self, batches: list, fresh: bool = False) -> None:
         self.batches = batches
+        self.fresh = fresh
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> Any:
-        return _fresh(self.batches[i], shared=get_worker_info() is not None)
+        if get_worker_info() is not None:
+            return _fresh(self.batches[i], shared=True)
+        return stages.clone_data(self.batches[i]) if self.fresh else self.batches[i]
 
 
 def _fresh(obj: Any, shared: bool) -> Any:
@@ -460,10 +486,10 @@ def sample_loader(spec: LoaderSpec, dataset: Dataset, batch_size: int) -> Loader
     return LoaderSource(make)
 
 
-def batch_loader(spec: LoaderSpec, batches: list) -> LoaderSource:
+def batch_loader(spec: LoaderSpec, batches: list, fresh: bool = False) -> LoaderSource:
     """`collated`: whole batches through the user's workers and pinning (the handoff)."""
     kw = _kwargs(spec, identity)
-    dataset = BatchCache(batches)
+    dataset = BatchCache(batches, fresh)
     return LoaderSource(lambda: DataLoader(dataset, batch_size=None, sampler=Forever(len(dataset)), **kw))
 
 

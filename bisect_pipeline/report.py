@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from . import advice as advice_mod
 from .stats import Throughput, Window
-from .verdict import POINTS, StageCost, Verdict
+from .verdict import POINTS, Inconsistency, StageCost, Verdict
 
 # Version history of the JSON document:
 #   1 - first release: schema_version, device, batch_size, bottleneck, points, stages,
@@ -42,15 +42,24 @@ class PointResult:
     warmup_steps: int = 0
     stopped_by_deadline: bool = False
     failed_stage: Optional[str] = None  # for a failed point: the stage whose code raised
+    visits: int = 1  # how many times the point was visited (api: rounds); its windows are pooled
+    steady: bool = True  # every visit reached two consecutive windows that agree
 
-    def to_dict(self) -> dict:
+    def to_dict(self, fitted_sec_per_batch: Optional[float] = None) -> dict:
+        """`fitted_sec_per_batch`: the time the verdict uses (verdict.Verdict.fitted),
+        which the document shows as the point's throughput; the median of the windows
+        stays beside it as `measured_samples_per_sec`."""
         tp = self.throughput
+        shown = None
+        if tp and self.status == "ok":
+            shown = fitted_sec_per_batch or tp.sec_per_batch
         return {
             "point": self.point,
             "status": self.status,
-            "samples_per_sec": _r(tp.samples_per_sec, 1) if tp else None,
+            "samples_per_sec": _r(tp.batch_size / shown, 1) if shown else None,
             "reason": self.reason,
-            "ms_per_batch": _r(tp.sec_per_batch * 1e3, 3) if tp else None,
+            "ms_per_batch": _r(shown * 1e3, 3) if shown else None,
+            "measured_samples_per_sec": _r(tp.samples_per_sec, 1) if tp else None,
             "iqr_samples_per_sec": _r(tp.iqr, 1) if tp else None,
             "rel_spread": _r(tp.rel_iqr, 4) if tp else None,
             "windows": [{"steps": w.steps, "seconds": _r(w.seconds, 6)} for w in tp.windows] if tp else [],
@@ -58,6 +67,8 @@ class PointResult:
             "warmup_steps": self.warmup_steps,
             "stopped_by_deadline": self.stopped_by_deadline,
             "failed_stage": self.failed_stage,
+            "visits": self.visits,
+            "steady": self.steady,
         }
 
 
@@ -143,14 +154,15 @@ def _ms(x: Optional[float]) -> Optional[float]:
     return None if x is None else round(x * 1e3, 3)
 
 
-def _gain_if_free(s: StageCost, full: Optional[Throughput]) -> Optional[float]:
-    """Relative throughput gain if the stage were free: if_free / full - 1 (0.33 = +33%)."""
-    if s.samples_per_sec_if_free is None or full is None or full.samples_per_sec <= 0:
+def _gain_if_free(s: StageCost, full: Optional[float]) -> Optional[float]:
+    """Relative throughput gain if the stage were free: if_free / full - 1 (0.33 = +33%);
+    `full` is the full pipeline's samples/s as the report shows it."""
+    if s.samples_per_sec_if_free is None or not full or full <= 0:
         return None
-    return s.samples_per_sec_if_free / full.samples_per_sec - 1
+    return s.samples_per_sec_if_free / full - 1
 
 
-def stage_dict(s: StageCost, full: Optional[Throughput] = None) -> dict:
+def stage_dict(s: StageCost, full: Optional[float] = None) -> dict:
     return {
         "stage": s.stage,
         "status": s.status,
@@ -170,7 +182,7 @@ def to_dict(r: Report) -> dict:
     if r.source is not None:
         return copy.deepcopy(r.source)
     v = r.verdict
-    full = _tp(r, "full")
+    full = shown_rate(r, "full")
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": "bisect-pipeline",
@@ -188,9 +200,12 @@ def to_dict(r: Report) -> dict:
             "input_bound_class": advice_mod.input_bound_class(r),
             "input_bound_thresholds": {"moderately": advice_mod.INPUT_BOUND_MODERATE,
                                        "highly": advice_mod.INPUT_BOUND_HIGH},
-            "full_samples_per_sec": _r(full.samples_per_sec, 1) if full else None,
+            "full_samples_per_sec": _r(full, 1),
+            "ceiling": v.ceiling,
+            "gap_noise_ms": _ms(v.gap_sigma),
+            "inconsistent": [dataclasses.asdict(i) for i in v.inconsistent],
         },
-        "points": [p.to_dict() for p in r.points],
+        "points": [p.to_dict(v.fitted.get(p.point)) for p in r.points],
         "stages": [stage_dict(s, full) for s in v.stages],
         "advice": [dict(a) for a in r.advice],
         "loader": r.loader,
@@ -214,7 +229,7 @@ def from_dict(doc: dict) -> Report:
             point=p["point"], status=p["status"], throughput=Throughput(wins, bs) if wins else None,
             reason=p.get("reason"), first_batch_seconds=p.get("time_to_first_batch_s"),
             warmup_steps=p.get("warmup_steps", 0), stopped_by_deadline=p.get("stopped_by_deadline", False),
-            failed_stage=p.get("failed_stage")))
+            failed_stage=p.get("failed_stage"), visits=p.get("visits", 1), steady=p.get("steady", True)))
     stages = []
     for s in doc["stages"]:
         between = s.get("between") or [None, None]
@@ -225,10 +240,14 @@ def from_dict(doc: dict) -> Report:
             share_of_gap=s.get("share_of_gap"), samples_per_sec_if_free=s.get("samples_per_sec_if_free"),
             significant=bool(s.get("significant")), includes=tuple(s.get("includes", ())), reason=s.get("reason")))
     v = doc["verdict"]
+    fitted = {p["point"]: p["ms_per_batch"] / 1e3 for p in doc["points"]
+              if p.get("status") == "ok" and p.get("ms_per_batch")}
     verdict = Verdict(
         bottleneck=doc["bottleneck"], stages=tuple(stages),
         gap_sec_per_batch=None if v.get("gap_ms_per_batch") is None else v["gap_ms_per_batch"] / 1e3,
-        input_bound_fraction=v.get("input_bound_fraction"), reason=v.get("reason", ""))
+        input_bound_fraction=v.get("input_bound_fraction"), reason=v.get("reason", ""), ceiling=v.get("ceiling"),
+        fitted=fitted, inconsistent=tuple(Inconsistency(**i) for i in v.get("inconsistent", ())),
+        gap_sigma=None if v.get("gap_noise_ms") is None else v["gap_noise_ms"] / 1e3)
     return Report(device=doc["device"], batch_size=bs, points=tuple(points), verdict=verdict,
                   loader=doc.get("loader", {}), cache=doc.get("cache", {}), warnings=tuple(doc.get("warnings", ())),
                   run=doc.get("run", {}), complete=doc.get("complete", True), interrupted=doc.get("interrupted", False),
@@ -265,6 +284,16 @@ def _tp(r: Report, name: str) -> Optional[Throughput]:
     return None
 
 
+def shown_rate(r: Report, name: str) -> Optional[float]:
+    """The samples/s the report shows for a point: the verdict's fitted estimate (see
+    verdict.decide), else the median of its windows; None when not measured."""
+    t = r.verdict.fitted.get(name)
+    if t:
+        return r.batch_size / t
+    tp = _tp(r, name)
+    return tp.samples_per_sec if tp else None
+
+
 def _fmt_rate(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:,.1f}"
 
@@ -272,7 +301,6 @@ def _fmt_rate(x: Optional[float]) -> str:
 def summary(r: Report) -> str:
     """The verdict in one sentence."""
     v = r.verdict
-    full = _tp(r, "full")
     if v.bottleneck is None:
         return f"No verdict: {v.reason}."
     if v.bottleneck == "none":
@@ -281,11 +309,12 @@ def summary(r: Report) -> str:
     if v.bottleneck == "inconclusive":
         return f"Inconclusive: {v.reason}."
     s = r.stage(v.bottleneck)
-    gain = (s.samples_per_sec_if_free / full.samples_per_sec - 1) if full else None
+    full_rate = shown_rate(r, "full")
+    gain = (s.samples_per_sec_if_free / full_rate - 1) if full_rate else None
     parts = f" (with {', '.join(s.includes[1:])})" if len(s.includes) > 1 else ""
     return (f"Bottleneck: {v.bottleneck}{parts}. It adds {s.sec_per_batch * 1e3:.1f} ms per batch "
             f"({(s.share_of_gap or 0) * 100:.0f}% of the gap to the ceiling); without it you would train at "
-            f"{s.samples_per_sec_if_free:,.0f} samples/s instead of {full.samples_per_sec:,.0f} (+{gain * 100:.0f}%).")
+            f"{s.samples_per_sec_if_free:,.0f} samples/s instead of {full_rate:,.0f} (+{gain * 100:.0f}%).")
 
 
 WIDTH = 80  # the text report fits a classic terminal: prose is wrapped, tables' last column too
@@ -344,15 +373,16 @@ def to_text(r: Report) -> str:
         if p is None:
             continue
         tp = p.throughput if p.status == "ok" else None
+        rate = shown_rate(r, name) if tp else None
         if p.status == "ok":
-            note = _POINT_SHORT[name]
+            note = _POINT_SHORT[name] + _pooled_note(r, name, rate)
         else:
             note = f"{p.status}: {p.reason}" if p.reason else p.status
         rows.append([
             name,
-            _fmt_rate(tp.samples_per_sec) if tp else "-",
+            _fmt_rate(rate),
             f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
-            f"{tp.sec_per_batch * 1e3:.2f}" if tp else "-",
+            f"{r.batch_size / rate * 1e3:.2f}" if rate else "-",
             "-" if p.first_batch_seconds is None else f"{p.first_batch_seconds * 1e3:.0f}",
             note,
         ])
@@ -361,7 +391,7 @@ def to_text(r: Report) -> str:
                         ["point", "samples/s", "spread", "per batch", "first batch", "what runs / why not"], rows,
                         "lrrrrl"))
     srows = []
-    full = _tp(r, "full")
+    full = shown_rate(r, "full")
     for s in r.verdict.stages:
         if s.status == "ok":
             gain = _gain_if_free(s, full)
@@ -389,6 +419,9 @@ def to_text(r: Report) -> str:
         lines.extend(_wrap(w, first="warning: ", rest="  "))
     lines.append("")
     lines.extend(_wrap(summary(r)))
+    took = _time_to_verdict(r)
+    if took:
+        lines.extend(_wrap(took))
     cls = advice_mod.input_bound_class(r)
     if cls == "not" and r.verdict.bottleneck == "none":
         # the estimate may be far from 0 on a noisy run; within noise it is not a loss
@@ -406,6 +439,28 @@ def to_text(r: Report) -> str:
         for a in advice:
             lines.extend(_wrap(a["message"], first="  - ", rest="    "))
     return "\n".join(lines)
+
+
+def _pooled_note(r: Report, name: str, rate: Optional[float]) -> str:
+    """When the shown rate is not the point's own median (verdict.decide pooled it with
+    a neighbour that measured faster within the noise), say so and give the median."""
+    tp = _tp(r, name)
+    if rate is None or tp is None or abs(tp.samples_per_sec - rate) <= 0.005 * rate:
+        return ""
+    t = r.verdict.fitted.get(name)
+    with_ = [p for p, u in r.verdict.fitted.items() if p != name and abs(u - t) <= 1e-12 * t]
+    return f"; measured {tp.samples_per_sec:,.1f}, within noise of {', '.join(with_)}"
+
+
+def _time_to_verdict(r: Report) -> Optional[str]:
+    """How long the verdict took and whether it settled (api._measure_rounds)."""
+    run = r.run or {}
+    if run.get("verdict_s") is None or r.verdict.bottleneck is None:
+        return None
+    rounds = run.get("rounds", 0)
+    how = ("settled" if run.get("settled") else
+           "not settled: the time ran out first; raise --max-seconds for a firmer verdict")
+    return f"Verdict after {run['verdict_s']:.1f} s of measuring ({rounds} round{'s' if rounds != 1 else ''}; {how})."
 
 
 def _isolated_lines(r: Report) -> list:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils.data import ConcatDataset, DataLoader, IterableDataset, RandomSampler, Subset
 
-from .faults import StageError, stage_error
+from .faults import StageError, StepTimeout, stage_error
 
 # Where torchvision conventions keep per-sample transforms on a dataset.
 TRANSFORM_ATTRS = ("transforms", "transform", "target_transform")
@@ -170,6 +170,8 @@ class _Recorder:
 class _RecordingTransform:
     """Stands in for a transform on the dataset copy: records its input, then runs it."""
 
+    stage = "augment"  # what faults.stage_in_traceback names when it hangs
+
     def __init__(self, fn: Callable, name: str, recorder: _Recorder) -> None:
         self.fn = fn
         self.name = name
@@ -181,7 +183,7 @@ class _RecordingTransform:
             saved_args, saved_kwargs = clone_data(args), clone_data(kwargs)
         try:
             out = self.fn(*args, **kwargs)
-        except StageError:
+        except (StageError, StepTimeout):
             raise
         except Exception as exc:  # name the stage; the message survives a worker
             raise stage_error("augment", exc) from exc

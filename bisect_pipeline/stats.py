@@ -15,6 +15,47 @@ NOISY_REL_IQR = 0.10
 IQR_PER_SIGMA = 1.349
 MEDIAN_SE_FACTOR = 1.2533
 
+# The one rule for "is this difference real?", used by the verdict, the advice, compare
+# and the sweep. A difference is real only if it exceeds Z_NOISE combined standard errors
+# (about a 1-in-700 false alarm for Gaussian noise) ...
+Z_NOISE = 3.0
+# ... and also MIN_REL_DROP of the reference (the full pipeline's time per batch for a
+# stage). Window-to-window spread misses slow drift on a shared machine, which we have
+# seen reach a few percent between points measured seconds apart; 5% is also the "not
+# input-bound" threshold of the TensorFlow input-pipeline analyzer, so smaller drops are
+# not worth acting on.
+MIN_REL_DROP = 0.05
+
+
+def noise_threshold(sigma: float, reference: float, scale: float = 1.0) -> float:
+    """The smallest difference that is real: max(Z_NOISE * sigma, MIN_REL_DROP * reference).
+    `scale` > 1 asks for a margin: the difference must stay real with that much more noise."""
+    return max(Z_NOISE * sigma * scale, MIN_REL_DROP * reference)
+
+
+def is_real(diff: float, sigma: float, reference: float, scale: float = 1.0) -> bool:
+    """Is `diff` (same unit as `reference`) beyond the noise? See noise_threshold."""
+    return diff > noise_threshold(sigma, reference, scale)
+
+
+def decreasing_fit(values: Sequence[float], weights: Sequence[float]) -> list:
+    """The weighted least-squares fit of `values` that never increases (pool adjacent
+    violators). For times per batch listed from the point that does the most work to the
+    one that does the least, it is the estimate that respects the physics: a point never
+    costs more than one that does all of its work and more. Points that violate the
+    order within the noise are pooled to their weighted mean."""
+    blocks: list = []  # [mean, weight, count]
+    for v, w in zip(values, weights):
+        blocks.append([float(v), float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    out: list = []
+    for m, _, n in blocks:
+        out.extend([m] * n)
+    return out
+
 
 def median(values: Sequence[float]) -> float:
     if not values:

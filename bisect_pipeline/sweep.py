@@ -24,10 +24,14 @@ from . import state as state_mod
 from .errors import BisectError
 from .stats import Throughput
 from .timing import Plan, measure
-from .verdict import MIN_REL_DROP, Z_NOISE
+from .stats import is_real
 from .workload import Workload, to_device as default_to_device, validate
 
 SCHEMA_VERSION = 1
+
+
+# Steady windows kept per row: one visit per combination, so twice a bisection visit's.
+ROW_WINDOWS = 6
 
 
 def _bool(text: str) -> bool:
@@ -150,12 +154,12 @@ class SweepResult:
 
     def beyond_noise(self, row: Row) -> Optional[bool]:
         """Is the row's change against the baseline real? The same rule as compare.py:
-        |log(ratio)| > max(Z_NOISE * combined relative standard error, MIN_REL_DROP)."""
+        |log(ratio)| beyond the noise (stats.is_real, on the combined relative standard error)."""
         ratio = self.speedup(row)
         if ratio is None:
             return None
         se = math.hypot(row.throughput.rel_se, self.baseline.throughput.rel_se)
-        return abs(math.log(ratio)) > max(Z_NOISE * se, MIN_REL_DROP)
+        return is_real(abs(math.log(ratio)), se, 1.0)
 
     @property
     def best(self) -> Optional[Row]:
@@ -318,7 +322,7 @@ def _measure(spec: stages.LoaderSpec, settings: dict, move, train_step, plan: Pl
                 return batch
             opened = clock() - t0
             m = measure(counted, move, train_step, batch_size=spec2.batch_size or 1, plan=plan2, deadline=deadline,
-                        clock=clock, sync=sync, prefetch_depth=spec2.prefetch_depth)
+                        clock=clock, sync=sync, prefetch_depth=spec2.prefetch_depth, keep=ROW_WINDOWS)
     except KeyboardInterrupt:
         raise
     except BisectError:

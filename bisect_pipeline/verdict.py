@@ -6,21 +6,27 @@ import dataclasses
 import math
 from typing import Mapping, Optional
 
-from .stats import Throughput
+from .stats import NOISY_REL_IQR, Throughput, decreasing_fit, is_real, noise_threshold
 
 # Upstream to downstream. A stage sits between the point before it and the point after.
 POINTS = ("full", "raw", "augmented", "collated", "host", "device")
 STAGES = ("load", "augment", "collate", "handoff", "transfer")
 STAGE_BETWEEN = {stage: (POINTS[i], POINTS[i + 1]) for i, stage in enumerate(STAGES)}
 
-# A drop is real only if it exceeds Z_NOISE combined standard deviations of the two
-# points it separates (about a 1-in-700 false alarm for Gaussian noise) ...
-Z_NOISE = 3.0
-# ... and also MIN_REL_DROP of the full pipeline's time per batch. Window-to-window
-# spread misses slow drift on a shared machine, which we have seen reach a few percent
-# between points measured seconds apart; 5% is also the "not input-bound" threshold of
-# the TensorFlow input-pipeline analyzer, so smaller drops are not worth acting on.
-MIN_REL_DROP = 0.05
+# `none` says the input pipeline keeps up, so the loss to input must be known to be
+# small: its upper confidence bound, Z_UPPER standard errors above the estimate (97.7%
+# one-sided), must stay under NONE_MAX_LOSS of t(full). 10% is the middle of the
+# TensorFlow analyzer's "moderately input-bound" band (5-20%): a run that cannot rule
+# out more than that has not shown that the pipeline keeps up, and says `inconclusive`.
+Z_UPPER = 2.0
+NONE_MAX_LOSS = 0.10
+# A run stops measuring once its verdict would stand with this much more noise than
+# measured (the margin of the sequential rule: each extra look at the data is another
+# chance for noise to pass a threshold, so stopping early asks for more than deciding).
+SETTLE_NOISE_SCALE = 1.5
+# Relative noise below which a point's standard error is not trusted when weighting the
+# points against each other: a few windows that happen to agree are not a 0.1% estimate.
+MIN_REL_SE = 0.01
 
 BOTTLENECKS = STAGES + ("none", "inconclusive")
 
@@ -41,53 +47,87 @@ class StageCost:
 
 
 @dataclasses.dataclass(frozen=True)
+class Inconsistency:
+    """`slower` ran slower than `faster`, a point upstream of it that does all of its work
+    and more, beyond the noise: the step did not cost the same at both."""
+
+    slower: str
+    faster: str
+    slower_samples_per_sec: float
+    faster_samples_per_sec: float
+
+    def describe(self) -> str:
+        return (f"{self.slower} ({self.slower_samples_per_sec:,.0f} samples/s) ran slower than {self.faster} "
+                f"({self.faster_samples_per_sec:,.0f} samples/s), which does all of its work and more")
+
+
+@dataclasses.dataclass(frozen=True)
 class Verdict:
     bottleneck: Optional[str]  # None: no verdict could be made
     stages: tuple[StageCost, ...]
     gap_sec_per_batch: Optional[float] = None
     input_bound_fraction: Optional[float] = None  # share of the step time lost to input
     reason: str = ""
-
-
-def _threshold(sigma: float, t_full: float) -> float:
-    return max(Z_NOISE * sigma, MIN_REL_DROP * t_full)
+    ceiling: Optional[str] = None  # the point taken as the ceiling
+    # Each consistent point's time per batch as the verdict uses it: the measured times
+    # fitted so that no point costs more than one upstream of it (stats.decreasing_fit).
+    fitted: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    inconsistent: tuple[Inconsistency, ...] = ()
+    gap_sigma: Optional[float] = None
 
 
 def decide(
     measured: Mapping[str, Throughput],
     batch_size: int,
     skipped: Mapping[str, str] = {},
+    *,
+    noise_scale: float = 1.0,
 ) -> Verdict:
     """Name the bottleneck from the points that were measured.
 
     `measured` maps point name to its throughput for the points whose status is ok;
     `skipped` maps a point to the reason it does not apply here (e.g. `host` on CPU),
     so the stage it would separate is reported as not applicable instead of merged.
+    `noise_scale` > 1 asks whether the verdict stands with that much more noise.
 
-    Rule (each constant above says why):
-      gap = t(full) - t(ceiling), t = seconds per batch, ceiling = most downstream point;
-      a stage's cost = t(point above it) - t(point below it), spanning missing points;
-      none          if gap <= max(Z*sigma_gap, MIN_REL_DROP*t(full));
-      inconclusive  if the costliest stage is not above that threshold, or the runner-up
-                    is within the threshold of it (two stages cannot be told apart);
-      else the costliest stage.
+    Rule (t = seconds per batch; each constant above says why):
+      1. a point slower than one upstream of it beyond the noise is inconsistent: it is
+         left out (the fastest consistent point is the ceiling) and said;
+      2. the other points' times are fitted so none costs more than one upstream of it
+         (violations within the noise are pooled); a stage's cost is the difference of
+         the fitted times around it, so the costs add up to the gap t(full) - t(ceiling);
+      3. a stage is real when its cost is beyond the noise (stats.is_real);
+      4. a real stage: the costliest, unless the runner-up is real too and within the
+         noise of it (inconclusive: the two cannot be told apart);
+         no real stage: inconclusive if the gap itself is real (spread over stages),
+         none if the gap's upper bound (gap + Z_UPPER sigma) is under NONE_MAX_LOSS of
+         t(full), else inconclusive (too noisy to tell).
     """
     if "full" not in measured:
-        return Verdict(None, _unmeasured_stages(measured, skipped), reason="the full pipeline was not measured")
+        return Verdict(None, _unmeasured_stages(skipped), reason="the full pipeline was not measured")
     present = [p for p in POINTS if p in measured]
     if len(present) < 2:
-        return Verdict(None, _unmeasured_stages(measured, skipped), reason="no cache point was measured besides the full pipeline")
+        return Verdict(None, _unmeasured_stages(skipped),
+                       reason="no cache point was measured besides the full pipeline")
 
-    full = measured["full"]
-    ceiling = measured[present[-1]]
-    t_full, t_ceil = full.sec_per_batch, ceiling.sec_per_batch
-    gap = t_full - t_ceil
-    gap_sigma = math.hypot(full.sec_per_batch_sigma, ceiling.sec_per_batch_sigma)
+    t = {p: measured[p].sec_per_batch for p in present}
+    sigma = {p: measured[p].sec_per_batch_sigma for p in present}
+    inconsistent = find_inconsistent(measured, present, noise_scale)
+    left_out = {i.slower for i in inconsistent}
+    kept = [p for p in present if p not in left_out]
+    weights = [1.0 / max(sigma[p], MIN_REL_SE * t[p], 1e-12) ** 2 for p in kept]
+    fitted = dict(zip(kept, decreasing_fit([t[p] for p in kept], weights)))
+    if len(kept) < 2:
+        return Verdict(None, _unmeasured_stages(skipped), reason="no cache point was consistent with the full pipeline",
+                       inconsistent=inconsistent, fitted=fitted)
+
+    t_full, ceiling = fitted["full"], kept[-1]
+    gap = max(0.0, t_full - fitted[ceiling])
+    gap_sigma = math.hypot(sigma["full"], sigma[ceiling])
 
     stages: dict[str, StageCost] = {}
-    for lower, upper in zip(present, present[1:]):
-        lo_i, up_i = POINTS.index(lower), POINTS.index(upper)
-        spanned = [s for s in STAGES[lo_i:up_i]]
+    for lower, upper in zip(kept, kept[1:]):
+        spanned = list(STAGES[POINTS.index(lower):POINTS.index(upper)])
         applicable = [s for s in spanned if not _not_applicable(s, skipped)]
         for s in spanned:
             if s not in applicable:
@@ -95,42 +135,100 @@ def decide(
         if not applicable:
             continue
         head = applicable[0]
-        lo_t, up_t = measured[lower], measured[upper]
-        cost = lo_t.sec_per_batch - up_t.sec_per_batch
-        sigma = math.hypot(lo_t.sec_per_batch_sigma, up_t.sec_per_batch_sigma)
+        cost = max(0.0, fitted[lower] - fitted[upper])
+        s_cost = math.hypot(sigma[lower], sigma[upper])
         stages[head] = StageCost(
-            head,
-            "ok",
-            upper=upper,
-            lower=lower,
-            sec_per_batch=cost,
-            sigma=sigma,
-            share_of_gap=(max(cost, 0.0) / gap) if gap > 0 else None,
-            samples_per_sec_if_free=batch_size / max(t_full - max(cost, 0.0), t_ceil),
-            significant=cost > _threshold(sigma, t_full),
+            head, "ok", upper=upper, lower=lower, sec_per_batch=cost, sigma=s_cost,
+            share_of_gap=(cost / gap) if gap > 0 else None,
+            samples_per_sec_if_free=batch_size / max(t_full - cost, fitted[ceiling]),
+            significant=is_real(cost, s_cost, t_full, noise_scale),
             includes=tuple(applicable),
         )
+        between = [p for p in POINTS[POINTS.index(lower) + 1:POINTS.index(upper)] if p in left_out]
+        why = (f"measured together with {head}: {', '.join(between)} was inconsistent (left out)" if between
+               else f"measured together with {head}: a point between them was not measured")
         for s in applicable[1:]:
-            stages[s] = StageCost(s, "merged", reason=f"measured together with {head}: a point between them was not measured")
-    ordered = tuple(stages.get(s) or StageCost(s, "unavailable", reason="the points around it were not measured") for s in STAGES)
+            stages[s] = StageCost(s, "merged", reason=why)
+    ordered = tuple(stages.get(s) or StageCost(s, "unavailable", reason="the points around it were not measured")
+                    for s in STAGES)
 
-    common = dict(stages=ordered, gap_sec_per_batch=gap, input_bound_fraction=max(gap, 0.0) / t_full)
-    if gap <= _threshold(gap_sigma, t_full):
-        return Verdict("none", reason="the full pipeline runs at the ceiling within noise", **common)
+    common = dict(stages=ordered, gap_sec_per_batch=gap, input_bound_fraction=gap / t_full, ceiling=ceiling,
+                  fitted=fitted, inconsistent=inconsistent, gap_sigma=gap_sigma)
     costed = sorted((c for c in ordered if c.status == "ok"), key=lambda c: c.sec_per_batch, reverse=True)
-    top = costed[0]
-    if not top.significant:
-        return Verdict("inconclusive", reason="throughput drops, but no single stage's drop is above the noise", **common)
-    if len(costed) > 1:
-        second = costed[1]
-        diff_sigma = math.hypot(top.sigma, second.sigma)
-        if second.significant and top.sec_per_batch - second.sec_per_batch <= _threshold(diff_sigma, t_full):
-            return Verdict(
-                "inconclusive",
-                reason=f"{top.stage} and {second.stage} cost about the same; neither can be named alone",
-                **common,
-            )
-    return Verdict(top.stage, reason=f"removing {top.stage} buys the most throughput", **common)
+    real = [c for c in costed if c.significant]
+    if real:
+        top = real[0]
+        second = next((c for c in costed if c is not top), None)
+        if second is not None and second.significant and not is_real(
+                top.sec_per_batch - second.sec_per_batch, math.hypot(top.sigma, second.sigma), t_full, noise_scale):
+            return Verdict("inconclusive", reason=f"{top.stage} and {second.stage} cost about the same; neither can be "
+                                                  "named alone", **common)
+        return Verdict(top.stage, reason=f"removing {top.stage} buys the most throughput", **common)
+    if is_real(gap, gap_sigma, t_full, noise_scale):
+        return Verdict("inconclusive", reason=f"throughput drops by {gap * 1e3:.1f} ms per batch, but no single stage's "
+                                              "drop is above the noise", **common)
+    upper_bound = gap + Z_UPPER * gap_sigma * noise_scale
+    if upper_bound <= NONE_MAX_LOSS * t_full:
+        return Verdict("none", reason="the full pipeline runs at the ceiling within noise", **common)
+    return Verdict("inconclusive", reason=too_noisy(measured, upper_bound / t_full), **common)
+
+
+def find_inconsistent(measured: Mapping[str, Throughput], present: list, noise_scale: float = 1.0) -> tuple:
+    """Points slower than a point upstream of them beyond the noise, worst first; each one
+    found is left out before looking again (one slow point makes one inconsistency)."""
+    t = {p: measured[p].sec_per_batch for p in present}
+    sigma = {p: measured[p].sec_per_batch_sigma for p in present}
+    kept, found = list(present), []
+    while True:
+        worst = None
+        for i, up in enumerate(kept):
+            for down in kept[i + 1:]:
+                excess = (t[down] - t[up]) / noise_threshold(math.hypot(sigma[up], sigma[down]), t[present[0]],
+                                                             noise_scale)
+                if excess > 1.0 and (worst is None or excess > worst[0]):
+                    worst = (excess, down, up)
+        if worst is None:
+            return tuple(found)
+        _, down, up = worst
+        found.append(Inconsistency(down, up, measured[down].samples_per_sec, measured[up].samples_per_sec))
+        kept.remove(down)
+
+
+def too_noisy(measured: Mapping[str, Throughput], upper_loss: float) -> str:
+    """Why a run without a real drop cannot say `none`, and what to do."""
+    noisy = sorted(((tp.rel_iqr, p) for p, tp in measured.items() if tp.rel_iqr > NOISY_REL_IQR), reverse=True)
+    where = ", ".join(f"{p} ±{r * 100:.0f}%" for r, p in noisy[:3])
+    return (f"the measurements are too noisy to tell ({where + '; ' if where else ''}the loss to input could be up to "
+            f"{min(upper_loss, 1.0) * 100:.0f}%): close other work on this machine, or raise --max-seconds for more rounds")
+
+
+def settled(v: Verdict, with_margin: Verdict) -> bool:
+    """Is the verdict firm enough to stop measuring? `with_margin` is the same decision
+    made with SETTLE_NOISE_SCALE times the noise: it must name the same stage (or
+    none), and no point may be inconsistent (those are measured again first)."""
+    return (v.bottleneck not in (None, "inconclusive") and with_margin.bottleneck == v.bottleneck
+            and not v.inconsistent)
+
+
+def self_check(points: Mapping[str, float], v: Verdict, num_workers: Optional[int], pinned_transfer: bool) -> list:
+    """The report's rules (SPEC.md, "Rules that are not negotiable") checked on the
+    numbers the report will show: `points` maps each ok point to the samples/s it shows.
+    Returns one warning per broken rule (none when the report agrees with itself)."""
+    out = []
+    names = [p for p in POINTS if p in points]
+    for i, up in enumerate(names):
+        for down in names[i + 1:]:
+            if points[down] < points[up] * (1 - 1e-6):  # the shown rates are fitted: any slower is a bug
+                out.append(f"the report shows {down} slower than {up}, which does more work")
+    real = [s for s in v.stages if s.status == "ok" and s.significant]
+    for s in real:
+        if (s.share_of_gap or 0) > 1.0 + 1e-9:
+            out.append(f"the report shows {s.stage} at {s.share_of_gap:.0%} of the gap")
+    if v.bottleneck == "none" and real:
+        out.append(f"the verdict is none beside real stage cost(s): {', '.join(s.stage for s in real)}")
+    if num_workers == 0 and not pinned_transfer and any(s.stage == "handoff" for s in real):
+        out.append("handoff shows a real cost at num_workers=0, where the loop has no handoff work")
+    return [f"the report breaks its own rules: {p}. Please report this with the JSON document." for p in out]
 
 
 def _not_applicable(stage: str, skipped: Mapping[str, str]) -> bool:
@@ -142,7 +240,7 @@ def _na_reason(stage: str, skipped: Mapping[str, str]) -> str:
     return skipped.get("host", "not applicable")
 
 
-def _unmeasured_stages(measured: Mapping[str, Throughput], skipped: Mapping[str, str]) -> tuple[StageCost, ...]:
+def _unmeasured_stages(skipped: Mapping[str, str]) -> tuple[StageCost, ...]:
     out = []
     for s in STAGES:
         if _not_applicable(s, skipped):

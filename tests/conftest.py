@@ -24,7 +24,7 @@ CLASSES = 4
 
 # Short windows keep each end-to-end run to a few seconds; the verdict margins below
 # do not need more.
-FAST_PLAN = Plan(window_seconds=0.15, min_windows=3, max_windows=6, warmup_seconds=0.1)
+FAST_PLAN = Plan(window_seconds=0.15)
 
 
 class Sleep:

@@ -353,7 +353,7 @@ def test_headroom_if_a_stage_were_free():
     h = advice.headroom(r, "augment")
     assert h["samples_per_sec_if_free"] == pytest.approx(BS / 0.012, rel=1e-3)
     assert h["gain_if_free"] == pytest.approx(61 / 12 - 1, rel=1e-3)
-    full = r.points[0].throughput
+    full = r.points[0].throughput.samples_per_sec
     d = stage_dict(r.stage("augment"), full)
     assert d["samples_per_sec_if_free"] == pytest.approx(BS / 0.012, rel=1e-3)
     assert d["gain_if_free"] == pytest.approx(61 / 12 - 1, rel=1e-3)

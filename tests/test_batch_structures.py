@@ -17,7 +17,8 @@ from conftest import CLASSES, FAST_PLAN, FEATURES, Sleep, SleepLayer
 MAX_S = 8
 AUG_MS = 6.0  # per sample: 48 ms a batch of 8, against a 2 ms step
 # Only the points' statuses are asserted here, not a verdict: short windows suffice.
-TINY_PLAN = Plan(window_seconds=0.05, min_windows=1, max_windows=2, warmup_seconds=0.02, min_warmup_steps=1)
+TINY_PLAN = Plan(window_seconds=0.05, windows_per_visit=1, max_warmup_windows=0, min_warmup_steps=1, min_rounds=1,
+                 max_rounds=1)
 ALL_OK = {"full": "ok", "raw": "ok", "augmented": "ok", "collated": "ok", "host": "skipped", "device": "ok"}
 
 Pair = collections.namedtuple("Pair", ["image", "label"])

@@ -352,7 +352,7 @@ def test_bad_step_timeout_is_rejected():
 
 def test_plan_is_validated():
     with pytest.raises(ValueError):
-        Plan(min_windows=0)
+        Plan(windows_per_visit=0)
 
 
 def test_a_swallowed_interrupt_is_raised_again_at_the_next_step():

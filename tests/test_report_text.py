@@ -160,10 +160,19 @@ def test_a_report_loaded_from_json_renders_the_same():
     assert "Bottleneck: augment" in to_text(again)
 
 
-def test_input_bound_line_does_not_contradict_a_none_verdict():
-    # a noisy run: full looks 30% slower than the ceiling, but within noise
+def test_a_noisy_run_says_inconclusive_and_claims_no_input_bound_class():
+    # a noisy run: full looks 30% slower than the ceiling, but within noise: neither
+    # "keeps up" nor "highly input-bound" can be said
     r = planted_report({"device": 950.0, "full": 665.0}, jitter=0.6)
-    assert r.bottleneck == "none" and r.verdict.input_bound_fraction > 0.2
+    assert r.bottleneck == "inconclusive" and r.verdict.input_bound_fraction > 0.2
     text = " ".join(to_text(r).split())
-    assert "Input-bound: not (the full pipeline's loss to input, 30% of the ceiling's throughput, is within noise)." in text
+    assert "Inconclusive: the measurements are too noisy to tell (" in text and "device ±" in text
+    assert "keeps up" not in text and "Input-bound:" not in text
+
+
+def test_input_bound_line_of_a_none_verdict_says_the_loss_is_within_noise():
+    r = planted_report({"device": 950.0, "full": 940.0})
+    assert r.bottleneck == "none"
+    text = " ".join(to_text(r).split())
+    assert "Input-bound: not (the full pipeline's loss to input, 1% of the ceiling's throughput, is within noise)." in text
     assert "lost to input; not <" not in text

@@ -2,7 +2,8 @@ import math
 
 import pytest
 
-from bisect_pipeline.stats import Throughput, Window, iqr, median, quantile
+from bisect_pipeline.stats import (MIN_REL_DROP, Z_NOISE, Throughput, Window, decreasing_fit, iqr, is_real, median,
+                                   noise_threshold, quantile)
 
 
 def test_median_odd_even():
@@ -51,3 +52,24 @@ def test_standard_error_shrinks_with_windows():
 def test_identical_windows_have_no_spread():
     tp = Throughput((Window(5, 0.5),) * 4, batch_size=2)
     assert tp.iqr == 0 and tp.rel_se == 0 and not tp.noisy
+
+
+def test_is_real_needs_both_the_noise_and_the_floor():
+    # 3 sigma = 3 ms, 5% of 100 ms = 5 ms: the threshold is the larger
+    assert noise_threshold(0.001, 0.100) == pytest.approx(MIN_REL_DROP * 0.100)
+    assert not is_real(0.0049, 0.001, 0.100) and is_real(0.0051, 0.001, 0.100)
+    # a noisy pair: 3 sigma = 9 ms beats the floor
+    assert noise_threshold(0.003, 0.100) == pytest.approx(Z_NOISE * 0.003)
+    assert not is_real(0.0089, 0.003, 0.100) and is_real(0.0091, 0.003, 0.100)
+    # scale asks for a margin
+    assert not is_real(0.0091, 0.003, 0.100, scale=1.5)
+
+
+def test_decreasing_fit_pools_violators_to_their_weighted_mean():
+    assert decreasing_fit([5.0, 4.0, 3.0], [1, 1, 1]) == [5.0, 4.0, 3.0]  # already ordered: untouched
+    assert decreasing_fit([4.0, 5.0, 1.0], [1, 1, 1]) == [4.5, 4.5, 1.0]
+    assert decreasing_fit([4.0, 5.0, 1.0], [3, 1, 1]) == [4.25, 4.25, 1.0]  # the precise one weighs more
+    # a violation further down pulls the pool along
+    assert decreasing_fit([2.0, 1.0, 3.0], [1, 1, 1]) == [2.0, 2.0, 2.0]
+    fit = decreasing_fit([9.0, 3.0, 4.0, 1.0, 2.0], [1, 2, 1, 1, 1])
+    assert fit == sorted(fit, reverse=True) and fit[0] == 9.0

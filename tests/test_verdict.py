@@ -1,7 +1,9 @@
+"""verdict.decide on planted numbers: every rule of the verdict, exact values."""
+
 import pytest
 
-from bisect_pipeline.stats import Throughput, Window
-from bisect_pipeline.verdict import MIN_REL_DROP, decide
+from bisect_pipeline.stats import MIN_REL_DROP, Throughput, Window
+from bisect_pipeline.verdict import NONE_MAX_LOSS, SETTLE_NOISE_SCALE, decide, self_check, settled
 
 BS = 10
 
@@ -19,6 +21,11 @@ def costs(v):
     return {s.stage: s for s in v.stages}
 
 
+def shares_add_up(v):
+    total = sum(s.share_of_gap or 0 for s in v.stages if s.status == "ok")
+    return total == pytest.approx(1.0) if v.gap_sec_per_batch else total == 0
+
+
 def test_augment_bound_names_augment_with_exact_costs():
     m = {"device": tp(10), "collated": tp(11), "augmented": tp(12), "raw": tp(60), "full": tp(62)}
     v = decide(m, BS, CPU)
@@ -32,24 +39,45 @@ def test_augment_bound_names_augment_with_exact_costs():
     assert c["transfer"].status == "skipped"
     assert c["handoff"].includes == ("handoff",)
     assert v.input_bound_fraction == pytest.approx(52 / 62)
+    assert v.ceiling == "device" and not v.inconsistent and shares_add_up(v)
 
 
-def test_none_when_full_runs_at_ceiling():
+def test_none_when_full_runs_at_the_ceiling_and_the_bound_is_tight():
     m = {"device": tp(40), "collated": tp(40.5), "augmented": tp(40.2), "raw": tp(40.8), "full": tp(41)}
-    assert decide(m, BS, CPU).bottleneck == "none"
+    v = decide(m, BS, CPU)
+    assert v.bottleneck == "none"
+    assert shares_add_up(v)
 
 
-def test_small_drop_under_min_rel_drop_is_none_even_without_noise():
+def test_small_drop_under_min_rel_drop_is_none_without_noise():
     below = 40 * (1 + MIN_REL_DROP * 0.8)
-    m = {"device": tp(40), "full": tp(below)}
-    assert decide(m, BS, CPU).bottleneck == "none"
+    assert decide({"device": tp(40), "full": tp(below)}, BS, CPU).bottleneck == "none"
 
 
-def test_noise_makes_a_real_looking_drop_inconclusive():
+def test_a_noisy_run_is_inconclusive_never_none_and_says_where_the_noise_is():
     # full is 20% slower than the ceiling, but every point's windows spread +-60%
     m = {"device": tp(40, 0.6), "augmented": tp(44, 0.6), "raw": tp(46, 0.6), "full": tp(48, 0.6)}
     v = decide(m, BS, CPU)
-    assert v.bottleneck in ("none", "inconclusive")
+    assert v.bottleneck == "inconclusive"
+    assert "too noisy" in v.reason and "device ±" in v.reason and "--max-seconds" in v.reason
+
+
+def test_a_small_gap_with_a_loose_upper_bound_is_not_none():
+    # no drop is real and the gap estimate is 0, but the ceiling's spread leaves room
+    # for a loss above NONE_MAX_LOSS: the run has not shown that the pipeline keeps up.
+    m = {"device": tp(40, 0.45), "full": tp(40)}
+    v = decide(m, BS, CPU)
+    assert v.gap_sec_per_batch + 2 * v.gap_sigma > NONE_MAX_LOSS * 0.040
+    assert v.bottleneck == "inconclusive"
+
+
+def test_never_none_beside_a_real_stage_even_when_the_ceiling_is_noisy():
+    # The issue's case: device's windows spread +-100%, so full -> device looks like
+    # noise, but raw -> augmented (tight points) is a real 48 ms drop.
+    m = {"device": tp(12, 1.0), "collated": tp(12), "augmented": tp(12.5), "raw": tp(60), "full": tp(61)}
+    v = decide(m, BS, CPU)
+    assert costs(v)["augment"].significant
+    assert v.bottleneck == "augment"
 
 
 def test_two_equal_stages_are_inconclusive():
@@ -62,7 +90,35 @@ def test_two_equal_stages_are_inconclusive():
 def test_gap_with_no_significant_stage_is_inconclusive():
     # 4 stages each add 3% of full: the sum is a real gap, no stage stands out
     m = {"device": tp(100), "collated": tp(103), "augmented": tp(106), "raw": tp(109), "full": tp(112)}
-    assert decide(m, BS, CPU).bottleneck == "inconclusive"
+    v = decide(m, BS, CPU)
+    assert v.bottleneck == "inconclusive" and "no single stage" in v.reason
+
+
+def test_points_out_of_order_within_noise_are_pooled_never_over_100_percent():
+    # raw measured slower than full (within its noise), device slower than collated:
+    # the fitted times keep the order, load and handoff cost 0, augment is 100% of the gap.
+    m = {"device": tp(36, 0.1), "collated": tp(35, 0.1), "augmented": tp(36), "raw": tp(106, 0.2),
+         "full": tp(98, 0.3)}
+    v = decide(m, BS, CPU)
+    c = costs(v)
+    assert v.bottleneck == "augment"
+    assert c["load"].sec_per_batch == 0 and c["handoff"].sec_per_batch == 0
+    assert all((s.share_of_gap or 0) <= 1.0 for s in v.stages)
+    assert shares_add_up(v)
+    fitted = [v.fitted[p] for p in ("full", "raw", "augmented", "collated", "device")]
+    assert fitted == sorted(fitted, reverse=True)
+    assert v.fitted["raw"] == v.fitted["full"]
+
+
+def test_a_ceiling_below_a_point_beyond_noise_is_left_out_and_named():
+    # The issue's measurement: device 1,389/s below collated 1,960/s with tight windows.
+    m = {"device": tp(23.0), "collated": tp(16.3), "augmented": tp(16.5), "raw": tp(50), "full": tp(51)}
+    v = decide(m, BS, CPU)
+    assert [(i.slower, i.faster) for i in v.inconsistent] == [("device", "collated")]
+    assert v.ceiling == "collated" and "device" not in v.fitted
+    assert "device" in v.inconsistent[0].describe() and "collated" in v.inconsistent[0].describe()
+    assert v.bottleneck == "augment" and shares_add_up(v)
+    assert costs(v)["handoff"].status == "unavailable"
 
 
 def test_missing_raw_merges_load_and_augment_into_load():
@@ -84,3 +140,31 @@ def test_transfer_measured_with_an_accelerator():
 def test_no_verdict_without_full_or_without_a_second_point():
     assert decide({"device": tp(10)}, BS, CPU).bottleneck is None
     assert decide({"full": tp(10)}, BS, CPU).bottleneck is None
+
+
+def test_settled_asks_for_a_margin():
+    clear = {"device": tp(10, 0.02), "collated": tp(10, 0.02), "augmented": tp(11, 0.02), "raw": tp(60, 0.02),
+             "full": tp(61, 0.02)}
+    assert settled(decide(clear, BS, CPU), decide(clear, BS, CPU, noise_scale=SETTLE_NOISE_SCALE))
+    # augment is real at the measured noise, but not with 1.5x as much: measure more.
+    close = {"device": tp(40, 0.1), "augmented": tp(40, 0.1), "raw": tp(50, 0.1), "full": tp(50, 0.1)}
+    v, vm = decide(close, BS, CPU), decide(close, BS, CPU, noise_scale=SETTLE_NOISE_SCALE)
+    assert v.bottleneck == "augment" and vm.bottleneck != "augment"
+    assert not settled(v, vm)
+    noisy = {"device": tp(40, 0.6), "full": tp(48, 0.6)}
+    assert not settled(decide(noisy, BS, CPU), decide(noisy, BS, CPU, noise_scale=SETTLE_NOISE_SCALE))
+
+
+def test_self_check_passes_a_consistent_report_and_names_each_broken_rule():
+    m = {"device": tp(10), "collated": tp(11), "augmented": tp(12), "raw": tp(60), "full": tp(62)}
+    v = decide(m, BS, CPU)
+    shown = {p: BS / t for p, t in v.fitted.items()}
+    assert self_check(shown, v, num_workers=0, pinned_transfer=False) == []
+    bad = dict(shown, collated=shown["device"] * 1.2)
+    assert any("collated slower than" not in p and "device slower than collated" in p
+               for p in self_check(bad, v, 0, False))
+    handoff = {"device": tp(10), "collated": tp(30), "augmented": tp(30), "full": tp(31)}
+    vh = decide(handoff, BS, CPU)
+    found = self_check({p: BS / t for p, t in vh.fitted.items()}, vh, num_workers=0, pinned_transfer=False)
+    assert any("num_workers=0" in p for p in found)
+    assert self_check({p: BS / t for p, t in vh.fitted.items()}, vh, num_workers=2, pinned_transfer=False) == []
