@@ -277,7 +277,7 @@ def _measure_rounds(run: Run, selected: tuple) -> dict:
         order = [n for n in (todo if r % 2 == 0 else todo[::-1]) if _live(run, n)]
         if "full" not in order:
             break  # no verdict can come of more rounds
-        later = len(order) * max(0, run.plan.min_rounds - r - 1) or len(order)
+        later = len(order) * max(0, run.plan.min_rounds - r - 1)  # visits still owed to the minimum rounds
         for i, name in enumerate(order):
             if not _visit(run, name, order[i:], later):
                 return _finish(run, info)
@@ -470,6 +470,10 @@ def _report(run: Run, selected: tuple, interrupted: bool, isolated: dict, syncs:
         elif name not in run.results:
             run.results[name] = PointResult(name, "not run", reason="interrupted" if interrupted else "out of time")
     verdict = run.decide()
+    full = run.results["full"]
+    if verdict.bottleneck is None and full.status not in ("ok", "skipped"):
+        verdict = dataclasses.replace(verdict, reason=f"the full pipeline was not measured ({full.status}: "
+                                                      f"{full.reason})")
     for inc in verdict.inconsistent:  # left out of the verdict: said at the point itself
         p = run.results[inc.slower]
         run.results[inc.slower] = dataclasses.replace(
@@ -501,12 +505,12 @@ def _warnings(run: Run, points: tuple, verdict: Verdict, held: allocator.Held) -
         if p.status == "ok" and p.throughput.rel_iqr > NOISY_REL_IQR:
             out.append(f"{p.point}: windows disagree by {p.throughput.rel_iqr * 100:.0f}% (IQR/median); the machine "
                        "is busy or the pipeline is bursty. Close other work or raise --max-seconds for more rounds.")
-        if p.status == "ok" and not p.steady:
-            out.append(f"{p.point}: no two consecutive windows agreed within "
-                       f"{run.plan.steady_tolerance * 100:.0f}% in a visit: it never reached a steady state.")
         if p.status == "ok" and p.stopped_by_deadline:
             out.append(f"{p.point}: cut short by --max-seconds after {p.throughput.n} window(s); raise it for firmer "
                        "numbers.")
+        elif p.status == "ok" and not p.steady:
+            out.append(f"{p.point}: no two consecutive windows agreed within "
+                       f"{run.plan.steady_tolerance * 100:.0f}% in a visit: it never reached a steady state.")
     caches = run.caches
     if caches is not None and caches.limited_by:
         out.append(f"the caches hold {caches.n_batches} batch(es), limited by {caches.limited_by}; "

@@ -39,6 +39,10 @@ def run_options(f: Callable) -> Callable:
                      show_default=True,
                      help="Watchdog: a point whose step or batch makes no progress for this long fails "
                           "(\"no batch in N s\"), its workers are terminated, and the run goes on."),
+        click.option("--hold-allocator/--no-hold-allocator", default=True, show_default=True,
+                     help="Hold glibc's malloc still during the run (freed memory reused, not handed back to the OS), "
+                          "so the step costs the same at every point; the step is timed alone before and after, for "
+                          "the 'allocator' advice. Only on Linux with glibc."),
         click.option("--quiet", "-q", is_flag=True, help="No progress; print only the verdict line."),
         click.option("--debug", is_flag=True, help="Show tracebacks of errors."),
         click.option("--sweep", "sweep", multiple=True, metavar="NAME=V1,V2,...",
@@ -115,7 +119,7 @@ def _interrupt_code() -> int:
 
 
 def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, points, cache_mb, quiet, debug,
-         step_timeout=faults.DEFAULT_STEP_TIMEOUT, sweep=()) -> None:
+         step_timeout=faults.DEFAULT_STEP_TIMEOUT, sweep=(), hold_allocator=True) -> None:
     # Under torchrun: start the process group before the entry builds its DDP model.
     started = distributed.init_from_env(device)
     rank0 = distributed.rank() == 0
@@ -136,7 +140,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
             workload = make_workload()
             try:
                 report = api.bisect(workload=workload, device=device, max_seconds=max_seconds, points=point_list,
-                                    step_timeout=step_timeout,
+                                    step_timeout=step_timeout, hold_allocator=hold_allocator,
                                     cache_mb=cache_mb, progress=progress)
             finally:
                 if progress:

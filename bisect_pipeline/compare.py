@@ -79,7 +79,8 @@ def point_change(before: Optional[Throughput], after: Optional[Throughput]) -> d
         label = f"{ratio:.2f}\u00d7 faster"
     else:
         label = f"{1 / ratio:.2f}\u00d7 slower"
-    return {"ratio": round(ratio, 4), "real": real, "threshold_rel": round(threshold, 4), "label": label}
+    return {"ratio": round(ratio, 4), "real": real, "threshold_rel": _finite(threshold, 4),
+            "label": label}
 
 
 def stage_change(before, after, t_full: Optional[float]) -> dict:
@@ -92,7 +93,13 @@ def stage_change(before, after, t_full: Optional[float]) -> dict:
     real = is_real(abs(diff), sigma, t_full or 0.0)
     label = "within noise" if not real else (f"{-diff * 1e3:.1f} ms per batch cheaper" if diff < 0
                                              else f"{diff * 1e3:.1f} ms per batch costlier")
-    return {"diff_ms": round(diff * 1e3, 3), "real": real, "threshold_ms": round(threshold * 1e3, 3), "label": label}
+    return {"diff_ms": round(diff * 1e3, 3), "real": real, "threshold_ms": _finite(threshold * 1e3, 3),
+            "label": label}
+
+
+def _finite(x: float, nd: int) -> Optional[float]:
+    """JSON has no infinity: a threshold from a point with one window is unknown (None)."""
+    return round(x, nd) if math.isfinite(x) else None
 
 
 def compare(before: Report, after: Report) -> dict:

@@ -358,7 +358,7 @@ def after_points(spec: stages.LoaderSpec, caches: Any, device: torch.device, mov
     Guarded by the same watchdog as the points; skipped when a point already hung."""
     hung = [name for name, p in results.items() if p.failed_stage == "hang"]
     if hung:
-        reason = f"point {hung[0]} hung (--step-timeout): nothing is timed again"
+        reason = f"point {hung[0]} hung: nothing is timed again"
         return {"status": "skipped", "reason": reason}, {"status": "skipped", "reason": reason}
     dp = results.get("device")
     step = dp.throughput.sec_per_batch if dp is not None and dp.status == "ok" and dp.throughput else None

@@ -220,7 +220,7 @@ def stage_table(r: "Report") -> str:
             if len(s.includes) > 1:
                 note.append("includes " + ", ".join(s.includes))
             if not s.significant:
-                note.append("within the measurement noise" + ("" if s.sigma is None else f" (±{s.sigma * 1e3:.2f} ms)"))
+                note.append("within the measurement noise" + _report_mod()._noise_text(s.sigma, " ms"))
             rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}",
                          "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
                          "-" if s.samples_per_sec_if_free is None else _num(s.samples_per_sec_if_free),
@@ -315,3 +315,9 @@ def to_document(r: "Report") -> str:
             '<meta name="viewport" content="width=device-width, initial-scale=1"/>\n'
             f"<title>{_e(title)}</title>\n<style>\n{CSS}\n{DOCUMENT_CSS}\n</style>\n</head>\n<body>\n"
             + to_html(r, style=False) + "\n</body>\n</html>\n")
+
+
+def _report_mod():
+    from . import report
+
+    return report

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import os
 import tempfile
 import textwrap
@@ -147,11 +148,12 @@ class Report:
 
 
 def _r(x: Optional[float], nd: int) -> Optional[float]:
-    return None if x is None else round(float(x), nd)
+    """Rounded for the document; None where there is no finite value (JSON has no inf)."""
+    return None if x is None or not math.isfinite(x) else round(float(x), nd)
 
 
 def _ms(x: Optional[float]) -> Optional[float]:
-    return None if x is None else round(x * 1e3, 3)
+    return _r(None if x is None else x * 1e3, 3)
 
 
 def _gain_if_free(s: StageCost, full: Optional[float]) -> Optional[float]:
@@ -397,7 +399,7 @@ def to_text(r: Report) -> str:
             gain = _gain_if_free(s, full)
             notes = []
             if not s.significant:
-                notes.append("within noise" + ("" if s.sigma is None else f" (±{s.sigma * 1e3:.2f})"))
+                notes.append("within noise" + _noise_text(s.sigma))
             if len(s.includes) > 1:
                 notes.append("includes " + ", ".join(s.includes))
             srows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}",
@@ -439,6 +441,13 @@ def to_text(r: Report) -> str:
         for a in advice:
             lines.extend(_wrap(a["message"], first="  - ", rest="    "))
     return "\n".join(lines)
+
+
+def _noise_text(sigma: Optional[float], unit: str = "") -> str:
+    """' (±0.76)' for a stage's noise; ' (noise unknown: too few windows)' without one."""
+    if sigma is None:
+        return ""
+    return f" (±{sigma * 1e3:.2f}{unit})" if math.isfinite(sigma) else " (noise unknown: too few windows)"
 
 
 def _pooled_note(r: Report, name: str, rate: Optional[float]) -> str:

@@ -27,6 +27,28 @@ Z_NOISE = 3.0
 MIN_REL_DROP = 0.05
 
 
+# Student's t at the one-sided level of Z_NOISE (99.865%) for 1..30 degrees of freedom
+# (computed with mpmath's regularized incomplete beta; beyond 30 the Cornish-Fisher
+# expansion below agrees to 1e-3). A standard error estimated from a few windows is
+# itself uncertain: Z_NOISE of it would raise false alarms far more often than 1 in 700.
+_T_AT_Z_NOISE = (235.801, 19.207, 9.219, 6.62, 5.507, 4.904, 4.53, 4.277, 4.094, 3.957, 3.85, 3.764, 3.694,
+                 3.636, 3.586, 3.544, 3.507, 3.475, 3.447, 3.422, 3.4, 3.38, 3.361, 3.345, 3.33, 3.316, 3.303,
+                 3.291, 3.28, 3.27)
+
+
+def small_sample_factor(n: int) -> float:
+    """How much a standard error estimated from `n` windows grows so that Z_NOISE of it
+    keeps Z_NOISE's false-alarm rate: t(n - 1) / z (Student's t). 1.8 at 6 windows, 1.3
+    at 12, 1.1 at 31; infinite for one window (no estimate of the noise at all)."""
+    df = n - 1
+    if df < 1:
+        return math.inf
+    if df <= len(_T_AT_Z_NOISE):
+        return _T_AT_Z_NOISE[df - 1] / Z_NOISE
+    z = Z_NOISE
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)) / z
+
+
 def noise_threshold(sigma: float, reference: float, scale: float = 1.0) -> float:
     """The smallest difference that is real: max(Z_NOISE * sigma, MIN_REL_DROP * reference).
     `scale` > 1 asks for a margin: the difference must stay real with that much more noise."""
@@ -140,9 +162,12 @@ class Throughput:
         """Standard error of the median throughput, relative to it.
 
         IQR/1.349 estimates the windows' standard deviation (exact for Gaussian noise),
-        and the median of n values has about 1.2533 sigma/sqrt(n) standard error.
+        and the median of n values has about 1.2533 sigma/sqrt(n) standard error; it is
+        scaled by small_sample_factor(n), since the spread itself comes from n windows.
         """
-        return MEDIAN_SE_FACTOR * (self.rel_iqr / IQR_PER_SIGMA) / math.sqrt(self.n)
+        if self.n < 2:
+            return math.inf  # one window says nothing about the noise (0 * inf would be nan)
+        return MEDIAN_SE_FACTOR * (self.rel_iqr / IQR_PER_SIGMA) / math.sqrt(self.n) * small_sample_factor(self.n)
 
     @property
     def sec_per_batch_sigma(self) -> float:

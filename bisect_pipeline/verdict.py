@@ -115,7 +115,8 @@ def decide(
     inconsistent = find_inconsistent(measured, present, noise_scale)
     left_out = {i.slower for i in inconsistent}
     kept = [p for p in present if p not in left_out]
-    weights = [1.0 / max(sigma[p], MIN_REL_SE * t[p], 1e-12) ** 2 for p in kept]
+    weights = [1.0 / max(sigma[p], MIN_REL_SE * t[p], 1e-12) ** 2 if math.isfinite(sigma[p]) else 1e-30
+               for p in kept]
     fitted = dict(zip(kept, decreasing_fit([t[p] for p in kept], weights)))
     if len(kept) < 2:
         return Verdict(None, _unmeasured_stages(skipped), reason="no cache point was consistent with the full pipeline",
@@ -197,7 +198,8 @@ def find_inconsistent(measured: Mapping[str, Throughput], present: list, noise_s
 def too_noisy(measured: Mapping[str, Throughput], upper_loss: float) -> str:
     """Why a run without a real drop cannot say `none`, and what to do."""
     noisy = sorted(((tp.rel_iqr, p) for p, tp in measured.items() if tp.rel_iqr > NOISY_REL_IQR), reverse=True)
-    where = ", ".join(f"{p} ±{r * 100:.0f}%" for r, p in noisy[:3])
+    where = ", ".join([f"{p} ±{r * 100:.0f}%" for r, p in noisy[:3]]
+                      + [f"{p}: {tp.n} window" for p, tp in measured.items() if tp.n < 2])
     return (f"the measurements are too noisy to tell ({where + '; ' if where else ''}the loss to input could be up to "
             f"{min(upper_loss, 1.0) * 100:.0f}%): close other work on this machine, or raise --max-seconds for more rounds")
 

@@ -11,9 +11,15 @@ Both sides state throughput the same way: the median over windows of whole steps
 - the harness's per-step cost: timing.measure over a no-op step on a cached batch, in
   microseconds, next to a bare Python loop doing the same calls.
 
+Both sides run in the same process conditions: the tool holds glibc's allocator still
+(allocator.py), so the hand loops do too (`--allocator held`, the default); with
+`--allocator as-is` neither does (bisect(hold_allocator=False)), and nothing in the
+environment is set either way.
+
     python scripts/bench_overhead.py                  # 5 rounds, num_workers 0 and 2
     python scripts/bench_overhead.py --rounds 3 --workers 0
     python scripts/bench_overhead.py --step sleep     # fixed-length step: the harness alone
+    python scripts/bench_overhead.py --allocator as-is
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import _planted as planted
-from bisect_pipeline import Plan, bisect
+from bisect_pipeline import Plan, allocator, bisect
+from bisect_pipeline.report import shown_rate
 from bisect_pipeline.timing import measure
 
 HAND_SECONDS = 3.0
@@ -102,18 +109,30 @@ def hand_full(model, loader) -> float:
     return rate
 
 
+HOLD = [True]  # --allocator
+
+
+def conditions() -> None:
+    """Before a hand loop: the allocator as the tool runs with it."""
+    if HOLD[0]:
+        glibc, _ = allocator.find()
+        if glibc is not None:
+            glibc.apply(allocator.HELD)
+
+
 def tool(model, loader) -> tuple:
     step = train_step(model)
-    r = bisect(model, loader, step=step, device="cpu", points=("device", "full"), max_seconds=30)
-    return r.point("device").throughput.samples_per_sec, r.point("full").throughput.samples_per_sec
+    r = bisect(model, loader, step=step, device="cpu", points=("device", "full"), max_seconds=30,
+               hold_allocator=HOLD[0])
+    return shown_rate(r, "device"), shown_rate(r, "full")
 
 
 def harness_us(seconds: float = 2.0) -> tuple:
     batch = (torch.zeros(1), torch.zeros(1))
     noop = lambda b: None  # noqa: E731
     nb = lambda: batch  # noqa: E731
-    m = measure(nb, None, noop, batch_size=1, plan=Plan(max_windows=12, min_windows=12), deadline=time.perf_counter() + seconds,
-                clock=time.perf_counter)
+    m = measure(nb, None, noop, batch_size=1, plan=Plan(windows_per_visit=12, max_warmup_windows=0),
+                deadline=time.perf_counter() + seconds, clock=time.perf_counter)
     per_step_tool = m.throughput.sec_per_batch * 1e6
     n, t0 = 1_000_000, time.perf_counter()
     for _ in range(n):
@@ -128,7 +147,10 @@ def main() -> None:
     ap.add_argument("--step", choices=("compute", "sleep"), default="compute",
                     help="compute: a CPU-bound MLP step (real, but swings with the VM's CPU speed); "
                          "sleep: a fixed 5 ms step, so the comparison isolates the harness")
+    ap.add_argument("--allocator", choices=("held", "as-is"), default="held",
+                    help="held: the tool and the hand loops both hold glibc's allocator still; as-is: neither does")
     args = ap.parse_args()
+    HOLD[0] = args.allocator == "held"
     build = make_sleep if args.step == "sleep" else make
     torch.set_num_threads(1)  # the same intra-op threads for the tool and the hand loops
 
@@ -140,8 +162,10 @@ def main() -> None:
             model, loader = build(workers)
             if r % 2 == 0:
                 td, tf = tool(model, loader)
+                conditions()
                 hd, hf = hand_device(model, loader), hand_full(model, loader)
             else:
+                conditions()
                 hd, hf = hand_device(model, loader), hand_full(model, loader)
                 td, tf = tool(model, loader)
             dev_ratios.append(td / hd)

@@ -1,15 +1,17 @@
-"""Stable verdicts, accurate stage costs, time to verdict (issue 3, targets 2-4).
+"""Right verdicts, accurate stage costs, time to verdict, reports that agree with themselves.
 
-For each planted workload (load-, augment-, collate-, model-bound) and num_workers in
-{0, 2}, runs `bisect()` with the default settings `--runs` times in a row and prints:
-the verdicts (target: the expected one in 5 of 5), the reported cost of the planted
-stage against the planted 48 ms per batch (target: within 20%; with workers the
-pipelined cost is compared with planted / workers - step, see below), and the wall
-time of each run (target: <= 30 s).
+For each planted workload (load-, augment-, collate-, model-bound; scripts/_planted.py)
+and num_workers in {0, 2}, runs `bisect()` with the default settings `--runs` times and
+prints: how many verdicts were right, `inconclusive` or wrong (target: the expected one
+every time, never a wrong one), the reported cost of the planted stage against the
+planted 48 ms per batch (target: within 20%; with workers the pipelined cost is compared
+with planted / workers - step, see expected_cost_ms), the wall time of each bisect()
+call (target: median <= 15 s, max <= 30 s), and whether every report passes its own
+rules (../shared/tools/check-report when it is there, else verdict.self_check).
 
-    python scripts/bench_verdicts.py                 # all 8 workloads x 5 runs (~15 min)
+    python scripts/bench_verdicts.py                 # 8 workloads x 5 runs (~8 min)
     python scripts/bench_verdicts.py --kinds augment --workers 0 --runs 3
-    python scripts/bench_verdicts.py --json /tmp/verdicts.json
+    python scripts/bench_verdicts.py --json /tmp/verdicts.json --out /tmp/reports
     python scripts/bench_verdicts.py --threads 1      # the step on one intra-op thread
 """
 
@@ -17,11 +19,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import _planted as planted
 from bisect_pipeline import bisect
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHECK_REPORT = os.path.join(HERE, "..", "..", "shared", "tools", "check-report")
 
 
 def calibrate(n: int = 100) -> float:
@@ -49,60 +58,99 @@ def expected_cost_ms(kind: str, workers: int, per_sample_ms: float = planted.PER
     return max(0.0, per_batch / workers - planted.STEP_MS)
 
 
+def check(path: str) -> str:
+    """'consistent', or the problems check-report (or the report itself) finds."""
+    if os.path.exists(CHECK_REPORT):
+        out = subprocess.run([sys.executable, CHECK_REPORT, path], capture_output=True, text=True).stdout
+        return out.split(": ", 1)[-1].strip()
+    doc = json.load(open(path))
+    broken = [w for w in doc.get("warnings", []) if "breaks its own rules" in w]
+    return "; ".join(broken) or "consistent"
+
+
+def grade(verdict, expected: str) -> str:
+    if verdict == expected:
+        return "right"
+    return "inconclusive" if verdict == "inconclusive" else "wrong"
+
+
+def run_workload(name: str, make, expected: str, runs: int, max_seconds: float, out_dir: str,
+                 stage: str = None) -> dict:
+    """`runs` bisections of `make()`'s workload: verdicts, grades, cost of `stage`, walls, checks."""
+    verdicts, grades, costs, walls, checks = [], [], [], [], []
+    for i in range(runs):
+        model, loader, kw = make()
+        t0 = time.perf_counter()
+        report = bisect(model, loader, device="cpu", max_seconds=max_seconds, **kw)
+        walls.append(time.perf_counter() - t0)
+        path = os.path.join(out_dir, f"{name}-{i + 1}.json")
+        report.save_json(path)
+        verdicts.append(report.bottleneck)
+        grades.append(grade(report.bottleneck, expected))
+        checks.append(check(path))
+        s = report.stage(stage) if stage else None
+        costs.append(None if s is None or s.sec_per_batch is None else s.sec_per_batch * 1e3)
+        cost = "" if costs[-1] is None else f" {stage} {costs[-1]:.1f} ms"
+        print(f"  {name:12s} run {i + 1}: {report.bottleneck!s:12s} ({grades[-1]}){cost}  wall {walls[-1]:.1f} s  "
+              f"rounds {report.run.get('rounds')}  {checks[-1]}", flush=True)
+    return {"workload": name, "expected": expected, "verdicts": verdicts, "grades": grades, "costs_ms": costs,
+            "walls_s": walls, "checks": checks}
+
+
+def planted_maker(kind: str, workers: int):
+    def make():
+        model, loader = planted.workload(kind, workers)
+        return model, loader, {}
+    return make
+
+
+def summary_table(rows: list) -> None:
+    print()
+    print(f"{'workload':14s} {'expected':9s} {'right':>5s} {'inconcl.':>8s} {'wrong':>5s}  {'cost ms (planted)':>18s} "
+          f"{'wall s med/max':>15s}  reports")
+    for r in rows:
+        g = r["grades"]
+        costs = [c for c in r["costs_ms"] if c is not None]
+        cost = "-" if not costs or r.get("planted_ms") is None else (
+            f"{statistics.median(costs):.1f} ({r['planted_ms']:.1f})")
+        bad = sum(c != "consistent" for c in r["checks"])
+        print(f"{r['workload']:14s} {r['expected']:9s} {g.count('right'):>5d} {g.count('inconclusive'):>8d} "
+              f"{g.count('wrong'):>5d}  {cost:>18s} {statistics.median(r['walls_s']):>7.1f}/{max(r['walls_s']):<7.1f}  "
+              f"{len(g) - bad}/{len(g)} consistent")
+    grades = [x for r in rows for x in r["grades"]]
+    walls = [x for r in rows for x in r["walls_s"]]
+    print(f"all: {grades.count('right')} right, {grades.count('inconclusive')} inconclusive, {grades.count('wrong')} "
+          f"wrong of {len(grades)}; wall median {statistics.median(walls):.1f} s, max {max(walls):.1f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kinds", default=",".join(planted.KINDS))
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--max-seconds", type=float, default=60.0, help="bisect's default")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("--out", default=None, help="keep every report's JSON in this folder")
     ap.add_argument("--threads", type=int, default=None,
-                    help="torch.set_num_threads for the step (default: torch's own). With 2 intra-op "
-                         "threads on 2 cores, the planted sleeps run ~15%% longer inside the pipeline "
-                         "than alone, in a hand-written loop as in the tool")
+                    help="torch.set_num_threads for the step (default: torch's own)")
     args = ap.parse_args()
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-
+    out_dir = args.out or tempfile.mkdtemp(prefix="bench-verdicts-")
+    os.makedirs(out_dir, exist_ok=True)
     per_sample = calibrate()
-    print(f"a planted {planted.PER_SAMPLE_MS:g} ms sleep costs {per_sample:.3f} ms here "
-          f"({per_sample * planted.BATCH:.1f} ms per batch of {planted.BATCH})")
+    print(f"a planted {planted.PER_SAMPLE_MS:g} ms sleep costs {per_sample:.3f} ms here; reports in {out_dir}")
     rows = []
     for kind in args.kinds.split(","):
         for workers in (int(w) for w in args.workers.split(",")):
-            verdicts, costs, walls = [], [], []
-            for _ in range(args.runs):
-                model, loader = planted.workload(kind, workers)
-                t0 = time.perf_counter()
-                report = bisect(model, loader, device="cpu", max_seconds=args.max_seconds)
-                walls.append(time.perf_counter() - t0)
-                verdicts.append(report.bottleneck)
-                stage = "load" if kind == "model" else kind
-                s = report.stage(stage)
-                costs.append(None if s.sec_per_batch is None else s.sec_per_batch * 1e3)
-                print(f"  {kind:8s} workers={workers} verdict={report.bottleneck!s:12s} "
-                      f"{stage} cost={costs[-1] if costs[-1] is None else round(costs[-1], 1)} ms  "
-                      f"wall={walls[-1]:.1f} s", flush=True)
-            want = planted.EXPECTED[kind]
-            ok = sum(v == want for v in verdicts)
-            per_sample = calibrate(50)
-            exp = expected_cost_ms(kind, workers, per_sample)
-            med = statistics.median(c for c in costs if c is not None) if any(c is not None for c in costs) else None
-            err = None if med is None or kind == "model" else (med - exp) / exp
-            rows.append({"kind": kind, "workers": workers, "expected": want, "verdicts": verdicts,
-                         "stable": f"{ok}/{len(verdicts)}", "planted_ms": exp, "median_cost_ms": med,
-                         "cost_error": err, "max_wall_s": max(walls), "median_wall_s": statistics.median(walls)})
-
-    print()
-    print(f"{'workload':10s} {'W':>1s}  {'expected':9s} {'same verdict':>12s}  {'planted ms':>10s} "
-          f"{'reported ms':>11s} {'error':>7s}  {'wall s (median/max)':>19s}")
-    for r in rows:
-        err = "-" if r["cost_error"] is None else f"{r['cost_error'] * 100:+.0f}%"
-        med = "-" if r["median_cost_ms"] is None else f"{r['median_cost_ms']:.1f}"
-        print(f"{r['kind']:10s} {r['workers']:>1d}  {r['expected']:9s} {r['stable']:>12s}  {r['planted_ms']:>10.1f} "
-              f"{med:>11s} {err:>7s}  {r['median_wall_s']:>9.1f} / {r['max_wall_s']:<7.1f}")
+            stage = "load" if kind == "model" else kind
+            row = run_workload(f"{kind}-w{workers}", planted_maker(kind, workers), planted.EXPECTED[kind], args.runs,
+                               args.max_seconds, out_dir, stage=stage)
+            row["planted_ms"] = None if kind == "model" else expected_cost_ms(kind, workers, calibrate(50))
+            rows.append(row)
+    summary_table(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

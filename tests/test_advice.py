@@ -392,7 +392,7 @@ def test_end_to_end_augment_bound_at_zero_workers_advises_workers(no_leftover_wo
     # 8 x 10 ms of augment per batch against a ~2 ms step: 40x every other stage, so a busy
     # 2-core machine's noise cannot make another stage look as costly
     model, loader = tiny_model(2.0), make_loader(PlantedDataset(transform=Sleep(10.0)), num_workers=0)
-    r = bisect(model, loader, device="cpu", max_seconds=8, plan=FAST_PLAN)
+    r = bisect(model, loader, device="cpu", max_seconds=20, plan=FAST_PLAN)  # 10 visits of 88 ms batches
     assert r.bottleneck == "augment", str(r)
     f = finding(r, "num_workers")
     iso = r.isolated["workers"]
@@ -408,3 +408,22 @@ def test_end_to_end_model_bound_gives_no_worker_advice(no_leftover_workers):
     assert r.bottleneck in ("none", "inconclusive"), str(r)
     assert not {"num_workers", "cores", "augment", "storage", "collate"} & set(kinds(r)), r.advice
     assert r.isolated["workers"]["needed"] == 1  # the 80 ms step outruns ~0 ms of worker work
+
+
+def allocator_iso(default_ms: float, held_ms: float, real: bool) -> dict:
+    return {"status": "ok", "allocator": {"status": "ok", "default_ms_per_batch": default_ms, "held_ms_per_batch": held_ms,
+                                          "cost_ms_per_batch": default_ms - held_ms, "noise_ms": 0.3, "real": real}}
+
+
+def test_allocator_fires_when_the_step_costs_more_as_the_process_runs():
+    f = finding(make_report(MODEL_BOUND, isolated=allocator_iso(21.0, 15.0, True)), "allocator")
+    assert f["stage"] == "step"
+    assert "21.0 ms" in f["message"] and "15.0 ms" in f["message"] and "+40%" in f["message"]
+    assert "MALLOC_TRIM_THRESHOLD_=-1" in f["message"] and "jemalloc" in f["message"]
+    assert f["numbers"]["recommended"]["env"]["MALLOC_MMAP_THRESHOLD_"] == "33554432"
+
+
+@pytest.mark.parametrize("iso", [allocator_iso(15.2, 15.0, False), {"status": "ok"},
+                                 {"status": "ok", "allocator": {"status": "skipped", "reason": "not glibc"}}])
+def test_allocator_silent_without_a_real_cost(iso):
+    assert "allocator" not in kinds(make_report(MODEL_BOUND, isolated=iso))

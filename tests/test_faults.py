@@ -331,6 +331,70 @@ def test_interrupt_writes_the_partial_result_and_leaves_no_worker(tmp_path, sig,
     assert not alive, f"workers left behind: {alive}"
 
 
+HANGS_AT_50 = textwrap.dedent("""
+    import time
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
+
+    class HangsAt50(Dataset):
+        def __len__(self):
+            return 256
+
+        def __getitem__(self, i):
+            if i == 50:
+                time.sleep(3600)
+            return torch.zeros(16), i % 4
+
+    def make():
+        loader = DataLoader(HangsAt50(), batch_size=8, num_workers=1, multiprocessing_context="fork")
+        return nn.Linear(16, 4), loader
+""")
+
+
+@pytest.mark.parametrize("extra,bound", [(["--step-timeout", "5"], 20), ([], 10 + 10)])
+def test_a_sample_hanging_in_the_fill_ends_the_run_in_time_with_the_json(tmp_path, extra, bound):
+    # issue 11's case: __getitem__ sleeps forever at index 50, num_workers=1, batch 8.
+    # With --step-timeout 5 the hang is cut by the watchdog; without it (120 s default),
+    # by --max-seconds: either way the run ends within --max-seconds + 10 s.
+    (tmp_path / "hang_entry.py").write_text(HANGS_AT_50)
+    out = tmp_path / "hang.json"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "bisect_pipeline", "--entry", "hang_entry.py:make", "--json", str(out),
+                        "--max-seconds", "10", "-q", *extra], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert time.monotonic() - t0 < bound + 5  # the interpreter's start and torch's import on top
+    assert r.returncode == 1, r.stderr  # no verdict: the full pipeline hangs
+    doc = json.loads(out.read_text())
+    stopped = [w for w in doc["warnings"] if "filling the caches stopped" in w]
+    assert stopped and "sample 50 hung in load" in stopped[0]
+    full = next(p for p in doc["points"] if p["point"] == "full")
+    assert full["status"] in ("failed", "not run") and doc["bottleneck"] is None
+    if full["status"] == "failed":
+        assert full["failed_stage"] == "hang"
+    assert next(p for p in doc["points"] if p["point"] == "device")["status"] == "ok"  # 6 batches were cached
+
+
+def test_a_hang_before_the_first_batch_fails_the_cached_points_naming_sample_and_stage():
+    class HangsInTransform(Dataset):
+        def __init__(self):
+            self.transform = Sleep(3_600_000)
+
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return self.transform(torch.zeros(16)), 0
+
+    t0 = time.monotonic()
+    report = run(tiny_model(), DataLoader(HangsInTransform(), batch_size=8), step_timeout=2.0, max_seconds=10)
+    assert time.monotonic() - t0 < 20
+    device = report.point("device")
+    assert device.status == "failed" and device.failed_stage == "hang"
+    assert "sample 0 hung in augment" in device.reason
+    assert report.point("full").status in ("failed", "not run")
+
+
 def test_no_watchdog_outside_the_main_thread():
     import threading
 

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from bisect_pipeline.stats import (MIN_REL_DROP, Z_NOISE, Throughput, Window, decreasing_fit, iqr, is_real, median,
-                                   noise_threshold, quantile)
+                                   noise_threshold, quantile, small_sample_factor)
 
 
 def test_median_odd_even():
@@ -42,8 +42,10 @@ def test_standard_error_shrinks_with_windows():
     few = Throughput(tuple(Window(10, s) for s in secs), 1)
     many = Throughput(tuple(Window(10, s) for s in secs * 4), 1)  # same IQR, 4x the windows
     assert many.iqr == pytest.approx(few.iqr)
-    assert many.rel_se == pytest.approx(few.rel_se / 2)
-    expected = 1.2533 * (few.rel_iqr / 1.349) / math.sqrt(5)
+    # sqrt(4) fewer for the windows, and a smaller small-sample correction (t(19) vs t(4))
+    assert many.rel_se == pytest.approx(few.rel_se / 2 * small_sample_factor(20) / small_sample_factor(5))
+    assert many.rel_se < few.rel_se / 2
+    expected = 1.2533 * (few.rel_iqr / 1.349) / math.sqrt(5) * small_sample_factor(5)
     assert few.rel_se == pytest.approx(expected)
     # sec_per_batch and samples/s share the same relative error
     assert few.sec_per_batch_sigma == pytest.approx(few.sec_per_batch * few.rel_se)
@@ -73,3 +75,18 @@ def test_decreasing_fit_pools_violators_to_their_weighted_mean():
     assert decreasing_fit([2.0, 1.0, 3.0], [1, 1, 1]) == [2.0, 2.0, 2.0]
     fit = decreasing_fit([9.0, 3.0, 4.0, 1.0, 2.0], [1, 2, 1, 1, 1])
     assert fit == sorted(fit, reverse=True) and fit[0] == 9.0
+
+
+def test_small_sample_factor_is_students_t_over_z():
+    assert small_sample_factor(1) == math.inf  # one window: no estimate of the noise
+    assert small_sample_factor(6) == pytest.approx(5.507 / Z_NOISE)  # t(5) at 99.865%
+    assert small_sample_factor(31) == pytest.approx(3.27 / Z_NOISE, rel=1e-3)
+    assert small_sample_factor(1000) == pytest.approx(1.0, rel=0.01)
+    factors = [small_sample_factor(n) for n in range(2, 60)]
+    assert factors == sorted(factors, reverse=True)
+
+
+def test_one_window_has_unknown_noise_and_decides_nothing():
+    one = Throughput((Window(10, 1.0),), 1)
+    assert one.rel_iqr == 0 and one.rel_se == math.inf
+    assert not is_real(10.0, one.sec_per_batch_sigma, 1.0)

@@ -1,0 +1,134 @@
+"""The paired-rounds scheduler on a fake clock: every visit is planted (no loader runs),
+so what is asserted is the schedule itself: order, pooling, the stop rule, the deadline."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bisect_pipeline import api
+from bisect_pipeline.report import PointResult
+from bisect_pipeline.stats import Throughput, Window
+from bisect_pipeline.timing import Plan
+
+BS = 10
+DOWN = ["device", "collated", "augmented", "raw", "full"]  # host is skipped on CPU
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def windows(ms: float, jitter: float = 0.0) -> tuple:
+    return tuple(Window(10, 10 * ms / 1e3 * f) for f in (1 - jitter, 1, 1 + jitter))
+
+
+def make_run(monkeypatch, ms: dict, *, seconds_per_visit: float = 1.0, max_seconds: float = 60.0,
+             jitter: dict = {}, later: dict = {}, plan: Plan = Plan(), cut: set = frozenset()):
+    """A Run whose visits are planted: point -> ms per batch (`later`: from the second
+    visit on), each visit taking `seconds_per_visit` of the fake clock; a visit whose
+    share is shorter, or whose index is in `cut`, runs out of time before a window."""
+    clock = FakeClock()
+    seen: list = []
+
+    def visit(run, name, deadline):
+        seen.append((name, deadline))
+        if deadline - clock.t < seconds_per_visit or len(seen) - 1 in cut:  # out of time before a window
+            clock.t = deadline
+            return PointResult(name, "failed", reason="out of time before one window was measured",
+                               stopped_by_deadline=True)
+        clock.t += seconds_per_visit
+        n = sum(1 for s, _ in seen if s == name)
+        value = later.get(name, ms[name]) if n > 1 else ms[name]
+        return PointResult(name, "ok", Throughput(windows(value, jitter.get(name, 0.0)), BS))
+
+    monkeypatch.setattr(api, "_measure_point", visit)
+    spec = type("Spec", (), {"batch_size": BS, "num_workers": 0})()
+    run = api.Run(spec, torch.device("cpu"), plan, clock, lambda e: None, None, start=0.0, end=max_seconds,
+                  deadline=max_seconds)
+    return run, seen, clock
+
+
+def test_a_clear_verdict_settles_after_one_pair_of_rounds(monkeypatch):
+    run, seen, _ = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 60, "full": 61})
+    info = api._measure_rounds(run, api.POINTS)
+    assert [n for n, _ in seen] == DOWN + DOWN[::-1]
+    assert info["rounds"] == 2 and info["settled"] and info["visits"] == 10
+    assert run.results["host"].status == "skipped"
+    assert all(run.results[n].visits == 2 and run.results[n].throughput.n == 6 for n in DOWN)
+    assert run.decide().bottleneck == "augment"
+
+
+def test_an_unsettled_verdict_takes_more_rounds_until_the_time_is_up(monkeypatch):
+    # Every point's windows spread +-40%: nothing can be settled; rounds go on until
+    # the deadline, and the last visit that finds no time left opens nothing.
+    jitter = {n: 0.4 for n in DOWN}
+    run, seen, clock = make_run(monkeypatch, {n: 40.0 for n in DOWN}, jitter=jitter, max_seconds=17.5)
+    info = api._measure_rounds(run, api.POINTS)
+    assert not info["settled"] and info["rounds"] >= 3
+    assert all(run.results[n].status == "ok" and run.results[n].visits >= 3 for n in DOWN)
+    assert clock.t <= run.deadline and run.deadline - clock.t < run.plan.window_seconds
+    assert all(deadline <= run.deadline for _, deadline in seen)
+    assert run.decide().bottleneck == "inconclusive"
+
+
+def test_a_round_cut_short_keeps_what_the_earlier_round_measured(monkeypatch):
+    # device, the last visit of round 2, runs out of time before a window: its round-1
+    # windows stay, and it is still the ceiling.
+    run, seen, _ = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 60, "full": 61},
+                            cut={9})
+    api._measure_rounds(run, api.POINTS)
+    assert seen[9][0] == "device"
+    device = run.results["device"]
+    assert device.status == "ok" and device.throughput.n == 3 and device.stopped_by_deadline
+    assert run.decide().ceiling == "device"
+
+
+def test_no_point_opens_without_a_window_of_time_left(monkeypatch):
+    run, seen, clock = make_run(monkeypatch, {n: 10.0 for n in DOWN})
+    clock.t = run.deadline - run.plan.window_seconds / 2
+    api._measure_rounds(run, api.POINTS)
+    assert seen == []
+    assert all(n not in run.results for n in DOWN)  # reported as "not run: out of time"
+
+
+def test_full_gets_twice_the_share_of_another_point(monkeypatch):
+    run, seen, _ = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 60, "full": 61})
+    api._measure_rounds(run, api.POINTS)
+    # round 1: 60 s left for 5 visits now and 5 later, full weighted 2: device's share is
+    # 60 * 1/11; full, last of round 1 at t=4: 56 * 2/7 (itself and the 5 of round 2);
+    # round 2, the last owed: full first, 55 * 2/6 of what is left.
+    assert seen[0][1] == pytest.approx(60 / 11)
+    assert seen[4][1] - 4.0 == pytest.approx(56 * 2 / 7)
+    assert seen[5][1] - 5.0 == pytest.approx(55 * 2 / 6)
+
+
+def test_an_inconsistent_pair_is_measured_again_once(monkeypatch):
+    # device measures far slower than collated in both rounds (a process effect), then
+    # fine when measured again: it is re-measured next to collated, once.
+    run, seen, _ = make_run(monkeypatch, {"device": 23, "collated": 16.3, "augmented": 16.5, "raw": 50, "full": 51},
+                            later={})
+    info = api._measure_rounds(run, api.POINTS)
+    names = [n for n, _ in seen]
+    assert names[:10] == DOWN + DOWN[::-1]
+    assert names[10:12] == ["device", "collated"]
+    assert info["remeasured"] == [["device", "collated"]]
+    v = run.decide()
+    assert [(i.slower, i.faster) for i in v.inconsistent] == [("device", "collated")]
+    assert v.ceiling == "collated" and v.bottleneck == "augment"
+    assert not info["settled"]  # an inconsistent run is never settled: it used its time
+
+
+def test_pool_keeps_earlier_windows_on_a_failure_and_on_running_out():
+    before = PointResult("device", "ok", Throughput(windows(10), BS))
+    out_of_time = PointResult("device", "failed", reason="out of time", stopped_by_deadline=True)
+    kept = api._pool(before, out_of_time, BS)
+    assert kept.status == "ok" and kept.throughput.n == 3 and kept.stopped_by_deadline
+    failed = api._pool(before, PointResult("device", "failed", reason="boom", failed_stage="step"), BS)
+    assert failed.status == "failed" and failed.throughput.n == 3 and failed.visits == 2
+    both = api._pool(before, PointResult("device", "ok", Throughput(windows(12), BS)), BS)
+    assert both.throughput.n == 6 and both.visits == 2
