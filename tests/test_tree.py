@@ -1,0 +1,103 @@
+"""The one walker over batches (tree.py), on every batch structure the README lists:
+tuples, dicts, namedtuples, dataclasses, nested lists, custom batch classes, padding
+collates (token ids + lengths); plus mapping subclasses and the depth limit."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import pytest
+import torch
+
+from bisect_pipeline import tree
+
+Pair = collections.namedtuple("Pair", ["image", "label"])
+
+
+@dataclasses.dataclass
+class Batch:
+    features: torch.Tensor
+    labels: torch.Tensor
+    note: str = "x"
+
+
+@dataclasses.dataclass
+class WithDerived:
+    x: torch.Tensor
+    n: int = dataclasses.field(init=False, default=0)
+
+
+class CustomBatch:
+    def __init__(self, inp, tgt):
+        self.inp, self.tgt = inp, tgt
+
+    def to(self, device, non_blocking=False):
+        return CustomBatch(self.inp.to(device), self.tgt.to(device))
+
+
+def t(*shape):
+    return torch.arange(float(torch.Size(shape).numel())).reshape(shape)
+
+
+STRUCTURES = {
+    "tensor": t(2, 3),
+    "tuple": (t(2, 3), torch.tensor([0, 1])),
+    "dict": {"inputs": t(2, 3), "targets": torch.tensor([0, 1]), "ids": ["a", "b"]},
+    "namedtuple": Pair(t(2, 3), torch.tensor([0, 1])),
+    "dataclass": Batch(t(2, 3), torch.tensor([0, 1])),
+    "nested list": [[t(2), t(2)], [t(2), (t(1), {"k": t(3)})]],
+    "custom batch": CustomBatch(t(2, 3), torch.tensor([0, 1])),
+    "padding collate": (torch.zeros(2, 5, dtype=torch.long), torch.tensor([5, 3]), torch.tensor([1, 0])),
+    "ordered dict": collections.OrderedDict(a=t(2), b=t(3)),
+    "defaultdict": collections.defaultdict(list, a=t(2)),
+}
+
+
+@pytest.mark.parametrize("name", list(STRUCTURES))
+def test_map_leaves_rebuilds_every_structure_with_its_types(name):
+    batch = STRUCTURES[name]
+    doubled = tree.map_leaves(lambda x: x * 2 if isinstance(x, torch.Tensor) else x, batch)
+    assert type(doubled) is type(batch)
+    before, after = list(tree.leaves(batch)), list(tree.leaves(doubled))
+    assert [p for p, _ in before] == [p for p, _ in after]  # same paths, same order
+    for (_, a), (_, b) in zip(before, after):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(b, a * 2) and b is not a
+        else:
+            assert b == a
+    # the original is untouched
+    assert all(not isinstance(x, torch.Tensor) or torch.equal(x, y)
+               for (_, x), (_, y) in zip(tree.leaves(batch), before))
+
+
+def test_leaves_give_paths_that_replace_and_find_agree_on():
+    batch = STRUCTURES["nested list"]
+    for path, leaf in tree.leaves(batch):
+        assert tree.find(batch, leaf) == path
+        swapped = tree.replace(batch, path, "X")
+        assert dict(tree.leaves(swapped))[path] == "X"
+        assert dict(tree.leaves(batch))[path] is leaf
+
+
+def test_custom_batch_objects_and_dataclasses_are_containers_leaves_are_not():
+    assert tree.is_batch_object(STRUCTURES["custom batch"])
+    for leaf in (t(2), "text", 3, None, torch.nn.Linear(2, 2)):
+        assert not tree.is_container(leaf) and tree.children(leaf) == []
+    d = WithDerived(t(2))
+    d.n = 5
+    out = tree.map_leaves(lambda x: x, d)
+    assert out.n == 5  # a field outside __init__ is carried over
+
+
+def test_the_depth_limit_stops_a_self_reference():
+    loop: list = [t(1)]
+    loop.append(loop)
+    found = list(tree.leaves(loop))
+    assert len(found) <= tree.MAX_DEPTH + 2
+    assert tree.map_leaves(lambda x: x, loop) is not None
+
+
+def test_replace_refuses_a_missing_key():
+    with pytest.raises(KeyError):
+        tree.replace({"a": 1}, ("b",), 2)
