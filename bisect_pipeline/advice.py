@@ -5,7 +5,7 @@ numbers it rests on (`numbers`), so the advice is data first (the JSON's `advice
 text second. Nothing here is generic: no number, no finding.
 
 The inputs are the Report: its verdict (stage costs from the bisection), `loader` (the
-user's settings, `stages.LoaderSpec.settings()`), `isolated` (costs measured alone, in
+user's settings, `loader.LoaderSpec.settings()`), `isolated` (costs measured alone, in
 this process: isolate.py) and `syncs` (host-device syncs in the step, CUDA only).
 """
 
@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # pragma: no cover
 # gap is within noise) the class is `not`, whatever the point estimate.
 INPUT_BOUND_MODERATE = 0.05
 INPUT_BOUND_HIGH = 0.20
-INPUT_BOUND_CLASSES = ("not", "moderately", "highly")
 
 # A measured isolated cost (transfer) is worth acting on from the same share of t(full)
 # that makes a bisection drop real (verdict.MIN_REL_DROP).
@@ -135,22 +134,9 @@ class _Context:
 
 
 def _sec_per_batch(r: "Report", point: str) -> Optional[float]:
-    """The point's time per batch as the report shows it: the verdict's fitted time
-    (verdict.decide), else the median of its windows."""
-    fitted = r.verdict.fitted.get(point)
-    if fitted:
-        return fitted
-    for p in r.points:
-        if p.point == point and p.status == "ok" and p.throughput is not None:
-            return p.throughput.sec_per_batch
-    return None
-
-
-def _tp(r: "Report", point: str):
-    for p in r.points:
-        if p.point == point and p.status == "ok" and p.throughput is not None:
-            return p.throughput
-    return None
+    """The point's time per batch as the report shows it (Report.rate)."""
+    rate = r.rate(point)
+    return r.batch_size / rate if rate else None
 
 
 def _ceiling(r: "Report") -> Optional[float]:
@@ -214,12 +200,12 @@ def _worker_side(c: _Context) -> Optional[tuple]:
         return c.b, c.stage_ms(c.b), c.b
     if c.b != "inconclusive":
         return None
-    full = _tp(c.r, "full")
-    name = next((p for p in ("collated", "host", "device") if _tp(c.r, p) is not None), None)
+    full = c.r.throughput("full")
+    name = next((p for p in ("collated", "host", "device") if c.r.throughput(p) is not None), None)
     if full is None or name is None:
         return None
     drop = c.t_full - _sec_per_batch(c.r, name)
-    sigma = math.hypot(full.sec_per_batch_sigma, _tp(c.r, name).sec_per_batch_sigma)
+    sigma = math.hypot(full.sec_per_batch_sigma, c.r.throughput(name).sec_per_batch_sigma)
     if not is_real(drop, sigma, c.t_full):
         return None
     costed = [(c.stage_ms(s) or 0.0, s) for s in WORKER_STAGES if c.stage(s) is not None and c.stage(s).status == "ok"]

@@ -179,8 +179,8 @@ def _write_outputs(report: Report, json_path: Optional[str], html_path: Optional
     if json_path:
         report.save_json(json_path)
     if html_path:
-        from .render_html import to_document
         from .report import write_atomic
+        from .report.html import to_document
 
         write_atomic(html_path, to_document(report))
 

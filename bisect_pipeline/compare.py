@@ -58,13 +58,6 @@ def load(path: str) -> Report:
     return report
 
 
-def _tp(r: Report, name: str) -> Optional[Throughput]:
-    for p in r.points:
-        if p.point == name and p.status == "ok" and p.throughput is not None:
-            return p.throughput
-    return None
-
-
 def point_change(before: Optional[Throughput], after: Optional[Throughput]) -> dict:
     """ratio = after / before throughput; `real` by the rule above."""
     if before is None or after is None:
@@ -105,12 +98,12 @@ def _finite(x: float, nd: int) -> Optional[float]:
 def compare(before: Report, after: Report) -> dict:
     points = []
     for name in reversed(POINTS):
-        b, a = _tp(before, name), _tp(after, name)
+        b, a = before.throughput(name), after.throughput(name)
         points.append({"point": name,
                        "before_samples_per_sec": None if b is None else round(b.samples_per_sec, 1),
                        "after_samples_per_sec": None if a is None else round(a.samples_per_sec, 1),
                        **point_change(b, a)})
-    fulls = [t.sec_per_batch for t in (_tp(before, "full"), _tp(after, "full")) if t is not None]
+    fulls = [t.sec_per_batch for t in (before.throughput("full"), after.throughput("full")) if t is not None]
     t_full = max(fulls) if fulls else None
     stages = []
     for sb in before.verdict.stages:
@@ -157,13 +150,13 @@ def _ceiling(before: Report, after: Report) -> tuple:
     (or the step) changed between the runs: the warning says so, and the share of the
     ceiling is the fairer comparison of the loader settings."""
     for name in ("device", "host", "collated"):
-        b, a = _tp(before, name), _tp(after, name)
+        b, a = before.throughput(name), after.throughput(name)
         if b is not None and a is not None:
             break
     else:
         return None, None, None
     change = {"point": name, **point_change(b, a)}
-    fb, fa = _tp(before, "full"), _tp(after, "full")
+    fb, fa = before.throughput("full"), after.throughput("full")
     share = None
     if fb is not None and fa is not None:
         share = [round(fb.samples_per_sec / b.samples_per_sec, 4), round(fa.samples_per_sec / a.samples_per_sec, 4)]

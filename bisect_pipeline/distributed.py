@@ -35,8 +35,11 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from .report import PointResult, Report
+from .run import MEASURE_ORDER, failed
 from .stats import Throughput, Window
 from .timing import Measured, Plan, kept_windows, visit_state
+from .verdict import POINTS
 
 # A rank is a straggler when its loop waits for data at `full` for at least this share
 # of the time per batch (the verdict's own "real drop" floor, stats.MIN_REL_DROP)...
@@ -233,6 +236,63 @@ def _decide(windows: list, n: int, plan: Plan, deadline: float, clock) -> list:
 
 
 # --------------------------------------------------------------------------------------
+# The lockstep scheduler: every point on every rank, in the same order
+# --------------------------------------------------------------------------------------
+
+
+def measure_points(run: Any, coord: Coordinator, selected: tuple, waits: dict) -> None:
+    """The points on every rank in the same order, each in lockstep; a point no rank can
+    measure is settled without steps. `waits` gets each point's wait for data per batch."""
+    todo = [p for p in MEASURE_ORDER if p in selected]
+    for i, name in enumerate(todo):
+        local = run.results.get(name) or run.not_applicable(name)  # failed here already (the fill), or n/a
+        if coord.all(local is not None):
+            run.results[name] = local
+            continue
+        run.emit({"event": "point", "point": name, "index": i, "total": len(todo)})
+        deadline = run.clock() + max(0.0, run.deadline - run.clock()) / max(1, len(todo) - i)
+        result, wait = _point(run, coord, name, deadline, skip=local is not None)
+        outcomes = coord.gather((result.status if local is None else "skipped", result.reason))  # agree, then go on
+        if local is not None:
+            result = local
+        elif result.status == "failed" and result.failed_stage == "peer":
+            who = [(r, why) for r, (st, why) in enumerate(outcomes) if st == "failed" and r != coord.rank]
+            first = who[0] if who else (None, "unknown")
+            result = dataclasses.replace(result, reason=f"rank {first[0]} failed at this point: {first[1]}")
+        if wait is not None:
+            waits[name] = wait
+        run.results[name] = result
+
+
+def _point(run: Any, coord: Coordinator, name: str, deadline: float, skip: bool) -> tuple:
+    t0 = run.clock()
+    open_error = None
+    with contextlib.ExitStack() as stack:
+        dog = stack.enter_context(run.watchdog(lambda: f"point {name}"))
+        next_batch, moves = None, True
+        if not skip:
+            try:
+                source, moves = run.source(name)
+                next_batch = stack.enter_context(source)
+            except Exception as exc:  # this rank takes part without steps, then fails the point
+                open_error = exc
+        opened = run.clock() - t0
+        lm = measure(next_batch, run.move if moves else None, run.step, batch_size=run.batch_size, plan=run.plan,
+                     deadline=deadline, clock=run.clock, sync=run.sync, prefetch_depth=run.prefetch_depth(name),
+                     coord=coord, beat=dog.beat,
+                     on_window=lambda i, w: run.emit({"event": "window", "point": name, "window": i,
+                                                      "max_windows": run.plan.windows_per_visit}))
+    error = open_error or lm.error
+    if error is not None:
+        return failed(run, name, error), None
+    if lm.peer_failed or lm.measured is None:
+        return PointResult(name, "failed", reason="another rank failed at this point", failed_stage="peer"), None
+    m = lm.measured
+    return (PointResult(name, "ok", m.throughput, None, opened + m.first_batch_seconds, m.warmup_steps,
+                        m.stopped_by_deadline, steady=m.steady), lm.wait_seconds / max(lm.steps, 1))
+
+
+# --------------------------------------------------------------------------------------
 # The ranks' results together
 # --------------------------------------------------------------------------------------
 
@@ -250,8 +310,6 @@ def stragglers(waits: list) -> list:
 def combine(local: Any, coord: Coordinator, waits: dict) -> Any:
     """Gather every rank's report (one all_gather_object) and build the combined
     DistributedReport on every rank; only rank 0 prints or writes it (the CLI)."""
-    from .report import Report
-
     mine = {"rank": coord.rank, "report": local.to_dict(),
             "input_wait_ms_per_batch": {k: round(v * 1e3, 3) for k, v in waits.items()}}
     docs = coord.gather(mine)
@@ -264,9 +322,9 @@ def combine(local: Any, coord: Coordinator, waits: dict) -> Any:
     pace = slow[0] if len(slow) == 1 else (max(slow, key=lambda r: full[r][0]) if slow else _slowest_full(docs))
     base = local if pace == coord.rank else Report.from_dict(docs[pace]["report"])
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Report)}
-    fields["source"] = None
-    return DistributedReport(**fields, world_size=coord.world_size, rank=coord.rank, ranks=tuple(docs),
-                             pace_rank=pace, straggler_ranks=tuple(slow))
+    out = DistributedReport(**fields, world_size=coord.world_size, rank=coord.rank, ranks=tuple(docs),
+                            pace_rank=pace, straggler_ranks=tuple(slow))
+    return dataclasses.replace(out, summary=f"{out.who()} {base.summary}")
 
 
 def _slowest_full(docs: list) -> int:
@@ -277,8 +335,6 @@ def _slowest_full(docs: list) -> int:
 
 
 def _point_table(docs: list) -> list:
-    from .verdict import POINTS
-
     rows = []
     for name in POINTS:
         vals = []
@@ -299,76 +355,60 @@ def _point_table(docs: list) -> list:
     return rows
 
 
-def _make_report_class():
-    from .report import Report
+@dataclasses.dataclass(frozen=True)
+class DistributedReport(Report):
+    """A Report for the whole job: the verdict is that of the rank that sets the pace
+    (`pace_rank`); `ranks` holds every rank's own result."""
 
-    @dataclasses.dataclass(frozen=True)
-    class DistributedReport(Report):
-        """A Report for the whole job: the verdict is that of the rank that sets the pace
-        (`pace_rank`); `ranks` holds every rank's own result."""
+    world_size: int = 1
+    rank: int = 0
+    ranks: tuple = ()
+    pace_rank: Optional[int] = None
+    straggler_ranks: tuple = ()
 
-        world_size: int = 1
-        rank: int = 0
-        ranks: tuple = ()
-        pace_rank: Optional[int] = None
-        straggler_ranks: tuple = ()
+    def to_dict(self) -> dict:
+        doc = Report.to_dict(self)
+        doc["world_size"] = self.world_size
+        doc["ranks"] = [dict(d) for d in self.ranks]
+        doc["distributed"] = {
+            "pace_rank": self.pace_rank,
+            "straggler_ranks": list(self.straggler_ranks),
+            "straggler_rule": (f"a rank whose loop waits for its next batch at `full` for >= "
+                               f"{STRAGGLER_MIN_WAIT_SHARE:.0%} of its time per batch, and >= "
+                               f"{STRAGGLER_REL_TO_MAX:.0%} of the longest wait of any rank"),
+            "points": _point_table(self.ranks),
+        }
+        return doc
 
-        def to_dict(self) -> dict:
-            doc = Report.to_dict(self)
-            doc["world_size"] = self.world_size
-            doc["ranks"] = [dict(d) for d in self.ranks]
-            doc["distributed"] = {
-                "pace_rank": self.pace_rank,
-                "straggler_ranks": list(self.straggler_ranks),
-                "straggler_rule": (f"a rank whose loop waits for its next batch at `full` for >= "
-                                   f"{STRAGGLER_MIN_WAIT_SHARE:.0%} of its time per batch, and >= "
-                                   f"{STRAGGLER_REL_TO_MAX:.0%} of the longest wait of any rank"),
-                "points": _point_table(self.ranks),
-            }
-            return doc
+    def who(self) -> str:
+        if self.straggler_ranks:
+            names = ", ".join(str(r) for r in self.straggler_ranks)
+            return (f"[{self.world_size} ranks] straggler rank(s) {names}: its input pipeline sets the pace of "
+                    f"every rank; rank {self.pace_rank}'s verdict follows.")
+        return (f"[{self.world_size} ranks] no rank waits for its data at full; verdict of rank "
+                f"{self.pace_rank} (the slowest at full).")
 
-        @property
-        def summary(self) -> str:
-            return f"{self._who()} {Report.summary.fget(self)}"
+    def __str__(self) -> str:
+        from tabulate import tabulate
 
-        def _who(self) -> str:
-            if self.straggler_ranks:
-                names = ", ".join(str(r) for r in self.straggler_ranks)
-                return (f"[{self.world_size} ranks] straggler rank(s) {names}: its input pipeline sets the pace of "
-                        f"every rank; rank {self.pace_rank}'s verdict follows.")
-            return (f"[{self.world_size} ranks] no rank waits for its data at full; verdict of rank "
-                    f"{self.pace_rank} (the slowest at full).")
-
-        def __str__(self) -> str:
-            from tabulate import tabulate
-
-            rows = []
-            for r in _point_table(self.ranks):
-                rows.append([r["point"], _fmt(r["median_samples_per_sec"]), _fmt(r["slowest_samples_per_sec"]),
-                             "-" if r["slowest_rank"] is None else r["slowest_rank"]])
-            waits = [[d["rank"], _fmt(d["input_wait_ms_per_batch"].get("full"), 2),
-                      d["report"]["bottleneck"] or "-"] for d in self.ranks]
-            return "\n".join([
-                f"torch.distributed: world size {self.world_size}, lockstep (rank 0 decides window lengths)",
-                "",
-                tabulate(rows, headers=["point", "median samples/s", "slowest samples/s", "slowest rank"],
-                         disable_numparse=True, colalign=("left", "right", "right", "right")),
-                "",
-                tabulate(waits, headers=["rank", "waits for data at full (ms/batch)", "own verdict"],
-                         disable_numparse=True, colalign=("right", "right", "left")),
-                "",
-                self._who(),
-                "",
-                Report.__str__(self),
-            ])
-
-    DistributedReport.__qualname__ = DistributedReport.__name__
-    DistributedReport.__module__ = __name__
-    return DistributedReport
+        rows = []
+        for r in _point_table(self.ranks):
+            rows.append([r["point"], _fmt(r["median_samples_per_sec"]), _fmt(r["slowest_samples_per_sec"]),
+                         "-" if r["slowest_rank"] is None else r["slowest_rank"]])
+        waits = [[d["rank"], _fmt(d["input_wait_ms_per_batch"].get("full"), 2),
+                  d["report"]["bottleneck"] or "-"] for d in self.ranks]
+        return "\n".join([
+            f"torch.distributed: world size {self.world_size}, lockstep (rank 0 decides window lengths)",
+            "",
+            tabulate(rows, headers=["point", "median samples/s", "slowest samples/s", "slowest rank"],
+                     disable_numparse=True, colalign=("left", "right", "right", "right")),
+            "",
+            tabulate(waits, headers=["rank", "waits for data at full (ms/batch)", "own verdict"],
+                     disable_numparse=True, colalign=("right", "right", "left")),
+            "",
+            Report.__str__(self),
+        ])
 
 
 def _fmt(x: Optional[float], nd: int = 1) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
-
-
-DistributedReport = _make_report_class()

@@ -14,7 +14,6 @@ and its peak memory. Every measurement is bounded by a small time budget.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 import os
@@ -25,7 +24,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils.data import default_collate
 
-from . import faults, replay, stages
+from . import faults, recording, sources, tree
+from .loader import LoaderSpec, copy_or_same, index_order
 from .stats import median
 
 # The isolation measurements take at most this share of --max-seconds, and never more
@@ -54,7 +54,7 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def measure(spec: stages.LoaderSpec, caches: Any, device: torch.device, move: Callable[[Any], Any],
+def measure(spec: LoaderSpec, caches: Any, device: torch.device, move: Callable[[Any], Any],
             train_step: Callable[[Any], Any], step_sec_per_batch: Optional[float], *,
             budget_s: float, clock: Callable[[], float] = time.perf_counter) -> tuple[dict, dict]:
     """(isolated, syncs): the report's two dicts. Never raises for a failing measurement:
@@ -76,7 +76,7 @@ def measure(spec: stages.LoaderSpec, caches: Any, device: torch.device, move: Ca
     device_batch = None
     syncs: dict
     try:
-        device_batch = replay.device_batches(replay.host_batches(caches, spec, device)[:1], move, device)[0]
+        device_batch = sources.device_batches(sources.host_batches(caches, spec, device)[:1], move, device)[0]
     except Exception as exc:
         syncs = {"status": "failed", "reason": _reason(exc)}
     if step_sec_per_batch is not None:
@@ -127,13 +127,13 @@ def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock) -> t
 def _load(spec, caches, augment: dict, share, clock) -> dict:
     """Building a sample through the dataset (loading + its transforms), minus the
     transforms replayed alone: what loading costs."""
-    dataset = replay._copy_or_same(spec.dataset)
+    dataset = copy_or_same(spec.dataset)
     if spec.iterable:
         it = iter(dataset)
         n, sec = _timed_loop(list(range(len(caches.samples) + 1)), lambda _: next(it), share, clock)
         return {"status": "ok", "ms_per_sample": round(sec / n * 1e3, 4), "samples": n, "includes": ["load", "augment"],
                 "note": "IterableDataset: loading and transforms run together"}
-    order = stages.index_order(spec)
+    order = index_order(spec)
     if spec.batch_sampler is not None:
         order = itertools.chain.from_iterable(order)
     indices = list(itertools.islice(order, max(2, len(caches.samples) + 1)))
@@ -152,7 +152,7 @@ def _augment(caches, share, clock) -> dict:
     if caches.raw_calls is None:
         return {"status": "unavailable", "reason": caches.raw_reason or "the transforms could not be split from loading"}
     pairs = list(zip(caches.samples, caches.raw_calls))
-    n, sec = _timed_loop(pairs, lambda p: stages.replay_sample(p[0], p[1]), share, clock)
+    n, sec = _timed_loop(pairs, lambda p: recording.replay_sample(p[0], p[1]), share, clock)
     return {"status": "ok", "ms_per_sample": round(sec / n * 1e3, 4), "samples": n}
 
 
@@ -181,8 +181,8 @@ def _collate(spec, caches, share, clock) -> dict:
 
 
 def _transfer(spec, caches, device, move, share, clock) -> dict:
-    host = replay.host_batches(caches, spec, device)
-    nbytes = stages.nbytes(host[0])
+    host = sources.host_batches(caches, spec, device)
+    nbytes = tree.nbytes(host[0])
     if device.type == "cpu":
         return {"status": "skipped", "reason": "no accelerator: host and device coincide", "bytes_per_batch": nbytes}
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
@@ -297,78 +297,60 @@ def is_image(shape: list, dtype: str) -> bool:
 
 
 def describe_batch(batch: Any) -> dict:
-    tensors: list = []
-    _walk_tensors(batch, "batch", tensors)
-    total = stages.nbytes(batch)
-    return {"status": "ok", "bytes": int(total), "n_tensors": len(tensors), "tensors": tensors[:_MAX_TENSORS]}
-
-
-def _walk_tensors(obj: Any, path: str, out: list, depth: int = 0) -> None:
-    if isinstance(obj, torch.Tensor):
-        shape = list(obj.shape)
-        dtype = str(obj.dtype).replace("torch.", "")
-        out.append({"path": path, "dtype": dtype, "shape": shape, "bytes": obj.element_size() * obj.nelement(),
-                    "image": obj.is_floating_point() and is_image(shape, dtype)})
-        return
-    if depth > 6:
-        return
-    for key, child in stages._children(obj):
-        _walk_tensors(child, f"{path}[{key!r}]", out, depth + 1)
+    tensors = []
+    for path, t in tree.tensors(batch):
+        shape = list(t.shape)
+        dtype = str(t.dtype).replace("torch.", "")
+        tensors.append({"path": "batch" + "".join(f"[{k!r}]" for k in path), "dtype": dtype, "shape": shape,
+                        "bytes": t.element_size() * t.nelement(), "image": t.is_floating_point() and is_image(shape, dtype)})
+    return {"status": "ok", "bytes": int(tree.nbytes(batch)), "n_tensors": len(tensors), "tensors": tensors[:_MAX_TENSORS]}
 
 
 def sample_structure(sample: Any) -> dict:
-    """Counts of the leaves of one sample by kind: what default_collate turns into tensors."""
+    """Counts of the nodes of one sample by kind: what default_collate turns into tensors."""
     counts = {"tensors": 0, "ndarrays": 0, "numbers": 0, "strings": 0, "images": 0, "other": 0, "containers": 0,
               "longest_list": 0}
-    _walk_sample(copy.copy(sample), counts, 0)
+    for _, node in tree.nodes(sample):
+        counts[_kind(node)] += 1
+        if isinstance(node, list):
+            counts["longest_list"] = max(counts["longest_list"], len(node))
     counts["leaves"] = sum(counts[k] for k in ("tensors", "ndarrays", "numbers", "strings", "images", "other"))
     counts["status"] = "ok"
     return counts
 
 
-def _walk_sample(obj: Any, counts: dict, depth: int) -> None:
+def _kind(obj: Any) -> str:
     module = type(obj).__module__ or ""
     if isinstance(obj, torch.Tensor):
-        counts["tensors"] += 1
-    elif module.startswith("numpy") and hasattr(obj, "shape") and getattr(obj, "ndim", 0) > 0:
-        counts["ndarrays"] += 1
-    elif isinstance(obj, (bool, int, float, complex)) or module.startswith("numpy"):
-        counts["numbers"] += 1
-    elif isinstance(obj, (str, bytes)):
-        counts["strings"] += 1
-    elif module.startswith("PIL"):
-        counts["images"] += 1
-    elif isinstance(obj, (tuple, list, dict)) or stages._children(obj):
-        counts["containers"] += 1
-        if isinstance(obj, list):
-            counts["longest_list"] = max(counts["longest_list"], len(obj))
-        if depth < 6:
-            for _, child in stages._children(obj):
-                _walk_sample(child, counts, depth + 1)
-    else:
-        counts["other"] += 1
+        return "tensors"
+    if module.startswith("numpy") and hasattr(obj, "shape") and getattr(obj, "ndim", 0) > 0:
+        return "ndarrays"
+    if isinstance(obj, (bool, int, float, complex)) or module.startswith("numpy"):
+        return "numbers"
+    if isinstance(obj, (str, bytes)):
+        return "strings"
+    if module.startswith("PIL"):
+        return "images"
+    return "containers" if tree.is_container(obj) else "other"
 
 
-def after_points(spec: stages.LoaderSpec, caches: Any, device: torch.device, move: Callable[[Any], Any],
-                 train_step: Callable[[Any], Any], results: dict, *, max_seconds: float,
-                 step_timeout: Optional[float] = None,
-                 clock: Callable[[], float] = time.perf_counter) -> tuple[dict, dict]:
-    """api.bisect's hook, after the points are measured and before the state is restored:
-    the step time comes from the device point (the ceiling) when it was measured.
-    Guarded by the same watchdog as the points; skipped when a point already hung."""
-    hung = [name for name, p in results.items() if p.failed_stage == "hang"]
+def after_points(run: Any, *, max_seconds: float) -> tuple[dict, dict]:
+    """After the points are measured, before the user's state is restored: the step time
+    comes from the device point (the ceiling) when it was measured. Guarded by the run's
+    watchdog; skipped when a point already hung."""
+    hung = [name for name, p in run.results.items() if p.failed_stage == "hang"]
     if hung:
         reason = f"point {hung[0]} hung: nothing is timed again"
         return {"status": "skipped", "reason": reason}, {"status": "skipped", "reason": reason}
-    dp = results.get("device")
+    dp = run.results.get("device")
     step = dp.throughput.sec_per_batch if dp is not None and dp.status == "ok" and dp.throughput else None
     try:
-        with faults.Watchdog(step_timeout, lambda: "the isolated stage timing") as dog:
+        with run.watchdog(lambda: "the isolated stage timing") as dog:
             def beating_clock() -> float:  # every timed item beats the watchdog
                 dog.beat()
-                return clock()
-            return measure(spec, caches, device, move, train_step, step, budget_s=budget(max_seconds),
-                           clock=beating_clock)
+                return run.clock()
+            return measure(run.spec, run.caches, run.device, run.move, run.step, step,
+                           budget_s=budget(max_seconds), clock=beating_clock)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # never costs the run its verdict

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import random
 import sys
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -75,3 +76,31 @@ def restore(snap: Snapshot, model: Optional[torch.nn.Module], optimizer: Optiona
     random.setstate(snap.rng_python)
     if torch.get_num_threads() != snap.num_threads:
         torch.set_num_threads(snap.num_threads)
+
+
+@contextlib.contextmanager
+def preserved(model: Optional[torch.nn.Module], optimizer: Optional[torch.optim.Optimizer],
+              device: Optional[torch.device] = None) -> Iterator[None]:
+    """The user's state as it was after the block, whatever happens in it: a snapshot
+    first, the model moved to `device` for the block (when all of it is on one other
+    device), then moved back and everything restored (see `restore`)."""
+    snap = capture(model, optimizer)
+    moved_from = _move(model, device)
+    try:
+        yield
+    finally:
+        if moved_from is not None:
+            model.to(moved_from)
+        restore(snap, model, optimizer)
+
+
+def _move(model: Optional[torch.nn.Module], device: Optional[torch.device]) -> Optional[torch.device]:
+    if model is None or device is None:
+        return None
+    devices = {t.device for t in model.parameters()} | {t.device for t in model.buffers()}
+    if len(devices) == 1:
+        (current,) = devices
+        if current != device:
+            model.to(device)
+            return current
+    return None

@@ -109,12 +109,20 @@ def iqr(values: Sequence[float]) -> float:
     return quantile(values, 0.75) - quantile(values, 0.25)
 
 
+# Windows are kept to the microsecond, the precision of the JSON document, so a report
+# loaded from its document derives exactly the numbers it was written with.
+WINDOW_DECIMALS = 6
+
+
 @dataclasses.dataclass(frozen=True)
 class Window:
     """One timed window: `steps` training steps took `seconds` of wall clock."""
 
     steps: int
     seconds: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seconds", round(float(self.seconds), WINDOW_DECIMALS))
 
     @property
     def steps_per_sec(self) -> float:

@@ -2,8 +2,8 @@
 
 `--sweep num_workers=0,1,2,4 --sweep pin_memory=0,1` measures the user's pipeline, as
 it is, under every combination of the given settings (plus the user's own, the
-baseline), and names the fastest. Loaders are rebuilt with `replay.full_loader` from a
-modified `stages.LoaderSpec`, timed with `timing.measure` like api's points, and the
+baseline), and names the fastest. Loaders are rebuilt with `sources.full_loader` from a
+modified `loader.LoaderSpec`, timed with `timing.measure` like the bisection's points, and the
 user's state is restored afterwards as in `api.bisect`.
 """
 
@@ -19,13 +19,13 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from . import api, replay, stages
-from . import state as state_mod
+from . import api, sources, state, tree
+from . import loader as loader_mod
 from .errors import BisectError
-from .stats import Throughput
+from .stats import Throughput, is_real
+from .step import make_step, to_device as default_to_device
 from .timing import Plan, measure
-from .stats import is_real
-from .workload import Workload, to_device as default_to_device, validate
+from .workload import Workload, validate
 
 SCHEMA_VERSION = 1
 
@@ -87,7 +87,7 @@ def parse(options: Iterable[str]) -> dict:
     return grid
 
 
-def _user_settings(spec: stages.LoaderSpec) -> dict:
+def _user_settings(spec: loader_mod.LoaderSpec) -> dict:
     return {"num_workers": spec.num_workers, "pin_memory": spec.pin_memory,
             "prefetch_factor": spec.prefetch_factor, "persistent_workers": spec.persistent_workers,
             "batch_size": spec.batch_size}
@@ -104,7 +104,7 @@ def effective(settings: dict) -> dict:
     return eff
 
 
-def combinations(spec: stages.LoaderSpec, grid: dict) -> list:
+def combinations(spec: loader_mod.LoaderSpec, grid: dict) -> list:
     """The distinct effective settings to measure, the user's own first (the baseline)."""
     user = _user_settings(spec)
     if "batch_size" in grid and not (spec.batch_size is not None and spec.batch_sampler is None):
@@ -263,37 +263,33 @@ def run(workload: Workload, grid: dict, *, device: Any = None, max_seconds: floa
     validate(workload, "sweep")
     if not grid:
         raise BisectError("the sweep has no setting to vary; e.g. --sweep num_workers=0,2,4.")
-    if not max_seconds or max_seconds <= 0:
-        raise BisectError(f"max_seconds must be > 0, got {max_seconds}.")
+    if not max_seconds or max_seconds <= 0 or not math.isfinite(max_seconds):
+        raise BisectError(f"max_seconds must be a finite number > 0, got {max_seconds}.")
     dev = api.resolve_device(device)
-    spec = stages.describe(workload.loader)
+    spec = loader_mod.describe(workload.loader)
     combos = combinations(spec, grid)
     emit = progress or (lambda event: None)
     base_plan = plan or Plan()
 
     start = clock()
     deadline = start + max_seconds
-    snap = state_mod.capture(workload.model, workload.optimizer)
-    moved_from = api._move_model(workload.model, dev)
     rows: list = []
     interrupted = False
     try:
-        train_step = api._make_step(workload)
-        user_move = workload.to_device or default_to_device
-        move = lambda batch: user_move(batch, dev)  # noqa: E731
-        sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-        for i, settings in enumerate(combos):
-            emit({"event": "point", "point": "full " + _fmt_settings(settings, list(grid)), "index": i,
-                  "total": len(combos)})
-            left = len(combos) - i
-            row_deadline = clock() + max(0.0, deadline - clock()) / left
-            rows.append(_measure(spec, settings, move, train_step, base_plan, row_deadline, clock, sync))
+        with state.preserved(workload.model, workload.optimizer, dev):
+            train_step = make_step(workload.model, workload.optimizer, workload.loss_fn, workload.step)
+            user_move = workload.to_device or default_to_device
+            move = lambda batch: user_move(batch, dev)  # noqa: E731
+            sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+            for i, settings in enumerate(combos):
+                emit({"event": "point", "point": "full " + _fmt_settings(settings, list(grid)), "index": i,
+                      "total": len(combos)})
+                left = len(combos) - i
+                row_deadline = clock() + max(0.0, deadline - clock()) / left
+                rows.append(_measure(spec, settings, move=move, step=train_step, plan=base_plan,
+                                     deadline=row_deadline, clock=clock, sync=sync))
     except KeyboardInterrupt:
         interrupted = True
-    finally:
-        if moved_from is not None:
-            workload.model.to(moved_from)
-        state_mod.restore(snap, workload.model, workload.optimizer)
     for settings in combos[len(rows):]:
         rows.append(Row(settings, "not run", reason="interrupted" if interrupted else "out of time"))
     run_info = {"max_seconds": max_seconds, "elapsed_s": round(clock() - start, 3), "torch": torch.__version__,
@@ -302,26 +298,26 @@ def run(workload: Workload, grid: dict, *, device: Any = None, max_seconds: floa
                        interrupted=interrupted)
 
 
-def _measure(spec: stages.LoaderSpec, settings: dict, move, train_step, plan: Plan, deadline: float, clock,
+def _measure(spec: loader_mod.LoaderSpec, settings: dict, *, move, step, plan: Plan, deadline: float, clock,
              sync) -> Row:
     spec2 = dataclasses.replace(spec, **settings)
     if spec2.num_workers == 0:
         # DataLoader refuses a timeout or a multiprocessing_context without workers: a
         # user loader with workers swept down to num_workers=0 drops them.
         spec2 = dataclasses.replace(spec2, timeout=0.0, multiprocessing_context=None)
-    plan2 = api._plan_for(plan, spec2)
+    plan2 = plan.for_workers(spec2.num_workers)
     seen: list = []
 
     t0 = clock()
     try:
-        with replay.full_loader(spec2) as next_batch:
+        with sources.full_loader(spec2) as next_batch:
             def counted() -> Any:
                 batch = next_batch()
                 if not seen:
-                    seen.append(stages.leading_dim(batch) or 1)
+                    seen.append(tree.leading_dim(batch) or 1)
                 return batch
             opened = clock() - t0
-            m = measure(counted, move, train_step, batch_size=spec2.batch_size or 1, plan=plan2, deadline=deadline,
+            m = measure(counted, move, step, batch_size=spec2.batch_size or 1, plan=plan2, deadline=deadline,
                         clock=clock, sync=sync, prefetch_depth=spec2.prefetch_depth, keep=ROW_WINDOWS)
     except KeyboardInterrupt:
         raise

@@ -35,9 +35,11 @@ class Plan:
     steady_tolerance: float = 0.10
     max_warmup_windows: int = 4
     # Rounds: at least two (a pair, down then up, so that a machine drifting over the
-    # run weighs on every point alike), then more until the verdict is settled.
+    # run weighs on every point alike), then more until the verdict is settled; those
+    # visit only the points that can still change it, so they are short. The deadline
+    # bounds them; max_rounds only stops a run that nothing could settle.
     min_rounds: int = 2
-    max_rounds: int = 8
+    max_rounds: int = 24
 
     def __post_init__(self) -> None:
         if self.window_seconds <= 0:
@@ -48,6 +50,12 @@ class Plan:
             raise ValueError("Plan needs steady_tolerance > 0 and max_warmup_windows >= 0")
         if not 1 <= self.min_rounds <= self.max_rounds:
             raise ValueError(f"Plan needs 1 <= min_rounds <= max_rounds, got {self.min_rounds}, {self.max_rounds}")
+
+    def for_workers(self, num_workers: int) -> "Plan":
+        """This plan for a loader with `num_workers`: a window must span several batches
+        per worker, or it times one worker's burst."""
+        need = max(self.min_window_steps, 2 * num_workers)
+        return self if need == self.min_window_steps else dataclasses.replace(self, min_window_steps=need)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +171,7 @@ def measure(
         if clock() >= deadline:
             stopped = True
             break
-        w = _window(next_batch, move, step, n, deadline, clock, sync, beat)
+        w = _window(next_batch, move, step, n, deadline=deadline, clock=clock, sync=sync, beat=beat)
         if w.steps == 0:
             stopped = True
             break
@@ -189,7 +197,7 @@ def _run_one(batch: Any, move: Optional[Callable[[Any], Any]], step: Callable[[A
     step(batch)
 
 
-def _window(next_batch, move, step, n: int, deadline: float, clock: Clock, sync, beat) -> Window:
+def _window(next_batch, move, step, n: int, *, deadline: float, clock: Clock, sync, beat) -> Window:
     # The per-step path: one clock read for the deadline, one watchdog beat, no
     # allocation, no sync.
     sync()

@@ -97,12 +97,14 @@ def rebuild(obj: Any, new: dict) -> Any:
     raise TypeError(f"a {type(obj).__name__} is not a container")
 
 
-def map_leaves(fn: Callable[[Any], Any], obj: Any, *, depth: int = 0) -> Any:
-    """`obj` rebuilt with `fn(leaf)` in place of every leaf (containers are new objects)."""
-    if depth > MAX_DEPTH or not is_container(obj):
+def map_leaves(fn: Callable[[Any], Any], obj: Any, *, stop: Optional[Callable[[Any], bool]] = None,
+               depth: int = 0) -> Any:
+    """`obj` rebuilt with `fn(leaf)` in place of every leaf (containers are new objects).
+    A container for which `stop(node)` is true is handed to `fn` whole."""
+    if depth > MAX_DEPTH or not is_container(obj) or (stop is not None and stop(obj)):
         return fn(obj)
     try:
-        return rebuild(obj, {k: map_leaves(fn, v, depth=depth + 1) for k, v in children(obj)})
+        return rebuild(obj, {k: map_leaves(fn, v, stop=stop, depth=depth + 1) for k, v in children(obj)})
     except (AttributeError, TypeError, copy.Error):  # read-only attributes: kept as it is
         return obj
 
@@ -151,3 +153,98 @@ def replace(obj: Any, path: Path, value: Any) -> Any:
     if key not in current:
         raise KeyError(f"{key!r} is not in a {type(obj).__name__}")
     return rebuild(obj, {key: replace(current[key], rest, value)})
+
+
+# --------------------------------------------------------------------------------------
+# What the tool computes over batches, with the walker above
+# --------------------------------------------------------------------------------------
+
+
+def clone(obj: Any) -> Any:
+    """A copy that shares no tensor, array or image storage with `obj` (cached data must
+    neither keep worker shared memory alive nor be changed by the code that uses it)."""
+    return map_leaves(_clone_leaf, obj)
+
+
+def _clone_leaf(x: Any) -> Any:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    module = type(x).__module__ or ""
+    if module.startswith("numpy") or module.startswith("PIL"):
+        return x.copy()
+    return x
+
+
+def nbytes(obj: Any) -> int:
+    """Memory held by the tensors, arrays and images inside `obj` (approximate)."""
+    return sum(_leaf_bytes(x) for _, x in leaves(obj))
+
+
+def _leaf_bytes(x: Any) -> int:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.element_size() * x.nelement()
+    n = getattr(x, "nbytes", None)
+    if isinstance(n, int):
+        return n
+    size = getattr(x, "size", None)
+    if (type(x).__module__ or "").startswith("PIL") and isinstance(size, tuple):
+        return size[0] * size[1] * len(x.getbands())
+    return 0
+
+
+def tensors(obj: Any) -> Iterator[tuple[Path, Any]]:
+    """(path, tensor) for every tensor leaf."""
+    import torch
+
+    return ((p, x) for p, x in leaves(obj) if isinstance(x, torch.Tensor))
+
+
+def leading_dim(obj: Any) -> Optional[int]:
+    """The first dimension of the first tensor with one, or None."""
+    return next((x.shape[0] for _, x in tensors(obj) if x.dim()), None)
+
+
+def same_values(a: Any, b: Any) -> bool:
+    """Equal tensors (values, shapes, dtypes) and equal everything else, node by node."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and bool(torch.equal(a, b)))
+    if is_container(a) or is_container(b):
+        ca, cb = children(a), children(b)
+        return type(a) is type(b) and len(ca) == len(cb) and all(
+            ka == kb and same_values(va, vb) for (ka, va), (kb, vb) in zip(ca, cb))
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b
+
+
+def same_structure(a: Any, b: Any, *, depth: int = 0) -> Optional[str]:
+    """None if `a` and `b` have the same nesting, types, tensor dtypes and ranks; else a
+    short description of the first difference."""
+    import torch
+
+    if type(a) is not type(b):
+        return f"{type(a).__name__} vs {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        if a.dtype != b.dtype or a.dim() != b.dim():
+            return f"tensor {a.dtype}/{a.dim()}d vs {b.dtype}/{b.dim()}d"
+        return None
+    if depth > MAX_DEPTH:
+        return None
+    ca, cb = children(a), children(b)
+    if len(ca) != len(cb):
+        return f"{len(ca)} vs {len(cb)} elements"
+    for (ka, va), (kb, vb) in zip(ca, cb):
+        if ka != kb:
+            return f"key {ka!r} vs {kb!r}"
+        diff = same_structure(va, vb, depth=depth + 1)
+        if diff:
+            return f"[{ka!r}] {diff}"
+    return None

@@ -11,7 +11,6 @@ from .stats import NOISY_REL_IQR, Throughput, decreasing_fit, is_real, noise_thr
 # Upstream to downstream. A stage sits between the point before it and the point after.
 POINTS = ("full", "raw", "augmented", "collated", "host", "device")
 STAGES = ("load", "augment", "collate", "handoff", "transfer")
-STAGE_BETWEEN = {stage: (POINTS[i], POINTS[i + 1]) for i, stage in enumerate(STAGES)}
 
 # `none` says the input pipeline keeps up, so the loss to input must be known to be
 # small: its upper confidence bound, Z_UPPER standard errors above the estimate (97.7%
@@ -21,14 +20,13 @@ STAGE_BETWEEN = {stage: (POINTS[i], POINTS[i + 1]) for i, stage in enumerate(STA
 Z_UPPER = 2.0
 NONE_MAX_LOSS = 0.10
 # A run stops measuring once its verdict would stand with this much more noise than
-# measured (the margin of the sequential rule: each extra look at the data is another
-# chance for noise to pass a threshold, so stopping early asks for more than deciding).
+# measured (a named stage) or this much less (`none`: more data could only reveal a
+# stage): the margin of the sequential rule, since each extra look at the data is another
+# chance for noise to pass a threshold, so stopping early asks for more than deciding.
 SETTLE_NOISE_SCALE = 1.5
 # Relative noise below which a point's standard error is not trusted when weighting the
 # points against each other: a few windows that happen to agree are not a 0.1% estimate.
 MIN_REL_SE = 0.01
-
-BOTTLENECKS = STAGES + ("none", "inconclusive")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +95,9 @@ def decide(
          (violations within the noise are pooled); a stage's cost is the difference of
          the fitted times around it, so the costs add up to the gap t(full) - t(ceiling);
       3. a stage is real when its cost is beyond the noise (stats.is_real);
-      4. a real stage: the costliest, unless the runner-up is real too and within the
-         noise of it (inconclusive: the two cannot be told apart);
+      4. some stage real: the costliest stage (by its estimate) is named when it is real
+         and its lead over the runner-up is real too; otherwise inconclusive (two that
+         cannot be told apart, or a larger drop that is not pinned down beside a real one);
          no real stage: inconclusive if the gap itself is real (spread over stages),
          none if the gap's upper bound (gap + Z_UPPER sigma) is under NONE_MAX_LOSS of
          t(full), else inconclusive (too noisy to tell).
@@ -158,12 +157,19 @@ def decide(
     costed = sorted((c for c in ordered if c.status == "ok"), key=lambda c: c.sec_per_batch, reverse=True)
     real = [c for c in costed if c.significant]
     if real:
-        top = real[0]
-        second = next((c for c in costed if c is not top), None)
-        if second is not None and second.significant and not is_real(
-                top.sec_per_batch - second.sec_per_batch, math.hypot(top.sigma, second.sigma), t_full, noise_scale):
-            return Verdict("inconclusive", reason=f"{top.stage} and {second.stage} cost about the same; neither can be "
-                                                  "named alone", **common)
+        top = costed[0]
+        if not top.significant:
+            return Verdict("inconclusive", reason=(
+                f"{real[0].stage} adds a real {real[0].sec_per_batch * 1e3:.1f} ms per batch, but {top.stage} may cost "
+                f"more ({top.sec_per_batch * 1e3:.1f} ± {top.sigma * 1e3:.1f} ms, within the noise): measure longer or "
+                "on a quieter machine"), **common)
+        second = costed[1] if len(costed) > 1 else None
+        if second is not None and not is_real(top.sec_per_batch - second.sec_per_batch,
+                                              _lead_sigma(top, second, sigma), t_full, noise_scale):
+            why = (f"{top.stage} and {second.stage} cost about the same; neither can be named alone" if second.significant
+                   else f"{top.stage} adds a real {top.sec_per_batch * 1e3:.1f} ms per batch, but {second.stage} may cost "
+                        f"as much ({second.sec_per_batch * 1e3:.1f} ± {second.sigma * 1e3:.1f} ms, within the noise)")
+            return Verdict("inconclusive", reason=why, **common)
         return Verdict(top.stage, reason=f"removing {top.stage} buys the most throughput", **common)
     if is_real(gap, gap_sigma, t_full, noise_scale):
         return Verdict("inconclusive", reason=f"throughput drops by {gap * 1e3:.1f} ms per batch, but no single stage's "
@@ -172,6 +178,16 @@ def decide(
     if upper_bound <= NONE_MAX_LOSS * t_full:
         return Verdict("none", reason="the full pipeline runs at the ceiling within noise", **common)
     return Verdict("inconclusive", reason=too_noisy(measured, upper_bound / t_full), **common)
+
+
+def _lead_sigma(top: StageCost, second: StageCost, sigma: Mapping[str, float]) -> float:
+    """Standard error of top's cost minus second's, from the points' own: each cost is
+    t(lower) - t(upper), so a point the two stages share (adjacent stages) counts twice."""
+    coef: dict = {}
+    for s, sign in ((top, 1), (second, -1)):
+        coef[s.lower] = coef.get(s.lower, 0) + sign
+        coef[s.upper] = coef.get(s.upper, 0) - sign
+    return math.sqrt(sum((c * sigma[p]) ** 2 for p, c in coef.items()))
 
 
 def find_inconsistent(measured: Mapping[str, Throughput], present: list, noise_scale: float = 1.0) -> tuple:
@@ -204,12 +220,34 @@ def too_noisy(measured: Mapping[str, Throughput], upper_loss: float) -> str:
             f"{min(upper_loss, 1.0) * 100:.0f}%): close other work on this machine, or raise --max-seconds for more rounds")
 
 
-def settled(v: Verdict, with_margin: Verdict) -> bool:
-    """Is the verdict firm enough to stop measuring? `with_margin` is the same decision
-    made with SETTLE_NOISE_SCALE times the noise: it must name the same stage (or
-    none), and no point may be inconsistent (those are measured again first)."""
-    return (v.bottleneck not in (None, "inconclusive") and with_margin.bottleneck == v.bottleneck
-            and not v.inconsistent)
+def settled(v: Verdict, more_noise: Verdict, less_noise: Verdict) -> bool:
+    """Is the verdict firm enough to stop measuring? The same decision made with
+    SETTLE_NOISE_SCALE times the noise (`more_noise`) must name the same stage; a `none`
+    must stay `none` with 1/SETTLE_NOISE_SCALE of it (`less_noise`: no stage would turn
+    real with more windows). Never an inconclusive verdict. (An inconsistent point has
+    been measured again once by the scheduler before this is asked, then left out.)"""
+    if v.bottleneck in (None, "inconclusive"):
+        return False
+    if v.bottleneck == "none":
+        return less_noise.bottleneck == "none"
+    return more_noise.bottleneck == v.bottleneck
+
+
+def deciding_points(v: Verdict) -> set:
+    """The points whose measurement can still change verdict `v`: around the costliest
+    stage and its runner-up when a stage is named or two are tied; `full` and the
+    ceiling when the question is the gap (none, or too noisy); every costed point when
+    the gap is real but spread over stages."""
+    costed = sorted((s for s in v.stages if s.status == "ok"), key=lambda s: s.sec_per_batch, reverse=True)
+    every = {p for s in costed for p in (s.lower, s.upper)} | {"full"}
+    if v.bottleneck is None:
+        return every
+    if any(s.significant for s in costed):
+        return {p for s in costed[:2] for p in (s.lower, s.upper)} | {"full"}
+    t_full = v.fitted.get("full")
+    if t_full and v.gap_sigma is not None and is_real(v.gap_sec_per_batch or 0.0, v.gap_sigma, t_full):
+        return every  # the gap is real but spread over stages
+    return {"full", v.ceiling}
 
 
 def self_check(points: Mapping[str, float], v: Verdict, num_workers: Optional[int], pinned_transfer: bool) -> list:

@@ -19,16 +19,13 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 ENTRY = """
-import sys
-sys.path.insert(0, {here!r})
-import _planted as planted
+from bisect_pipeline import testing
 
 def make():
     # 20 ms per sample of augmentation, batch 16: 320 ms per batch at full and raw.
-    model, loader = planted.workload("augment", 0)
+    model, loader = testing.benchmark("augment", 0)
     loader.dataset.transform.ms = 20.0
     return model, loader
 """
@@ -41,7 +38,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         entry = os.path.join(tmp, "slow_entry.py")
         with open(entry, "w") as f:
-            f.write(ENTRY.format(here=HERE))
+            f.write(ENTRY)
         print(f"{'--max-seconds':>13s} {'bisection s':>11s} {'over':>6s} {'process s':>9s}  complete")
         for budget in (float(b) for b in args.budgets.split(",")):
             out = os.path.join(tmp, "r.json")

@@ -25,7 +25,7 @@ import statistics
 import time
 
 from bisect_pipeline import bisect, entry
-from bisect_pipeline.api import _make_step
+from bisect_pipeline.step import make_step
 from bisect_pipeline.stats import is_real, median
 from bisect_pipeline.verdict import POINTS
 
@@ -33,7 +33,7 @@ from bisect_pipeline.verdict import POINTS
 def one_run(entry_spec: str, hold: bool) -> dict:
     """{(point, visit): [step seconds]} and the verdict."""
     wl = entry.load(entry_spec)
-    inner = _make_step(wl)
+    inner = make_step(wl.model, wl.optimizer, wl.loss_fn, wl.step)
     current = {"key": None}
     visits: dict = {}
     times: dict = {}

@@ -1,7 +1,7 @@
 """Verdicts with a busy neighbour: how often right, `inconclusive`, or wrong (wrong: 0).
 
 Runs the planted workloads (load-, augment-, collate-, model-bound at num_workers 0 and
-2; scripts/_planted.py) and the built-in demo (augment-bound), `--runs` times each,
+2; bisect_pipeline.testing.benchmark) and the built-in demo (augment-bound), `--runs` times each,
 with a neighbour process spinning on one core for the whole time (`--quiet-too` also
 runs them without it first). A verdict is right when it names the planted stage (none
 for the model-bound step), `inconclusive` is allowed on a busy machine, anything else
@@ -21,8 +21,8 @@ import multiprocessing
 import os
 import tempfile
 
-import _planted as planted
 from bench_verdicts import planted_maker, run_workload, summary_table
+from bisect_pipeline import testing
 
 
 def spin(core: int) -> None:
@@ -61,10 +61,10 @@ def demo_maker():
 
 def workloads(only: str) -> list:
     out = []
-    for kind in planted.KINDS:
+    for kind in testing.KINDS:
         for workers in (0, 2):
             name = f"{kind}-w{workers}"
-            out.append((name, planted_maker(kind, workers), planted.EXPECTED[kind], "load" if kind == "model" else kind))
+            out.append((name, planted_maker(kind, workers), testing.EXPECTED[kind], "load" if kind == "model" else kind))
     out.append(("demo", demo_maker(), "augment", "augment"))
     if only:
         keep = set(only.split(","))

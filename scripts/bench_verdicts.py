@@ -1,6 +1,6 @@
 """Right verdicts, accurate stage costs, time to verdict, reports that agree with themselves.
 
-For each planted workload (load-, augment-, collate-, model-bound; scripts/_planted.py)
+For each planted workload (load-, augment-, collate-, model-bound; bisect_pipeline.testing.benchmark)
 and num_workers in {0, 2}, runs `bisect()` with the default settings `--runs` times and
 prints: how many verdicts were right, `inconclusive` or wrong (target: the expected one
 every time, never a wrong one), the reported cost of the planted stage against the
@@ -26,8 +26,7 @@ import sys
 import tempfile
 import time
 
-import _planted as planted
-from bisect_pipeline import bisect
+from bisect_pipeline import bisect, testing
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHECK_REPORT = os.path.join(HERE, "..", "..", "shared", "tools", "check-report")
@@ -36,26 +35,26 @@ CHECK_REPORT = os.path.join(HERE, "..", "..", "shared", "tools", "check-report")
 def calibrate(n: int = 100) -> float:
     """What one planted 3 ms sleep really costs here (sleep overshoots by 0.05-0.5 ms,
     more on a busy machine): the planted cost the reported one is compared with."""
-    s = planted.Sleep(planted.PER_SAMPLE_MS)
+    s = testing.Sleep(testing.BENCH_PER_SAMPLE_MS)
     t0 = time.perf_counter()
     for _ in range(n):
         s(None)
     return (time.perf_counter() - t0) / n * 1e3
 
 
-def expected_cost_ms(kind: str, workers: int, per_sample_ms: float = planted.PER_SAMPLE_MS) -> float:
+def expected_cost_ms(kind: str, workers: int, per_sample_ms: float = testing.BENCH_PER_SAMPLE_MS) -> float:
     """What the planted stage should add per batch to the time of the full pipeline.
 
     Without workers every stage runs in the loop, so it adds its whole cost (48 ms).
     With W workers the planted work is spread over them while the step runs: the
     pipeline's time per batch becomes max(step, 48 / W) and the point above it runs at
     about the step's pace, so the stage adds 48 / W - step."""
-    per_batch = per_sample_ms * planted.BATCH
+    per_batch = per_sample_ms * testing.BENCH_BATCH
     if kind == "model":
         return 0.0
     if workers == 0:
         return per_batch
-    return max(0.0, per_batch / workers - planted.STEP_MS)
+    return max(0.0, per_batch / workers - testing.BENCH_STEP_MS)
 
 
 def check(path: str) -> str:
@@ -99,7 +98,7 @@ def run_workload(name: str, make, expected: str, runs: int, max_seconds: float, 
 
 def planted_maker(kind: str, workers: int):
     def make():
-        model, loader = planted.workload(kind, workers)
+        model, loader = testing.benchmark(kind, workers)
         return model, loader, {}
     return make
 
@@ -125,7 +124,7 @@ def summary_table(rows: list) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kinds", default=",".join(planted.KINDS))
+    ap.add_argument("--kinds", default=",".join(testing.KINDS))
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--max-seconds", type=float, default=60.0, help="bisect's default")
@@ -141,12 +140,12 @@ def main() -> None:
     out_dir = args.out or tempfile.mkdtemp(prefix="bench-verdicts-")
     os.makedirs(out_dir, exist_ok=True)
     per_sample = calibrate()
-    print(f"a planted {planted.PER_SAMPLE_MS:g} ms sleep costs {per_sample:.3f} ms here; reports in {out_dir}")
+    print(f"a planted {testing.BENCH_PER_SAMPLE_MS:g} ms sleep costs {per_sample:.3f} ms here; reports in {out_dir}")
     rows = []
     for kind in args.kinds.split(","):
         for workers in (int(w) for w in args.workers.split(",")):
             stage = "load" if kind == "model" else kind
-            row = run_workload(f"{kind}-w{workers}", planted_maker(kind, workers), planted.EXPECTED[kind], args.runs,
+            row = run_workload(f"{kind}-w{workers}", planted_maker(kind, workers), testing.EXPECTED[kind], args.runs,
                                args.max_seconds, out_dir, stage=stage)
             row["planted_ms"] = None if kind == "model" else expected_cost_ms(kind, workers, calibrate(50))
             rows.append(row)

@@ -10,9 +10,9 @@ import json
 import pytest
 
 from bisect_pipeline import advice, bisect
-from bisect_pipeline.report import PointResult, Report, stage_dict
+from bisect_pipeline.report import PointResult, Report, build, stage_dict
 from bisect_pipeline.stats import Throughput, Window
-from bisect_pipeline.verdict import POINTS, StageCost, Verdict, decide
+from bisect_pipeline.verdict import POINTS, Verdict
 from conftest import FAST_PLAN, PlantedDataset, Sleep, make_loader, planted, tiny_model
 
 BS = 16
@@ -38,13 +38,10 @@ def make_report(ms: dict, *, device: str = "cpu", loader: dict = None, isolated:
             points.append(PointResult(name, "skipped", reason=skipped[name]))
         else:
             points.append(PointResult(name, "skipped", reason="not selected"))
-    measured = {p.point: p.throughput for p in points if p.status == "ok"}
-    verdict = decide(measured, BS, {k: v for k, v in skipped.items()})
     lo = {"num_workers": 0, "pin_memory": False, "collate_fn": "default_collate", "dataset": "ImageFolder"}
     lo.update(loader or {})
-    return Report(device=device, batch_size=BS, points=tuple(points), verdict=verdict, loader=lo,
-                  cache={"raw_transforms": ["dataset.transform (Compose)"]}, run={"cpu_count": cpu_count},
-                  isolated=isolated or {}, syncs=syncs or {})
+    return build(points, BS, device, loader=lo, cache={"raw_transforms": ["dataset.transform (Compose)"]},
+                 run={"cpu_count": cpu_count}, isolated=isolated or {}, syncs=syncs or {})
 
 
 # Planted pipelines (ms per batch at each point, the ceiling 10 ms).
@@ -146,7 +143,7 @@ def test_num_workers_silent_when_model_bound():
     r = make_report(MODEL_BOUND, isolated=iso_workers(needed=1, cores=8))
     assert r.bottleneck == "none"
     assert "num_workers" not in kinds(r) and "cores" not in kinds(r)
-    assert r.advice == []
+    assert not r.advice
 
 
 def test_num_workers_silent_when_the_loader_already_has_enough_workers():
@@ -388,6 +385,7 @@ def test_advice_is_typed_data_in_the_json():
 # --- end to end through bisect() -------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_end_to_end_augment_bound_at_zero_workers_advises_workers(no_leftover_workers):
     # 8 x 10 ms of augment per batch against a ~2 ms step: 40x every other stage, so a busy
     # 2-core machine's noise cannot make another stage look as costly
@@ -402,6 +400,7 @@ def test_end_to_end_augment_bound_at_zero_workers_advises_workers(no_leftover_wo
     assert advice.input_bound_class(r) == "highly"
 
 
+@pytest.mark.e2e
 def test_end_to_end_model_bound_gives_no_worker_advice(no_leftover_workers):
     model, loader = planted("model", 0)
     r = bisect(model, loader, device="cpu", max_seconds=15, plan=FAST_PLAN)  # 80 ms steps

@@ -10,6 +10,8 @@ from torch.utils.data import ConcatDataset, Subset
 from bisect_pipeline import BisectError, bisect
 from conftest import FAST_PLAN, PlantedDataset, PlantedIterable, Sleep, make_loader, planted, tiny_model
 
+pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
+
 MAX_S = 20
 
 

@@ -14,6 +14,8 @@ from torch.utils.data import DataLoader, Dataset
 from bisect_pipeline import Plan, bisect
 from conftest import CLASSES, FAST_PLAN, FEATURES, Sleep, SleepLayer
 
+pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
+
 MAX_S = 8
 AUG_MS = 6.0  # per sample: 48 ms a batch of 8, against a 2 ms step
 # Only the points' statuses are asserted here, not a verdict: short windows suffice.

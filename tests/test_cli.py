@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
+
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 ENTRY = textwrap.dedent("""

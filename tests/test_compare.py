@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 from bisect_pipeline import compare
 from bisect_pipeline.cli import main
-from bisect_pipeline.report import PointResult, Report
+from bisect_pipeline.report import PointResult, Report, build
 from bisect_pipeline.stats import Throughput, Window
-from bisect_pipeline.verdict import POINTS, decide
+from bisect_pipeline.verdict import POINTS
 
 BS = 16
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -27,9 +27,7 @@ def make_report(ms: dict, num_workers: int = 0, spread: float = 0.01) -> Report:
     skipped = {"host": "no accelerator: host and device coincide"}
     points = tuple(PointResult(p, "ok", tp(ms[p], spread)) if p in ms else PointResult(p, "skipped", reason=skipped["host"])
                    for p in POINTS)
-    verdict = decide({p.point: p.throughput for p in points if p.status == "ok"}, BS, skipped)
-    return Report(device="cpu", batch_size=BS, points=points, verdict=verdict,
-                  loader={"num_workers": num_workers, "pin_memory": False})
+    return build(points, BS, "cpu", loader={"num_workers": num_workers, "pin_memory": False})
 
 
 BEFORE = {"device": 10, "collated": 10.5, "augmented": 11, "raw": 60, "full": 61}  # augment-bound, 0 workers
@@ -136,6 +134,7 @@ ENTRY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_compare_end_to_end_two_real_runs(tmp_path, no_leftover_workers):
     entry = tmp_path / "cmp_entry.py"
     entry.write_text(ENTRY.format(tests=TESTS))

@@ -12,8 +12,8 @@ import torch.distributed as dist
 
 from bisect_pipeline import distributed
 
-pytestmark = pytest.mark.skipif(not dist.is_available(),
-                                reason="torch.distributed is not available")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not dist.is_available(),
+                                                  reason="torch.distributed is not available")]
 
 ENTRY = textwrap.dedent('''
     import time

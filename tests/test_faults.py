@@ -67,6 +67,7 @@ def bad_init(worker_id):
     raise RuntimeError("no database connection")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_getitem_raising_everywhere_fails_every_point_naming_load(num_workers, no_leftover_workers):
     loader = make_loader(RaisesAt(0), num_workers=num_workers)
@@ -78,6 +79,7 @@ def test_getitem_raising_everywhere_fails_every_point_naming_load(num_workers, n
         assert "OSError: cannot read sample" in p.reason
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_getitem_raising_later_keeps_the_cached_points(num_workers, no_leftover_workers):
     # the first samples load, so the caches fill; the full pipeline hits the bad samples
@@ -109,6 +111,7 @@ def test_collate_raising_names_collate_and_keeps_device(no_leftover_workers):
         assert p.failed_stage == "collate" and "TypeError: cannot stack" in p.reason
 
 
+@pytest.mark.e2e
 def test_worker_init_fn_raising_fails_worker_points_only(no_leftover_workers):
     loader = make_loader(PlantedDataset(transform=Sleep(0.0)), num_workers=2, worker_init_fn=bad_init)
     report = run(tiny_model(), loader)
@@ -129,6 +132,7 @@ class KillsWorker(Dataset):
         return torch.zeros(16), 0
 
 
+@pytest.mark.e2e
 def test_killed_worker_is_explained(no_leftover_workers):
     loader = DataLoader(KillsWorker(), batch_size=8, num_workers=2, multiprocessing_context="fork")
     report = run(tiny_model(), loader)
@@ -163,6 +167,7 @@ class Hangs(Dataset):
         return torch.zeros(16), 0
 
 
+@pytest.mark.e2e
 def test_hanging_worker_is_cut_by_the_watchdog(no_leftover_workers):
     loader = DataLoader(Hangs(), batch_size=8, num_workers=2, multiprocessing_context="fork")
     t0 = time.monotonic()
@@ -173,6 +178,7 @@ def test_hanging_worker_is_cut_by_the_watchdog(no_leftover_workers):
     assert report.point("device").status == "ok"
 
 
+@pytest.mark.e2e
 def test_hanging_step_is_cut_by_the_watchdog():
     state = {"calls": 0}
 
@@ -211,6 +217,7 @@ def test_out_of_memory_names_the_point_and_the_cache_option():
 # ---------------------------------------------------------------- data problems
 
 
+@pytest.mark.e2e
 def test_step_mutating_its_batch_gets_fresh_copies():
     seen = []
 
@@ -232,6 +239,7 @@ def test_empty_dataset_is_a_clear_error():
         run(tiny_model(), DataLoader(PlantedDataset(n=0), batch_size=8))  # shuffle=True would fail in torch
 
 
+@pytest.mark.e2e
 def test_loader_shorter_than_the_steps_cycles():
     report = run(tiny_model(40.0), make_loader(PlantedDataset(n=8)))  # one batch per epoch
     assert report.point("full").status == "ok" and report.point("full").throughput.steps > 3
@@ -247,18 +255,21 @@ class Indices(torch.utils.data.Sampler):
         return iter(range(16))
 
 
+@pytest.mark.e2e
 def test_dataset_without_len_is_measured():
     loader = DataLoader(NoLen(), batch_size=8, sampler=Indices())
     report = run(tiny_model(), loader)
     assert report.point("full").status == "ok" and report.point("augmented").status == "ok"
 
 
+@pytest.mark.e2e
 def test_cache_over_budget_keeps_fewer_batches_and_says_so():
     report = run(tiny_model(), make_loader(PlantedDataset()), cache_mb=0.001)
     assert report.cache["batches"] == 1 and report.cache["limited_by"] == "memory budget"
     assert any("limited by memory budget" in w for w in report.warnings)
 
 
+@pytest.mark.e2e
 def test_small_dev_shm_is_detected_before_the_run(monkeypatch):
     monkeypatch.setattr(faults, "shm_free_bytes", lambda path="/dev/shm": 1000)
     events = []
@@ -303,6 +314,7 @@ ENTRY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_writes_the_partial_result_and_leaves_no_worker(tmp_path, sig, code):
     psutil = pytest.importorskip("psutil")
@@ -352,6 +364,7 @@ HANGS_AT_50 = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("extra,bound", [(["--step-timeout", "5"], 20), ([], 10 + 10)])
 def test_a_sample_hanging_in_the_fill_ends_the_run_in_time_with_the_json(tmp_path, extra, bound):
     # issue 11's case: __getitem__ sleeps forever at index 50, num_workers=1, batch 8.
@@ -375,6 +388,7 @@ def test_a_sample_hanging_in_the_fill_ends_the_run_in_time_with_the_json(tmp_pat
     assert next(p for p in doc["points"] if p["point"] == "device")["status"] == "ok"  # 6 batches were cached
 
 
+@pytest.mark.e2e
 def test_a_hang_before_the_first_batch_fails_the_cached_points_naming_sample_and_stage():
     class HangsInTransform(Dataset):
         def __init__(self):

@@ -17,6 +17,8 @@ from torch.utils.data import DataLoader  # noqa: E402
 from bisect_pipeline import Plan, bisect  # noqa: E402
 from conftest import CLASSES, FAST_PLAN, FEATURES, Sleep, SleepLayer, tiny_model  # noqa: E402
 
+pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
+
 datasets = pytest.importorskip("datasets")
 
 MAX_S = 8

@@ -15,6 +15,8 @@ import torch
 from bisect_pipeline import BisectError, bisect
 from conftest import FAST_PLAN
 
+pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
+
 L = pytest.importorskip("lightning")
 
 TESTS = os.path.dirname(os.path.abspath(__file__))

@@ -17,6 +17,8 @@ from torchvision import transforms as T  # noqa: E402
 from bisect_pipeline import BisectError, Plan, bisect  # noqa: E402
 from conftest import FAST_PLAN, Sleep, SleepLayer  # noqa: E402
 
+pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
+
 timm_data = pytest.importorskip("timm.data")
 
 MAX_S = 8

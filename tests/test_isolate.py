@@ -8,20 +8,21 @@ import pytest
 import torch
 from PIL import Image
 
-from bisect_pipeline import Workload, api, isolate, replay, stages
+from bisect_pipeline import cache, isolate, loader as loader_mod, run as run_mod
+from bisect_pipeline.step import make_step
 from bisect_pipeline.report import PointResult
-from bisect_pipeline.workload import to_device
+from bisect_pipeline.step import to_device
 from conftest import PlantedDataset, Sleep, SlowCollate, make_loader, tiny_model
 
 CPU = torch.device("cpu")
 
 
 def isolated(model, loader, budget_s=1.0):
-    """isolate.measure on a real cache fill, as api.bisect calls it (no step time given:
+    """isolate.measure on a real cache fill, as bisect() calls it (no step time given:
     the step is timed alone too)."""
-    spec = stages.describe(loader)
-    caches = replay.fill(spec, cache_mb=64, max_batches=4, time_budget=10)
-    step = api._make_step(Workload(model=model, loader=loader))
+    spec = loader_mod.describe(loader)
+    caches = cache.fill(spec, cache_mb=64, max_batches=4, time_budget=10)
+    step = make_step(model)
     return isolate.measure(spec, caches, CPU, lambda b: to_device(b, CPU), step, None, budget_s=budget_s)
 
 
@@ -29,6 +30,7 @@ def within(value, planted, lo=0.5, hi=2.0):
     return lo * planted <= value <= hi * planted
 
 
+@pytest.mark.e2e
 def test_planted_costs_come_back_within_a_factor_of_two():
     # per sample: load 4 ms, augment 3 ms; per batch: collate 20 ms, step 10 ms
     ds = PlantedDataset(n=48, load_ms=4.0, transform=Sleep(3.0))
@@ -49,7 +51,7 @@ def test_planted_costs_come_back_within_a_factor_of_two():
     assert iso["collate"]["default_collate_ms_per_batch"] < 5.0  # the same samples, torch's collate
     # The step: against the same step timed directly here, now (median of 5 after a
     # warm-up): a busy machine can stretch a 10 ms sleep, for both alike.
-    step = api._make_step(Workload(model=model, loader=loader))
+    step = make_step(model)
     batch = next(iter(make_loader(PlantedDataset(n=16), batch_size=8)))
     direct = []
     for i in range(8):
@@ -70,6 +72,7 @@ def test_planted_costs_come_back_within_a_factor_of_two():
     assert iso["elapsed_s"] < 5.0  # bounded by the budget (plus one call per part)
 
 
+@pytest.mark.e2e
 def test_an_augment_only_pipeline_reports_no_load_cost():
     ds = PlantedDataset(n=48, transform=Sleep(5.0))
     loader = make_loader(ds, batch_size=8)
@@ -128,7 +131,9 @@ def test_unfilled_caches_and_hung_points_skip_isolation():
     iso, syncs = isolate.measure(None, None, CPU, None, None, None, budget_s=1.0)
     assert iso["status"] == syncs["status"] == "unavailable"
     hung = {"full": PointResult("full", "failed", reason="no batch in 5 s", failed_stage="hang")}
-    iso, syncs = isolate.after_points(None, None, CPU, None, None, hung, max_seconds=10)
+    run = run_mod.Run(None, CPU, None, time.perf_counter, lambda e: None, None, start=0.0, end=10.0, deadline=10.0,
+                      results=hung)
+    iso, syncs = isolate.after_points(run, max_seconds=10)
     assert iso["status"] == "skipped" and "hung" in iso["reason"] and syncs["status"] == "skipped"
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bisect_pipeline import plot as plot_mod
+from bisect_pipeline.report import plot as plot_mod
 from test_render_html import AUGMENT, planted_report
 
 matplotlib = pytest.importorskip("matplotlib")

@@ -10,10 +10,9 @@ from html.parser import HTMLParser
 import pytest
 
 from bisect_pipeline import advice as advice_mod
-from bisect_pipeline.render_html import to_document, to_html
-from bisect_pipeline.report import PointResult, Report
+from bisect_pipeline.report.html import to_document, to_html
+from bisect_pipeline.report import PointResult, Report, build
 from bisect_pipeline.stats import Throughput, Window
-from bisect_pipeline.verdict import decide
 
 BATCH = 32
 CPU_SKIP = {"host": "no accelerator: host and device coincide"}
@@ -36,12 +35,11 @@ def planted_report(rates: dict, *, skipped: dict = CPU_SKIP, status: dict = {}, 
         else:
             st, reason = status.get(name, ("not run", "out of time"))
             points.append(PointResult(name, st, reason=reason))
-    verdict = decide(measured, BATCH, skipped)
     if loader is None:
         loader = {"dataset": "SyntheticImages", "num_workers": 0, "pin_memory": False, "collate_fn": "default_collate"}
     kw.setdefault("run", {"torch": "2.4.0", "torchvision": "0.19.0", "python": "3.11.2", "max_seconds": 20.0,
                           "elapsed_s": 17.3})
-    return Report(device="cpu", batch_size=BATCH, points=tuple(points), verdict=verdict, loader=loader, **kw)
+    return build(points, BATCH, "cpu", loader=loader, **kw)
 
 
 # augment (raw -> augmented) is the bottleneck: 330 samples/s with it, 920 without.
@@ -126,14 +124,15 @@ def test_no_script_and_nothing_fetched():
 def test_user_strings_are_escaped(monkeypatch):
     evil = "<script>alert(1)</script>"
     img = '<img src=x onerror="alert(2)">'
+    # Advice quotes user code (e.g. the collate_fn's name): plant one that does (advice is
+    # computed once, when the report is built).
+    monkeypatch.setattr(advice_mod, "advise", lambda report: [{"kind": "x", "stage": "load", "message": f"fix {img}"}])
     r = planted_report(
         {"device": 950.0, "collated": 930.0, "full": 320.0},
         status={"augmented": ("failed", f"RuntimeError: {evil} & more"), "raw": ("unavailable", img)},
         loader={"dataset": evil, "num_workers": 0, "collate_fn": img, "pin_memory": False},
         warnings=(f"warning about {evil}",),
     )
-    # Advice quotes user code (e.g. the collate_fn's name): plant one that does.
-    monkeypatch.setattr(advice_mod, "advise", lambda report: [{"kind": "x", "stage": "load", "message": f"fix {img}"}])
     for markup in (to_html(r), to_document(r)):
         p = parse(markup)
         assert find(p, "script") == [] and find(p, "img") == []

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import Dataset
 
 from bisect_pipeline import bisect
-from bisect_pipeline.replay import BatchCache
+from bisect_pipeline.sources import BatchCache
 from conftest import FAST_PLAN, make_loader
 
 PIXELS = (3, 160, 160)  # float32: 300 KiB a sample, 19 MiB a batch of 64

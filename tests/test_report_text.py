@@ -11,7 +11,8 @@ import re
 import pytest
 
 from bisect_pipeline import advice as advice_mod
-from bisect_pipeline.report import WIDTH, from_dict, to_text
+from bisect_pipeline.report import from_dict
+from bisect_pipeline.report.text import WIDTH, to_text
 from test_render_html import AUGMENT, planted_report
 
 LONG_ADVICE = ("num_workers=0: augment (62.2 ms per batch) runs in the training loop's own process. Alone it costs "

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bisect_pipeline import api
+from bisect_pipeline import rounds, run as run_mod
+from bisect_pipeline.verdict import POINTS
 from bisect_pipeline.report import PointResult
 from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.timing import Plan
@@ -46,16 +47,16 @@ def make_run(monkeypatch, ms: dict, *, seconds_per_visit: float = 1.0, max_secon
         value = later.get(name, ms[name]) if n > 1 else ms[name]
         return PointResult(name, "ok", Throughput(windows(value, jitter.get(name, 0.0)), BS))
 
-    monkeypatch.setattr(api, "_measure_point", visit)
+    monkeypatch.setattr(rounds, "visit", visit)
     spec = type("Spec", (), {"batch_size": BS, "num_workers": 0})()
-    run = api.Run(spec, torch.device("cpu"), plan, clock, lambda e: None, None, start=0.0, end=max_seconds,
+    run = run_mod.Run(spec, torch.device("cpu"), plan, clock, lambda e: None, None, start=0.0, end=max_seconds,
                   deadline=max_seconds)
     return run, seen, clock
 
 
 def test_a_clear_verdict_settles_after_one_pair_of_rounds(monkeypatch):
     run, seen, _ = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 60, "full": 61})
-    info = api._measure_rounds(run, api.POINTS)
+    info = rounds.measure(run, POINTS)
     assert [n for n, _ in seen] == DOWN + DOWN[::-1]
     assert info["rounds"] == 2 and info["settled"] and info["visits"] == 10
     assert run.results["host"].status == "skipped"
@@ -68,9 +69,12 @@ def test_an_unsettled_verdict_takes_more_rounds_until_the_time_is_up(monkeypatch
     # the deadline, and the last visit that finds no time left opens nothing.
     jitter = {n: 0.4 for n in DOWN}
     run, seen, clock = make_run(monkeypatch, {n: 40.0 for n in DOWN}, jitter=jitter, max_seconds=17.5)
-    info = api._measure_rounds(run, api.POINTS)
+    info = rounds.measure(run, POINTS)
     assert not info["settled"] and info["rounds"] >= 3
-    assert all(run.results[n].status == "ok" and run.results[n].visits >= 3 for n in DOWN)
+    # after the first pair of rounds only the points that can change the verdict are
+    # visited: the question is the gap, so full and the ceiling
+    assert all(run.results[n].status == "ok" and run.results[n].visits == 2 for n in ("collated", "augmented", "raw"))
+    assert run.results["full"].visits >= 4 and run.results["device"].visits >= 4
     assert clock.t <= run.deadline and run.deadline - clock.t < run.plan.window_seconds
     assert all(deadline <= run.deadline for _, deadline in seen)
     assert run.decide().bottleneck == "inconclusive"
@@ -81,7 +85,7 @@ def test_a_round_cut_short_keeps_what_the_earlier_round_measured(monkeypatch):
     # windows stay, and it is still the ceiling.
     run, seen, _ = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 60, "full": 61},
                             cut={9})
-    api._measure_rounds(run, api.POINTS)
+    rounds.measure(run, POINTS)
     assert seen[9][0] == "device"
     device = run.results["device"]
     assert device.status == "ok" and device.throughput.n == 3 and device.stopped_by_deadline
@@ -91,14 +95,14 @@ def test_a_round_cut_short_keeps_what_the_earlier_round_measured(monkeypatch):
 def test_no_point_opens_without_a_window_of_time_left(monkeypatch):
     run, seen, clock = make_run(monkeypatch, {n: 10.0 for n in DOWN})
     clock.t = run.deadline - run.plan.window_seconds / 2
-    api._measure_rounds(run, api.POINTS)
+    rounds.measure(run, POINTS)
     assert seen == []
     assert all(n not in run.results for n in DOWN)  # reported as "not run: out of time"
 
 
 def test_full_gets_twice_the_share_of_another_point(monkeypatch):
     run, seen, _ = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 60, "full": 61})
-    api._measure_rounds(run, api.POINTS)
+    rounds.measure(run, POINTS)
     # round 1: 60 s left for 5 visits now and 5 later, full weighted 2: device's share is
     # 60 * 1/11; full, last of round 1 at t=4: 56 * 2/7 (itself and the 5 of round 2);
     # round 2, the last owed: full first, 55 * 2/6 of what is left.
@@ -112,7 +116,7 @@ def test_an_inconsistent_pair_is_measured_again_once(monkeypatch):
     # fine when measured again: it is re-measured next to collated, once.
     run, seen, _ = make_run(monkeypatch, {"device": 23, "collated": 16.3, "augmented": 16.5, "raw": 50, "full": 51},
                             later={})
-    info = api._measure_rounds(run, api.POINTS)
+    info = rounds.measure(run, POINTS)
     names = [n for n, _ in seen]
     assert names[:10] == DOWN + DOWN[::-1]
     assert names[10:12] == ["device", "collated"]
@@ -120,15 +124,15 @@ def test_an_inconsistent_pair_is_measured_again_once(monkeypatch):
     v = run.decide()
     assert [(i.slower, i.faster) for i in v.inconsistent] == [("device", "collated")]
     assert v.ceiling == "collated" and v.bottleneck == "augment"
-    assert not info["settled"]  # an inconsistent run is never settled: it used its time
+    assert info["settled"] and len(names) == 12  # measured again once, then left out: the verdict settles
 
 
 def test_pool_keeps_earlier_windows_on_a_failure_and_on_running_out():
     before = PointResult("device", "ok", Throughput(windows(10), BS))
     out_of_time = PointResult("device", "failed", reason="out of time", stopped_by_deadline=True)
-    kept = api._pool(before, out_of_time, BS)
+    kept = rounds.pool(before, out_of_time, BS)
     assert kept.status == "ok" and kept.throughput.n == 3 and kept.stopped_by_deadline
-    failed = api._pool(before, PointResult("device", "failed", reason="boom", failed_stage="step"), BS)
+    failed = rounds.pool(before, PointResult("device", "failed", reason="boom", failed_stage="step"), BS)
     assert failed.status == "failed" and failed.throughput.n == 3 and failed.visits == 2
-    both = api._pool(before, PointResult("device", "ok", Throughput(windows(12), BS)), BS)
+    both = rounds.pool(before, PointResult("device", "ok", Throughput(windows(12), BS)), BS)
     assert both.throughput.n == 6 and both.visits == 2

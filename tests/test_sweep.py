@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from bisect_pipeline import BisectError, Workload, sweep
 from bisect_pipeline.cli import main
-from bisect_pipeline.stages import describe
+from bisect_pipeline.loader import describe
 from bisect_pipeline.stats import Throughput, Window
 from conftest import FAST_PLAN, PlantedDataset, Sleep, make_loader, planted, tiny_model
 

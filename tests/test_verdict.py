@@ -3,7 +3,8 @@
 import pytest
 
 from bisect_pipeline.stats import MIN_REL_DROP, Throughput, Window
-from bisect_pipeline.verdict import NONE_MAX_LOSS, SETTLE_NOISE_SCALE, decide, self_check, settled
+from bisect_pipeline.verdict import (NONE_MAX_LOSS, SETTLE_NOISE_SCALE, Verdict, decide, deciding_points, self_check,
+                                     settled)
 
 BS = 10
 
@@ -142,17 +143,44 @@ def test_no_verdict_without_full_or_without_a_second_point():
     assert decide({"full": tp(10)}, BS, CPU).bottleneck is None
 
 
+def decisions(m):
+    return (decide(m, BS, CPU), decide(m, BS, CPU, noise_scale=SETTLE_NOISE_SCALE),
+            decide(m, BS, CPU, noise_scale=1 / SETTLE_NOISE_SCALE))
+
+
 def test_settled_asks_for_a_margin():
     clear = {"device": tp(10, 0.02), "collated": tp(10, 0.02), "augmented": tp(11, 0.02), "raw": tp(60, 0.02),
              "full": tp(61, 0.02)}
-    assert settled(decide(clear, BS, CPU), decide(clear, BS, CPU, noise_scale=SETTLE_NOISE_SCALE))
+    assert settled(*decisions(clear))
     # augment is real at the measured noise, but not with 1.5x as much: measure more.
-    close = {"device": tp(40, 0.1), "augmented": tp(40, 0.1), "raw": tp(62, 0.1), "full": tp(62, 0.1)}
-    v, vm = decide(close, BS, CPU), decide(close, BS, CPU, noise_scale=SETTLE_NOISE_SCALE)
-    assert v.bottleneck == "augment" and vm.bottleneck != "augment"
-    assert not settled(v, vm)
+    close = {"device": tp(40, 0.04), "augmented": tp(40, 0.04), "raw": tp(60, 0.04), "full": tp(60, 0.04)}
+    v, more, less = decisions(close)
+    assert v.bottleneck == "augment" and more.bottleneck != "augment"
+    assert not settled(v, more, less)
     noisy = {"device": tp(40, 0.6), "full": tp(48, 0.6)}
-    assert not settled(decide(noisy, BS, CPU), decide(noisy, BS, CPU, noise_scale=SETTLE_NOISE_SCALE))
+    assert not settled(*decisions(noisy))
+
+
+def test_none_settles_when_less_noise_would_not_reveal_a_stage():
+    flat = {"device": tp(40, 0.02), "augmented": tp(40.2, 0.02), "raw": tp(40.4, 0.02), "full": tp(40.6, 0.02)}
+    v, more, less = decisions(flat)
+    assert v.bottleneck == "none" and settled(v, more, less)
+    # the rule itself: a none that less noise would turn into a stage is not settled
+    none, stage = Verdict("none", ()), Verdict("augment", ())
+    assert settled(none, Verdict("inconclusive", ()), none)
+    assert not settled(none, none, stage)
+    assert not settled(stage, Verdict("inconclusive", ()), stage) and settled(stage, stage, none)
+    assert not settled(Verdict("inconclusive", ()), stage, stage)
+
+
+def test_deciding_points_follow_the_question():
+    named = decide({"device": tp(10), "collated": tp(11), "augmented": tp(12), "raw": tp(60), "full": tp(62)}, BS, CPU)
+    assert deciding_points(named) == {"full", "raw", "augmented"}  # augment, and load the runner-up
+    flat = decide({"device": tp(40), "augmented": tp(40.2), "raw": tp(40.4), "full": tp(40.6)}, BS, CPU)
+    assert deciding_points(flat) == {"full", "device"}  # none: only the gap matters
+    spread = decide({"device": tp(100), "collated": tp(103), "augmented": tp(106), "raw": tp(109), "full": tp(112)},
+                    BS, CPU)
+    assert deciding_points(spread) == {"full", "raw", "augmented", "collated", "device"}
 
 
 def test_self_check_passes_a_consistent_report_and_names_each_broken_rule():
@@ -168,3 +196,23 @@ def test_self_check_passes_a_consistent_report_and_names_each_broken_rule():
     found = self_check({p: BS / t for p, t in vh.fitted.items()}, vh, num_workers=0, pinned_transfer=False)
     assert any("num_workers=0" in p for p in found)
     assert self_check({p: BS / t for p, t in vh.fitted.items()}, vh, num_workers=2, pinned_transfer=False) == []
+
+
+def test_a_real_small_stage_is_not_named_beside_a_larger_drop_that_is_not_pinned_down():
+    # bench_under_load, planted load at num_workers=2: the worker points are so noisy that
+    # the 21 ms drop into collated is not real, while the handoff (5.7 ms, tight) is.
+    m = {"device": tp(7.8, 0.1), "collated": tp(13.5, 0.1), "augmented": tp(34.5, 0.9), "raw": tp(34.5, 0.9),
+         "full": tp(39.3, 0.3)}
+    v = decide(m, BS, CPU)
+    c = costs(v)
+    assert c["handoff"].significant and not c["collate"].significant
+    assert v.bottleneck == "inconclusive"
+    assert "handoff adds a real" in v.reason and "collate may cost more" in v.reason
+
+
+def test_a_real_top_stage_is_named_only_when_it_beats_the_runner_up():
+    # augment is real (48 ms); load's estimate (40 ms) is noisy but could be as large
+    m = {"device": tp(10), "collated": tp(10), "augmented": tp(10), "raw": tp(58), "full": tp(98, 0.5)}
+    v = decide(m, BS, CPU)
+    assert costs(v)["augment"].significant and not costs(v)["load"].significant
+    assert v.bottleneck == "inconclusive" and "load may cost as much" in v.reason

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from bisect_pipeline import BisectError, Workload
-from bisect_pipeline.workload import as_workload, default_step, split_batch, to_device
+from bisect_pipeline.step import default_step, split_batch, to_device
+from bisect_pipeline.workload import as_workload
 from conftest import PlantedDataset, make_loader, tiny_model
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Optional
 
-from .verdict import POINTS
+from ..verdict import POINTS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .report import Report
+    from .model import Report
 
 INSTALL_HINT = "report.plot() needs matplotlib, an optional extra: pip install bisect-pipeline[plot]"
 
@@ -60,7 +60,7 @@ def chart(report: "Report") -> Chart:
         p = next((p for p in report.points if p.point == name), None)
         if p is None:
             continue
-        rate = p.throughput.samples_per_sec if p.status == "ok" and p.throughput is not None else None
+        rate = report.rate(name) if p.status == "ok" else None
         bars.append(Bar(name, p.status, rate, p.reason))
     rates = {b.point: b.samples_per_sec for b in bars if b.samples_per_sec is not None}
     drops = []

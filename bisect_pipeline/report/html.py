@@ -13,11 +13,13 @@ import html
 import math
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..verdict import STAGES
 from . import plot as plot_mod
-from .verdict import STAGES
+from .model import POINT_MEANING
+from .text import noise_text
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .report import Report
+    from .model import Report
 
 CSS = """
 .bisect-pipeline{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;font-size:14px;
@@ -220,7 +222,7 @@ def stage_table(r: "Report") -> str:
             if len(s.includes) > 1:
                 note.append("includes " + ", ".join(s.includes))
             if not s.significant:
-                note.append("within the measurement noise" + _report_mod()._noise_text(s.sigma, " ms"))
+                note.append("within the measurement noise" + noise_text(s.sigma, " ms"))
             rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}",
                          "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
                          "-" if s.samples_per_sec_if_free is None else _num(s.samples_per_sec_if_free),
@@ -232,19 +234,18 @@ def stage_table(r: "Report") -> str:
 
 
 def point_table(r: "Report") -> str:
-    from .report import _POINT_MEANING
-
     rows = []
     for b in plot_mod.chart(r).bars:
         p = r.point(b.point)
         tp = p.throughput if p.status == "ok" else None
+        rate = r.rate(p.point) if tp else None
         rows.append([
             p.point, p.status,
-            _num(tp.samples_per_sec) if tp else "-",
+            _num(rate) if rate else "-",
             f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
-            f"{tp.sec_per_batch * 1e3:.2f}" if tp else "-",
+            f"{r.batch_size / rate * 1e3:.2f}" if rate else "-",
             "-" if p.first_batch_seconds is None else f"{p.first_batch_seconds * 1e3:.0f}",
-            _POINT_MEANING.get(p.point, "") if p.status == "ok" else (p.reason or p.status),
+            POINT_MEANING.get(p.point, "") if p.status == "ok" else (p.reason or p.status),
         ])
     return _table(["point", "status", "samples/s", "spread", "ms per batch", "first batch, ms", "what runs / why not"],
                   rows, {2, 3, 4, 5})
@@ -316,8 +317,3 @@ def to_document(r: "Report") -> str:
             f"<title>{_e(title)}</title>\n<style>\n{CSS}\n{DOCUMENT_CSS}\n</style>\n</head>\n<body>\n"
             + to_html(r, style=False) + "\n</body>\n</html>\n")
 
-
-def _report_mod():
-    from . import report
-
-    return report

@@ -1,3 +1,5 @@
+"""Splitting loading from transforms (split, recording) and reading the loader (loader)."""
+
 import collections
 import dataclasses
 
@@ -5,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import ConcatDataset, Dataset, RandomSampler, Subset
 
-from bisect_pipeline import stages
+from bisect_pipeline import loader as loader_mod, recording, split, tree
 from conftest import PlantedDataset, make_loader
 
 
@@ -43,7 +45,7 @@ class Joint(Dataset):
 
 def test_describe_reads_settings_without_iterating():
     loader = make_loader(PlantedDataset(), batch_size=4, num_workers=2, pin_memory=True, drop_last=True)
-    spec = stages.describe(loader)
+    spec = loader_mod.describe(loader)
     assert (spec.batch_size, spec.num_workers, spec.pin_memory, spec.drop_last) == (4, 2, True, True)
     assert spec.prefetch_depth == 4
     assert isinstance(spec.sampler, RandomSampler)
@@ -56,45 +58,45 @@ def test_describe_reads_settings_without_iterating():
 def test_record_and_replay_rebuild_the_sample_and_leave_the_dataset_alone():
     ds = PlantedDataset(transform=Double())
     original_transform = ds.transform
-    inst = stages.instrument(ds)
+    inst = split.instrument(ds)
     assert inst.found == ["dataset.transform (Double)"]
     assert ds.transform is original_transform  # the user's dataset is not touched
-    sample, calls = stages.record_sample(inst, 3)
+    sample, calls = recording.record_sample(inst, 3)
     assert len(calls) == 1 and calls[0].placements == [(None, (0,))]
     assert torch.equal(calls[0].args[0], ds.data[3])  # the transform's input is cached
-    replayed = stages.replay_sample(sample, calls)
+    replayed = recording.replay_sample(sample, calls)
     assert torch.equal(replayed[0], ds.data[3] * 2) and replayed[1] == sample[1]
-    assert stages.same_structure(replayed, sample) is None
+    assert tree.same_structure(replayed, sample) is None
 
 
 def test_transform_found_through_subset_and_concat():
     inner = PlantedDataset(transform=Double())
     chain = Subset(ConcatDataset([PlantedDataset(), inner]), [70])
-    inst = stages.instrument(chain)
+    inst = split.instrument(chain)
     assert inst.found == ["dataset.dataset.datasets[1].transform (Double)"]
-    sample, calls = stages.record_sample(inst, 0)
+    sample, calls = recording.record_sample(inst, 0)
     assert torch.equal(sample[0], inner.data[70 - 64] * 2)
     assert len(calls) == 1
 
 
 def test_joint_transform_outputs_are_placed_element_by_element():
-    inst = stages.instrument(Joint())
-    sample, calls = stages.record_sample(inst, 2)
+    inst = split.instrument(Joint())
+    sample, calls = recording.record_sample(inst, 2)
     assert calls[0].placements == [(0, (0,)), (1, (1,))]
-    again = stages.replay_sample(sample, calls)
+    again = recording.replay_sample(sample, calls)
     assert torch.equal(again[0], torch.full((2, 2), 6.0)) and torch.equal(again[1]["boxes"], torch.ones(4))
 
 
 def test_output_changed_after_the_transform_refuses_the_split():
-    inst = stages.instrument(PostProcessed())
-    with pytest.raises(stages.SplitError, match="changed inside __getitem__"):
-        stages.record_sample(inst, 0)
+    inst = split.instrument(PostProcessed())
+    with pytest.raises(recording.SplitError, match="changed inside __getitem__"):
+        recording.record_sample(inst, 0)
 
 
 def test_same_structure_names_the_difference():
-    assert stages.same_structure((torch.zeros(2), 1), (torch.zeros(3), 2)) is None  # shapes may vary
-    assert "float32" in stages.same_structure((torch.zeros(2),), (torch.zeros(2, dtype=torch.int64),))
-    assert stages.same_structure({"a": 1}, {"b": 1}) is not None
+    assert tree.same_structure((torch.zeros(2), 1), (torch.zeros(3), 2)) is None  # shapes may vary
+    assert "float32" in tree.same_structure((torch.zeros(2),), (torch.zeros(2, dtype=torch.int64),))
+    assert tree.same_structure({"a": 1}, {"b": 1}) is not None
 
 
 def test_set_path_rebuilds_containers():
@@ -105,14 +107,14 @@ def test_set_path_rebuilds_containers():
         v: object
 
     obj = [Pair(1, {"k": Box(5)})]
-    new = stages.set_path(obj, (0, 1, "k", "v"), 9)
+    new = tree.replace(obj, (0, 1, "k", "v"), 9)
     assert new[0].y["k"].v == 9 and obj[0].y["k"].v == 5
     assert isinstance(new[0], Pair)
 
 
 def test_clone_data_shares_no_storage():
     t = torch.ones(3)
-    c = stages.clone_data({"a": [t, (t, 1)]})
+    c = tree.clone({"a": [t, (t, 1)]})
     c["a"][0].add_(1)
     assert torch.equal(t, torch.ones(3))
 
@@ -121,8 +123,8 @@ def test_index_order_cycles_a_copy_of_the_sampler():
     g = torch.Generator().manual_seed(0)
     loader = make_loader(PlantedDataset(n=4), batch_size=2, generator=g)
     state = g.get_state()
-    spec = stages.describe(loader)
-    order = stages.index_order(spec)
+    spec = loader_mod.describe(loader)
+    order = loader_mod.index_order(spec)
     first = [next(order) for _ in range(10)]
     assert sorted(first[:4]) == [0, 1, 2, 3] and sorted(first[4:8]) == [0, 1, 2, 3]
     assert torch.equal(g.get_state(), state)  # the user's generator did not move
@@ -130,5 +132,5 @@ def test_index_order_cycles_a_copy_of_the_sampler():
 
 def test_nbytes_and_leading_dim():
     batch = {"x": torch.zeros(8, 4), "y": torch.zeros(8, dtype=torch.int64)}
-    assert stages.nbytes(batch) == 8 * 4 * 4 + 8 * 8
-    assert stages.leading_dim(batch) == 8
+    assert tree.nbytes(batch) == 8 * 4 * 4 + 8 * 8
+    assert tree.leading_dim(batch) == 8

@@ -1,0 +1,208 @@
+"""Fill the caches once, in this process, from the first batches in the user's order:
+the transforms' inputs (`raw`), the samples (`augmented`) and the collated batches
+(`collated`, and from them `host` and `device`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from typing import Any, Callable, Iterator, Optional
+
+from . import faults, integrations, recording, split, tree
+from .errors import BisectError
+from .faults import StageError
+from .loader import LoaderSpec, copy_or_same, index_order
+from .recording import SplitError
+
+# Distinct batches kept per cache point: enough that a replay loader with a few workers
+# and prefetching cycles through different data, few enough to fill in seconds.
+DEFAULT_CACHE_BATCHES = 8
+# Copies of each batch the caches hold at once (raw inputs, samples, collated, host,
+# device): used to turn the memory budget into a number of batches.
+_COPIES = 5
+
+
+@dataclasses.dataclass
+class Caches:
+    batch_size: int
+    dataset: Any  # the copy of the user's dataset used to fill (transforms proxied when found)
+    samples: list  # dataset outputs (the `augmented` point)
+    raw_calls: Optional[list]  # per sample, the transform calls to replay (the `raw` point)
+    raw_reason: Optional[str]  # why `raw` is unavailable, when it is
+    raw_found: list  # the transforms found on the dataset
+    batches: list  # collate_fn outputs (the `collated` point)
+    batch_bytes: int
+    fill_seconds: float
+    limited_by: Optional[str] = None  # "memory budget" or "time" when fewer batches were kept
+    stopped_by: Optional[str] = None  # an error that ended the fill after the first batch
+    warnings: list = dataclasses.field(default_factory=list)  # problems seen while filling (for the report)
+
+    @property
+    def n_batches(self) -> int:
+        return len(self.batches)
+
+
+def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_BATCHES,
+         time_budget: float = 10.0, clock: Callable[[], float] = time.perf_counter,
+         on_batch: Callable[[int], None] = lambda n: None) -> Caches:
+    """Build the first batches of the pipeline once, in this process, keeping every
+    intermediate product: transform inputs, samples, and collated batches.
+
+    Stops at `max_batches`, at the memory budget, or after `time_budget` seconds (with
+    at least one batch). An error after the first batch keeps what was built (said in
+    `stopped_by`); an error before it raises FillError naming the stage. A hang is
+    ended by the caller's watchdog (faults.StepTimeout): the reason names the sample
+    and the stage it hung in. `on_batch(n)` is called after each batch is cached.
+    """
+    start = clock()
+    found_warnings = _pipeline_warnings(spec)
+    rec = _Recording(spec)
+    samples: list = []
+    batches: list = []
+    batch_bytes = 0
+    limited_by = stopped_by = None
+    batch_size = spec.batch_size
+    groups = _sample_groups(spec, rec.dataset)
+    at = {"index": None, "n": 0}  # the sample being built, for a hang's reason
+    while True:
+        try:
+            group = next(groups)
+            group_samples = []
+            for index, item in group:
+                at["index"], at["n"] = index, at["n"] + 1
+                group_samples.append(rec.sample(index, item))
+            batch = faults.Tagged(spec.collate_fn, "collate")(
+                group_samples if spec.auto_collation else group_samples[0])
+        except StopIteration:
+            break
+        except faults.StepTimeout as exc:
+            stage = faults.stage_in_traceback(exc) or "load"
+            which = f"sample {at['index']}" if at["index"] is not None else f"sample #{at['n']} of the iterator"
+            reason = f"{which} hung in {stage}: {exc}"
+            if not batches:
+                raise FillError(stage, reason, hang=True) from exc
+            stopped_by = reason
+            break
+        except Exception as exc:
+            tagged = exc if isinstance(exc, StageError) else faults.stage_error("load", exc)
+            stage, reason = faults.classify(tagged)
+            if not batches:
+                raise FillError(stage, reason) from exc
+            stopped_by = reason  # keep the batches already cached
+            break
+        samples.extend(group_samples)
+        batches.append(tree.clone(batch))
+        if batch_size is None:
+            batch_size = tree.leading_dim(batch) or 1
+        batch_bytes = max(batch_bytes, tree.nbytes(batch))
+        on_batch(len(batches))
+        if len(batches) >= max_batches:
+            break
+        if (len(batches) + 1) * batch_bytes * _COPIES > cache_mb * 2**20:
+            limited_by = "memory budget"
+            break
+        if clock() - start > time_budget:
+            limited_by = "time"
+            break
+    if not batches:
+        raise BisectError("the loader yields no batch: its dataset is empty (or smaller than one batch with "
+                          "drop_last=True). Check the dataset your entry function builds.")
+    raw_calls = rec.raw_calls if rec.raw_calls is not None and len(rec.raw_calls) == len(samples) else None
+    return Caches(batch_size=batch_size, dataset=rec.dataset, samples=samples, raw_calls=raw_calls, raw_reason=rec.raw_reason,
+                  raw_found=rec.found, batches=batches, batch_bytes=batch_bytes, fill_seconds=clock() - start,
+                  limited_by=limited_by, stopped_by=stopped_by, warnings=found_warnings)
+
+
+def _pipeline_warnings(spec: LoaderSpec) -> list:
+    """Problems of the pipeline itself, seen before it is measured: an IterableDataset
+    whose workers all yield the same samples. They reach the report's warnings:
+    bisect() never prints."""
+    out = []
+    if spec.iterable:
+        dup = integrations.iterable.duplicates(spec.dataset, spec.num_workers, spec.worker_init_fn)
+        if dup:
+            out.append(dup)
+    return out
+
+
+class FillError(Exception):
+    """Not even one batch could be built: every cached point fails with this reason."""
+
+    def __init__(self, stage: Optional[str], reason: str, hang: bool = False) -> None:
+        super().__init__(reason)
+        self.stage = stage
+        self.reason = reason
+        self.hang = hang
+
+
+class _Recording:
+    """Builds samples through proxied transforms while the raw split holds, recording
+    each sample's transform calls; gives the split up (with the reason) when it fails."""
+
+    def __init__(self, spec: LoaderSpec) -> None:
+        self.spec = spec
+        self.inst = None
+        self.raw_reason: Optional[str] = None
+        if spec.iterable:
+            self.raw_reason = ("the dataset is an IterableDataset: its samples come out of one iterator, so its "
+                               "transforms cannot be run apart from loading")
+        else:
+            try:
+                self.inst = split.instrument(spec.dataset)
+            except Exception as exc:  # copy.copy refused
+                self.raw_reason = f"the dataset could not be copied to proxy its transforms ({type(exc).__name__}: {exc})"
+            if self.inst is not None and not self.inst.found:
+                self.raw_reason = integrations.no_transform_reason(spec.dataset) or (
+                    f"no per-sample transform was found on {type(spec.dataset).__name__} (looked for "
+                    f"{', '.join(split.TRANSFORM_ATTRS)}, also through Subset and ConcatDataset). Keep the "
+                    "transforms in `self.transform` and apply them in __getitem__, as torchvision datasets do, "
+                    "to separate loading from augmentation")
+                self.inst = None
+        self.found = list(self.inst.found) if self.inst is not None else []
+        self.dataset = self.inst.dataset if self.inst is not None else copy_or_same(spec.dataset)
+        self.raw_calls: Optional[list] = [] if self.inst is not None else None
+        self.batched_fetch = self.inst is not None and integrations.hf.fetches_batches(spec.dataset)
+
+    def sample(self, index: Any, item: Any) -> Any:
+        if self.spec.iterable:
+            return tree.clone(item)
+        if self.raw_calls is None:
+            return tree.clone(self.dataset[index])
+        try:
+            sample, calls = recording.record_sample(self.inst, index)
+            if len(self.raw_calls) < 2:  # check the split on the first samples
+                if not calls:
+                    raise SplitError(f"{', '.join(self.inst.found)} exist(s) but __getitem__ never called them")
+                diff = tree.same_structure(recording.replay_sample(sample, calls), sample)
+                if diff:
+                    raise SplitError(f"replaying the transforms does not rebuild the sample ({diff})")
+        except SplitError as exc:
+            self.raw_reason, self.raw_calls = str(exc), None
+            return tree.clone(self.dataset[index])
+        if self.batched_fetch:
+            integrations.hf.mark_batched(calls)
+        self.raw_calls.append(calls)
+        return tree.clone(sample)
+
+
+def _sample_groups(spec: LoaderSpec, dataset: Any) -> Iterator[list]:
+    """Yield the (index, sample-or-None) pairs of each batch, in the user's order."""
+    if spec.iterable:
+        it = iter(dataset)
+        size = spec.batch_size if spec.auto_collation else 1
+        while True:
+            group = list(itertools.islice(((None, s) for s in it), size))
+            if not group or (spec.drop_last and len(group) < size):
+                return
+            yield group
+    order = index_order(spec)
+    if spec.batch_sampler is not None:
+        for indices in order:
+            yield [(i, None) for i in indices]
+    elif spec.auto_collation:
+        while True:
+            yield [(next(order), None) for _ in range(spec.batch_size)]
+    else:
+        for i in order:
+            yield [(i, None)]

@@ -1,0 +1,283 @@
+"""One batch source per cache point: the replay loaders and cached batches that the timed
+loop draws from.
+
+Every loader built here keeps the user's settings downstream of its cache point
+(workers, pinning, prefetching, collate, worker_init_fn, multiprocessing context), so
+the drop between two adjacent points is the cost of exactly one stage. Each source is a
+context manager: leaving it shuts its workers down, whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_worker_info
+
+from . import faults, integrations, recording, tree
+from .faults import StageError, StepTimeout
+from .loader import LoaderSpec, copy_or_same, index_order
+
+class Forever(Sampler):
+    """Cycles `range(n)` in a fixed shuffled order, forever: no epoch boundary (and no
+    worker restart) inside a measurement."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.n = n
+        self.seed = seed
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed)
+        order = torch.randperm(self.n, generator=g).tolist()
+        return itertools.cycle(order)
+
+
+class _FromIterator(Sampler):
+    def __init__(self, it: Iterator) -> None:
+        self.it = it
+
+    def __iter__(self):
+        return self.it
+
+
+class SampleCache(Dataset):
+    """`augmented`: the dataset's outputs, cached."""
+
+    def __init__(self, samples: list) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.samples[i]
+
+
+class RawReplay(Dataset):
+    """`raw`: the transforms' inputs, cached; the transforms run again on every call."""
+
+    def __init__(self, templates: list, calls: list) -> None:
+        self.templates = templates
+        self.calls = calls
+
+    def __len__(self) -> int:
+        return len(self.templates)
+
+    def __getitem__(self, i: int) -> Any:
+        try:
+            return recording.replay_sample(self.templates[i], self.calls[i])
+        except (StageError, StepTimeout):
+            raise
+        except Exception as exc:
+            raise faults.stage_error("augment", exc) from exc
+
+    def __getitems__(self, indices: list) -> list:
+        """A batch of samples, as the DataLoader's fetcher asks for them. Where the user's
+        dataset fetches whole batches (a Hugging Face Dataset runs its format transform
+        once on all the rows of a batch), the transform is replayed the same way."""
+        try:
+            batched = integrations.hf.replay_batched([self.templates[i] for i in indices], [self.calls[i] for i in indices])
+        except (StageError, StepTimeout):
+            raise
+        except Exception as exc:
+            raise faults.stage_error("augment", exc) from exc
+        return batched if batched is not None else [self[i] for i in indices]
+
+
+class BatchCache(Dataset):
+    """`collated`: collate_fn's outputs, cached.
+
+    Inside a worker each fetch returns a fresh copy in shared memory, as collate_fn
+    makes its output there, so the handoff costs what it costs for real. In the main
+    process (num_workers=0) it returns the cached batch itself, as the `device` point
+    does: the real loop copies nothing between collate and the step, so neither side of
+    the handoff may (a copy there read as a handoff cost that does not exist). With
+    `fresh` (a step that changes its batch in place) both sides copy it.
+    """
+
+    def __init__(self, batches: list, fresh: bool = False) -> None:
+        self.batches = batches
+        self.fresh = fresh
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> Any:
+        if get_worker_info() is not None:
+            return _shared_copy(self.batches[i])
+        return tree.clone(self.batches[i]) if self.fresh else self.batches[i]
+
+
+def _shared_copy(batch: Any) -> Any:
+    """A copy of `batch` whose tensors live in new shared memory, as a worker's collate_fn
+    makes its output."""
+    return tree.map_leaves(_shared_leaf, batch)
+
+
+def _shared_leaf(x: Any) -> Any:
+    if not isinstance(x, torch.Tensor):
+        return tree.clone(x)
+    try:
+        storage = x._typed_storage()._new_shared(x.numel(), device=x.device)
+        return x.new(storage).view(x.shape).copy_(x)
+    except Exception:  # private API moved: a plain copy still works, moved to shm on send
+        return x.clone()
+
+
+def identity(batch: Any) -> Any:
+    return batch
+
+
+# --------------------------------------------------------------------------------------
+# Sources: what the timed loop calls once per step
+# --------------------------------------------------------------------------------------
+
+
+class LoaderSource:
+    """A replay DataLoader, iterated once; its workers are shut down on exit."""
+
+    def __init__(self, make_loader: Callable[[], DataLoader], restart: bool = False) -> None:
+        self._make = make_loader
+        self._restart = restart  # an IterableDataset ends: start it again
+        self.loader: Optional[DataLoader] = None
+        self._it = None
+        self.restarts = 0
+
+    def __enter__(self) -> Callable[[], Any]:
+        self.loader = self._make()
+        self._it = iter(self.loader)
+        if not self._restart:
+            return self._it.__next__
+        return self._next_restarting
+
+    def _next_restarting(self) -> Any:
+        try:
+            return next(self._it)
+        except StopIteration:
+            self.restarts += 1
+            if self.restarts > 1000:
+                raise RuntimeError("the dataset yields no batch")
+            _shutdown(self._it)
+            self._it = iter(self.loader)
+            return next(self._it)
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:
+            _terminate(self._it)  # a hung worker would hold the shutdown for 5 s per worker
+        _shutdown(self._it)
+        if self.loader is not None:
+            _shutdown(getattr(self.loader, "_iterator", None))
+        self._it = None
+        self.loader = None
+
+
+def _terminate(it: Any) -> None:
+    # Unregister the workers from DataLoader's SIGCHLD check first: killed on purpose
+    # here, they would otherwise raise "worker killed by signal Terminated" in whatever
+    # the main thread runs next (the next point), hiding the error that ended this one.
+    if getattr(it, "_worker_pids_set", False):
+        try:
+            from torch.utils.data._utils import signal_handling
+
+            signal_handling._remove_worker_pids(id(it))
+            it._worker_pids_set = False
+        except Exception:  # a torch without this private API: the shutdown still happens
+            pass
+    for w in getattr(it, "_workers", None) or ():
+        if w.is_alive():
+            w.terminate()
+
+
+def _shutdown(it: Any) -> None:
+    stop = getattr(it, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
+
+
+@contextlib.contextmanager
+def cached_source(batches: list, fresh: bool = False):
+    """`host` / `device`: cycle over batches already where they need to be. With
+    `fresh`, each step gets a copy (for a step that changes its batch in place)."""
+    nxt = itertools.cycle(batches).__next__
+    if not fresh:
+        yield nxt
+    else:
+        yield lambda: tree.clone(nxt())
+
+
+def _generator() -> torch.Generator:
+    # Our own generator: creating an iterator then draws its seed from here, not from
+    # the global torch RNG.
+    return torch.Generator().manual_seed(0)
+
+
+def _kwargs(spec: LoaderSpec, collate_fn: Callable) -> dict:
+    """The user's worker settings, with its code tagged so a failure names its stage."""
+    return spec.worker_kwargs(generator=_generator(), collate_fn=collate_fn,
+                              worker_init_fn=faults.tag(spec.worker_init_fn, "worker_init_fn"))
+
+
+def full_loader(spec: LoaderSpec, dataset: Any = None) -> LoaderSource:
+    """`full`: the user's pipeline rebuilt as it is, over a copy of the dataset, in the
+    user's sampler order cycled forever. `dataset` is that copy when the caller has one
+    (with its transforms proxied, so their failures are named `augment`)."""
+    dataset = copy_or_same(spec.dataset) if dataset is None else dataset
+    kw = _kwargs(spec, faults.Tagged(spec.collate_fn, "collate"))
+    if spec.iterable:
+        def make() -> DataLoader:
+            if spec.auto_collation:
+                return DataLoader(dataset, batch_size=spec.batch_size, drop_last=spec.drop_last, **kw)
+            return DataLoader(dataset, batch_size=None, **kw)
+        return LoaderSource(make, restart=True)
+
+    def make() -> DataLoader:
+        order = index_order(spec)
+        if spec.batch_sampler is not None:
+            return DataLoader(dataset, batch_sampler=_FromIterator(order), **kw)
+        if spec.auto_collation:
+            bs = BatchSampler(_FromIterator(order), spec.batch_size, spec.drop_last)
+            return DataLoader(dataset, batch_sampler=bs, **kw)
+        return DataLoader(dataset, batch_size=None, sampler=_FromIterator(order), **kw)
+    return LoaderSource(make)
+
+
+def sample_loader(spec: LoaderSpec, dataset: Dataset, batch_size: int) -> LoaderSource:
+    """`raw` and `augmented`: samples from a cache dataset, batched as the user batches."""
+    kw = _kwargs(spec, faults.Tagged(spec.collate_fn, "collate"))
+
+    def make() -> DataLoader:
+        if not spec.auto_collation:
+            return DataLoader(dataset, batch_size=None, sampler=Forever(len(dataset)), **kw)
+        bs = BatchSampler(Forever(len(dataset)), batch_size, drop_last=True)
+        return DataLoader(dataset, batch_sampler=bs, **kw)
+    return LoaderSource(make)
+
+
+def batch_loader(spec: LoaderSpec, batches: list, fresh: bool = False) -> LoaderSource:
+    """`collated`: whole batches through the user's workers and pinning (the handoff)."""
+    kw = _kwargs(spec, identity)
+    dataset = BatchCache(batches, fresh)
+    return LoaderSource(lambda: DataLoader(dataset, batch_size=None, sampler=Forever(len(dataset)), **kw))
+
+
+def host_batches(caches: Any, spec: LoaderSpec, device: torch.device) -> list:
+    """Batches as the loader yields them: pinned when the loader pins."""
+    out = [tree.clone(b) for b in caches.batches]
+    if spec.pin_memory and device.type != "cpu" and torch.cuda.is_available():
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        out = [pin_memory(b) for b in out]
+    return out
+
+
+def device_batches(host: list, move: Callable[[Any], Any], device: torch.device) -> list:
+    """Batches already on the device (the ceiling). On the CPU a move returns the same
+    tensors, so they are copied to keep them apart from the other caches."""
+    out = [move(b) for b in host]
+    if device.type == "cpu":
+        out = [tree.clone(b) for b in out]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out
