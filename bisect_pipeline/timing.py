@@ -172,7 +172,9 @@ def measure(
             stopped = True
             break
         w = _window(next_batch, move, step, n, deadline=deadline, clock=clock, sync=sync, beat=beat)
-        if w.steps == 0:
+        if w.steps == 0 or (windows and w.steps < plan.min_window_steps):
+            # cut by the deadline below the plan's minimum: it times a fraction of one
+            # worker's burst; the windows before it are the measurement
             stopped = True
             break
         windows.append(w)

@@ -110,11 +110,12 @@ def test_sweeping_a_worker_loader_down_to_zero_workers(no_leftover_workers):
 # --- end to end through the CLI ------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_sweep_cli_prints_the_table_names_the_best_and_writes_json(tmp_path):
     entry = write_entry(tmp_path)
     out = tmp_path / "sweep.json"
     r = subprocess.run([sys.executable, "-m", "bisect_pipeline", "--entry", f"{entry}:make", "--sweep",
-                        "num_workers=0,2", "--max-seconds", "6", "--json", str(out)], cwd=tmp_path,
+                        "num_workers=0,2", "--max-seconds", "15", "--json", str(out)], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "num_workers" in r.stdout and "samples/s" in r.stdout and "vs yours" in r.stdout

@@ -1,0 +1,69 @@
+"""Batch sources of the points (sources.py): what each cache point adds must be paid on
+both sides of a drop, and every loader shape keeps producing batches."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from bisect_pipeline import bisect
+from bisect_pipeline.loader import describe
+from bisect_pipeline.sources import BatchCache, full_loader
+from conftest import FAST_PLAN, FEATURES, PlantedIterable, make_loader
+
+PIXELS = (3, 160, 160)  # float32: 300 KiB a sample, 19 MiB a batch of 64
+
+
+class BigImages(Dataset):
+    def __init__(self, n: int = 256) -> None:
+        self.images = torch.rand(8, *PIXELS)
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.images[i % 8], i % 4
+
+
+def sleep_step(batch) -> None:
+    time.sleep(0.010)
+
+
+def test_batch_cache_copies_only_where_the_real_pipeline_makes_a_new_batch():
+    batches = [torch.arange(4.0)]
+    assert BatchCache(batches)[0] is batches[0]  # main process: the loop copies nothing there
+    fresh = BatchCache(batches, fresh=True)[0]  # a step that changes its batch gets a copy
+    assert fresh is not batches[0] and torch.equal(fresh, batches[0])
+
+
+def test_at_num_workers_0_large_batches_show_no_handoff_cost():
+    # Nothing happens between collate and the step when num_workers=0. The collated point
+    # used to copy each 19 MiB batch, a cost the real loop never pays: it read as a real
+    # handoff of several ms per batch next to a 10 ms step.
+    loader = make_loader(BigImages(), batch_size=64)
+    report = bisect(None, loader, step=sleep_step, device="cpu", plan=FAST_PLAN, max_seconds=30,
+                    points=["full", "augmented", "collated", "device"])
+    handoff = report.stage("handoff")
+    assert handoff.status == "ok" and not handoff.significant, handoff
+    assert report.bottleneck != "handoff"
+    assert not any("breaks its own rules" in w for w in report.warnings)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_iterable_dataset_that_ends_inside_a_point_is_started_again(persistent, no_leftover_workers):
+    # 16 samples, batches of 4 over 2 workers: an epoch ends every 4 batches; with
+    # persistent workers the restart used to call iter() on a loader whose workers the
+    # tool had just shut down, which raised.
+    loader = DataLoader(PlantedIterable(n=16), batch_size=4, num_workers=2, multiprocessing_context="fork",
+                        persistent_workers=persistent)
+    spec = describe(loader)
+    source = full_loader(spec)
+    with source as next_batch:
+        batches = [next_batch() for _ in range(20)]
+    assert source.restarts >= 4
+    assert all(b[0].shape == (4, FEATURES) for b in batches)
