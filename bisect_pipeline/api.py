@@ -10,17 +10,19 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from . import allocator, distributed, faults, isolate, rounds, run as run_mod, state
+from . import allocator, devices, distributed, faults, isolate, rounds, run as run_mod, state
 from . import loader as loader_mod
 from .cache import DEFAULT_CACHE_BATCHES
 from .errors import BisectError
-from .report import PointResult, Report, build
-from .step import make_step, to_device as default_to_device
+from .report import NOT_SELECTED, PointResult, Report, build
 from .timing import Plan
 from .verdict import POINTS
 from .workload import Workload, validate
 
-DEFAULT_MAX_SECONDS = 60.0
+# The whole run's bound by default: a clear pipeline settles in 10-15 s on 2 cores and
+# stops there; one that cannot be settled (a noisy machine, two stages alike) ends here,
+# inconclusive, rather than spend a minute (--max-seconds buys more rounds).
+DEFAULT_MAX_SECONDS = 30.0
 DEFAULT_CACHE_MB = 1024.0
 
 
@@ -40,6 +42,7 @@ def bisect(
     loss_fn: Optional[Callable] = None,
     step: Optional[Callable[[Any], Any]] = None,
     to_device: Optional[Callable[[Any, torch.device], Any]] = None,
+    batch_size: Any = None,
     workload: Optional[Workload] = None,
     device: Any = None,
     max_seconds: float = DEFAULT_MAX_SECONDS,
@@ -60,21 +63,20 @@ def bisect(
     count are restored afterwards. See README "Python API" for every option.
     """
     wl = workload or Workload(model=model, loader=loader, optimizer=optimizer, loss_fn=loss_fn, step=step,
-                              to_device=to_device)
+                              to_device=to_device, batch_size=batch_size)
     validate(wl, "bisect()")
-    dev = resolve_device(device)
+    dev = devices.resolve(device)
     selected = check_options(points, max_seconds, cache_mb, cache_batches, step_timeout)
-    spec = loader_mod.describe(wl.loader)
-    _check_not_empty(spec)
+    spec = _describe(wl.loader)
     coord = distributed.Coordinator.current()  # None unless a process group of 2+ ranks is up
     run = _start(spec, dev, coord, wl.model, plan=plan, clock=clock, progress=progress, step_timeout=step_timeout,
                  max_seconds=max_seconds)
     held, found, interrupted = allocator.Held(hold_allocator), {}, False
     try:
         with state.preserved(wl.model, wl.optimizer, dev):
-            run.step = make_step(wl.model, wl.optimizer, wl.loss_fn, wl.step)
-            run.move = _mover(wl.to_device or default_to_device, dev)
-            run_mod.fill(run, selected, cache_mb=cache_mb, cache_batches=cache_batches, max_seconds=max_seconds)
+            run.use(wl)
+            run_mod.fill(run, selected, cache_mb=cache_mb, cache_batches=cache_batches, max_seconds=max_seconds,
+                         batch_size=wl.batch_size)
             run_mod.probe_step(run, coord)
             found["allocator"] = run_mod.hold_allocator(run, held, coord, max_seconds)
             if coord is None:
@@ -104,15 +106,11 @@ def _start(spec, dev, coord, model, *, plan, clock, progress, step_timeout, max_
                        step_timeout, start=start, end=start + max_seconds, deadline=start + max_seconds - room)
 
 
-def _mover(move: Callable[[Any, torch.device], Any], dev: torch.device) -> Callable[[Any], Any]:
-    return lambda batch: move(batch, dev)
-
-
 def _report(run: run_mod.Run, selected: tuple, found: dict, held: allocator.Held, interrupted: bool,
             max_seconds: float) -> Report:
     for name in POINTS:
         if name not in selected:
-            run.results[name] = PointResult(name, "skipped", reason="not selected (points option)")
+            run.results[name] = PointResult(name, "skipped", reason=NOT_SELECTED)
         elif name not in run.results:
             run.results[name] = PointResult(name, "not run", reason="interrupted" if interrupted else "out of time")
     complete = not interrupted and all(p.status != "not run" and not p.stopped_by_deadline
@@ -122,9 +120,16 @@ def _report(run: run_mod.Run, selected: tuple, found: dict, held: allocator.Held
     isolated, syncs = found.get("isolated") or _not_isolated(run)
     if isolated.get("status") == "ok" and found.get("allocator"):
         isolated = dict(isolated, allocator=found["allocator"])
-    return build(run.results.values(), run.batch_size, str(run.device), loader=run.spec.settings(),
+    return build(run.results.values(), run.batch_size, str(run.device), batch_size_source=_size_source(run),
+                 loader=run.spec.settings(),
                  cache=_cache_info(run.caches), warnings=run.warnings, run=info, complete=complete,
                  interrupted=interrupted, isolated=isolated, syncs=syncs)
+
+
+def _size_source(run: run_mod.Run) -> str:
+    if run.caches is not None:
+        return run.caches.batch_size_source
+    return "DataLoader.batch_size" if run.spec.batch_size is not None else "unknown (the caches could not be filled)"
 
 
 def _not_isolated(run: run_mod.Run) -> tuple[dict, dict]:
@@ -154,21 +159,6 @@ def _run_info(max_seconds: float, elapsed: float) -> dict:
 # --------------------------------------------------------------------------------------
 
 
-def resolve_device(device: Any) -> torch.device:
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise BisectError(f"device {device!r} is not a torch device ({exc}); use e.g. 'cpu', 'cuda', 'cuda:1'.") from exc
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise BisectError(f"device {device!r} asked for, but CUDA is not available here; use --device cpu.")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
-
-
 def check_options(points: Optional[Iterable[str]], max_seconds: float, cache_mb: float, cache_batches: int,
                   step_timeout: Optional[float]) -> tuple:
     """The selected points, after every option is checked (a BisectError names the bad one)."""
@@ -192,13 +182,14 @@ def check_options(points: Optional[Iterable[str]], max_seconds: float, cache_mb:
     return selected
 
 
-def _check_not_empty(spec: loader_mod.LoaderSpec) -> None:
-    if spec.iterable:
-        return
+def _describe(loader: Any) -> loader_mod.LoaderSpec:
+    """The loader's settings, and a clear error for an empty dataset."""
+    spec = loader_mod.describe(loader)
     try:
-        n = len(spec.dataset)
+        n = None if spec.iterable else len(spec.dataset)
     except TypeError:  # no __len__: fine, the sampler decides
-        return
+        n = None
     if n == 0:
         raise BisectError(f"the loader's dataset ({type(spec.dataset).__name__}) is empty: there is nothing to "
                           "measure. Check the data path or filter your entry function uses.")
+    return spec

@@ -25,7 +25,7 @@ _COPIES = 5
 
 @dataclasses.dataclass
 class Caches:
-    batch_size: int
+    batch_size: float  # samples per step: the mean over the cached batches when they differ
     dataset: Any  # the copy of the user's dataset used to fill (transforms proxied when found)
     samples: list  # dataset outputs (the `augmented` point)
     raw_calls: Optional[list]  # per sample, the transform calls to replay (the `raw` point)
@@ -37,6 +37,10 @@ class Caches:
     limited_by: Optional[str] = None  # "memory budget" or "time" when fewer batches were kept
     stopped_by: Optional[str] = None  # an error that ended the fill after the first batch
     warnings: list = dataclasses.field(default_factory=list)  # problems seen while filling (for the report)
+    # Positions in `samples` of each batch's samples, as the user's sampler (or batch
+    # sampler) grouped them: `raw` and `augmented` replay these same groups.
+    groups: list = dataclasses.field(default_factory=list)
+    batch_size_source: str = ""
 
     @property
     def n_batches(self) -> int:
@@ -45,7 +49,7 @@ class Caches:
 
 def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_BATCHES,
          time_budget: float = 10.0, clock: Callable[[], float] = time.perf_counter,
-         on_batch: Callable[[int], None] = lambda n: None) -> Caches:
+         on_batch: Callable[[int], None] = lambda n: None, batch_size: Any = None) -> Caches:
     """Build the first batches of the pipeline once, in this process, keeping every
     intermediate product: transform inputs, samples, and collated batches.
 
@@ -54,6 +58,8 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
     `stopped_by`); an error before it raises FillError naming the stage. A hang is
     ended by the caller's watchdog (faults.StepTimeout): the reason names the sample
     and the stage it hung in. `on_batch(n)` is called after each batch is cached.
+    `batch_size` (Workload.batch_size) overrides how many samples a batch holds: a
+    number, or a function of a collated batch (see batch_size_of).
     """
     start = clock()
     found_warnings = _pipeline_warnings(spec)
@@ -62,7 +68,7 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
     batches: list = []
     batch_bytes = 0
     limited_by = stopped_by = None
-    batch_size = spec.batch_size
+    positions: list = []
     groups = _sample_groups(spec, rec.dataset)
     at = {"index": None, "n": 0}  # the sample being built, for a hang's reason
     while True:
@@ -91,10 +97,9 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
                 raise FillError(stage, reason) from exc
             stopped_by = reason  # keep the batches already cached
             break
+        positions.append(list(range(len(samples), len(samples) + len(group_samples))))
         samples.extend(group_samples)
         batches.append(tree.clone(batch))
-        if batch_size is None:
-            batch_size = tree.leading_dim(batch) or 1
         batch_bytes = max(batch_bytes, tree.nbytes(batch))
         on_batch(len(batches))
         if len(batches) >= max_batches:
@@ -109,9 +114,37 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
         raise BisectError("the loader yields no batch: its dataset is empty (or smaller than one batch with "
                           "drop_last=True). Check the dataset your entry function builds.")
     raw_calls = rec.raw_calls if rec.raw_calls is not None and len(rec.raw_calls) == len(samples) else None
-    return Caches(batch_size=batch_size, dataset=rec.dataset, samples=samples, raw_calls=raw_calls, raw_reason=rec.raw_reason,
+    size, source = batch_size_of(spec, positions, batches, batch_size)
+    return Caches(batch_size=size, dataset=rec.dataset, samples=samples, raw_calls=raw_calls, raw_reason=rec.raw_reason,
                   raw_found=rec.found, batches=batches, batch_bytes=batch_bytes, fill_seconds=clock() - start,
-                  limited_by=limited_by, stopped_by=stopped_by, warnings=found_warnings)
+                  limited_by=limited_by, stopped_by=stopped_by, warnings=found_warnings, groups=positions,
+                  batch_size_source=source)
+
+
+def batch_size_of(spec: LoaderSpec, groups: list, batches: list, override: Any = None) -> tuple[float, str]:
+    """(samples per step, where that number comes from), in this order: the workload's
+    own (a number, or a function of a collated batch, averaged over the cached ones); the
+    loader's batch_size; the batch sampler's batches (the mean of their lengths); else,
+    without automatic batching (the dataset returns whole batches), the first dimension
+    of the batch's first tensor, which is the batch only for batch-first tensors."""
+    if override is not None:
+        if callable(override):
+            sizes = [float(override(b)) for b in batches]
+            return _mean(sizes), f"Workload.batch_size (a function; the mean over {len(sizes)} cached batches)"
+        return _mean([override]), "Workload.batch_size"
+    if spec.batch_size is not None:
+        return spec.batch_size, "DataLoader.batch_size"
+    if spec.batch_sampler is not None:
+        sizes = [len(g) for g in groups]
+        return _mean(sizes), f"the batch sampler's batches (the mean over {len(sizes)})"
+    return tree.leading_dim(batches[0]) or 1, ("the first dimension of the batch's first tensor (no automatic "
+                                                      "batching; give Workload(batch_size=...) if it is not the batch)")
+
+
+def _mean(sizes: list) -> float:
+    """The mean, an int when it is a whole number (as a batch size usually is)."""
+    m = sum(sizes) / len(sizes)
+    return int(round(m)) if abs(m - round(m)) < 1e-9 else m
 
 
 def _pipeline_warnings(spec: LoaderSpec) -> list:

@@ -269,15 +269,15 @@ def _point(run: Any, coord: Coordinator, name: str, deadline: float, skip: bool)
     open_error = None
     with contextlib.ExitStack() as stack:
         dog = stack.enter_context(run.watchdog(lambda: f"point {name}"))
-        next_batch, moves = None, True
+        next_batch, move = None, run.move
         if not skip:
             try:
-                source, moves = run.source(name)
+                source, move = run.source(name)
                 next_batch = stack.enter_context(source)
             except Exception as exc:  # this rank takes part without steps, then fails the point
                 open_error = exc
         opened = run.clock() - t0
-        lm = measure(next_batch, run.move if moves else None, run.step, batch_size=run.batch_size, plan=run.plan,
+        lm = measure(next_batch, move, run.step, batch_size=run.batch_size, plan=run.plan,
                      deadline=deadline, clock=run.clock, sync=run.sync, prefetch_depth=run.prefetch_depth(name),
                      coord=coord, beat=dog.beat,
                      on_window=lambda i, w: run.emit({"event": "window", "point": name, "window": i,

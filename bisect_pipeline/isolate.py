@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils.data import default_collate
 
-from . import faults, recording, sources, tree
+from . import devices, faults, recording, sources, tree
 from .loader import LoaderSpec, copy_or_same, index_order
 from .stats import median
 
@@ -76,7 +76,7 @@ def measure(spec: LoaderSpec, caches: Any, device: torch.device, move: Callable[
     device_batch = None
     syncs: dict
     try:
-        device_batch = sources.device_batches(sources.host_batches(caches, spec, device)[:1], move, device)[0]
+        device_batch = sources.device_batches(sources.host_batches(caches, spec, device, 1), move, device)[0]
     except Exception as exc:
         syncs = {"status": "failed", "reason": _reason(exc)}
     if step_sec_per_batch is not None:
@@ -157,10 +157,10 @@ def _augment(caches, share, clock) -> dict:
 
 
 def _groups(spec, caches) -> list:
-    bs = caches.batch_size
+    """The cached samples as collate_fn got them: the user's sampler's groups."""
     if not spec.auto_collation:
         return list(caches.samples)
-    return [caches.samples[i:i + bs] for i in range(0, len(caches.samples) - bs + 1, bs)] or [caches.samples]
+    return [[caches.samples[i] for i in g] for g in caches.groups]
 
 
 def _collate(spec, caches, share, clock) -> dict:
@@ -185,7 +185,7 @@ def _transfer(spec, caches, device, move, share, clock) -> dict:
     nbytes = tree.nbytes(host[0])
     if device.type == "cpu":
         return {"status": "skipped", "reason": "no accelerator: host and device coincide", "bytes_per_batch": nbytes}
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    sync = devices.synchronizer(device)
 
     def one(batch):
         move(batch)
@@ -201,7 +201,7 @@ def _step(train_step, batch, device, share, clock) -> dict:
     """The step alone on one device batch, after STEP_WARMUP untimed steps: a fresh
     step's first calls are several times slower (lazy initialisation, the optimizer's
     first update), which would overstate the step and understate the workers needed."""
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    sync = devices.synchronizer(device)
 
     def one(b):
         train_step(b)

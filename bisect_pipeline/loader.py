@@ -34,6 +34,10 @@ class LoaderSpec:
     persistent_workers: bool
     in_order: bool
     pin_memory_device: str
+    # The user's loader class: replay loaders are built through it (a subclass that
+    # overrides __iter__ keeps its behaviour at every point), or DataLoader when it
+    # cannot take the DataLoader arguments (sources.loader_class).
+    loader_cls: type = DataLoader
 
     @property
     def iterable(self) -> bool:
@@ -87,6 +91,7 @@ class LoaderSpec:
             "multiprocessing_context": None if ctx is None else getattr(ctx, "_name", None) or str(ctx),
             "timeout": self.timeout,
             "in_order": self.in_order,
+            "loader_class": f"{self.loader_cls.__module__}.{self.loader_cls.__qualname__}",
         }
 
 
@@ -111,6 +116,7 @@ def describe(loader: DataLoader) -> LoaderSpec:
         persistent_workers=bool(loader.persistent_workers),
         in_order=bool(getattr(loader, "in_order", True)),
         pin_memory_device=getattr(loader, "pin_memory_device", "") or "",
+        loader_cls=type(loader),
     )
 
 

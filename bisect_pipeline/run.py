@@ -10,10 +10,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import allocator, cache, faults, sources, split
+from . import allocator, cache, devices, faults, sources, split, tree
 from .errors import BisectError
 from .loader import LoaderSpec
-from .report import PointResult
+from .report import NOT_SELECTED, PointResult
+from .step import make_step, to_device as default_to_device
 from .timing import Plan, measure
 from .verdict import Verdict, decide
 
@@ -50,17 +51,17 @@ class Run:
     move: Any = None
     caches: Optional[cache.Caches] = None
     fresh: bool = False  # the step changes its batch in place: cached points hand it copies
+    wrapper: Any = None  # the user's loader wrapper every point's batches go through (integrations.timm)
     results: dict = dataclasses.field(default_factory=dict)
     warnings: list = dataclasses.field(default_factory=list)
     visits: int = 0
 
     @property
-    def batch_size(self) -> int:
+    def batch_size(self) -> float:
         return self.caches.batch_size if self.caches else (self.spec.batch_size or 1)
 
     def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        devices.synchronizer(self.device)()
 
     def watchdog(self, what: Callable[[], str]) -> faults.Watchdog:
         """A watchdog for one phase: --step-timeout without progress, or the hard end."""
@@ -68,32 +69,58 @@ class Run:
 
     def decide(self, noise_scale: float = 1.0) -> Verdict:
         ok = {n: p.throughput for n, p in self.results.items() if p.status == "ok"}
-        skipped = {n: p.reason or "" for n, p in self.results.items() if p.status == "skipped"}
+        skipped = {n: p.reason or "" for n, p in self.results.items()
+                   if p.status == "skipped" and p.reason != NOT_SELECTED}
         return decide(ok, self.batch_size, skipped, noise_scale=noise_scale)
+
+    def use(self, wl: Any) -> None:
+        """The workload's step (the default one built now: inside the run, whose state is
+        restored afterwards), its transfer to this device, and its loader wrapper."""
+        self.step = make_step(wl.model, wl.optimizer, wl.loss_fn, wl.step)
+        move, dev = wl.to_device or default_to_device, self.device
+        self.move = lambda batch: move(batch, dev)
+        self.wrapper = wl.wrapper
 
     def not_applicable(self, name: str) -> Optional[PointResult]:
         if name == "host" and self.device.type == "cpu":
             return PointResult(name, "skipped", reason="no accelerator: host and device coincide")
+        if name == "collated" and self.spec.num_workers == 0 and not (self.spec.pin_memory and self.device.type != "cpu"):
+            return PointResult(name, "skipped", reason="num_workers=0: no worker hands batches over and nothing pins "
+                                                       "them, so collated and device coincide (no handoff)")
         if name == "raw" and self.caches is not None and self.caches.raw_calls is None:
             return PointResult(name, "unavailable", reason=self.caches.raw_reason)
         return None
 
     def source(self, name: str) -> tuple:
-        """The batch source of a point and whether the loop moves its batches to the device."""
+        """(the point's batch source, what the loop applies to each batch before the step:
+        the transfer, or None when the batches are already on the device)."""
         spec, caches = self.spec, self.caches
+        if name == "device":
+            host = sources.host_batches(caches, spec, self.device)
+            return sources.cached_source(sources.device_batches(host, self.move, self.device), self.fresh), None
         if name == "full":
-            return sources.full_loader(spec, caches.dataset if caches else _tagged_copy(spec)), True
-        if name == "raw":
-            ds = sources.RawReplay(caches.samples, caches.raw_calls)
-            return sources.sample_loader(spec, ds, caches.batch_size), True
-        if name == "augmented":
-            return sources.sample_loader(spec, sources.SampleCache(caches.samples), caches.batch_size), True
-        if name == "collated":
-            return sources.batch_loader(spec, caches.batches, self.fresh), True
-        host = sources.host_batches(caches, spec, self.device)
-        if name == "host":
-            return sources.cached_source(host, self.fresh), True
-        return sources.cached_source(sources.device_batches(host, self.move, self.device), self.fresh), False
+            source = sources.full_loader(spec, caches.dataset if caches else _tagged_copy(spec))
+        elif name == "raw":
+            source = sources.sample_loader(spec, sources.RawReplay(caches.samples, caches.raw_calls), caches.groups)
+        elif name == "augmented":
+            source = sources.sample_loader(spec, sources.SampleCache(caches.samples), caches.groups)
+        elif name == "collated":
+            source = sources.batch_loader(spec, caches.batches, self.fresh and self.device.type == "cpu")
+        else:  # host
+            source = sources.cached_source(sources.host_batches(caches, spec, self.device))
+        if self.wrapper is not None:  # the user's wrapper moves the batches, overlapping the step
+            from .integrations import timm
+
+            return timm.through(self.wrapper, source), None
+        if self.fresh and self.device.type != "cpu":
+            # A step that changes its batch gets a copy made on the device after the
+            # transfer, as the device point makes one: the host batch stays pinned, and
+            # both sides of `transfer` pay the same copy.
+            return source, self._move_then_copy
+        return source, self.move
+
+    def _move_then_copy(self, batch: Any) -> Any:
+        return tree.clone(self.move(batch))
 
     def prefetch_depth(self, name: str) -> int:
         return self.spec.prefetch_depth if name not in ("host", "device") else 0
@@ -104,11 +131,16 @@ class Run:
 # --------------------------------------------------------------------------------------
 
 
-def fill(run: Run, selected: tuple, *, cache_mb: float, cache_batches: int, max_seconds: float) -> None:
+def fill(run: Run, selected: tuple, *, cache_mb: float, cache_batches: int, max_seconds: float,
+         batch_size: Any = None) -> None:
     """Fill the caches under the watchdog: a hang before the first batch is cut at the
     hard end, one after it at the end of the fill's own time budget. When not even one
-    batch can be built, every cached point fails with the reason."""
+    batch can be built, every cached point fails with the reason. First, the class the
+    replay loaders are built through (sources.loader_class)."""
     run.emit({"event": "cache", "message": "filling the caches"})
+    run.spec, why = sources.loader_class(run.spec)
+    if why:
+        run.warnings.append(why)
     budget = max(1.0, CACHE_TIME_SHARE * max_seconds)
     t0 = run.clock()
     try:
@@ -117,7 +149,7 @@ def fill(run: Run, selected: tuple, *, cache_mb: float, cache_batches: int, max_
                 if n == 1:
                     dog.end_in(max(0.0, budget - (run.clock() - t0)) + 1.0, label="the fill's time budget")
             run.caches = cache.fill(run.spec, cache_mb=cache_mb, max_batches=cache_batches, time_budget=budget,
-                                    clock=run.clock, on_batch=on_batch)
+                                    clock=run.clock, on_batch=on_batch, batch_size=batch_size)
     except cache.FillError as exc:
         for name in MEASURE_ORDER[:-1]:
             if name in selected:
@@ -151,9 +183,7 @@ def probe_step(run: Run, coord: Any) -> None:
 
 
 def _step_mutates(run: Run) -> bool:
-    from . import tree
-
-    batch = sources.device_batches(sources.host_batches(run.caches, run.spec, run.device)[:1], run.move, run.device)[0]
+    batch = sources.device_batches(sources.host_batches(run.caches, run.spec, run.device, 1), run.move, run.device)[0]
     reference = tree.clone(batch)
     try:
         run.step(batch)
@@ -174,7 +204,7 @@ def hold_allocator(run: Run, held: allocator.Held, coord: Any, max_seconds: floa
     if why is not None:
         held.hold()
         return {"status": "skipped", "reason": why}
-    batch = sources.device_batches(sources.host_batches(run.caches, run.spec, run.device)[:1], run.move, run.device)[0]
+    batch = sources.device_batches(sources.host_batches(run.caches, run.spec, run.device, 1), run.move, run.device)[0]
     try:
         with run.watchdog(lambda: "the step timed alone (allocator)"):
             return held.time_step(lambda: run.step(batch), min(ALLOCATOR_SECONDS, ALLOCATOR_SHARE * max_seconds),
@@ -198,10 +228,10 @@ def visit(run: Run, name: str, deadline: float) -> PointResult:
     opened = 0.0
     try:
         with run.watchdog(lambda: f"point {name}") as dog:
-            source, moves = run.source(name)
+            source, move = run.source(name)
             with source as next_batch:
                 opened = run.clock() - t0
-                m = measure(next_batch, run.move if moves else None, run.step, batch_size=run.batch_size,
+                m = measure(next_batch, move, run.step, batch_size=run.batch_size,
                             plan=run.plan, deadline=deadline, clock=run.clock, sync=run.sync,
                             prefetch_depth=run.prefetch_depth(name),
                             on_window=lambda i, w: run.emit({"event": "window", "point": name, "window": i,

@@ -10,15 +10,22 @@ context manager: leaving it shuts its workers down, whatever happened.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
+import sys
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_worker_info
 
-from . import faults, integrations, recording, tree
+from . import devices, faults, integrations, recording, tree
 from .faults import StageError, StepTimeout
 from .loader import LoaderSpec, copy_or_same, index_order
+
+# Replay samplers never end. A length is still given, as large as len() takes, for
+# DataLoader subclasses that count batches per epoch (timm's MultiEpochsDataLoader).
+ENDLESS = sys.maxsize
+
 
 class Forever(Sampler):
     """Cycles `range(n)` in a fixed shuffled order, forever: no epoch boundary (and no
@@ -33,6 +40,24 @@ class Forever(Sampler):
         order = torch.randperm(self.n, generator=g).tolist()
         return itertools.cycle(order)
 
+    def __len__(self) -> int:
+        return ENDLESS
+
+
+class Groups(Sampler):
+    """A batch sampler that cycles over the groups the user's sampler formed when the
+    caches were filled (`raw`, `augmented`): the same samples batched together, so a
+    length-bucketing sampler's padding is what it is in the full pipeline."""
+
+    def __init__(self, groups: list) -> None:
+        self.groups = groups
+
+    def __iter__(self):
+        return itertools.cycle(self.groups)
+
+    def __len__(self) -> int:
+        return ENDLESS
+
 
 class _FromIterator(Sampler):
     def __init__(self, it: Iterator) -> None:
@@ -40,6 +65,9 @@ class _FromIterator(Sampler):
 
     def __iter__(self):
         return self.it
+
+    def __len__(self) -> int:
+        return ENDLESS
 
 
 class SampleCache(Dataset):
@@ -159,7 +187,10 @@ class LoaderSource:
             self.restarts += 1
             if self.restarts > 1000:
                 raise RuntimeError("the dataset yields no batch")
-            _shutdown(self._it)
+            if not (self.loader.persistent_workers and self.loader.num_workers):
+                _shutdown(self._it)
+            # With persistent workers iter() resets the same iterator and keeps its workers:
+            # shutting them down first would leave it nothing to reset.
             self._it = iter(self.loader)
             return next(self._it)
 
@@ -219,6 +250,29 @@ def _kwargs(spec: LoaderSpec, collate_fn: Callable) -> dict:
                               worker_init_fn=faults.tag(spec.worker_init_fn, "worker_init_fn"))
 
 
+def loader_class(spec: LoaderSpec) -> tuple[LoaderSpec, Optional[str]]:
+    """`spec` with the class its replay loaders are built through: the user's own class
+    when it builds and yields batches from the DataLoader arguments over replay data (one
+    tiny loader in this process, two batches), else DataLoader, with a warning that says
+    what is then not measured."""
+    cls = spec.loader_cls
+    if cls is DataLoader:
+        return spec, None
+    try:
+        probe = cls(list(range(4)), batch_sampler=Groups([[0, 1], [2, 3]]), num_workers=0, collate_fn=identity)
+        it = iter(probe)
+        next(it), next(it)
+        _shutdown(getattr(probe, "_iterator", None))
+        return spec, None
+    except Exception as exc:
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        return dataclasses.replace(spec, loader_cls=DataLoader), (
+            f"the loader is a {name}, which could not be rebuilt from the DataLoader arguments over replay data "
+            f"({type(exc).__name__}: {str(exc)[:200]}): every point runs a plain DataLoader with your settings, so "
+            f"what {cls.__qualname__} itself adds per batch (an overridden __iter__, a device move, ...) is not "
+            "measured.")
+
+
 def full_loader(spec: LoaderSpec, dataset: Any = None) -> LoaderSource:
     """`full`: the user's pipeline rebuilt as it is, over a copy of the dataset, in the
     user's sampler order cycled forever. `dataset` is that copy when the caller has one
@@ -228,30 +282,30 @@ def full_loader(spec: LoaderSpec, dataset: Any = None) -> LoaderSource:
     if spec.iterable:
         def make() -> DataLoader:
             if spec.auto_collation:
-                return DataLoader(dataset, batch_size=spec.batch_size, drop_last=spec.drop_last, **kw)
-            return DataLoader(dataset, batch_size=None, **kw)
+                return spec.loader_cls(dataset, batch_size=spec.batch_size, drop_last=spec.drop_last, **kw)
+            return spec.loader_cls(dataset, batch_size=None, **kw)
         return LoaderSource(make, restart=True)
 
     def make() -> DataLoader:
         order = index_order(spec)
         if spec.batch_sampler is not None:
-            return DataLoader(dataset, batch_sampler=_FromIterator(order), **kw)
+            return spec.loader_cls(dataset, batch_sampler=_FromIterator(order), **kw)
         if spec.auto_collation:
             bs = BatchSampler(_FromIterator(order), spec.batch_size, spec.drop_last)
-            return DataLoader(dataset, batch_sampler=bs, **kw)
-        return DataLoader(dataset, batch_size=None, sampler=_FromIterator(order), **kw)
+            return spec.loader_cls(dataset, batch_sampler=bs, **kw)
+        return spec.loader_cls(dataset, batch_size=None, sampler=_FromIterator(order), **kw)
     return LoaderSource(make)
 
 
-def sample_loader(spec: LoaderSpec, dataset: Dataset, batch_size: int) -> LoaderSource:
-    """`raw` and `augmented`: samples from a cache dataset, batched as the user batches."""
+def sample_loader(spec: LoaderSpec, dataset: Dataset, groups: list) -> LoaderSource:
+    """`raw` and `augmented`: samples from a cache dataset, in the groups the user's
+    sampler formed (cache.Caches.groups)."""
     kw = _kwargs(spec, faults.Tagged(spec.collate_fn, "collate"))
 
     def make() -> DataLoader:
         if not spec.auto_collation:
-            return DataLoader(dataset, batch_size=None, sampler=Forever(len(dataset)), **kw)
-        bs = BatchSampler(Forever(len(dataset)), batch_size, drop_last=True)
-        return DataLoader(dataset, batch_sampler=bs, **kw)
+            return spec.loader_cls(dataset, batch_size=None, sampler=Forever(len(dataset)), **kw)
+        return spec.loader_cls(dataset, batch_sampler=Groups(groups), **kw)
     return LoaderSource(make)
 
 
@@ -259,12 +313,13 @@ def batch_loader(spec: LoaderSpec, batches: list, fresh: bool = False) -> Loader
     """`collated`: whole batches through the user's workers and pinning (the handoff)."""
     kw = _kwargs(spec, identity)
     dataset = BatchCache(batches, fresh)
-    return LoaderSource(lambda: DataLoader(dataset, batch_size=None, sampler=Forever(len(dataset)), **kw))
+    return LoaderSource(lambda: spec.loader_cls(dataset, batch_size=None, sampler=Forever(len(dataset)), **kw))
 
 
-def host_batches(caches: Any, spec: LoaderSpec, device: torch.device) -> list:
-    """Batches as the loader yields them: pinned when the loader pins."""
-    out = [tree.clone(b) for b in caches.batches]
+def host_batches(caches: Any, spec: LoaderSpec, device: torch.device, n: Optional[int] = None) -> list:
+    """The first `n` cached batches (all by default) as the loader yields them: pinned
+    when the loader pins."""
+    out = [tree.clone(b) for b in caches.batches[:n]]
     if spec.pin_memory and device.type != "cpu" and torch.cuda.is_available():
         from torch.utils.data._utils.pin_memory import pin_memory
 
@@ -278,6 +333,5 @@ def device_batches(host: list, move: Callable[[Any], Any], device: torch.device)
     out = [move(b) for b in host]
     if device.type == "cpu":
         out = [tree.clone(b) for b in out]
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    devices.synchronizer(device)()
     return out

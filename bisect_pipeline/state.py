@@ -25,7 +25,11 @@ class Snapshot:
     optimizer_state: Optional[dict]
 
 
-def capture(model: Optional[torch.nn.Module], optimizer: Optional[torch.optim.Optimizer]) -> Snapshot:
+def capture(model: Optional[torch.nn.Module], optimizer: Optional[torch.optim.Optimizer],
+            device: Optional[torch.device] = None) -> Snapshot:
+    """Everything of the user's that a run can change. The CUDA RNG states are taken
+    whenever the run will use CUDA (`device`), even before CUDA is initialised: the run
+    initialises it, which would otherwise leave states the user never had."""
     np = sys.modules.get("numpy")
     params, buffers, training = {}, {}, []
     if model is not None:
@@ -37,7 +41,8 @@ def capture(model: Optional[torch.nn.Module], optimizer: Optional[torch.optim.Op
         training = [m.training for m in model.modules()]
     return Snapshot(
         rng_torch=torch.get_rng_state(),
-        rng_cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
+        rng_cuda=(torch.cuda.get_rng_state_all() if torch.cuda.is_available()
+                  and (torch.cuda.is_initialized() or (device is not None and device.type == "cuda")) else None),
         rng_numpy=np.random.get_state() if np is not None else None,
         rng_python=random.getstate(),
         num_threads=torch.get_num_threads(),
@@ -84,14 +89,30 @@ def preserved(model: Optional[torch.nn.Module], optimizer: Optional[torch.optim.
     """The user's state as it was after the block, whatever happens in it: a snapshot
     first, the model moved to `device` for the block (when all of it is on one other
     device), then moved back and everything restored (see `restore`)."""
-    snap = capture(model, optimizer)
+    snap = capture(model, optimizer, device)
     moved_from = _move(model, device)
+    if moved_from is not None:
+        _move_optimizer_state(optimizer)
     try:
         yield
     finally:
         if moved_from is not None:
             model.to(moved_from)
         restore(snap, model, optimizer)
+
+
+def _move_optimizer_state(optimizer: Optional[torch.optim.Optimizer]) -> None:
+    """The optimizer's state tensors (momentum, Adam's moments) to their parameter's
+    device, as Optimizer.load_state_dict places them; 0-d counters (`step`) stay where
+    they are, which non-capturable optimizers need. The snapshot puts them back."""
+    if optimizer is None:
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p)
+            for k, v in list((state or {}).items()):
+                if isinstance(v, torch.Tensor) and v.dim() > 0 and v.device != p.device:
+                    state[k] = v.to(p.device)
 
 
 def _move(model: Optional[torch.nn.Module], device: Optional[torch.device]) -> Optional[torch.device]:

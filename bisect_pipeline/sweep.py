@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from . import api, sources, state, tree
+from . import api, devices, sources, state, tree
 from . import loader as loader_mod
 from .errors import BisectError
 from .stats import Throughput, is_real
@@ -265,7 +265,7 @@ def run(workload: Workload, grid: dict, *, device: Any = None, max_seconds: floa
         raise BisectError("the sweep has no setting to vary; e.g. --sweep num_workers=0,2,4.")
     if not max_seconds or max_seconds <= 0 or not math.isfinite(max_seconds):
         raise BisectError(f"max_seconds must be a finite number > 0, got {max_seconds}.")
-    dev = api.resolve_device(device)
+    dev = devices.resolve(device)
     spec = loader_mod.describe(workload.loader)
     combos = combinations(spec, grid)
     emit = progress or (lambda event: None)
@@ -280,7 +280,7 @@ def run(workload: Workload, grid: dict, *, device: Any = None, max_seconds: floa
             train_step = make_step(workload.model, workload.optimizer, workload.loss_fn, workload.step)
             user_move = workload.to_device or default_to_device
             move = lambda batch: user_move(batch, dev)  # noqa: E731
-            sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+            sync = devices.synchronizer(dev)
             for i, settings in enumerate(combos):
                 emit({"event": "point", "point": "full " + _fmt_settings(settings, list(grid)), "index": i,
                       "total": len(combos)})

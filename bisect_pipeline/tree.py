@@ -177,6 +177,10 @@ def _clone_leaf(x: Any) -> Any:
     return x
 
 
+def _is_pil(x: Any) -> bool:
+    return (type(x).__module__ or "").startswith("PIL") and hasattr(x, "mode") and hasattr(x, "size")
+
+
 def nbytes(obj: Any) -> int:
     """Memory held by the tensors, arrays and images inside `obj` (approximate)."""
     return sum(_leaf_bytes(x) for _, x in leaves(obj))
@@ -227,10 +231,16 @@ def same_values(a: Any, b: Any) -> bool:
 
 def same_structure(a: Any, b: Any, *, depth: int = 0) -> Optional[str]:
     """None if `a` and `b` have the same nesting, types, tensor dtypes and ranks; else a
-    short description of the first difference."""
+    short description of the first difference. Types match as a transform sees them: a
+    subclass matches its base, and PIL images match by mode and size (a decoded
+    JpegImageFile and its copy, a plain Image, are the same input)."""
     import torch
 
-    if type(a) is not type(b):
+    if _is_pil(a) and _is_pil(b):  # a decoded JpegImageFile and its loaded copy (Image) are the same input
+        if (a.mode, a.size) != (b.mode, b.size):
+            return f"image {a.mode} {a.size} vs {b.mode} {b.size}"
+        return None
+    if not (isinstance(a, type(b)) or isinstance(b, type(a))):  # a subclass is what its base is
         return f"{type(a).__name__} vs {type(b).__name__}"
     if isinstance(a, torch.Tensor):
         if a.dtype != b.dtype or a.dim() != b.dim():

@@ -84,8 +84,9 @@ def decide(
     """Name the bottleneck from the points that were measured.
 
     `measured` maps point name to its throughput for the points whose status is ok;
-    `skipped` maps a point to the reason it does not apply here (e.g. `host` on CPU),
-    so the stage it would separate is reported as not applicable instead of merged.
+    `skipped` maps a point to the reason it does not apply here (`host` without an
+    accelerator, `collated` at num_workers=0), so the stage that ends at it is reported as
+    not applicable instead of merged; a point merely not selected is not in it.
     `noise_scale` > 1 asks whether the verdict stands with that much more noise.
 
     Rule (t = seconds per batch; each constant above says why):
@@ -271,13 +272,19 @@ def self_check(points: Mapping[str, float], v: Verdict, num_workers: Optional[in
     return [f"the report breaks its own rules: {p}. Please report this with the JSON document." for p in out]
 
 
+# The stage that ends at a point: when that point does not apply here (it coincides with
+# the point after it), neither does the stage. `transfer` ends at `host` (no accelerator:
+# host and device coincide); `handoff` at `collated` (num_workers=0 and no pinning in
+# the loop: nothing runs between collate_fn and the step).
+_ENDS_AT = {"transfer": "host", "handoff": "collated"}
+
+
 def _not_applicable(stage: str, skipped: Mapping[str, str]) -> bool:
-    # `transfer` is host -> device; with no accelerator the two points coincide.
-    return stage == "transfer" and "host" in skipped
+    return _ENDS_AT.get(stage) in skipped
 
 
 def _na_reason(stage: str, skipped: Mapping[str, str]) -> str:
-    return skipped.get("host", "not applicable")
+    return skipped.get(_ENDS_AT.get(stage), "not applicable")
 
 
 def _unmeasured_stages(skipped: Mapping[str, str]) -> tuple[StageCost, ...]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Union
 
 import torch
 from torch.utils.data import DataLoader
@@ -21,6 +21,9 @@ class Workload:
     optimizer, loss_fn: used by the default step; SGD and cross-entropy when None.
     step: `step(batch)` runs one training step on a batch already on the device.
     to_device: `to_device(batch, device)` moves a batch; the default moves every tensor.
+    batch_size: samples per batch, when the loader cannot say (a batch sampler of uneven
+    batches, a dataset that returns whole batches): a number, or a function of a collated
+    batch (e.g. `lambda b: b[0].shape[1]` for sequence-first tensors).
     """
 
     model: Optional[torch.nn.Module]
@@ -29,6 +32,10 @@ class Workload:
     loss_fn: Optional[Callable] = None
     step: Optional[Callable[[Any], Any]] = None
     to_device: Optional[Callable[[Any, torch.device], Any]] = None
+    batch_size: Optional[Union[float, Callable[[Any], float]]] = None
+    # A library's wrapper that moves the loader's batches to the device in the user's
+    # loop (timm's PrefetchLoader): set by integrations.adapt_workload, never by hand.
+    wrapper: Any = dataclasses.field(default=None, init=False, repr=False)
 
 
 def as_workload(obj: Any, where: str = "the entry function") -> Workload:
@@ -77,7 +84,14 @@ def validate(wl: Workload, where: str = "the workload") -> None:
         raise BisectError(f"{where}: no model and no step; give the model (default step) or your own step(batch).")
     if wl.model is not None and not isinstance(wl.model, torch.nn.Module):
         raise BisectError(f"{where}: the model is a {type(wl.model).__name__}, not a torch.nn.Module.")
+    if wl.model is not None and any(t.is_meta for t in [*wl.model.parameters(), *wl.model.buffers()]):
+        raise BisectError(f"{where}: the model is on the meta device (its weights are not materialized), so no step "
+                          "can run. Build it with real weights (e.g. model.to_empty(device='cpu') and load a state "
+                          "dict) before handing it over.")
     for name in ("loss_fn", "step", "to_device"):
         fn = getattr(wl, name)
         if fn is not None and not callable(fn):
             raise BisectError(f"{where}: {name} must be callable, got {type(fn).__name__}.")
+    bs = wl.batch_size
+    if bs is not None and not callable(bs) and (isinstance(bs, bool) or not isinstance(bs, (int, float)) or bs <= 0):
+        raise BisectError(f"{where}: batch_size must be a number > 0 or a function of a batch, got {bs!r}.")

@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only", default="", help="comma-separated workloads (augment-w2, demo, model, ...)")
     ap.add_argument("--quiet-too", action="store_true", help="also run every workload without the neighbour")
-    ap.add_argument("--max-seconds", type=float, default=60.0)
+    ap.add_argument("--max-seconds", type=float, default=None, help="bisect's default when not given")
     ap.add_argument("--out", default=None, help="keep every report's JSON in this folder")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args()

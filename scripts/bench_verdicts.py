@@ -80,7 +80,7 @@ def run_workload(name: str, make, expected: str, runs: int, max_seconds: float, 
     for i in range(runs):
         model, loader, kw = make()
         t0 = time.perf_counter()
-        report = bisect(model, loader, device="cpu", max_seconds=max_seconds, **kw)
+        report = bisect(model, loader, device="cpu", **({"max_seconds": max_seconds} if max_seconds else {}), **kw)
         walls.append(time.perf_counter() - t0)
         path = os.path.join(out_dir, f"{name}-{i + 1}.json")
         report.save_json(path)
@@ -127,7 +127,7 @@ def main() -> None:
     ap.add_argument("--kinds", default=",".join(testing.KINDS))
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--max-seconds", type=float, default=60.0, help="bisect's default")
+    ap.add_argument("--max-seconds", type=float, default=None, help="bisect's default when not given")
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--out", default=None, help="keep every report's JSON in this folder")
     ap.add_argument("--threads", type=int, default=None,

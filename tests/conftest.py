@@ -42,3 +42,17 @@ def no_leftover_workers():
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert multiprocessing.active_children() == []
+
+
+def expected_statuses(loader_settings: dict, device: str = "cpu") -> dict:
+    """Every point measured but those that do not apply: host without an accelerator,
+    collated at num_workers=0 with nothing pinning in the loop (it coincides with device)."""
+    accelerator = not str(device).startswith("cpu")
+    no_handoff = loader_settings.get("num_workers") == 0 and not (loader_settings.get("pin_memory") and accelerator)
+    return {"full": "ok", "raw": "ok", "augmented": "ok", "collated": "skipped" if no_handoff else "ok",
+            "host": "ok" if accelerator else "skipped", "device": "ok"}
+
+
+def all_measured(report) -> dict:
+    """expected_statuses for a Report (compare with {point: status})."""
+    return expected_statuses(report.loader, report.device)

@@ -403,8 +403,8 @@ def test_end_to_end_augment_bound_at_zero_workers_advises_workers(no_leftover_wo
 @pytest.mark.e2e
 def test_end_to_end_model_bound_gives_no_worker_advice(no_leftover_workers):
     model, loader = planted("model", 0)
-    r = bisect(model, loader, device="cpu", max_seconds=15, plan=FAST_PLAN)  # 80 ms steps
-    assert r.bottleneck in ("none", "inconclusive"), str(r)
+    r = bisect(model, loader, device="cpu", max_seconds=30, plan=FAST_PLAN)  # 80 ms steps, ~2 ms of input: 40x
+    assert r.bottleneck == "none", str(r)
     assert not {"num_workers", "cores", "augment", "storage", "collate"} & set(kinds(r)), r.advice
     assert r.isolated["workers"]["needed"] == 1  # the 80 ms step outruns ~0 ms of worker work
 

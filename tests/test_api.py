@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import ConcatDataset, Subset
 
 from bisect_pipeline import BisectError, bisect
-from conftest import FAST_PLAN, PlantedDataset, PlantedIterable, Sleep, make_loader, planted, tiny_model
+from conftest import FAST_PLAN, PlantedDataset, PlantedIterable, Sleep, all_measured, make_loader, planted, tiny_model
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
@@ -29,8 +29,9 @@ def test_planted_bottleneck_is_found(kind, expected, num_workers, no_leftover_wo
     report = run(model, loader)
     assert report.bottleneck == expected, str(report)
     statuses = {p.point: p.status for p in report.points}
-    assert statuses == {"full": "ok", "raw": "ok", "augmented": "ok", "collated": "ok", "host": "skipped",
-                        "device": "ok"}
+    assert statuses == all_measured(report)
+    if num_workers == 0:  # nothing between collate_fn and the step: no handoff to measure
+        assert report.stage("handoff").status == "skipped" and "num_workers=0" in report.stage("handoff").reason
     if expected != "none":
         stage = report.stage(expected)
         assert stage.significant and stage.share_of_gap > 0.5
@@ -183,9 +184,15 @@ def test_bad_options_are_clear_errors():
         bisect(model, loader, points=["full", "bogus"])
     with pytest.raises(BisectError, match="DataLoader"):
         bisect(model, [1, 2, 3])
+    for bad in (float("nan"), float("inf"), 0, -1):
+        with pytest.raises(BisectError, match="max_seconds must be a finite number > 0"):
+            bisect(model, loader, max_seconds=bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_cuda_asked_for_without_cuda_is_a_clear_error():
+    model, loader = planted("augment", 0)
     with pytest.raises(BisectError, match="CUDA is not available"):
-        if torch.cuda.is_available():
-            pytest.skip("CUDA present")
         bisect(model, loader, device="cuda")
 
 
@@ -194,10 +201,10 @@ def test_points_are_measured_in_paired_rounds_pooled_and_stop_once_settled():
     model, loader = planted("augment", 0)
     report = run(model, loader, progress=events.append)
     order = [e["point"] for e in events if e["event"] == "point"]
-    down = ["device", "collated", "augmented", "raw", "full"]  # host is skipped on CPU
+    down = ["device", "augmented", "raw", "full"]  # host (CPU) and collated (num_workers=0) do not apply
     # a clear planted bottleneck settles after the first pair of rounds
     assert order == down + down[::-1]
-    assert report.run["rounds"] == 2 and report.run["settled"] and report.run["visits"] == 10
+    assert report.run["rounds"] == 2 and report.run["settled"] and report.run["visits"] == 8
     # each point pools the windows of both visits
     for name in down:
         p = report.point(name)

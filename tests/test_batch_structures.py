@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from bisect_pipeline import Plan, bisect
-from conftest import CLASSES, FAST_PLAN, FEATURES, Sleep, SleepLayer
+from conftest import CLASSES, FAST_PLAN, FEATURES, Sleep, SleepLayer, all_measured
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
@@ -21,7 +21,6 @@ AUG_MS = 6.0  # per sample: 48 ms a batch of 8, against a 2 ms step
 # Only the points' statuses are asserted here, not a verdict: short windows suffice.
 TINY_PLAN = Plan(window_seconds=0.05, windows_per_visit=1, max_warmup_windows=0, min_warmup_steps=1, min_rounds=1,
                  max_rounds=1)
-ALL_OK = {"full": "ok", "raw": "ok", "augmented": "ok", "collated": "ok", "host": "skipped", "device": "ok"}
 
 Pair = collections.namedtuple("Pair", ["image", "label"])
 
@@ -132,7 +131,7 @@ def test_structured_batches_every_point(kind):
     ds = Structured(kind, transform=Sleep(1.0))
     loader = DataLoader(ds, batch_size=8, shuffle=True, collate_fn=collate)
     report = bisect(model, loader, optimizer=opt, step=step, device="cpu", max_seconds=4, plan=TINY_PLAN)
-    assert {p.point: p.status for p in report.points} == ALL_OK, str(report)
+    assert {p.point: p.status for p in report.points} == all_measured(report), str(report)
     assert report.cache["raw_transforms"] == ["dataset.transform (Sleep)"]
     assert seen == {batch_type}
 
@@ -141,7 +140,7 @@ def test_dict_and_namedtuple_batches_work_with_the_default_step():
     for kind in ("dict", "namedtuple"):
         loader = DataLoader(Structured(kind, transform=Sleep(1.0)), batch_size=8, shuffle=True)
         report = bisect(net(), loader, device="cpu", max_seconds=4, plan=TINY_PLAN)
-        assert {p.point: p.status for p in report.points} == ALL_OK, str(report)
+        assert {p.point: p.status for p in report.points} == all_measured(report), str(report)
 
 
 # ---- variable-length token sequences with a padding collate --------------------------
@@ -213,7 +212,7 @@ def test_padding_collate_for_variable_length_tokens():
 
     loader = DataLoader(Tokens(transform=TokenDropout(AUG_MS)), batch_size=8, shuffle=True, collate_fn=pad_collate)
     report = bisect(model, loader, optimizer=opt, step=step, device="cpu", max_seconds=MAX_S, plan=FAST_PLAN)
-    assert {p.point: p.status for p in report.points} == ALL_OK, str(report)
+    assert {p.point: p.status for p in report.points} == all_measured(report), str(report)
     assert report.bottleneck == "augment", str(report)
     assert len(widths) > 1  # batches really are padded to different lengths
 
@@ -231,5 +230,5 @@ def test_custom_batch_pins_and_moves_itself_on_cuda():
     loader = DataLoader(Structured("custom", transform=Sleep(AUG_MS)), batch_size=8, shuffle=True,
                         collate_fn=custom_collate, pin_memory=True)
     report = bisect(model, loader, optimizer=opt, step=step, device="cuda", max_seconds=MAX_S, plan=FAST_PLAN)
-    assert {p.point: p.status for p in report.points} == dict(ALL_OK, host="ok"), str(report)
+    assert {p.point: p.status for p in report.points} == all_measured(report), str(report)
     assert devices == {("cuda", "cuda")}

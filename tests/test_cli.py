@@ -66,7 +66,8 @@ def test_module_entry_importable_from_the_current_directory(tmp_path):
     r = cli("--entry", "mymod:make", "--quiet", "--points", "full,augmented,device", "--max-seconds", "15",
             cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().startswith("Bottleneck:")  # --quiet: the verdict line only
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Bottleneck: augment."), r.stdout  # --quiet: the verdict line only
 
 
 @pytest.mark.parametrize("spec,needle", [

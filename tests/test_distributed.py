@@ -114,7 +114,8 @@ def test_two_ranks_name_the_straggler_and_its_stage(tmp_path):
 
 def test_a_rank_failing_mid_point_does_not_block_the_other(tmp_path):
     proc, out = torchrun(tmp_path, "failing")
-    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
+    # device fails on both ranks; the other points are measured, so there is a verdict
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     r0, r1 = (doc["ranks"][i]["report"] for i in (0, 1))
     dev0 = next(p for p in r0["points"] if p["point"] == "device")

@@ -103,7 +103,8 @@ def test_transform_raising_names_augment(num_workers, no_leftover_workers):
     assert "ValueError: bad pixel" in full.reason
 
 
-def test_collate_raising_names_collate_and_keeps_device(no_leftover_workers):
+def test_collate_raising_names_collate_at_every_point(no_leftover_workers):
+    # the fill fails at the first collate, so even the cached points have nothing to cache
     loader = make_loader(PlantedDataset(), num_workers=2, collate_fn=bad_collate)
     report = run(tiny_model(), loader)
     for name in ("full", "raw", "augmented", "collated", "device"):

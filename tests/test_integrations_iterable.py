@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from bisect_pipeline import Plan, bisect
-from conftest import CLASSES, FAST_PLAN, FEATURES, PlantedIterable, tiny_model
+from conftest import CLASSES, FAST_PLAN, FEATURES, PlantedIterable, all_measured, tiny_model
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
@@ -23,8 +23,6 @@ MAX_S = 8
 TINY_PLAN = Plan(window_seconds=0.05, windows_per_visit=1, max_warmup_windows=0, min_warmup_steps=1, min_rounds=1,
                  max_rounds=1)
 # raw needs per-sample transforms apart from loading; an iterator has none
-OK_BUT_RAW = {"full": "ok", "raw": "unavailable", "augmented": "ok", "collated": "ok", "host": "skipped",
-              "device": "ok"}
 DUPLICATES = "does not shard across workers"
 
 
@@ -70,7 +68,7 @@ def test_webdataset_sharded_by_worker(tmp_path, no_leftover_workers):
     ds = wds.WebDataset(urls, shardshuffle=False, repeat=True).map(Decode(10.0))  # split_by_worker by default
     loader = DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork")
     report, messages = run(tiny_model(2.0), loader)
-    assert {p.point: p.status for p in report.points} == OK_BUT_RAW, str(report)
+    assert {p.point: p.status for p in report.points} == dict(all_measured(report), raw="unavailable"), str(report)
     assert "IterableDataset" in report.point("raw").reason
     assert report.bottleneck == "load", str(report)  # without raw, load + augment is reported as load
     assert not [m for m in messages if DUPLICATES in m], messages

@@ -14,7 +14,7 @@ from torchvision import datasets, tv_tensors
 from torchvision.transforms import v2
 
 from bisect_pipeline import Plan, bisect
-from conftest import FAST_PLAN, Sleep, SleepLayer
+from conftest import FAST_PLAN, Sleep, SleepLayer, all_measured
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
@@ -78,7 +78,6 @@ def statuses(report):
     return {p.point: p.status for p in report.points}
 
 
-ALL_OK = {"full": "ok", "raw": "ok", "augmented": "ok", "collated": "ok", "host": "skipped", "device": "ok"}
 
 
 def loader_of(ds, num_workers=0, batch_size=8, **kw):
@@ -92,7 +91,7 @@ def test_imagefolder_decode_cost_lands_in_load(tmp_path):
     ds = datasets.ImageFolder(root, transform=v2_train(), loader=SlowPilLoader(6.0))
     transform_before = ds.transform
     report = run(image_model(), loader_of(ds))
-    assert statuses(report) == ALL_OK, str(report)
+    assert statuses(report) == all_measured(report), str(report)
     assert report.bottleneck == "load", str(report)
     assert any("dataset.transform (Compose)" in t for t in report.cache["raw_transforms"])
     assert ds.transform is transform_before  # the user's dataset is untouched
@@ -143,7 +142,7 @@ def test_joint_v2_transforms_on_image_and_target(tmp_path):
         opt.step()
 
     report = run(model, loader_of(ds, collate_fn=detection_collate), optimizer=opt, step=step)
-    assert statuses(report) == ALL_OK, str(report)
+    assert statuses(report) == all_measured(report), str(report)
     assert report.cache["raw_transforms"] == ["dataset.transforms (Compose)"]
     # the joint transform was replayed on (image, target): boxes stay tv_tensors, resized
     assert set(seen) == {tv_tensors.BoundingBoxes}
@@ -155,7 +154,7 @@ def test_fakedata_with_workers(tmp_path, no_leftover_workers):
     # in batches of 4 so that a batch (30 ms from two workers) leaves room for several windows.
     ds = datasets.FakeData(size=48, image_size=(3, SIZE, SIZE), num_classes=2, transform=v2_train(extra_ms=15.0))
     report = run(image_model(), loader_of(ds, num_workers=2, batch_size=4))
-    assert statuses(report) == ALL_OK, str(report)
+    assert statuses(report) == all_measured(report), str(report)
     assert report.bottleneck == "augment", str(report)
 
 
@@ -166,7 +165,7 @@ def test_wrap_dataset_for_transforms_v2_in_subset_and_concat_chain(tmp_path):
     transforms_before = wrapped.transforms
     chain = Subset(ConcatDataset([plain, wrapped]), list(range(0, 32)))
     report = run(image_model(), loader_of(chain))
-    assert statuses(report) == ALL_OK, str(report)
+    assert statuses(report) == all_measured(report), str(report)
     assert report.bottleneck == "augment", str(report)
     found = report.cache["raw_transforms"]
     assert "dataset.dataset.datasets[0].transform (Compose)" in found
@@ -189,4 +188,4 @@ def test_wrapped_dataset_without_transforms_says_why_raw_is_unavailable(tmp_path
                     plan=TINY_PLAN)
     raw = report.point("raw")
     assert raw.status == "unavailable" and "no per-sample transform" in raw.reason
-    assert all(s == ALL_OK[p] for p, s in statuses(report).items() if p != "raw"), str(report)
+    assert all(s == all_measured(report)[p] for p, s in statuses(report).items() if p != "raw"), str(report)

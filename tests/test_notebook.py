@@ -31,7 +31,7 @@ def own_kernel(tmp_path, monkeypatch):
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": f"Python ({sys.executable})", "language": "python"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter") + os.pathsep + os.environ.get("JUPYTER_PATH", ""))
-    monkeypatch.setenv(BUDGET_ENV, "10")  # the notebook's default is 20 s; keep the test short
+    monkeypatch.setenv(BUDGET_ENV, "20")  # the notebook's default: time for the demo to settle
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     return KERNEL
 
@@ -69,14 +69,14 @@ def test_example_notebook_executes_and_shows_the_html_report(tmp_path, own_kerne
     printed = "".join(out["text"] for _, out in outputs(nb, "stream"))
     (bottleneck,) = re.findall(r"^bottleneck: (\S+)$", printed, re.M)
     text = html.unescape(verdict.group(2))
-    if bottleneck in ("load", "augment", "collate", "handoff", "transfer"):
-        assert verdict.group(1) == "named" and text.startswith(f"Bottleneck: {bottleneck}.")
-    elif bottleneck == "None":
-        assert verdict.group(1) == "failed" and text.startswith("No verdict")
+    # the demo is augment-bound: augment, or inconclusive on a machine too busy to tell
+    assert bottleneck in ("augment", "inconclusive"), printed
+    if bottleneck == "augment":
+        assert verdict.group(1) == "named" and text.startswith("Bottleneck: augment.")
     else:
-        assert verdict.group(1) == bottleneck
+        assert verdict.group(1) == "inconclusive" and text.startswith("Inconclusive:")
     # the budget came from the environment: the run context says so
-    assert "of at most 10.0 s" in markup
+    assert "of at most 20.0 s" in markup
     # print(report): the text report; the figure: a PNG
     assert "Throughput at each point" in printed
     assert any("image/png" in out["data"] for _, out in outputs(nb, "display_data"))

@@ -48,7 +48,7 @@ def make_run(monkeypatch, ms: dict, *, seconds_per_visit: float = 1.0, max_secon
         return PointResult(name, "ok", Throughput(windows(value, jitter.get(name, 0.0)), BS))
 
     monkeypatch.setattr(rounds, "visit", visit)
-    spec = type("Spec", (), {"batch_size": BS, "num_workers": 0})()
+    spec = type("Spec", (), {"batch_size": BS, "num_workers": 2, "pin_memory": False})()  # every point applies
     run = run_mod.Run(spec, torch.device("cpu"), plan, clock, lambda e: None, None, start=0.0, end=max_seconds,
                   deadline=max_seconds)
     return run, seen, clock

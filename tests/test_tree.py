@@ -101,3 +101,23 @@ def test_the_depth_limit_stops_a_self_reference():
 def test_replace_refuses_a_missing_key():
     with pytest.raises(KeyError):
         tree.replace({"a": 1}, ("b",), 2)
+
+
+def test_same_structure_accepts_what_a_transform_accepts():
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 6)).save(buf, format="JPEG")
+    decoded = Image.open(io.BytesIO(buf.getvalue()))  # a JpegImageFile, as datasets' Image feature gives
+    assert type(decoded).__name__ == "JpegImageFile"
+    assert tree.same_structure({"image": decoded}, {"image": tree.clone(decoded)}) is None  # its copy is a plain Image
+    assert "image RGB" in tree.same_structure(decoded, Image.new("L", (8, 6)))
+    assert "image RGB (8, 6) vs RGB (4, 4)" in tree.same_structure(decoded, Image.new("RGB", (4, 4)))
+
+    class Sub(dict):
+        pass
+
+    assert tree.same_structure(Sub(a=t(2)), {"a": t(2)}) is None
+    assert tree.same_structure((t(2),), [t(2)]) is not None  # a tuple is not a list

@@ -216,3 +216,12 @@ def test_a_real_top_stage_is_named_only_when_it_beats_the_runner_up():
     v = decide(m, BS, CPU)
     assert costs(v)["augment"].significant and not costs(v)["load"].significant
     assert v.bottleneck == "inconclusive" and "load may cost as much" in v.reason
+
+
+def test_handoff_does_not_apply_where_collated_coincides_with_device_but_merges_where_it_is_not_selected():
+    m = {"device": tp(10), "augmented": tp(11), "raw": tp(60), "full": tp(62)}
+    na = decide(m, BS, dict(CPU, collated="num_workers=0: collated and device coincide"))
+    assert costs(na)["handoff"].status == "skipped" and "num_workers=0" in costs(na)["handoff"].reason
+    assert costs(na)["collate"].includes == ("collate",)
+    merged = decide(m, BS, CPU)  # collated left out by the points option: not in `skipped`
+    assert costs(merged)["handoff"].status == "merged" and costs(merged)["collate"].includes == ("collate", "handoff")

@@ -1,15 +1,24 @@
 """timm: `create_loader(use_prefetcher=True)` returns a PrefetchLoader around the real
-DataLoader (fast_collate: uint8 batches); it copies each batch to its device and
-normalizes there (random-erasing too, when re_prob > 0)."""
+DataLoader (fast_collate: uint8 batches). It copies each batch to its device on a side
+stream and normalizes it there (random-erasing too, when re_prob > 0), overlapping the
+training step on the current batch.
+
+The bisection runs on the inner DataLoader, and every point's batches go through a copy
+of the user's own PrefetchLoader (`through`), so the copy and the normalization overlap
+the step at every point as they do in the user's loop; the `device` point caches the
+prefetcher's outputs. Where one batch must be moved alone (a probe, the isolated
+transfer), `Prefetched` applies the prefetcher to that batch.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from .. import step as step_mod
+from .. import tree
 from ..errors import BisectError
 from ._common import by_name
 
@@ -18,57 +27,54 @@ def is_prefetcher(obj: Any) -> bool:
     return by_name(obj, ("timm",), ("PrefetchLoader",))
 
 
-class DeviceWork:
-    """What timm's PrefetchLoader does on the device after the copy: convert the images to
-    its dtype, normalize them, and random-erase when re_prob > 0. Out of place, so a
-    batch cached on the device is never changed."""
-
-    def __init__(self, prefetcher: Any) -> None:
-        self.img_dtype = prefetcher.img_dtype
-        self.mean = prefetcher.mean.detach().cpu()
-        self.std = prefetcher.std.detach().cpu()
-        self.random_erasing = prefetcher.random_erasing
-        self._on: dict = {}
-
-    def _for(self, device: torch.device) -> tuple:
-        key = str(device)
-        if key not in self._on:
-            erasing = self.random_erasing
-            if erasing is not None and str(getattr(erasing, "device", device)) != key:
-                erasing = copy.copy(erasing)
-                erasing.device = device
-            self._on[key] = (self.mean.to(device), self.std.to(device), erasing)
-        return self._on[key]
-
-    def __call__(self, batch: Any) -> Any:
-        inputs, targets = batch
-        mean, std, erasing = self._for(inputs.device)
-        inputs = (inputs.to(self.img_dtype) - mean.to(self.img_dtype)) / std.to(self.img_dtype)
-        if erasing is not None:
-            inputs = erasing(inputs)
-        return inputs, targets
-
-
-class ThenStep:
-    """`step(before(batch))`: device-side work of a loader wrapper, then the step."""
-
-    def __init__(self, before: Callable, step: Callable) -> None:
-        self.before, self.step = before, step
-
-    def __call__(self, batch: Any) -> Any:
-        return self.step(self.before(batch))
-
-
 def adapt(wl: Any, where: str) -> None:
-    # timm.data.create_loader(use_prefetcher=True) returns a PrefetchLoader around the
-    # real DataLoader (fast_collate: uint8 batches). It copies each batch to its device
-    # and normalizes there. The bisection runs on the inner DataLoader; the device-side
-    # work runs at the start of every step, at every point, so its cost is part of the
-    # step (the ceiling), never lost and never counted as a pipeline stage.
+    """The inner DataLoader becomes the workload's loader; the prefetcher is kept as the
+    wrapper every point's batches go through, and moves a batch alone when asked."""
     prefetcher = wl.loader
     inner = getattr(prefetcher, "loader", None)
     if not isinstance(inner, torch.utils.data.DataLoader):
         raise BisectError(f"{where}: the timm PrefetchLoader wraps a {type(inner).__name__}, not a DataLoader.")
-    step = wl.step if wl.step is not None else step_mod.Lazy(wl.model, wl.optimizer, wl.loss_fn)
     wl.loader = inner
-    wl.step = ThenStep(DeviceWork(prefetcher), step)
+    wl.wrapper = prefetcher
+    if wl.to_device is None:
+        wl.to_device = Prefetched(prefetcher)
+
+
+class Prefetched:
+    """`to_device(batch, device)`: the prefetcher's own work on one batch (copy, dtype,
+    normalization, random erasing), as its iterator would do it."""
+
+    def __init__(self, prefetcher: Any) -> None:
+        self.prefetcher = prefetcher
+
+    def __call__(self, batch: Any, device: torch.device) -> Any:
+        return next(iter(_copy(self.prefetcher, [_safe(self.prefetcher, batch)])))
+
+
+@contextlib.contextmanager
+def through(prefetcher: Any, source: Any) -> Iterator[Callable[[], Any]]:
+    """A point's batch source (a context manager yielding next_batch) seen through a copy
+    of the user's PrefetchLoader: what the timed loop draws is the prefetcher's output."""
+    with source as next_batch:
+        def batches():
+            while True:
+                yield _safe(prefetcher, next_batch())
+        yield iter(_copy(prefetcher, batches())).__next__
+
+
+def _copy(prefetcher: Any, loader: Any) -> Any:
+    """The user's prefetcher over another iterable of batches, with a stream of its own."""
+    out = copy.copy(prefetcher)
+    out.loader = loader
+    out.stream = None
+    return out
+
+
+def _safe(prefetcher: Any, batch: Any) -> Any:
+    """The prefetcher normalizes in place after `.to(device)` and `.to(dtype)`, which copy
+    only when they change something: a cached batch already on its device and of its
+    dtype would be changed for good, so it is handed over as a copy."""
+    inputs = batch[0]
+    if inputs.device.type == torch.device(prefetcher.device).type and inputs.dtype == prefetcher.img_dtype:
+        return tree.clone(batch)
+    return batch

@@ -16,14 +16,14 @@ from typing import Iterable, Optional
 from .. import advice as advice_mod
 from ..stats import NOISY_REL_IQR, Throughput, Window
 from ..verdict import POINTS, StageCost, Verdict, decide, self_check
-from .model import SCHEMA_VERSION, PointResult, Report, finite, gain_if_free, ms
+from .model import NOT_SELECTED, SCHEMA_VERSION, PointResult, Report, finite, gain_if_free, ms
 from .text import summary
 
 
 def build(points: Iterable[PointResult], batch_size: int, device: str, *, loader: Optional[dict] = None,
           cache: Optional[dict] = None, warnings: Iterable[str] = (), run: Optional[dict] = None,
           complete: bool = True, interrupted: bool = False, isolated: Optional[dict] = None,
-          syncs: Optional[dict] = None) -> Report:
+          syncs: Optional[dict] = None, batch_size_source: str = "") -> Report:
     """The report of a run: `points` in any order (each point once), `warnings` those seen
     while measuring; the rest is derived."""
     points = tuple(sorted(points, key=lambda p: POINTS.index(p.point)))
@@ -31,7 +31,7 @@ def build(points: Iterable[PointResult], batch_size: int, device: str, *, loader
     points = tuple(_mark_inconsistent(p, verdict) for p in points)
     r = Report(device=device, batch_size=batch_size, points=points, verdict=verdict, loader=loader or {},
                cache=cache or {}, warnings=(), run=run or {}, complete=complete, interrupted=interrupted,
-               isolated=isolated or {}, syncs=syncs or {})
+               isolated=isolated or {}, syncs=syncs or {}, batch_size_source=batch_size_source)
     r = dataclasses.replace(r, warnings=tuple(warnings) + tuple(derived_warnings(r)))
     return dataclasses.replace(r, advice=tuple(advice_mod.advise(r)), summary=summary(r))
 
@@ -41,7 +41,7 @@ def _verdict(points: tuple, batch_size: int) -> Verdict:
     # decide, which leaves them out again: the same verdict either way.
     measured = {p.point: p.throughput for p in points if p.throughput is not None
                 and (p.status == "ok" or p.failed_stage == "inconsistent")}
-    skipped = {p.point: p.reason or "" for p in points if p.status == "skipped"}
+    skipped = {p.point: p.reason or "" for p in points if p.status == "skipped" and p.reason != NOT_SELECTED}
     v = decide(measured, batch_size, skipped)
     full = next((p for p in points if p.point == "full"), None)
     if v.bottleneck is None and full is not None and full.status not in ("ok", "skipped"):
@@ -110,6 +110,7 @@ def to_dict(r: Report) -> dict:
         "interrupted": r.interrupted,
         "device": r.device,
         "batch_size": r.batch_size,
+        "batch_size_source": r.batch_size_source,
         "bottleneck": v.bottleneck,
         "verdict": {
             "bottleneck": v.bottleneck,
@@ -184,7 +185,7 @@ def from_dict(doc: dict) -> Report:
     derived from them is derived again, exactly as when the run ended."""
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(f"unsupported schema_version {doc.get('schema_version')!r} (this tool reads {SCHEMA_VERSION})")
-    bs = int(doc["batch_size"])
+    bs = doc["batch_size"]
     points = []
     for p in doc["points"]:
         wins = tuple(Window(int(w["steps"]), float(w["seconds"])) for w in p.get("windows", []))
@@ -194,6 +195,7 @@ def from_dict(doc: dict) -> Report:
             warmup_steps=p.get("warmup_steps", 0), stopped_by_deadline=p.get("stopped_by_deadline", False),
             failed_stage=p.get("failed_stage"), visits=p.get("visits", 1), steady=p.get("steady", True)))
     common = dict(loader=doc.get("loader", {}), cache=doc.get("cache", {}), run=doc.get("run", {}),
+                  batch_size_source=doc.get("batch_size_source", ""),
                   complete=doc.get("complete", True), interrupted=doc.get("interrupted", False),
                   isolated=doc.get("isolated", {}), syncs=doc.get("syncs", {}))
     derived = list(build(points, bs, doc["device"], **common).warnings)

@@ -19,6 +19,9 @@ from ..verdict import StageCost, Verdict
 SCHEMA_VERSION = 1
 
 STATUSES = ("ok", "skipped", "unavailable", "failed", "not run")
+# The reason of a point skipped because the points option left it out (not because it
+# does not apply here: its stage is then measured together with the next one).
+NOT_SELECTED = "not selected (points option)"
 
 POINT_MEANING = {
     "device": "batches cached on the device: step only (the ceiling)",
@@ -74,6 +77,7 @@ class Report:
     syncs: dict = dataclasses.field(default_factory=dict)
     advice: tuple = ()  # findings as JSON-ready dicts (advice.py)
     summary: str = ""  # the verdict in one sentence
+    batch_size_source: str = ""  # where batch_size comes from (cache.batch_size_of)
 
     @property
     def bottleneck(self) -> Optional[str]:

@@ -79,6 +79,8 @@ def to_text(r: Report) -> str:
     verdict and the advice last, where they stay on screen; wrapped at WIDTH columns."""
     lines = []
     head = f"bisect-pipeline: device {r.device}, batch size {r.batch_size}"
+    if r.batch_size_source and r.batch_size_source != "DataLoader.batch_size":
+        head += f" ({r.batch_size_source.split(' (')[0]})"
     lw = r.loader.get("num_workers")
     if lw is not None:
         head += f", num_workers {lw}, pin_memory {r.loader.get('pin_memory')}"

@@ -1,0 +1,192 @@
+"""The CUDA path, checked on a GPU: planted cases whose findings are known.
+
+    python scripts/gpu_check.py                 # every case, ~2-3 min on one GPU
+    python scripts/gpu_check.py --json out.json
+    python scripts/gpu_check.py --cases float32,items
+
+Cases (a small conv net, batches of 64 images 3x128x128, the data in memory):
+- float32:  float32 images over pageable memory (12 MB a batch): the transfer is the
+            cost; expected verdict `transfer`, advice pin_memory and uint8_payload.
+- uint8:    the same images sent as uint8 and normalized on the device: a quarter of
+            the payload; expected: a transfer cost about 4x smaller than float32's.
+- pinned:   float32 again with pin_memory=True: the copy overlaps (non_blocking);
+            expected: a transfer cost below the unpinned one, no pin_memory advice.
+- items:    a step that calls .item() three times: expected sync count 3 per step.
+- mutating: a step that changes its batch in place, with an optimizer whose state is
+            on the CPU before the run: the points run (fresh copies on the device, the
+            state moved and restored); expected: every point ok, the state back on CPU.
+
+Prints, per case, the verdict, the transfer cost (ms per batch, bisection and isolated),
+the sync count per step, and whether the expectation held. Exits 1 if one did not, 2
+without CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from bisect_pipeline import bisect
+
+N, SIZE, BATCH = 512, 128, 64
+
+
+class Images(Dataset):
+    def __init__(self, dtype: torch.dtype) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.data = torch.randint(0, 256, (N, 3, SIZE, SIZE), dtype=torch.uint8, generator=g)
+        self.dtype = dtype
+        self.targets = torch.arange(N) % 10
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int):
+        x = self.data[i]
+        return (x.float() / 255 if self.dtype == torch.float32 else x), int(self.targets[i])
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+                         nn.Linear(256, 10))
+
+
+def default_case(dtype, pin, step=None, optimizer=None):
+    m = model()
+    loader = DataLoader(Images(dtype), batch_size=BATCH, shuffle=True, num_workers=2, pin_memory=pin,
+                        multiprocessing_context="fork")
+    return m, loader, step, optimizer
+
+
+def uint8_step(m):
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+
+    def step(batch):
+        x, y = batch
+        x = x.float().div_(255)  # normalized on the device
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(m(x), y).backward()
+        opt.step()
+    return step, opt
+
+
+def items_step(m):
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+
+    def step(batch):
+        x, y = batch
+        opt.zero_grad(set_to_none=True)
+        out = m(x)
+        loss = nn.functional.cross_entropy(out, y)
+        loss.backward()
+        opt.step()
+        for _ in range(3):
+            loss.item()  # a host-device sync each
+    return step, opt
+
+
+def mutating_step(m):
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    m(torch.zeros(2, 3, SIZE, SIZE)).sum().backward()
+    opt.step()  # momentum buffers on the CPU, before the model is moved
+
+    def step(batch):
+        x, y = batch
+        x.mul_(0.5)  # in place: the cached batch must not be changed for good
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(m(x), y).backward()
+        opt.step()
+    return step, opt
+
+
+def run_case(name: str, max_seconds: float) -> dict:
+    if name in ("float32", "pinned"):
+        m, loader, step, opt = default_case(torch.float32, name == "pinned")
+    elif name == "uint8":
+        m = model()
+        step, opt = uint8_step(m)
+        loader = DataLoader(Images(torch.uint8), batch_size=BATCH, shuffle=True, num_workers=2,
+                            multiprocessing_context="fork")
+    elif name == "items":
+        m = model()
+        step, opt = items_step(m)
+        loader = default_case(torch.float32, True)[1]
+    else:
+        m = model()
+        step, opt = mutating_step(m)
+        loader = default_case(torch.float32, True)[1]
+    t0 = time.perf_counter()
+    r = bisect(m, loader, step=step, optimizer=opt, device="cuda", max_seconds=max_seconds)
+    transfer = r.stage("transfer")
+    iso = (r.isolated.get("transfer") or {})
+    out = {"case": name, "verdict": r.bottleneck, "wall_s": round(time.perf_counter() - t0, 1),
+           "transfer_ms": None if transfer.sec_per_batch is None else round(transfer.sec_per_batch * 1e3, 2),
+           "transfer_real": transfer.significant, "isolated_transfer_ms": iso.get("ms_per_batch"),
+           "gb_per_s": iso.get("gb_per_s"), "syncs_per_step": (r.syncs or {}).get("per_step"),
+           "advice": [a["kind"] for a in r.advice], "statuses": {p.point: p.status for p in r.points}}
+    if opt is not None and name == "mutating":
+        out["state_on_cpu_after"] = all(v.device.type == "cpu" for st in opt.state.values() for v in st.values()
+                                        if isinstance(v, torch.Tensor))
+    return out
+
+
+def expectations(rows: dict) -> list:
+    """(case, what was expected, whether it held)."""
+    out = []
+    f = rows.get("float32")
+    if f:
+        out.append(("float32", "verdict transfer, pin_memory and uint8_payload advice",
+                    f["verdict"] == "transfer" and {"pin_memory", "uint8_payload"} <= set(f["advice"])))
+    if f and rows.get("uint8"):
+        u = rows["uint8"]
+        out.append(("uint8", "isolated transfer < 1/2 of float32's",
+                    (u["isolated_transfer_ms"] or 1e9) < 0.5 * (f["isolated_transfer_ms"] or 0)))
+    if f and rows.get("pinned"):
+        p = rows["pinned"]
+        out.append(("pinned", "transfer below the unpinned one, no pin_memory advice",
+                    (p["transfer_ms"] or 0) < (f["transfer_ms"] or 0) and "pin_memory" not in p["advice"]))
+    if rows.get("items"):
+        out.append(("items", "3 syncs per step", rows["items"]["syncs_per_step"] is not None
+                    and rows["items"]["syncs_per_step"] >= 3))
+    if rows.get("mutating"):
+        m = rows["mutating"]
+        out.append(("mutating", "every point ok, optimizer state back on the CPU",
+                    all(s in ("ok", "skipped") for s in m["statuses"].values()) and m.get("state_on_cpu_after")))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="float32,uint8,pinned,items,mutating")
+    ap.add_argument("--max-seconds", type=float, default=40.0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here; nothing to check.", file=sys.stderr)
+        return 2
+    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    rows = {}
+    for name in args.cases.split(","):
+        rows[name] = run_case(name, args.max_seconds)
+        r = rows[name]
+        print(f"{name:9s} verdict {r['verdict']!s:12s} transfer {r['transfer_ms']} ms (real {r['transfer_real']}), "
+              f"isolated {r['isolated_transfer_ms']} ms at {r['gb_per_s']} GB/s, syncs/step {r['syncs_per_step']}, "
+              f"advice {r['advice']}, wall {r['wall_s']} s", flush=True)
+    checks = expectations(rows)
+    for case, what, ok in checks:
+        print(f"  {'ok  ' if ok else 'FAIL'} {case}: {what}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "checks": checks}, f, indent=2)
+    return 0 if all(ok for _, _, ok in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
