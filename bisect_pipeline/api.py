@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from . import allocator, devices, distributed, faults, isolate, rounds, run as run_mod, state
+from . import verify
 from . import loader as loader_mod
 from .cache import DEFAULT_CACHE_BATCHES
 from .errors import BisectError
@@ -50,23 +51,21 @@ def bisect(
     cache_mb: float = DEFAULT_CACHE_MB,
     cache_batches: int = DEFAULT_CACHE_BATCHES,
     step_timeout: Optional[float] = faults.DEFAULT_STEP_TIMEOUT,
+    verify_seconds: Optional[float] = None,
     plan: Optional[Plan] = None,
     hold_allocator: bool = True,
     progress: Optional[Callable[[dict], None]] = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Report:
-    """Find the stage of `loader`'s pipeline that starves `model`'s training step.
-
-    Measures training throughput with the data cached at each point (device, host,
-    collated, augmented, raw, full), names the stage where it drops, and returns a
-    Report. The user's loader is never iterated; model, optimizer, RNG states and thread
-    count are restored afterwards. See README "Python API" for every option.
-    """
+    """Find the stage of `loader`'s pipeline that starves `model`'s training step: the
+    throughput with the data cached at each point, the stage where it drops, and advice
+    measured before it is printed (verify.py), as a Report. The loader is never iterated;
+    model, optimizer, RNG states and thread count are restored. Options: README "Python API"."""
     wl = workload or Workload(model=model, loader=loader, optimizer=optimizer, loss_fn=loss_fn, step=step,
                               to_device=to_device, batch_size=batch_size)
     validate(wl, "bisect()")
     dev = devices.resolve(device)
-    selected = check_options(points, max_seconds, cache_mb, cache_batches, step_timeout)
+    selected = check_options(points, max_seconds, cache_mb, cache_batches, step_timeout, verify_seconds)
     spec = _describe(wl.loader)
     coord = distributed.Coordinator.current()  # None unless a process group of 2+ ranks is up
     run = _start(spec, dev, coord, wl.model, plan=plan, clock=clock, progress=progress, step_timeout=step_timeout,
@@ -82,6 +81,7 @@ def bisect(
             if coord is None:
                 found["schedule"] = rounds.measure(run, selected)
                 found["isolated"] = isolate.after_points(run, max_seconds=max_seconds)
+                found["verification"] = _verify(run, _report(run, selected, found, held, False, max_seconds), verify_seconds)
             else:
                 distributed.measure_points(run, coord, selected, found.setdefault("waits", {}))
     except KeyboardInterrupt:
@@ -106,6 +106,21 @@ def _start(spec, dev, coord, model, *, plan, clock, progress, step_timeout, max_
                        step_timeout, start=start, end=start + max_seconds, deadline=start + max_seconds - room)
 
 
+def _verify(run: run_mod.Run, draft: Report, verify_seconds: Optional[float]) -> dict:
+    """The advice's recommended settings measured against the user's (verify.run_trials).
+    verify_seconds None: in what the bisection leaves of max_seconds (never taken from
+    it: a verdict that needs the whole time gets it); 0: off; a number: a budget of its
+    own, on top of max_seconds."""
+    if verify_seconds == 0:
+        return {"status": "off", "reason": "verification turned off (verify_seconds=0)", "trials": []}
+    budget = max(0.0, run.end - run.clock()) if verify_seconds is None else float(verify_seconds)
+    if budget < 2 * run.plan.window_seconds:
+        return {"status": "out of time", "budget_s": round(budget, 3), "trials": [],
+                "reason": "the bisection used --max-seconds; give the check a budget of its own with --verify-seconds"}
+    return verify.run_trials(run, list(draft.advice), budget_s=budget, threads=torch.get_num_threads(),
+                             cores=isolate.cores())
+
+
 def _report(run: run_mod.Run, selected: tuple, found: dict, held: allocator.Held, interrupted: bool,
             max_seconds: float) -> Report:
     for name in POINTS:
@@ -121,7 +136,7 @@ def _report(run: run_mod.Run, selected: tuple, found: dict, held: allocator.Held
     if isolated.get("status") == "ok" and found.get("allocator"):
         isolated = dict(isolated, allocator=found["allocator"])
     return build(run.results.values(), run.batch_size, str(run.device), batch_size_source=_size_source(run),
-                 loader=run.spec.settings(),
+                 loader=run.spec.settings(), verification=found.get("verification"),
                  cache=_cache_info(run.caches), warnings=run.warnings, run=info, complete=complete,
                  interrupted=interrupted, isolated=isolated, syncs=syncs)
 
@@ -160,7 +175,7 @@ def _run_info(max_seconds: float, elapsed: float) -> dict:
 
 
 def check_options(points: Optional[Iterable[str]], max_seconds: float, cache_mb: float, cache_batches: int,
-                  step_timeout: Optional[float]) -> tuple:
+                  step_timeout: Optional[float], verify_seconds: Optional[float] = None) -> tuple:
     """The selected points, after every option is checked (a BisectError names the bad one)."""
     if points is None:
         selected = POINTS
@@ -179,6 +194,8 @@ def check_options(points: Optional[Iterable[str]], max_seconds: float, cache_mb:
         raise BisectError(f"cache_batches must be >= 1, got {cache_batches}.")
     if step_timeout is not None and step_timeout <= 0:
         raise BisectError(f"step_timeout must be > 0 (or None for no watchdog), got {step_timeout}.")
+    if verify_seconds is not None and not (verify_seconds >= 0 and math.isfinite(verify_seconds)):
+        raise BisectError(f"verify_seconds must be a finite number >= 0 (0: off), got {verify_seconds}.")
     return selected
 
 

@@ -43,12 +43,16 @@ def run_options(f: Callable) -> Callable:
                      help="Hold glibc's malloc still during the run (freed memory reused, not handed back to the OS), "
                           "so the step costs the same at every point; the step is timed alone before and after, for "
                           "the 'allocator' advice. Only on Linux with glibc."),
+        click.option("--verify-seconds", type=click.FloatRange(min=0.0), default=None, metavar="SECONDS",
+                     help="Time to measure the settings the advice recommends (num_workers, threads, pin_memory, ...) "
+                          "against yours before printing them. 0 turns it off; a number is a budget of its own, on "
+                          "top of --max-seconds.  [default: what the bisection leaves of --max-seconds]"),
         click.option("--quiet", "-q", is_flag=True, help="No progress; print only the verdict line."),
         click.option("--debug", is_flag=True, help="Show tracebacks of errors."),
         click.option("--sweep", "sweep", multiple=True, metavar="NAME=V1,V2,...",
                      help="What-if sweep instead of the bisection: rerun the full pipeline under each combination "
                           "of these settings and compare with yours. Repeatable; NAME is num_workers, pin_memory, "
-                          "prefetch_factor, persistent_workers or batch_size (e.g. --sweep num_workers=0,2,4)."),
+                          "prefetch_factor, persistent_workers, batch_size or torch_threads (e.g. --sweep num_workers=0,2,4)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -119,7 +123,7 @@ def _interrupt_code() -> int:
 
 
 def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, points, cache_mb, quiet, debug,
-         step_timeout=faults.DEFAULT_STEP_TIMEOUT, sweep=(), hold_allocator=True) -> None:
+         step_timeout=faults.DEFAULT_STEP_TIMEOUT, sweep=(), hold_allocator=True, verify_seconds=None) -> None:
     # Under torchrun: start the process group before the entry builds its DDP model.
     started = distributed.init_from_env(device)
     rank0 = distributed.rank() == 0
@@ -141,6 +145,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
             try:
                 report = api.bisect(workload=workload, device=device, max_seconds=max_seconds, points=point_list,
                                     step_timeout=step_timeout, hold_allocator=hold_allocator,
+                                    verify_seconds=verify_seconds,
                                     cache_mb=cache_mb, progress=progress)
             finally:
                 if progress:

@@ -10,6 +10,7 @@ import json
 import math
 from typing import Optional
 
+from . import verify
 from .errors import BisectError
 from .report import Report
 from .stats import Throughput
@@ -137,10 +138,31 @@ def compare(before: Report, after: Report) -> dict:
         "warning": warning,
         "points": points,
         "stages": stages,
+        "advice_checked": advice_checked(before, after, full),
         "rule": (f"a change is real when it exceeds {Z_NOISE:g} combined standard errors of the two runs and "
                  f"{MIN_REL_CHANGE * 100:.0f}% (of throughput for points, of the full pipeline's time per batch "
                  "for stages)"),
     }
+
+
+def advice_checked(before: Report, after: Report, full: dict) -> list:
+    """The first run's verified advice against this comparison: each measured item with
+    its predicted and measured speed-up, and, when the second run has that item's loader
+    settings, the full pipeline's change between the runs (the same figure, measured in
+    two runs instead of alternating visits)."""
+    out = []
+    for a in before.advice:
+        v = a.get("verified") or {}
+        if not v.get("settings") or v.get("speedup") is None:
+            continue
+        loader_part = {k: x for k, x in v["settings"].items() if k in verify.LOADER_SETTINGS}
+        applied = bool(loader_part) and all(after.loader.get(k) == x for k, x in loader_part.items())
+        spread = full.get("threshold_rel")
+        out.append({"item": a["kind"], "settings": v["settings"], "status": v["status"], "predicted": v.get("predicted"),
+                    "measured": v["speedup"], "measured_spread": v.get("spread"), "applied": applied,
+                    "this_comparison": full["ratio"] if applied else None,
+                    "this_comparison_spread": round(math.expm1(spread), 4) if applied and spread is not None else None})
+    return out
 
 
 def _ceiling(before: Report, after: Report) -> tuple:
@@ -200,6 +222,16 @@ def to_text(c: dict) -> str:
     if share:
         lines.append(f"Full pipeline as a share of the ceiling ({c['ceiling']['point']}): {share[0] * 100:.0f}% -> "
                      f"{share[1] * 100:.0f}%.")
+    for a in c.get("advice_checked", []):
+        pred = f", predicted up to {a['predicted']:.2f}\u00d7" if a.get("predicted") else ""
+        spread = f" (\u00b1{a['measured_spread'] * 100:.0f}%)" if a.get("measured_spread") is not None else ""
+        line = (f"Advice of the first run, {verify.settings_text(a['settings'])}: measured {a['measured']:.2f}\u00d7"
+                f"{spread} ({a['status']}){pred}")
+        if a["applied"] and a.get("this_comparison") is not None:
+            band = (f" (\u00b1{a['this_comparison_spread'] * 100:.0f}%)"
+                    if a.get("this_comparison_spread") is not None else "")
+            line += f"; this comparison: {a['this_comparison']:.2f}\u00d7{band}"
+        lines.append(line + ".")
     if c.get("warning"):
         lines.append(f"Warning: {c['warning']}.")
     lines.append(f"Rule: {c['rule']}.")

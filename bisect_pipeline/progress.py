@@ -2,7 +2,7 @@
 
 It receives the events `api.bisect(progress=...)` emits ({"event": "cache"},
 {"event": "point", "point", "index", "total"}, {"event": "window", "point", "window",
-"max_windows"}; others are ignored) and shows which point is measured, how far along the
+"max_windows"}, {"event": "verify", "item", "settings"}; others are ignored) and shows which point is measured, how far along the
 run is, and the time left against --max-seconds (an upper bound: points that settle
 early end sooner). It is on only when asked for and stderr is a terminal.
 """
@@ -80,6 +80,8 @@ class Progress:
             self.windows = event["window"]
             self.max_windows = event.get("max_windows") or self.max_windows
             self.what = f"{event['point']} ({self.index + 1}/{self.total}), window {self.windows}"
+        elif kind == "verify":
+            self.what = "measuring the advice: " + ", ".join(f"{k}={v}" for k, v in event["settings"].items())
         else:
             return
         info = f"{self.what}, at most {self.seconds_left():.0f} s left"

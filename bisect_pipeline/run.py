@@ -91,10 +91,11 @@ class Run:
             return PointResult(name, "unavailable", reason=self.caches.raw_reason)
         return None
 
-    def source(self, name: str) -> tuple:
+    def source(self, name: str, spec: Optional[LoaderSpec] = None) -> tuple:
         """(the point's batch source, what the loop applies to each batch before the step:
-        the transfer, or None when the batches are already on the device)."""
-        spec, caches = self.spec, self.caches
+        the transfer, or None when the batches are already on the device). `spec`: other
+        loader settings for `full` (verify.py); the user's own by default."""
+        spec, caches = spec or self.spec, self.caches
         if name == "device":
             host = sources.host_batches(caches, spec, self.device)
             return sources.cached_source(sources.device_batches(host, self.move, self.device), self.fresh), None

@@ -158,6 +158,11 @@ def identity(batch: Any) -> Any:
     return batch
 
 
+def only(items: list) -> Any:
+    """The collate of the `collated` point: each group is one cached batch."""
+    return items[0]
+
+
 # --------------------------------------------------------------------------------------
 # Sources: what the timed loop calls once per step
 # --------------------------------------------------------------------------------------
@@ -311,9 +316,13 @@ def sample_loader(spec: LoaderSpec, dataset: Dataset, groups: list) -> LoaderSou
 
 def batch_loader(spec: LoaderSpec, batches: list, fresh: bool = False) -> LoaderSource:
     """`collated`: whole batches through the user's workers and pinning (the handoff)."""
-    kw = _kwargs(spec, identity)
+    kw = _kwargs(spec, only)
     dataset = BatchCache(batches, fresh)
-    return LoaderSource(lambda: spec.loader_cls(dataset, batch_size=None, sampler=Forever(len(dataset)), **kw))
+    # groups of one batch, through a batch_sampler like every other point: the form a
+    # DataLoader subclass is probed with (sources.loader_class); timm's
+    # MultiEpochsDataLoader cannot take batch_size=None with a sampler of no length
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0)).tolist()
+    return LoaderSource(lambda: spec.loader_cls(dataset, batch_sampler=Groups([[i] for i in order]), **kw))
 
 
 def host_batches(caches: Any, spec: LoaderSpec, device: torch.device, n: Optional[int] = None) -> list:

@@ -64,6 +64,9 @@ SWEEPABLE = {
     "prefetch_factor": _positive_int,
     "persistent_workers": _bool,
     "batch_size": _positive_int,
+    # intra-op threads of the training step (torch.set_num_threads) while the row runs:
+    # on the CPU the step and the workers share the same cores
+    "torch_threads": _positive_int,
 }
 
 
@@ -90,7 +93,7 @@ def parse(options: Iterable[str]) -> dict:
 def _user_settings(spec: loader_mod.LoaderSpec) -> dict:
     return {"num_workers": spec.num_workers, "pin_memory": spec.pin_memory,
             "prefetch_factor": spec.prefetch_factor, "persistent_workers": spec.persistent_workers,
-            "batch_size": spec.batch_size}
+            "batch_size": spec.batch_size, "torch_threads": torch.get_num_threads()}
 
 
 def effective(settings: dict) -> dict:
@@ -300,7 +303,8 @@ def run(workload: Workload, grid: dict, *, device: Any = None, max_seconds: floa
 
 def _measure(spec: loader_mod.LoaderSpec, settings: dict, *, move, step, plan: Plan, deadline: float, clock,
              sync) -> Row:
-    spec2 = dataclasses.replace(spec, **settings)
+    loader_part = {k: v for k, v in settings.items() if k != "torch_threads"}
+    spec2 = dataclasses.replace(spec, **loader_part)
     if spec2.num_workers == 0:
         # DataLoader refuses a timeout or a multiprocessing_context without workers: a
         # user loader with workers swept down to num_workers=0 drops them.
@@ -308,6 +312,8 @@ def _measure(spec: loader_mod.LoaderSpec, settings: dict, *, move, step, plan: P
     plan2 = plan.for_workers(spec2.num_workers)
     seen: list = []
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(settings.get("torch_threads") or threads)
     t0 = clock()
     try:
         with sources.full_loader(spec2) as next_batch:
@@ -325,6 +331,8 @@ def _measure(spec: loader_mod.LoaderSpec, settings: dict, *, move, step, plan: P
         raise
     except Exception as exc:
         return Row(settings, "failed", reason=_reason(exc))
+    finally:
+        torch.set_num_threads(threads)
     if m.throughput is None:
         return Row(settings, "failed", reason="out of time before one window was measured (raise --max-seconds)",
                    first_batch_seconds=opened + m.first_batch_seconds)

@@ -44,6 +44,20 @@ class Sleep:
         return x
 
 
+class Spin:
+    """A picklable transform that costs `ms` of this thread's CPU time (not wall time):
+    on a core shared with other work it takes longer, as real compute does."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def __call__(self, x: Any) -> Any:
+        end = time.thread_time() + self.ms / 1e3
+        while time.thread_time() < end:
+            pass
+        return x
+
+
 class SleepLayer(nn.Module):
     """A layer whose forward costs `ms`."""
 

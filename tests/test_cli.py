@@ -63,7 +63,7 @@ def test_file_entry_gives_verdict_and_json(tmp_path, kind, workers, func):
 
 def test_module_entry_importable_from_the_current_directory(tmp_path):
     write_entry(tmp_path, "augment", 0, name="mymod.py")
-    r = cli("--entry", "mymod:make", "--quiet", "--points", "full,augmented,device", "--max-seconds", "15",
+    r = cli("--entry", "mymod:make", "--quiet", "--points", "full,raw,augmented,device", "--max-seconds", "15",
             cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()

@@ -154,9 +154,11 @@ class Counting(DataLoader):
 def test_a_dataloader_subclass_is_rebuilt_through_its_own_class(no_leftover_workers):
     # Rebuilt as a plain DataLoader, the 15 ms per batch its __iter__ adds vanished from
     # every point; rebuilt through the class, it shows where it happens: in the loop,
-    # between the collated batches and the step (handoff).
+    # between the collated batches and the step (handoff; with workers, so that the
+    # collated point is measured).
     Counting.iterations = 0
-    loader = Counting(PlantedDataset(transform=Sleep(0.0)), batch_size=8, shuffle=True)
+    loader = Counting(PlantedDataset(transform=Sleep(0.0)), batch_size=8, shuffle=True, num_workers=2,
+                      multiprocessing_context="fork")
     report = bisect(tiny_model(2.0), loader, device="cpu", max_seconds=30, plan=FAST_PLAN)
     assert Counting.iterations >= 4  # full, raw, augmented, collated at least
     assert report.loader["loader_class"].endswith("Counting")

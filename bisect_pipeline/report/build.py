@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Optional
 
-from .. import advice as advice_mod
+from .. import advice as advice_mod, verify
 from ..stats import NOISY_REL_IQR, Throughput, Window
 from ..verdict import POINTS, StageCost, Verdict, decide, self_check
 from .model import NOT_SELECTED, SCHEMA_VERSION, PointResult, Report, finite, gain_if_free, ms
@@ -23,7 +23,7 @@ from .text import summary
 def build(points: Iterable[PointResult], batch_size: int, device: str, *, loader: Optional[dict] = None,
           cache: Optional[dict] = None, warnings: Iterable[str] = (), run: Optional[dict] = None,
           complete: bool = True, interrupted: bool = False, isolated: Optional[dict] = None,
-          syncs: Optional[dict] = None, batch_size_source: str = "") -> Report:
+          syncs: Optional[dict] = None, batch_size_source: str = "", verification: Optional[dict] = None) -> Report:
     """The report of a run: `points` in any order (each point once), `warnings` those seen
     while measuring; the rest is derived."""
     points = tuple(sorted(points, key=lambda p: POINTS.index(p.point)))
@@ -31,9 +31,21 @@ def build(points: Iterable[PointResult], batch_size: int, device: str, *, loader
     points = tuple(_mark_inconsistent(p, verdict) for p in points)
     r = Report(device=device, batch_size=batch_size, points=points, verdict=verdict, loader=loader or {},
                cache=cache or {}, warnings=(), run=run or {}, complete=complete, interrupted=interrupted,
-               isolated=isolated or {}, syncs=syncs or {}, batch_size_source=batch_size_source)
+               isolated=isolated or {}, syncs=syncs or {}, batch_size_source=batch_size_source,
+               verification=verification or {})
     r = dataclasses.replace(r, warnings=tuple(warnings) + tuple(derived_warnings(r)))
-    return dataclasses.replace(r, advice=tuple(advice_mod.advise(r)), summary=summary(r))
+    return dataclasses.replace(r, advice=tuple(_checked(a, r) for a in advice_mod.advise(r)), summary=summary(r))
+
+
+def _checked(item: dict, r: Report) -> dict:
+    """An advice item with what its verification measured (verify.verified), when the
+    run has a verification block (a document without one is left as it was written)."""
+    if not r.verification and item["kind"] != "allocator":
+        return item
+    v = verify.verified(item, r.verification, r.isolated, r.batch_size)
+    if v is None:
+        return item
+    return dict(item, message=item["message"] + verify.sentence(v), verified=v)
 
 
 def _verdict(points: tuple, batch_size: int) -> Verdict:
@@ -135,6 +147,7 @@ def to_dict(r: Report) -> dict:
         "run": r.run,
         "isolated": r.isolated,
         "syncs": r.syncs,
+        "verification": r.verification,
     }
 
 
@@ -197,7 +210,8 @@ def from_dict(doc: dict) -> Report:
     common = dict(loader=doc.get("loader", {}), cache=doc.get("cache", {}), run=doc.get("run", {}),
                   batch_size_source=doc.get("batch_size_source", ""),
                   complete=doc.get("complete", True), interrupted=doc.get("interrupted", False),
-                  isolated=doc.get("isolated", {}), syncs=doc.get("syncs", {}))
+                  isolated=doc.get("isolated", {}), syncs=doc.get("syncs", {}),
+                  verification=doc.get("verification", {}))
     derived = list(build(points, bs, doc["device"], **common).warnings)
     loaded = list(doc.get("warnings", ()))
     if derived and loaded[-len(derived):] == derived:

@@ -78,6 +78,9 @@ class Report:
     advice: tuple = ()  # findings as JSON-ready dicts (advice.py)
     summary: str = ""  # the verdict in one sentence
     batch_size_source: str = ""  # where batch_size comes from (cache.batch_size_of)
+    # The advice's recommended settings measured against the user's (verify.run_trials):
+    # raw windows; each advice item's `verified` is derived from them.
+    verification: dict = dataclasses.field(default_factory=dict)
 
     @property
     def bottleneck(self) -> Optional[str]:

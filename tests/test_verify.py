@@ -1,0 +1,331 @@
+"""Every recommended setting measured before it is printed (verify.py).
+
+The schedule, the budget and the candidates are tested on a fake clock with planted
+rates; the report's `verified` blocks from planted windows; end to end, a planted
+recommendation that helps (sleeping augment, workers overlap it) and one that cannot
+(CPU-bound augment on one core that the advice believes to be two).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from bisect_pipeline import BisectError, bisect, verify
+from bisect_pipeline.report import PointResult, Report, build
+from bisect_pipeline.stats import Throughput, Window
+from bisect_pipeline.testing import CLASSES, FEATURES, PlantedDataset, Spin, make_loader, tiny_model
+from bisect_pipeline.verdict import POINTS
+from conftest import FAST_PLAN, Sleep
+
+BS = 8
+
+
+# --- what to try -------------------------------------------------------------------------------
+
+
+def item(recommended: dict, kind: str = "num_workers", headroom: dict = None) -> dict:
+    return {"kind": kind, "stage": "augment", "message": "Set it.",
+            "numbers": {"recommended": recommended, "headroom": headroom or {}}}
+
+
+def test_candidates_start_with_the_recommendation_then_vary_the_threads_and_the_workers():
+    both = item({"num_workers": 2, "torch_num_threads": 2})
+    assert verify.candidates(both, threads=4, cores=4, on_cpu=True) == [
+        {"num_workers": 2, "torch_num_threads": 2}, {"num_workers": 2}, {"num_workers": 1, "torch_num_threads": 2}]
+    # workers alone on a CPU step using every core: the workers with the step's threads lowered next
+    alone = item({"num_workers": 1})
+    assert verify.candidates(alone, threads=2, cores=2, on_cpu=True) == [
+        {"num_workers": 1}, {"num_workers": 1, "torch_num_threads": 1}]
+    # on an accelerator the step does not use the cores: no thread candidate
+    assert verify.candidates(alone, threads=2, cores=2, on_cpu=False) == [{"num_workers": 1}]
+    # only the settings this tool can apply to the loop it runs
+    assert verify.candidates(item({"pin_memory": True, "non_blocking": True}), threads=1, cores=2,
+                             on_cpu=False) == [{"pin_memory": True}]
+    assert verify.candidates(item({"env": {"MALLOC_TRIM_THRESHOLD_": "-1"}}), threads=1, cores=2, on_cpu=True) == []
+
+
+# --- the schedule on a fake clock --------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeRun:
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock, self.device, self.batch_size = clock, torch.device("cpu"), BS
+        self.events: list = []
+        self.emit = self.events.append
+
+
+def plant_visits(monkeypatch, clock: FakeClock, rates: dict, visit_s: float = 1.0) -> list:
+    """verify.visit replaced: each visit takes `visit_s` of the fake clock (or what is left
+    before its deadline) and yields 3 windows at rates[settings] steps/s (+-1%)."""
+    calls: list = []
+
+    def visit(run, settings, deadline):
+        calls.append((dict(settings), clock.t, deadline))
+        t = min(visit_s, max(0.0, deadline - clock.t))
+        clock.t += t
+        rate = rates[tuple(sorted(settings.items()))]
+        return [Window(10, 10 / (rate * f)) for f in (0.99, 1.0, 1.01)] if t > 0 else []
+
+    monkeypatch.setattr(verify, "visit", visit)
+    return calls
+
+
+USER, W1, W1T1 = (), (("num_workers", 1),), (("num_workers", 1), ("torch_num_threads", 1))
+
+
+def test_a_candidate_that_helps_is_measured_in_alternating_visits_and_stops_once_decided(monkeypatch):
+    clock = FakeClock()
+    calls = plant_visits(monkeypatch, clock, {USER: 10.0, W1: 20.0, W1T1: 30.0})
+    out = verify.run_trials(FakeRun(clock), [item({"num_workers": 1})], budget_s=60, threads=1, cores=2)
+    assert out["status"] == "ok" and len(out["trials"]) == 1
+    assert [c[0] for c in calls] == [{}, {"num_workers": 1}, {"num_workers": 1}, {}]  # A B B A, then decided
+    o = verify.outcome(out["trials"][0], BS)
+    assert o["status"] == "helps" and o["speedup"] == pytest.approx(2.0, rel=1e-3)
+    assert 0.05 <= o["spread"] < 0.2
+
+
+def test_a_candidate_that_does_not_help_is_said_so_and_the_next_one_is_tried(monkeypatch):
+    clock = FakeClock()
+    plant_visits(monkeypatch, clock, {USER: 10.0, W1: 10.1, W1T1: 13.0})
+    advice = [item({"num_workers": 1}, headroom={"samples_per_sec": 80.0, "samples_per_sec_if_free": 120.0})]
+    out = verify.run_trials(FakeRun(clock), advice, budget_s=60, threads=2, cores=2)
+    first, second = out["trials"]
+    assert first["settings"] == {"num_workers": 1} and second["settings"] == {"num_workers": 1, "torch_num_threads": 1}
+    assert verify.outcome(first, BS)["status"] == "no gain"
+    assert len(first["user_windows"]) == 3 * 2 * verify.MAX_BLOCKS  # undecided: every block was measured
+    v = verify.verified(advice[0], out, {}, BS)
+    assert v["status"] == "helps" and v["settings"] == {"num_workers": 1, "torch_num_threads": 1}
+    assert v["speedup"] == pytest.approx(1.3, rel=1e-3) and v["predicted"] == pytest.approx(1.5)
+    assert [t["status"] for t in v["tried"]] == ["no gain", "helps"]
+    text = verify.sentence(v)
+    assert "Measured before printing: 1.30\u00d7 (\u00b1" in text and "predicted up to 1.50\u00d7" in text
+    assert "Tried first: num_workers=1: 1.01\u00d7" in text and "within noise" in text
+
+
+def test_slower_everywhere_is_not_presented_as_a_fix(monkeypatch):
+    clock = FakeClock()
+    plant_visits(monkeypatch, clock, {USER: 10.0, W1: 7.0, W1T1: 8.0})
+    advice = [item({"num_workers": 1})]
+    out = verify.run_trials(FakeRun(clock), advice, budget_s=60, threads=2, cores=2)
+    v = verify.verified(advice[0], out, {}, BS)
+    assert v["status"] == "slower" and [t["status"] for t in v["tried"]] == ["slower", "slower"]
+    assert verify.sentence(v).startswith(" Measured before printing, and not a fix on this machine as it is:")
+
+
+@pytest.mark.parametrize("budget", [0.5, 3.0, 7.0, 20.0])
+def test_the_trials_stay_within_their_budget(monkeypatch, budget):
+    clock = FakeClock()
+    calls = plant_visits(monkeypatch, clock, {USER: 10.0, W1: 10.0, W1T1: 10.0})
+    start = clock.t
+    out = verify.run_trials(FakeRun(clock), [item({"num_workers": 1})], budget_s=budget, threads=2, cores=2)
+    assert clock.t - start <= budget + 1e-9
+    assert all(deadline <= start + budget + 1e-9 for _, _, deadline in calls)
+    assert out["elapsed_s"] <= budget + 1e-6 and out["budget_s"] == budget
+
+
+def test_a_candidate_that_breaks_the_pipeline_is_a_failed_trial(monkeypatch):
+    clock = FakeClock()
+
+    def visit(run, settings, deadline):
+        clock.t += 0.5
+        if settings:
+            raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Bus error")
+        return [Window(10, 1.0), Window(10, 1.0)]
+
+    monkeypatch.setattr(verify, "visit", visit)
+    out = verify.run_trials(FakeRun(clock), [item({"num_workers": 1})], budget_s=30, threads=1, cores=2)
+    o = verify.outcome(out["trials"][0], BS)
+    assert o["status"] == "failed" and "Bus error" in o["reason"]
+
+
+# --- the report --------------------------------------------------------------------------------
+
+
+def planted_report(verification: dict) -> Report:
+    """An augment-bound CPU report at num_workers=0 whose advice recommends one worker."""
+    ms = {"device": 10, "augmented": 11, "raw": 60, "full": 61}
+    points = []
+    for name in POINTS:
+        if name in ms:
+            wins = tuple(Window(10, 10 * ms[name] / 1e3 * f) for f in (0.99, 0.995, 1, 1.005, 1.01))
+            points.append(PointResult(name, "ok", Throughput(wins, BS)))
+        else:
+            points.append(PointResult(name, "skipped", reason="not selected"))
+    iso = {"status": "ok", "workers": {"status": "ok", "needed": 1, "worker_ms_per_batch": 50.0,
+                                       "step_ms_per_batch": 10.0, "cores": 2, "available": 1, "fits": True}}
+    return build(points, BS, "cpu", loader={"num_workers": 0, "pin_memory": False}, run={"cpu_count": 2},
+                 isolated=iso, verification=verification)
+
+
+def windows(rate: float, n: int = 6) -> list:
+    return [{"steps": 10, "seconds": round(10 / (rate * (1 + 0.01 * (i % 3 - 1))), 6)} for i in range(n)]
+
+
+def test_the_report_carries_predicted_and_measured_and_reads_back_the_same(tmp_path):
+    ver = {"status": "ok", "budget_s": 7.5, "elapsed_s": 4.2, "trials": [
+        {"item": "num_workers", "settings": {"num_workers": 1}, "user_windows": windows(16.0),
+         "candidate_windows": windows(60.0), "error": None}]}
+    r = planted_report(ver)
+    f = next(a for a in r.advice if a["kind"] == "num_workers")
+    assert f["verified"]["status"] == "helps" and f["verified"]["speedup"] == pytest.approx(3.75, rel=1e-3)
+    assert f["verified"]["predicted"] is not None and f["verified"]["settings"] == {"num_workers": 1}
+    assert "Measured before printing: 3.75\u00d7" in f["message"] and "predicted up to" in f["message"]
+    text = " ".join(str(r).split())  # wrapped at 80 columns
+    assert "Measured before printing: 3.75\u00d7" in text and "Measured before printing: 3.75" in r._repr_html_()
+    doc = r.to_dict()
+    assert doc["verification"] == ver
+    path = tmp_path / "r.json"
+    r.save_json(str(path))
+    again = Report.from_dict(json.loads(path.read_text()))
+    assert again.to_dict() == doc
+
+
+def test_without_a_verification_block_the_advice_is_as_written_and_off_says_so():
+    r = planted_report({})
+    f = next(a for a in r.advice if a["kind"] == "num_workers")
+    assert "verified" not in f and "Measured" not in f["message"]
+    off = planted_report({"status": "off", "reason": "verification turned off (verify_seconds=0)", "trials": []})
+    f = next(a for a in off.advice if a["kind"] == "num_workers")
+    assert f["verified"]["status"] == "not measured" and "turned off" in f["message"]
+
+
+def test_verify_seconds_is_checked():
+    from conftest import planted
+
+    model, loader = planted("augment")
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(BisectError, match="verify_seconds"):
+            bisect(model, loader, verify_seconds=bad)
+
+
+# --- end to end ----------------------------------------------------------------------------------
+
+
+class SpinLayer(torch.nn.Module):
+    """A layer whose forward costs `ms` of CPU time (a step that uses its core)."""
+
+    def __init__(self, ms: float) -> None:
+        super().__init__()
+        self.spin = Spin(ms)
+
+    def forward(self, x):
+        return self.spin(x)
+
+
+@pytest.mark.e2e
+def test_planted_workers_that_help_are_measured_and_the_users_objects_are_unchanged(no_leftover_workers):
+    # 8 x 4 ms of sleeping augment per batch against a 25 ms step: at num_workers=0 they
+    # add up (57 ms); one worker overlaps them (about 32 ms), a 1.6x gain
+    model = tiny_model(25.0)
+    loader = make_loader(PlantedDataset(n=64, transform=Sleep(4.0)), batch_size=8, num_workers=0)
+    threads = torch.get_num_threads()
+    r = bisect(model, loader, max_seconds=30, plan=FAST_PLAN)
+    assert r.bottleneck == "augment", str(r)
+    f = next(a for a in r.advice if a["kind"] == "num_workers")
+    v = f["verified"]
+    assert v["status"] == "helps" and v["speedup"] > 1.3, v
+    assert "Measured before printing" in f["message"]
+    assert r.to_dict()["verification"]["trials"][0]["settings"] == v["settings"]
+    assert loader.num_workers == 0 and torch.get_num_threads() == threads  # the user's objects as they were
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity (Linux)")
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # planted: more workers than cores
+def test_planted_workers_that_cannot_help_are_reported_as_not_helping(monkeypatch, no_leftover_workers):
+    # CPU-bound augment (8 x 6 ms of CPU time per batch) and a CPU-bound step (20 ms) on
+    # ONE core, while the advice is told the machine has three: it recommends two workers
+    # (then one is tried), and each competes with the step for the same core.
+    from bisect_pipeline import isolate
+
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    monkeypatch.setattr(isolate, "cores", lambda: 3)
+    try:
+        model = torch.nn.Sequential(SpinLayer(20.0), torch.nn.Linear(FEATURES, CLASSES))
+        loader = make_loader(PlantedDataset(n=64, transform=Spin(6.0)), batch_size=8, num_workers=0)
+        r = bisect(model, loader, max_seconds=40, plan=FAST_PLAN)
+    finally:
+        os.sched_setaffinity(0, before)
+    assert r.bottleneck == "augment", str(r)
+    f = next(a for a in r.advice if a["kind"] == "num_workers")
+    v = f["verified"]
+    assert v["status"] in ("no gain", "slower"), v
+    assert [t["settings"] for t in v["tried"]] == [{"num_workers": 2}, {"num_workers": 1}]  # the next one too
+    assert all(t["status"] in ("no gain", "slower") for t in v["tried"]), v
+    assert "not a fix on this machine" in f["message"]
+    assert math.isfinite(v["speedup"]) and v["speedup"] < 1.1
+
+
+# --- the same figure in compare and the sweep ----------------------------------------------------
+
+
+def test_compare_shows_predicted_measured_and_this_comparison():
+    from bisect_pipeline import compare
+
+    ver = {"status": "ok", "trials": [{"item": "num_workers", "settings": {"num_workers": 1},
+                                       "user_windows": windows(16.0), "candidate_windows": windows(60.0)}]}
+    before = planted_report(ver)
+    after = dataclasses_replace_loader(planted_report({}), num_workers=1)
+    c = compare.compare(before, after)
+    (a,) = c["advice_checked"]
+    assert a["applied"] and a["measured"] == pytest.approx(3.75, rel=1e-3) and a["predicted"] is not None
+    assert a["this_comparison"] == pytest.approx(1.0, abs=0.02)  # planted: the same numbers in both runs
+    text = compare.to_text(c)
+    assert "Advice of the first run, num_workers=1: measured 3.75\u00d7" in text and "this comparison: 1.00\u00d7" in text
+    # a second run without the setting: the figure, and no comparison claimed
+    (b,) = compare.compare(before, planted_report({}))["advice_checked"]
+    assert not b["applied"] and b["this_comparison"] is None
+
+
+def dataclasses_replace_loader(r: Report, **settings) -> Report:
+    import dataclasses
+
+    return dataclasses.replace(r, loader={**r.loader, **settings})
+
+
+def test_sweep_torch_threads_is_a_setting_applied_per_row_and_restored(monkeypatch):
+    from bisect_pipeline import sweep
+
+    assert sweep.parse(["torch_threads=1,2"]) == {"torch_threads": [1, 2]}
+    seen = []
+    real = sweep.measure
+
+    def spy(*args, **kw):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sweep, "measure", spy)
+    model = tiny_model(1.0)
+    loader = make_loader(PlantedDataset(n=32), batch_size=8)
+    res = sweep.run(bisect_workload(model, loader), {"torch_threads": [2]}, device="cpu", max_seconds=4,
+                    plan=FAST_PLAN)
+    assert [r.settings["torch_threads"] for r in res.rows] == [1, 2] and seen == [1, 2]
+    assert torch.get_num_threads() == 1
+
+
+def bisect_workload(model, loader):
+    from bisect_pipeline import Workload
+
+    return Workload(model=model, loader=loader)
+
+
+def test_a_trial_cut_short_before_two_windows_each_says_not_measured_and_why():
+    ver = {"status": "ok", "trials": [{"item": "num_workers", "settings": {"num_workers": 1},
+                                       "user_windows": windows(16.0, 1), "candidate_windows": [], "error": None}]}
+    f = next(a for a in planted_report(ver).advice if a["kind"] == "num_workers")
+    assert f["verified"]["status"] == "not measured" and "two windows" in f["verified"]["reason"]
+    assert "Not measured before printing: num_workers=1: not measured (out of time" in " ".join(f["message"].split())
