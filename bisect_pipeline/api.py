@@ -69,7 +69,7 @@ def bisect(
     spec = _describe(wl.loader)
     coord = distributed.Coordinator.current()  # None unless a process group of 2+ ranks is up
     run = _start(spec, dev, coord, wl.model, plan=plan, clock=clock, progress=progress, step_timeout=step_timeout,
-                 max_seconds=max_seconds)
+                 max_seconds=max_seconds, verify_seconds=verify_seconds)
     held, found, interrupted = allocator.Held(hold_allocator), {}, False
     try:
         with state.preserved(wl.model, wl.optimizer, dev):
@@ -94,7 +94,8 @@ def bisect(
     return report if coord is None else distributed.combine(report, coord, found.get("waits", {}))
 
 
-def _start(spec, dev, coord, model, *, plan, clock, progress, step_timeout, max_seconds) -> run_mod.Run:
+def _start(spec, dev, coord, model, *, plan, clock, progress, step_timeout, max_seconds,
+           verify_seconds) -> run_mod.Run:
     """The Run, its clock started (on every rank together under torchrun, whose units run
     under Join over the model's DDP modules)."""
     if coord is not None:
@@ -102,15 +103,18 @@ def _start(spec, dev, coord, model, *, plan, clock, progress, step_timeout, max_
         coord.broadcast([0.0])
     start = clock()
     room = 0.0 if coord else isolate.budget(max_seconds)  # for the isolated timings
+    # the verification's share is kept from the rounds that only settle the verdict
+    keep = verify.VERIFY_SHARE * max_seconds if coord is None and verify_seconds is None else 0.0
     return run_mod.Run(spec, dev, (plan or Plan()).for_workers(spec.num_workers), clock, progress or (lambda e: None),
-                       step_timeout, start=start, end=start + max_seconds, deadline=start + max_seconds - room)
+                       step_timeout, start=start, end=start + max_seconds, deadline=start + max_seconds - room,
+                       settle_deadline=start + max_seconds - room - keep)
 
 
 def _verify(run: run_mod.Run, draft: Report, verify_seconds: Optional[float]) -> dict:
     """The advice's recommended settings measured against the user's (verify.run_trials).
-    verify_seconds None: in what the bisection leaves of max_seconds (never taken from
-    it: a verdict that needs the whole time gets it); 0: off; a number: a budget of its
-    own, on top of max_seconds."""
+    verify_seconds None: in what the bisection leaves of max_seconds (the rounds that
+    only settle the verdict stop VERIFY_SHARE of it early; the first plan.min_rounds
+    never do); 0: off; a number: a budget of its own, on top of max_seconds."""
     if verify_seconds == 0:
         return {"status": "off", "reason": "verification turned off (verify_seconds=0)", "trials": []}
     budget = max(0.0, run.end - run.clock()) if verify_seconds is None else float(verify_seconds)

@@ -46,8 +46,10 @@ def measure(run: Run, selected: tuple) -> dict:
         if "full" not in order:
             break  # no verdict can come of more rounds
         later = len(order) * max(0, run.plan.min_rounds - r - 1)  # visits still owed to the minimum rounds
+        # the rounds that only settle the verdict leave the verification its share
+        limit = run.deadline if r < run.plan.min_rounds else run.settle_deadline
         for i, name in enumerate(order):
-            if not _visit(run, name, order[i:], later):
+            if not _visit(run, name, order[i:], later, limit):
                 return _finish(run, info)
         info["rounds"] = r + 1
         if r + 1 < run.plan.min_rounds:
@@ -58,7 +60,7 @@ def measure(run: Run, selected: tuple) -> dict:
             remeasured.add((inc.slower, inc.faster))
             info["remeasured"].append([inc.slower, inc.faster])
             for name in (inc.slower, inc.faster):
-                if _live(run, name) and not _visit(run, name, [name], 1):
+                if _live(run, name) and not _visit(run, name, [name], 1, run.settle_deadline):
                     return _finish(run, info)
         if again:
             v = run.decide()
@@ -80,11 +82,11 @@ def _live(run: Run, name: str) -> bool:
     return p is None or p.status == "ok"
 
 
-def _visit(run: Run, name: str, planned: list, later: int) -> bool:
+def _visit(run: Run, name: str, planned: list, later: int, limit: float) -> bool:
     """One visit of `name`, pooled into its result. Its deadline is its share of the time
-    left, counting the visits `planned` in this round and `later` ones; False (and
-    nothing opened) when not even a window's time is left."""
-    left = run.deadline - run.clock()
+    left before `limit`, counting the visits `planned` in this round and `later` ones;
+    False (and nothing opened) when not even a window's time is left."""
+    left = limit - run.clock()
     if left < run.plan.window_seconds:
         p = run.results.get(name)
         if p is not None and p.status == "ok":

@@ -47,6 +47,9 @@ class Run:
     start: float
     end: float  # start + max_seconds: the hard end
     deadline: float  # when measuring points stops (room left for the isolated timings)
+    # when the rounds that only settle the verdict stop (after plan.min_rounds): room
+    # left for the verification of the advice (verify.py)
+    settle_deadline: float = 0.0
     step: Any = None
     move: Any = None
     caches: Optional[cache.Caches] = None
@@ -55,6 +58,9 @@ class Run:
     results: dict = dataclasses.field(default_factory=dict)
     warnings: list = dataclasses.field(default_factory=list)
     visits: int = 0
+
+    def __post_init__(self) -> None:
+        self.settle_deadline = min(self.settle_deadline or self.deadline, self.deadline)
 
     @property
     def batch_size(self) -> float:

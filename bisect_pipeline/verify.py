@@ -26,6 +26,11 @@ from typing import Any, Optional
 
 from .stats import Throughput, Window, is_real, noise_threshold
 
+# Share of --max-seconds kept for verification by default, from the rounds that only
+# settle the verdict (after the first two): a trial visits the full pipeline four times
+# at least, about 1 s each on a 2-core machine, so a quarter of the default 30 s is
+# about one candidate and the start of a second. A verdict that settles early leaves more.
+VERIFY_SHARE = 0.25
 # Visits per trial: decided after each A B B A block from MIN_BLOCKS on, given up (within
 # noise) after MAX_BLOCKS. A decided trial goes on (budget allowing) until its figure is
 # within +-TARGET_SPREAD: "1.55x (+-41%)" decides, but says little about the gain.
