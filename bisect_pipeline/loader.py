@@ -72,6 +72,18 @@ class LoaderSpec:
             kw.pop("pin_memory_device", None)  # deprecated; passing '' still warns on some versions
         return {k: v for k, v in kw.items() if k in _DATALOADER_PARAMS}
 
+    def with_settings(self, settings: dict) -> "LoaderSpec":
+        """This spec with other loader settings (`settings` keys that are not LoaderSpec
+        fields, e.g. the step's threads, are ignored). DataLoader refuses a timeout,
+        a multiprocessing_context, persistent workers or a prefetch_factor without
+        workers: a loader set to num_workers=0 drops them."""
+        names = {f.name for f in dataclasses.fields(self)}
+        spec = dataclasses.replace(self, **{k: v for k, v in settings.items() if k in names})
+        if spec.num_workers == 0:
+            spec = dataclasses.replace(spec, timeout=0.0, multiprocessing_context=None, persistent_workers=False,
+                                       prefetch_factor=None)
+        return spec
+
     def settings(self) -> dict:
         """A JSON-friendly summary for the report."""
         ctx = self.multiprocessing_context

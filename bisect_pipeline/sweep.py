@@ -303,12 +303,7 @@ def run(workload: Workload, grid: dict, *, device: Any = None, max_seconds: floa
 
 def _measure(spec: loader_mod.LoaderSpec, settings: dict, *, move, step, plan: Plan, deadline: float, clock,
              sync) -> Row:
-    loader_part = {k: v for k, v in settings.items() if k != "torch_threads"}
-    spec2 = dataclasses.replace(spec, **loader_part)
-    if spec2.num_workers == 0:
-        # DataLoader refuses a timeout or a multiprocessing_context without workers: a
-        # user loader with workers swept down to num_workers=0 drops them.
-        spec2 = dataclasses.replace(spec2, timeout=0.0, multiprocessing_context=None)
+    spec2 = spec.with_settings(settings)
     plan2 = plan.for_workers(spec2.num_workers)
     seen: list = []
 

@@ -20,7 +20,6 @@ copy of the LoaderSpec, and the thread count is set for the candidate's visits o
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Optional
 
@@ -145,11 +144,7 @@ def visit(run: Any, settings: dict, deadline: float) -> list:
     from . import faults, run as run_mod
     from .timing import measure
 
-    loader_part = {k: v for k, v in settings.items() if k in LOADER_SETTINGS}
-    spec = dataclasses.replace(run.spec, **loader_part) if loader_part else run.spec
-    if spec.num_workers == 0 and loader_part:  # DataLoader refuses these without workers
-        spec = dataclasses.replace(spec, timeout=0.0, multiprocessing_context=None, persistent_workers=False,
-                                   prefetch_factor=None)
+    spec = run.spec.with_settings(settings)
     threads = settings.get(THREADS)
     before = torch.get_num_threads()
     if threads:
