@@ -113,8 +113,8 @@ def _start(spec, dev, coord, model, *, plan, clock, progress, step_timeout, max_
 def _verify(run: run_mod.Run, draft: Report, verify_seconds: Optional[float]) -> dict:
     """The advice's recommended settings measured against the user's (verify.run_trials).
     verify_seconds None: in what the bisection leaves of max_seconds (the rounds that
-    only settle the verdict stop VERIFY_SHARE of it early; the first plan.min_rounds
-    never do); 0: off; a number: a budget of its own, on top of max_seconds."""
+    only settle a verdict already made stop VERIFY_SHARE of it early; an undecided
+    verdict may use it all); 0: off; a number: a budget of its own, on top of max_seconds."""
     if verify_seconds == 0:
         return {"status": "off", "reason": "verification turned off (verify_seconds=0)", "trials": []}
     budget = max(0.0, run.end - run.clock()) if verify_seconds is None else float(verify_seconds)

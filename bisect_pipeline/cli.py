@@ -46,7 +46,7 @@ def run_options(f: Callable) -> Callable:
         click.option("--verify-seconds", type=click.FloatRange(min=0.0), default=None, metavar="SECONDS",
                      help="Time to measure the settings the advice recommends (num_workers, threads, pin_memory, ...) "
                           "against yours before printing them. 0 turns it off; a number is a budget of its own, on "
-                          "top of --max-seconds.  [default: what the bisection leaves of --max-seconds, at least 25%]"),
+                          "top of --max-seconds.  [default: what the bisection leaves of --max-seconds; at least 25% once a verdict is made]"),
         click.option("--quiet", "-q", is_flag=True, help="No progress; print only the verdict line."),
         click.option("--debug", is_flag=True, help="Show tracebacks of errors."),
         click.option("--sweep", "sweep", multiple=True, metavar="NAME=V1,V2,...",

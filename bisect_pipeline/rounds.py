@@ -40,14 +40,16 @@ def measure(run: Run, selected: tuple) -> dict:
             todo.append(name)
     info = {"rounds": 0, "settled": False, "remeasured": []}
     remeasured: set = set()
-    focus = set(todo)
+    focus, decided = set(todo), False
     for r in range(run.plan.max_rounds):
         order = [n for n in (todo if r % 2 == 0 else todo[::-1]) if _live(run, n) and n in focus]
         if "full" not in order:
             break  # no verdict can come of more rounds
         later = len(order) * max(0, run.plan.min_rounds - r - 1)  # visits still owed to the minimum rounds
-        # the rounds that only settle the verdict leave the verification its share
-        limit = run.deadline if r < run.plan.min_rounds else run.settle_deadline
+        # rounds that only settle a verdict already made leave the verification its
+        # share; an undecided verdict has the whole budget (advice checked under a
+        # verdict that is not there is worth less than the verdict)
+        limit = run.settle_deadline if decided else run.deadline
         for i, name in enumerate(order):
             if not _visit(run, name, order[i:], later, limit):
                 return _finish(run, info)
@@ -60,10 +62,11 @@ def measure(run: Run, selected: tuple) -> dict:
             remeasured.add((inc.slower, inc.faster))
             info["remeasured"].append([inc.slower, inc.faster])
             for name in (inc.slower, inc.faster):
-                if _live(run, name) and not _visit(run, name, [name], 1, run.settle_deadline):
+                if _live(run, name) and not _visit(run, name, [name], 1, run.deadline):
                     return _finish(run, info)
         if again:
             v = run.decide()
+        decided = v.bottleneck not in (None, "inconclusive")
         if settled(v, run.decide(SETTLE_NOISE_SCALE), run.decide(1 / SETTLE_NOISE_SCALE)):
             info["settled"] = True
             break

@@ -110,8 +110,11 @@ def test_help_documents_every_option_and_the_security_note(tmp_path):
 
 def test_demo_runs_and_names_augment(tmp_path):
     out = tmp_path / "demo.json"
-    r = cli("demo", "--json", str(out), "--max-seconds", "30", cwd=tmp_path)
+    # 45 s, not the default 30: on the busy 2-core CI machine the demo's windows spread
+    # +-20-30% and 30 s has ended inconclusive (augment real, load not ruled out); a
+    # quiet machine settles in about 15 s (scripts/bench_under_load.py --only demo)
+    r = cli("demo", "--json", str(out), "--max-seconds", "45", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert doc["bottleneck"] == "augment", r.stdout
-    assert doc["run"]["elapsed_s"] < 30 * 1.1
+    assert doc["run"]["elapsed_s"] < 45 * 1.1

@@ -29,7 +29,8 @@ def windows(ms: float, jitter: float = 0.0) -> tuple:
 
 
 def make_run(monkeypatch, ms: dict, *, seconds_per_visit: float = 1.0, max_seconds: float = 60.0,
-             jitter: dict = {}, later: dict = {}, plan: Plan = Plan(), cut: set = frozenset()):
+             jitter: dict = {}, later: dict = {}, plan: Plan = Plan(), cut: set = frozenset(),
+             settle_deadline: float = 0.0):
     """A Run whose visits are planted: point -> ms per batch (`later`: from the second
     visit on), each visit taking `seconds_per_visit` of the fake clock; a visit whose
     share is shorter, or whose index is in `cut`, runs out of time before a window."""
@@ -50,7 +51,7 @@ def make_run(monkeypatch, ms: dict, *, seconds_per_visit: float = 1.0, max_secon
     monkeypatch.setattr(rounds, "visit", visit)
     spec = type("Spec", (), {"batch_size": BS, "num_workers": 2, "pin_memory": False})()  # every point applies
     run = run_mod.Run(spec, torch.device("cpu"), plan, clock, lambda e: None, None, start=0.0, end=max_seconds,
-                  deadline=max_seconds)
+                      deadline=max_seconds, settle_deadline=settle_deadline)
     return run, seen, clock
 
 
@@ -78,6 +79,29 @@ def test_an_unsettled_verdict_takes_more_rounds_until_the_time_is_up(monkeypatch
     assert clock.t <= run.deadline and run.deadline - clock.t < run.plan.window_seconds
     assert all(deadline <= run.deadline for _, deadline in seen)
     assert run.decide().bottleneck == "inconclusive"
+
+
+def test_rounds_settling_a_made_verdict_stop_at_the_settle_deadline(monkeypatch):
+    # augment is named after the first pair of rounds but (planted) never settles: the
+    # rounds after it stop at the settle deadline, leaving the rest for the advice's check
+    monkeypatch.setattr(rounds, "settled", lambda *a: False)
+    run, seen, clock = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 60, "full": 61},
+                                max_seconds=40.0, settle_deadline=20.0)
+    info = rounds.measure(run, POINTS)
+    assert run.decide().bottleneck == "augment" and not info["settled"]
+    assert info["rounds"] >= 3 and 20.0 - run.plan.window_seconds < clock.t <= 20.0
+    assert all(deadline <= 20.0 for _, deadline in seen[10:])
+
+
+def test_an_undecided_verdict_may_use_the_time_kept_for_the_check(monkeypatch):
+    # inconclusive after every round: the settle deadline does not apply, the rounds use
+    # the whole budget (advice checked under no verdict is worth less than the verdict)
+    jitter = {n: 0.4 for n in DOWN}
+    run, seen, clock = make_run(monkeypatch, {n: 40.0 for n in DOWN}, jitter=jitter, max_seconds=17.5,
+                                settle_deadline=11.0)
+    rounds.measure(run, POINTS)
+    assert run.decide().bottleneck == "inconclusive"
+    assert run.deadline - clock.t < run.plan.window_seconds and clock.t > 11.0
 
 
 def test_a_round_cut_short_keeps_what_the_earlier_round_measured(monkeypatch):
