@@ -97,16 +97,17 @@ class Run:
             return PointResult(name, "unavailable", reason=self.caches.raw_reason)
         return None
 
-    def source(self, name: str, spec: Optional[LoaderSpec] = None) -> tuple:
+    def source(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False) -> tuple:
         """(the point's batch source, what the loop applies to each batch before the step:
         the transfer, or None when the batches are already on the device). `spec`: other
-        loader settings for `full` (verify.py); the user's own by default."""
+        loader settings for `full` (verify.py); the user's own by default. `epochs`: `full`
+        ends its epochs as the user's loop does (sources.full_loader)."""
         spec, caches = spec or self.spec, self.caches
         if name == "device":
             host = sources.host_batches(caches, spec, self.device)
             return sources.cached_source(sources.device_batches(host, self.move, self.device), self.fresh), None
         if name == "full":
-            source = sources.full_loader(spec, caches.dataset if caches else _tagged_copy(spec))
+            source = sources.full_loader(spec, caches.dataset if caches else _tagged_copy(spec), epochs)
         elif name == "raw":
             source = sources.sample_loader(spec, sources.RawReplay(caches.samples, caches.raw_calls), caches.groups)
         elif name == "augmented":

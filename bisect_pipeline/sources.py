@@ -10,6 +10,7 @@ context manager: leaving it shuts its workers down, whatever happened.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import itertools
 import sys
@@ -57,6 +58,15 @@ class Groups(Sampler):
 
     def __len__(self) -> int:
         return ENDLESS
+
+
+def _copy(sampler: Any) -> Any:
+    """A copy of the user's sampler, whose own RNG then moves (the user's is untouched);
+    the sampler itself when it cannot be copied (its RNG state is restored after the run)."""
+    try:
+        return copy.deepcopy(sampler)
+    except Exception:
+        return sampler
 
 
 class _FromIterator(Sampler):
@@ -278,12 +288,28 @@ def loader_class(spec: LoaderSpec) -> tuple[LoaderSpec, Optional[str]]:
             "measured.")
 
 
-def full_loader(spec: LoaderSpec, dataset: Any = None) -> LoaderSource:
+def full_loader(spec: LoaderSpec, dataset: Any = None, epochs: bool = False) -> LoaderSource:
     """`full`: the user's pipeline rebuilt as it is, over a copy of the dataset, in the
     user's sampler order cycled forever. `dataset` is that copy when the caller has one
-    (with its transforms proxied, so their failures are named `augment`)."""
+    (with its transforms proxied, so their failures are named `augment`).
+
+    `epochs`: end each epoch as the user's loop does, and start the next with iter()
+    on the loader, which forks the workers again unless they are persistent (verify.py:
+    adding workers adds that cost per epoch, which a loop at num_workers=0 never pays;
+    measured on the demo, 16 batches per epoch: 1.2x with workers forked every epoch,
+    1.45x steady). The points of the bisection all run without epoch ends, alike."""
     dataset = copy_or_same(spec.dataset) if dataset is None else dataset
     kw = _kwargs(spec, faults.Tagged(spec.collate_fn, "collate"))
+    if epochs and not spec.iterable:
+        def make_epochs() -> DataLoader:
+            sampler = _copy(spec.batch_sampler if spec.batch_sampler is not None else spec.sampler)
+            if spec.batch_sampler is not None:
+                return spec.loader_cls(dataset, batch_sampler=sampler, **kw)
+            if spec.auto_collation:
+                return spec.loader_cls(dataset, batch_sampler=BatchSampler(sampler, spec.batch_size, spec.drop_last),
+                                       **kw)
+            return spec.loader_cls(dataset, batch_size=None, sampler=sampler, **kw)
+        return LoaderSource(make_epochs, restart=True)
     if spec.iterable:
         def make() -> DataLoader:
             if spec.auto_collation:

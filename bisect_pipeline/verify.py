@@ -51,15 +51,20 @@ APPLICABLE = LOADER_SETTINGS + (THREADS,)
 # --------------------------------------------------------------------------------------
 
 
-def candidates(finding: dict, *, threads: int, cores: int, on_cpu: bool) -> list:
+def candidates(finding: dict, *, threads: int, cores: int, on_cpu: bool, persistent: bool = True) -> list:
     """The settings to try for one advice item, best guess first: the applicable part of
     its recommendation; on the CPU, where workers and the step share the cores, the same
     workers with the step's threads lowered to the cores left (or, when the
-    recommendation lowers them already, the workers alone); then one worker fewer."""
+    recommendation lowers them already, the workers alone); then one worker fewer.
+    Workers recommended to a loader without persistent workers (`persistent` False) are
+    tried persistent: otherwise they are forked again every epoch, a cost the measured
+    loop pays (visit) and the recommendation does not need."""
     rec = dict((finding.get("numbers") or {}).get("recommended") or {})
     first = {k: v for k, v in rec.items() if k in APPLICABLE}
     if not first:
         return []
+    if first.get("num_workers") and not persistent:
+        first.setdefault("persistent_workers", True)
     out = [first]
     workers = first.get("num_workers")
     if workers:
@@ -92,7 +97,8 @@ def run_trials(run: Any, advice: list, *, budget_s: float, threads: int, cores: 
     deadline = start + budget_s
     on_cpu = run.device.type == "cpu"
     trials: list = []
-    items = [(f, candidates(f, threads=threads, cores=cores, on_cpu=on_cpu)) for f in advice]
+    persistent = bool(run.spec.persistent_workers)
+    items = [(f, candidates(f, threads=threads, cores=cores, on_cpu=on_cpu, persistent=persistent)) for f in advice]
     items = [(f, c) for f, c in items if c]
     left = sum(len(c) for _, c in items)  # candidates not yet tried
     for finding, cands in items:
@@ -144,7 +150,9 @@ def _trial(run: Any, settings: dict, deadline: float, owed: int = 0) -> dict:
 
 def visit(run: Any, settings: dict, deadline: float) -> list:
     """One visit of the full pipeline with `settings` applied ({}: the user's own), as the
-    bisection visits `full` (run.source): same dataset copy, transfer, step and plan."""
+    bisection visits `full` (run.source: same dataset copy, transfer, step and plan), but
+    with the epochs ending as in the user's loop: workers added are forked again every
+    epoch unless persistent, and that is part of what they cost."""
     import torch
 
     from . import faults, run as run_mod
@@ -158,7 +166,7 @@ def visit(run: Any, settings: dict, deadline: float) -> list:
     try:
         end = deadline - run.clock() + run_mod.HANG_GRACE_S
         with faults.Watchdog(run.step_timeout, lambda: "verifying the advice", end=end) as dog:
-            source, move = run.source("full", spec)
+            source, move = run.source("full", spec, epochs=True)
             with source as next_batch:
                 m = measure(next_batch, move, run.step, batch_size=run.batch_size,
                             plan=run.plan.for_workers(spec.num_workers), deadline=deadline, clock=run.clock,
@@ -180,7 +188,7 @@ def _dump(visits: list) -> list:
 
 def outcome(trial: dict, batch_size: float) -> dict:
     """status (helps | no gain | slower | failed | not measured), speedup (candidate over
-    the user's settings, ratio of pooled median throughputs) and spread (the relative
+    the user's settings, ratio of the two sides' total steps over total time) and spread (the relative
     change the noise alone could make: Z_NOISE combined standard errors, at least the 5%
     floor, as for every other "is it real" in the tool)."""
     if trial.get("error"):
@@ -189,12 +197,20 @@ def outcome(trial: dict, batch_size: float) -> dict:
     a, b = (_throughput(ws, batch_size) for ws in sides)
     if a is None or b is None:
         return {"status": "not measured", "reason": "out of time before both settings had two windows"}
-    ratio = b.samples_per_sec / a.samples_per_sec
+    # total steps over total time, not the median window: a training run pays its
+    # stalls, and a worker competing with the step for the cores stalls now and then
+    # (measured: w1 + 1 thread on 2 cores, the median of 3 windows 10-20% above the
+    # visit's own total rate and a hand loop's; at num_workers=0 the two agree)
+    ratio = _rate(b) / _rate(a)
     se = math.hypot(*(max(tp.rel_se, _visit_rel_se(ws)) for tp, ws in zip((a, b), sides)))
     spread = math.expm1(noise_threshold(se, 1.0)) if math.isfinite(se) else None
     real = math.isfinite(se) and is_real(abs(math.log(ratio)), se, 1.0)
     status = "no gain" if not real else ("helps" if ratio > 1 else "slower")
     return {"status": status, "speedup": round(ratio, 4), "spread": None if spread is None else round(spread, 4)}
+
+
+def _rate(tp: Throughput) -> float:
+    return tp.steps / tp.seconds if tp.seconds > 0 else math.inf
 
 
 def _visit_rel_se(windows: list) -> float:

@@ -70,3 +70,34 @@ def test_an_iterable_dataset_that_ends_inside_a_point_is_started_again(persisten
         batches = [next_batch() for _ in range(20)]
     assert source.restarts >= 4
     assert all(b[0].shape == (4, FEATURES) for b in batches)
+
+
+class WorkerPid(Dataset):
+    """Each sample is the pid of the process that made it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        import os
+
+        return torch.tensor([os.getpid()])
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_full_with_epochs_ends_them_as_the_users_loop_does(persistent, no_leftover_workers):
+    # verify.py measures the full pipeline with its epochs: 8 samples, batches of 4 = an
+    # epoch every 2 batches; workers that are not persistent are forked again at each
+    # (new pids), persistent ones serve every epoch. Without epochs: one endless epoch.
+    loader = DataLoader(WorkerPid(), batch_size=4, shuffle=True, num_workers=1, multiprocessing_context="fork",
+                        persistent_workers=persistent)
+    spec = describe(loader)
+    source = full_loader(spec, epochs=True)
+    with source as next_batch:
+        pids = [int(next_batch()[0]) for _ in range(6)]
+    assert source.restarts == 2
+    assert len(set(pids)) == (1 if persistent else 3), pids
+    endless = full_loader(spec)
+    with endless as next_batch:
+        pids = [int(next_batch()[0]) for _ in range(6)]
+    assert endless.restarts == 0 and len(set(pids)) == 1

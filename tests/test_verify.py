@@ -47,6 +47,14 @@ def test_candidates_start_with_the_recommendation_then_vary_the_threads_and_the_
     assert verify.candidates(item({"pin_memory": True, "non_blocking": True}), threads=1, cores=2,
                              on_cpu=False) == [{"pin_memory": True}]
     assert verify.candidates(item({"env": {"MALLOC_TRIM_THRESHOLD_": "-1"}}), threads=1, cores=2, on_cpu=True) == []
+    # workers added to a loader whose workers are not persistent are tried persistent
+    # (the measured loop ends its epochs, and would fork them again at each)
+    assert verify.candidates(both, threads=4, cores=4, on_cpu=True, persistent=False) == [
+        {"num_workers": 2, "torch_num_threads": 2, "persistent_workers": True},
+        {"num_workers": 2, "persistent_workers": True},
+        {"num_workers": 1, "torch_num_threads": 2, "persistent_workers": True}]
+    assert verify.candidates(item({"pin_memory": True}), threads=1, cores=2, on_cpu=False, persistent=False) == [
+        {"pin_memory": True}]
 
 
 # --- the schedule on a fake clock --------------------------------------------------------------
@@ -63,6 +71,7 @@ class FakeClock:
 class FakeRun:
     def __init__(self, clock: FakeClock) -> None:
         self.clock, self.device, self.batch_size = clock, torch.device("cpu"), BS
+        self.spec = type("Spec", (), {"persistent_workers": True})()
         self.events: list = []
         self.emit = self.events.append
 
@@ -312,7 +321,8 @@ def test_planted_workers_that_cannot_help_are_reported_as_not_helping(monkeypatc
     f = next(a for a in r.advice if a["kind"] == "num_workers")
     v = f["verified"]
     assert v["status"] in ("no gain", "slower"), v
-    assert [t["settings"] for t in v["tried"]] == [{"num_workers": 2}, {"num_workers": 1}]  # the next one too
+    assert [t["settings"] for t in v["tried"]] == [  # the next one too; workers tried persistent
+        {"num_workers": 2, "persistent_workers": True}, {"num_workers": 1, "persistent_workers": True}]
     assert all(t["status"] in ("no gain", "slower") for t in v["tried"]), v
     assert ("not a fix on this machine" in f["message"] or "no gain beyond the noise" in f["message"]), f["message"]
     assert math.isfinite(v["speedup"]) and v["speedup"] < 1.1
