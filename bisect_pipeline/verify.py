@@ -244,7 +244,7 @@ def verified(finding: dict, verification: dict, isolated: dict, batch_size: floa
     """The advice item's `verified` block, or None when nothing was measured for it:
     {"status", "speedup", "spread", "settings", "predicted", "tried": [...], "source"}.
     The status is the best candidate's: helps (the first that helped), else that of the
-    last one tried. The allocator item is verified by the step timed alone with the
+    last one measured (no gain, slower), else that of the last one tried. The allocator item is verified by the step timed alone with the
     default and the held allocator (allocator.Held.time_step)."""
     if finding["kind"] == "allocator":
         return _allocator_verified(isolated.get("allocator") or {})
@@ -257,7 +257,8 @@ def verified(finding: dict, verification: dict, isolated: dict, batch_size: floa
         if not any(k in APPLICABLE for k in finding["numbers"]["recommended"]):
             reason = "not a setting this tool can apply to your loop; check it with compare (before/after runs)"
         return {"status": "not measured", "reason": reason, "predicted": predicted(finding), "tried": []}
-    best = next((t for t in tried if t["status"] == "helps"), tried[-1])
+    measured = [t for t in tried if t["status"] in ("no gain", "slower")]
+    best = next((t for t in tried if t["status"] == "helps"), measured[-1] if measured else tried[-1])
     out = {"status": best["status"], "speedup": best.get("speedup"), "spread": best.get("spread"),
            "settings": best["settings"], "predicted": predicted(finding), "tried": tried,
            "source": "the full pipeline with your settings and with these, in alternating visits"}

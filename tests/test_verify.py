@@ -164,6 +164,17 @@ def test_a_first_candidate_that_stays_undecided_cannot_spend_the_next_ones_budge
     assert clock.t - start <= 32 + 1e-9
 
 
+def test_a_later_candidate_out_of_time_does_not_hide_an_earlier_measured_one():
+    slow = {"item": "num_workers", "settings": {"num_workers": 1, "torch_num_threads": 1},
+            "user_windows": [{"steps": 10, "seconds": 1.0}] * 3, "candidate_windows": [{"steps": 10, "seconds": 2.0}] * 3}
+    late = {"item": "num_workers", "settings": {"num_workers": 1}, "user_windows": [{"steps": 10, "seconds": 1.0}],
+            "candidate_windows": []}
+    v = verify.verified(item({"num_workers": 1}), {"trials": [slow, late]}, {}, BS)
+    assert v["status"] == "slower" and v["settings"] == slow["settings"] and v["speedup"] == pytest.approx(0.5)
+    assert [t["status"] for t in v["tried"]] == ["slower", "not measured"]
+    assert "not a fix on this machine" in verify.sentence(v)
+
+
 def test_visits_that_disagree_widen_the_figure_beyond_what_their_windows_say():
     # two visits per side, each with 10 windows that agree within 1%, but the visits 20%
     # apart (the machine's state for that second): 20 windows are not 20 independent
