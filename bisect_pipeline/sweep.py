@@ -311,8 +311,9 @@ def _measure(spec: loader_mod.LoaderSpec, settings: dict, *, move, step, plan: P
     torch.set_num_threads(settings.get("torch_threads") or threads)
     t0 = clock()
     try:
-        # epochs end as in the user's loop: workers forked again at each unless persistent
-        with sources.full_loader(spec2, epochs=True) as next_batch:
+        # one endless epoch, as the bisection's points (not verify.py's epochs): a row's
+        # windows that span a worker re-fork made the spread +-54% on a 4-batch epoch
+        with sources.full_loader(spec2) as next_batch:
             def counted() -> Any:
                 batch = next_batch()
                 if not seen:
