@@ -132,14 +132,20 @@ def describe(loader: DataLoader) -> LoaderSpec:
     )
 
 
+def sampler_copy(spec: LoaderSpec) -> Any:
+    """A copy of the user's batch sampler, or else sampler (the user's is untouched);
+    the sampler itself when it cannot be copied (its RNG state is restored after the run)."""
+    source = spec.batch_sampler if spec.batch_sampler is not None else spec.sampler
+    try:
+        return copy.deepcopy(source)
+    except Exception:
+        return source
+
+
 def index_order(spec: LoaderSpec):
     """Yield dataset indices (map-style) or index lists (own batch sampler) forever,
     in the order the user's sampler gives, from a copy of it (the user's is untouched)."""
-    source = spec.batch_sampler if spec.batch_sampler is not None else spec.sampler
-    try:
-        source = copy.deepcopy(source)
-    except Exception:  # an unpicklable sampler: iterate it, its RNG state is restored after the run
-        pass
+    source = sampler_copy(spec)
     empty_epochs = 0
     while True:
         produced = False

@@ -10,7 +10,6 @@ context manager: leaving it shuts its workers down, whatever happened.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import itertools
 import sys
@@ -21,7 +20,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_wor
 
 from . import devices, faults, integrations, recording, tree
 from .faults import StageError, StepTimeout
-from .loader import LoaderSpec, copy_or_same, index_order
+from .loader import LoaderSpec, copy_or_same, index_order, sampler_copy
 
 # Replay samplers never end. A length is still given, as large as len() takes, for
 # DataLoader subclasses that count batches per epoch (timm's MultiEpochsDataLoader).
@@ -58,15 +57,6 @@ class Groups(Sampler):
 
     def __len__(self) -> int:
         return ENDLESS
-
-
-def _copy(sampler: Any) -> Any:
-    """A copy of the user's sampler, whose own RNG then moves (the user's is untouched);
-    the sampler itself when it cannot be copied (its RNG state is restored after the run)."""
-    try:
-        return copy.deepcopy(sampler)
-    except Exception:
-        return sampler
 
 
 class _FromIterator(Sampler):
@@ -300,16 +290,6 @@ def full_loader(spec: LoaderSpec, dataset: Any = None, epochs: bool = False) -> 
     1.45x steady). The points of the bisection all run without epoch ends, alike."""
     dataset = copy_or_same(spec.dataset) if dataset is None else dataset
     kw = _kwargs(spec, faults.Tagged(spec.collate_fn, "collate"))
-    if epochs and not spec.iterable:
-        def make_epochs() -> DataLoader:
-            sampler = _copy(spec.batch_sampler if spec.batch_sampler is not None else spec.sampler)
-            if spec.batch_sampler is not None:
-                return spec.loader_cls(dataset, batch_sampler=sampler, **kw)
-            if spec.auto_collation:
-                return spec.loader_cls(dataset, batch_sampler=BatchSampler(sampler, spec.batch_size, spec.drop_last),
-                                       **kw)
-            return spec.loader_cls(dataset, batch_size=None, sampler=sampler, **kw)
-        return LoaderSource(make_epochs, restart=True)
     if spec.iterable:
         def make() -> DataLoader:
             if spec.auto_collation:
@@ -318,14 +298,14 @@ def full_loader(spec: LoaderSpec, dataset: Any = None, epochs: bool = False) -> 
         return LoaderSource(make, restart=True)
 
     def make() -> DataLoader:
-        order = index_order(spec)
+        # one epoch of a copy of the user's sampler per iter(), or its order cycled forever
+        sampler = sampler_copy(spec) if epochs else _FromIterator(index_order(spec))
         if spec.batch_sampler is not None:
-            return spec.loader_cls(dataset, batch_sampler=_FromIterator(order), **kw)
+            return spec.loader_cls(dataset, batch_sampler=sampler, **kw)
         if spec.auto_collation:
-            bs = BatchSampler(_FromIterator(order), spec.batch_size, spec.drop_last)
-            return spec.loader_cls(dataset, batch_sampler=bs, **kw)
-        return spec.loader_cls(dataset, batch_size=None, sampler=_FromIterator(order), **kw)
-    return LoaderSource(make)
+            return spec.loader_cls(dataset, batch_sampler=BatchSampler(sampler, spec.batch_size, spec.drop_last), **kw)
+        return spec.loader_cls(dataset, batch_size=None, sampler=sampler, **kw)
+    return LoaderSource(make, restart=epochs)
 
 
 def sample_loader(spec: LoaderSpec, dataset: Dataset, groups: list) -> LoaderSource:
