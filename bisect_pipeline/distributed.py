@@ -214,9 +214,12 @@ def measure(next_batch: Optional[Callable[[], Any]], move, step, *, batch_size: 
         if not go:
             break
         n = int(n_next)
+    # rank 0 also decides which windows were warm-up, so every rank keeps the same ones
     kept, steady = kept_windows(windows, plan)
+    start, steady = coord.broadcast([len(windows) - len(kept), steady])
+    kept, steady = tuple(windows[int(start):]), bool(steady)
     tp = Throughput(kept, batch_size)
-    return LockstepMeasured(Measured(tp, t_first, need, warm_seconds, stopped, steady, len(windows) - len(kept)),
+    return LockstepMeasured(Measured(tp, t_first, need, warm_seconds, stopped, steady, int(start)),
                             None, False, wait[0], sum(w.steps for w in windows))
 
 
