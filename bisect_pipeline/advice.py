@@ -256,6 +256,11 @@ def _workers(c: _Context):
                   f"added on top would compete with it: also call torch.set_num_threads("
                   f"{numbers['recommended']['torch_num_threads']}) in the training process, and check the gain with "
                   f"--sweep num_workers={c.workers},{recommended}.")
+    keep = ""
+    if not c.lo.get("persistent_workers"):
+        # workers that are not persistent are forked again every epoch, a cost the loop pays
+        numbers["recommended"]["persistent_workers"] = True
+        keep = " with persistent_workers=True (else they are started again every epoch)"
     one = label == stage
     where = ((("runs" if one else "run") + " in the training loop's own process") if c.workers == 0
              else ("is" if one else "are") + f" spread over only {c.workers} worker(s)")
@@ -265,7 +270,7 @@ def _workers(c: _Context):
            f"supply, so also make the {label} work cheaper")
     return Finding("num_workers", stage, (
         f"num_workers={c.workers}: {label} ({ms:.1f} ms per batch) {where}. {alone}: {fit}. "
-        f"Set num_workers={recommended}." + _headroom_text(head, stage if one else "that work") + on_cpu), numbers)
+        f"Set num_workers={recommended}{keep}." + _headroom_text(head, stage if one else "that work") + on_cpu), numbers)
 
 
 def _transfer_ms(c: _Context) -> tuple[Optional[float], str]:

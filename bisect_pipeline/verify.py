@@ -51,20 +51,17 @@ APPLICABLE = LOADER_SETTINGS + (THREADS,)
 # --------------------------------------------------------------------------------------
 
 
-def candidates(finding: dict, *, threads: int, cores: int, on_cpu: bool, persistent: bool = True) -> list:
+def candidates(finding: dict, *, threads: int, cores: int, on_cpu: bool) -> list:
     """The settings to try for one advice item, best guess first: the applicable part of
     its recommendation; on the CPU, where workers and the step share the cores, the same
     workers with the step's threads lowered to the cores left (or, when the
-    recommendation lowers them already, the workers alone); then one worker fewer.
-    Workers recommended to a loader without persistent workers (`persistent` False) are
-    tried persistent: otherwise they are forked again every epoch, a cost the measured
-    loop pays (visit) and the recommendation does not need."""
+    recommendation lowers them already, the workers alone); then one worker fewer
+    (workers recommended to a loader without persistent workers come with
+    persistent_workers=True, advice._workers, and every candidate keeps it)."""
     rec = dict((finding.get("numbers") or {}).get("recommended") or {})
     first = {k: v for k, v in rec.items() if k in APPLICABLE}
     if not first:
         return []
-    if first.get("num_workers") and not persistent:
-        first.setdefault("persistent_workers", True)
     out = [first]
     workers = first.get("num_workers")
     if workers:
@@ -97,8 +94,7 @@ def run_trials(run: Any, advice: list, *, budget_s: float, threads: int, cores: 
     deadline = start + budget_s
     on_cpu = run.device.type == "cpu"
     trials: list = []
-    persistent = bool(run.spec.persistent_workers)
-    items = [(f, candidates(f, threads=threads, cores=cores, on_cpu=on_cpu, persistent=persistent)) for f in advice]
+    items = [(f, candidates(f, threads=threads, cores=cores, on_cpu=on_cpu)) for f in advice]
     items = [(f, c) for f, c in items if c]
     left = sum(len(c) for _, c in items)  # candidates not yet tried
     for finding, cands in items:

@@ -77,19 +77,28 @@ def test_num_workers_fires_for_augment_bottleneck_at_zero_workers_with_the_count
     assert r.bottleneck == "augment"
     f = finding(r, "num_workers")
     assert f["stage"] == "augment"
-    assert f["numbers"]["recommended"] == {"num_workers": 5}
+    assert f["numbers"]["recommended"] == {"num_workers": 5, "persistent_workers": True}
     assert f["numbers"]["num_workers"] == 0 and f["numbers"]["needed"] == 5
     # tied to the measured numbers and the loader's own setting, never generic
-    assert "num_workers=0" in f["message"] and "Set num_workers=5" in f["message"]
+    assert "num_workers=0" in f["message"] and "Set num_workers=5 with persistent_workers=True" in f["message"]
     assert "49.0 ms per batch" in f["message"]  # augment's measured drop: 60 - 11
     assert "costs 48.0 ms per batch against a 10.0 ms step" in f["message"]
     assert "If augment were free" in f["message"]
 
 
+def test_num_workers_added_to_persistent_workers_are_not_told_to_be_persistent():
+    # workers=1 persistent, augment still bound: more workers, and nothing said about persistence
+    r = make_report(AUGMENT_BOUND, loader={"num_workers": 1, "persistent_workers": True},
+                    isolated=iso_workers(needed=5, cores=8))
+    f = finding(r, "num_workers")
+    assert f["numbers"]["recommended"] == {"num_workers": 5}
+    assert "persistent" not in f["message"]
+
+
 def test_num_workers_capped_by_this_machines_cores():
     r = make_report(AUGMENT_BOUND, isolated=iso_workers(needed=5, cores=2))
     f = finding(r, "num_workers")
-    assert f["numbers"]["recommended"] == {"num_workers": 1}
+    assert f["numbers"]["recommended"] == {"num_workers": 1, "persistent_workers": True}
     assert "2 cores" in f["message"] and "make the augment work cheaper" in f["message"]
 
 
@@ -97,13 +106,13 @@ def test_num_workers_on_a_cpu_step_that_uses_every_core_also_gives_the_worker_a_
     iso = iso_workers(needed=1, cores=2)
     iso["workers"]["step_threads"] = 2  # torch.get_num_threads() of the CPU step
     f = finding(make_report(AUGMENT_BOUND, isolated=iso), "num_workers")
-    assert f["numbers"]["recommended"] == {"num_workers": 1, "torch_num_threads": 1}
+    assert f["numbers"]["recommended"] == {"num_workers": 1, "torch_num_threads": 1, "persistent_workers": True}
     assert "torch.get_num_threads()=2 on 2 cores" in f["message"] and "torch.set_num_threads(1)" in f["message"]
     assert "--sweep num_workers=0,1" in f["message"]
     # the same on CUDA (the step does not run on the cores): workers only
     iso["workers"]["step_threads"] = 0
     f = finding(make_report(AUGMENT_BOUND | {"host": 10.2}, device="cuda:0", isolated=iso), "num_workers")
-    assert f["numbers"]["recommended"] == {"num_workers": 1} and "set_num_threads" not in f["message"]
+    assert f["numbers"]["recommended"] == {"num_workers": 1, "persistent_workers": True} and "set_num_threads" not in f["message"]
 
 
 def test_num_workers_from_bisection_costs_when_isolation_is_missing():
@@ -113,7 +122,7 @@ def test_num_workers_from_bisection_costs_when_isolation_is_missing():
     f = finding(r, "num_workers")
     assert f["numbers"]["needed"] == 6 and f["numbers"]["source"].startswith("bisection")
     assert f["numbers"]["worker_ms_per_batch"] == pytest.approx(50.5, abs=0.01)
-    assert f["numbers"]["recommended"] == {"num_workers": 6}
+    assert f["numbers"]["recommended"] == {"num_workers": 6, "persistent_workers": True}
 
 
 def test_num_workers_fires_when_load_and_augment_together_starve_the_step():
