@@ -8,6 +8,7 @@ on planted numbers or a fake clock: `pytest -m "not e2e"` is the fast subset.
 from __future__ import annotations
 
 import gc
+import json
 import multiprocessing
 import time
 
@@ -56,3 +57,17 @@ def expected_statuses(loader_settings: dict, device: str = "cpu") -> dict:
 def all_measured(report) -> dict:
     """expected_statuses for a Report (compare with {point: status})."""
     return expected_statuses(report.loader, report.device)
+
+
+def assert_names(report, stage: str, shown: str = "") -> None:
+    """The run names `stage`; or, where the time ran out before the verdict settled (a busy
+    2-core machine spreads windows +-20-90%), says inconclusive with `stage` the only stage
+    whose cost is real. A wrong stage, `none`, no verdict, a settled inconclusive or another
+    real stage all fail. `report`: a Report or its JSON document."""
+    doc = report if isinstance(report, dict) else report.to_dict()
+    shown = shown or (str(report) if not isinstance(report, dict) else json.dumps(doc["verdict"]))
+    if doc["bottleneck"] == stage:
+        return
+    real = [s["stage"] for s in doc["stages"] if s["status"] == "ok" and s["significant"]]
+    assert doc["bottleneck"] == "inconclusive" and not doc["run"].get("settled") and real == [stage], (
+        f"expected {stage} (or inconclusive, unsettled, with only {stage} real; real: {real}):\n{shown}")

@@ -32,6 +32,10 @@ def own_kernel(tmp_path, monkeypatch):
         "display_name": f"Python ({sys.executable})", "language": "python"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter") + os.pathsep + os.environ.get("JUPYTER_PATH", ""))
     monkeypatch.setenv(BUDGET_ENV, "20")  # the notebook's default: time for the demo to settle
+    # One intra-op thread, as conftest's one_intra_op_thread: with a neighbour busy on one of
+    # 2 cores, the kernel's 2-thread step took 270 ms (87 ms in a plain process, 34 ms with one
+    # thread) and the demo's full point got no window in 20 s
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     return KERNEL
 

@@ -225,3 +225,19 @@ def test_handoff_does_not_apply_where_collated_coincides_with_device_but_merges_
     assert costs(na)["collate"].includes == ("collate",)
     merged = decide(m, BS, CPU)  # collated left out by the points option: not in `skipped`
     assert costs(merged)["handoff"].status == "merged" and costs(merged)["collate"].includes == ("collate", "handoff")
+
+
+def test_the_suites_verdict_check_takes_only_the_planted_stage_or_an_unsettled_inconclusive_led_by_it():
+    from conftest import assert_names
+
+    def doc(bottleneck, settled, real):
+        return {"bottleneck": bottleneck, "run": {"settled": settled}, "verdict": {},
+                "stages": [{"stage": s, "status": "ok", "significant": s in real} for s in ("load", "augment", "collate")]}
+
+    assert_names(doc("augment", True, ["augment"]), "augment")
+    assert_names(doc("inconclusive", False, ["augment"]), "augment")  # time ran out, augment the only real cost
+    for wrong in (doc("load", True, ["load"]), doc("none", False, []), doc(None, False, []),
+                  doc("inconclusive", True, ["augment"]), doc("inconclusive", False, ["augment", "load"]),
+                  doc("inconclusive", False, ["load"])):
+        with pytest.raises(AssertionError):
+            assert_names(wrong, "augment")
