@@ -21,6 +21,7 @@ copy of the LoaderSpec, and the thread count is set for the candidate's visits o
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any, Optional
 
 from .stats import Throughput, Window, is_real, noise_threshold
@@ -226,9 +227,7 @@ def _visit_rel_se(windows: list) -> float:
     logs = [math.log(st / sec) for st, sec in by_visit.values() if st > 0 and sec > 0]
     if len(logs) < 2:
         return 0.0
-    mean = sum(logs) / len(logs)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
-    return sd / math.sqrt(len(logs))
+    return statistics.stdev(logs) / math.sqrt(len(logs))
 
 
 def _throughput(windows: list, batch_size: float) -> Optional[Throughput]:
