@@ -3,7 +3,7 @@
 from .api import Interrupted, bisect
 from .errors import BisectError
 from .report import Report
-from .timing import Plan
+from .plan import Plan
 from .workload import Workload
 
 __version__ = "0.1.0"

@@ -10,21 +10,19 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from . import allocator, devices, distributed, faults, isolate, rounds, run as run_mod, state
-from . import verify
+from . import allocator, devices, distributed, experiment, faults, isolate, state
 from . import loader as loader_mod
 from .cache import DEFAULT_CACHE_BATCHES
 from .errors import BisectError
+from .experiment import Experiment
+from .plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Plan
 from .report import NOT_SELECTED, PointResult, Report, build
-from .timing import Plan
+from .report.ranks import combine
+from .rounds import Rounds
 from .verdict import POINTS
+from .verify import VERIFY_SHARE, Trials
+from .visit import drive_all
 from .workload import Workload, validate
-
-# The whole run's bound by default: a clear pipeline settles in 10-15 s on 2 cores and
-# stops there; one that cannot be settled (a noisy machine, two stages alike) ends here,
-# inconclusive, rather than spend a minute (--max-seconds buys more rounds).
-DEFAULT_MAX_SECONDS = 30.0
-DEFAULT_CACHE_MB = 1024.0
 
 
 class Interrupted(KeyboardInterrupt):
@@ -68,34 +66,51 @@ def bisect(
     selected = check_options(points, max_seconds, cache_mb, cache_batches, step_timeout, verify_seconds)
     spec = _describe(wl.loader)
     coord = distributed.Coordinator.current()  # None unless a process group of 2+ ranks is up
-    run = _start(spec, dev, coord, wl.model, plan=plan, clock=clock, progress=progress, step_timeout=step_timeout,
+    exp = _start(spec, dev, coord, wl.model, plan=plan, clock=clock, progress=progress, step_timeout=step_timeout,
                  max_seconds=max_seconds, verify_seconds=verify_seconds)
-    held, found, interrupted = allocator.Held(hold_allocator), {}, False
-    try:
-        with state.preserved(wl.model, wl.optimizer, dev):
-            run.use(wl)
-            run_mod.fill(run, selected, cache_mb=cache_mb, cache_batches=cache_batches, max_seconds=max_seconds,
-                         batch_size=wl.batch_size)
-            run_mod.probe_step(run, coord)
-            found["allocator"] = run_mod.hold_allocator(run, held, coord, max_seconds)
-            if coord is None:
-                found["schedule"] = rounds.measure(run, selected)
-                found["isolated"] = isolate.after_points(run, max_seconds=max_seconds)
-                found["verification"] = _verify(run, _report(run, selected, found, held, False, max_seconds), verify_seconds)
-            else:
-                distributed.measure_points(run, coord, selected, found.setdefault("waits", {}))
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        held.release()
-    report = _report(run, selected, found, held, interrupted, max_seconds)
+    held, found = allocator.Held(hold_allocator), {}
+    interrupted = _measure(exp, wl, coord, selected, held, found, cache_mb=cache_mb, cache_batches=cache_batches,
+                           max_seconds=max_seconds, verify_seconds=verify_seconds)
+    report = _report(exp, selected, found, held, interrupted, max_seconds)
     if interrupted:
         raise Interrupted(report)
-    return report if coord is None else distributed.combine(report, coord, found.get("waits", {}))
+    if coord is None:
+        return report
+    return combine(report, distributed.gather_reports(report, coord, found.get("waits", {})), coord.rank)
+
+
+def _measure(exp: Experiment, wl: Workload, coord: Any, selected: tuple, held: allocator.Held, found: dict, *,
+             cache_mb: float, cache_batches: int, max_seconds: float, verify_seconds: Optional[float]) -> bool:
+    """The phases that run the user's code, inside its preserved state: fill, probe, hold
+    the allocator, the points (rounds, or lockstep under torchrun), the isolated timings
+    and the advice's check. True when interrupted (Ctrl-C)."""
+    try:
+        with state.preserved(wl.model, wl.optimizer, exp.device):
+            exp.use(wl)
+            experiment.fill(exp, selected, cache_mb=cache_mb, cache_batches=cache_batches, max_seconds=max_seconds,
+                            batch_size=wl.batch_size)
+            experiment.probe_step(exp, coord)
+            found["allocator"] = experiment.hold_allocator(exp, held, coord, max_seconds)
+            if coord is None:
+                schedule = Rounds(exp, selected)
+                drive_all(schedule, exp.step)
+                found["schedule"] = schedule.info
+                found["isolated"] = isolate.after_points(exp, max_seconds=max_seconds)
+                draft = _report(exp, selected, found, held, False, max_seconds)
+                found["verification"] = _verify(exp, draft, verify_seconds)
+            else:
+                schedule = distributed.LockstepPoints(exp, coord, selected)
+                drive_all(schedule, exp.step)
+                found["waits"] = schedule.waits
+    except KeyboardInterrupt:
+        return True
+    finally:
+        held.release()
+    return False
 
 
 def _start(spec, dev, coord, model, *, plan, clock, progress, step_timeout, max_seconds,
-           verify_seconds) -> run_mod.Run:
+           verify_seconds) -> Experiment:
     """The Run, its clock started (on every rank together under torchrun, whose units run
     under Join over the model's DDP modules)."""
     if coord is not None:
@@ -104,28 +119,29 @@ def _start(spec, dev, coord, model, *, plan, clock, progress, step_timeout, max_
     start = clock()
     room = 0.0 if coord else isolate.budget(max_seconds)  # for the isolated timings
     # the verification's share is kept from the rounds that only settle the verdict
-    keep = verify.VERIFY_SHARE * max_seconds if coord is None and verify_seconds is None else 0.0
-    return run_mod.Run(spec, dev, (plan or Plan()).for_workers(spec.num_workers), clock, progress or (lambda e: None),
+    keep = VERIFY_SHARE * max_seconds if coord is None and verify_seconds is None else 0.0
+    return Experiment(spec, dev, (plan or Plan()).for_workers(spec.num_workers), clock, progress or (lambda e: None),
                        step_timeout, start=start, end=start + max_seconds, deadline=start + max_seconds - room,
                        settle_deadline=start + max_seconds - room - keep)
 
 
-def _verify(run: run_mod.Run, draft: Report, verify_seconds: Optional[float]) -> dict:
-    """The advice's recommended settings measured against the user's (verify.run_trials).
+def _verify(exp: Experiment, draft: Report, verify_seconds: Optional[float]) -> dict:
+    """The advice's recommended settings measured against the user's (verify.Trials).
     verify_seconds None: in what the bisection leaves of max_seconds (the rounds that
     only settle a verdict already made stop VERIFY_SHARE of it early; an undecided
     verdict may use it all); 0: off; a number: a budget of its own, on top of max_seconds."""
     if verify_seconds == 0:
         return {"status": "off", "reason": "verification turned off (verify_seconds=0)", "trials": []}
-    budget = max(0.0, run.end - run.clock()) if verify_seconds is None else float(verify_seconds)
-    if budget < 2 * run.plan.window_seconds:
+    budget = max(0.0, exp.end - exp.clock()) if verify_seconds is None else float(verify_seconds)
+    if budget < 2 * exp.plan.window_seconds:
         return {"status": "out of time", "budget_s": round(budget, 3), "trials": [],
                 "reason": "the bisection used --max-seconds; give the check a budget of its own with --verify-seconds"}
-    return verify.run_trials(run, list(draft.advice), budget_s=budget, threads=torch.get_num_threads(),
-                             cores=isolate.cores())
+    trials = Trials(exp, list(draft.advice), budget_s=budget, threads=torch.get_num_threads(), cores=isolate.cores())
+    drive_all(trials, exp.step)
+    return trials.result
 
 
-def _report(run: run_mod.Run, selected: tuple, found: dict, held: allocator.Held, interrupted: bool,
+def _report(run: Experiment, selected: tuple, found: dict, held: allocator.Held, interrupted: bool,
             max_seconds: float) -> Report:
     for name in POINTS:
         if name not in selected:
@@ -141,17 +157,17 @@ def _report(run: run_mod.Run, selected: tuple, found: dict, held: allocator.Held
         isolated = dict(isolated, allocator=found["allocator"])
     return build(run.results.values(), run.batch_size, str(run.device), batch_size_source=_size_source(run),
                  loader=run.spec.settings(), verification=found.get("verification"),
-                 cache=_cache_info(run.caches), warnings=run.warnings, run=info, complete=complete,
+                 cache=_cache_info(run.caches), warnings=[n.message for n in run.notes], run=info, complete=complete,
                  interrupted=interrupted, isolated=isolated, syncs=syncs)
 
 
-def _size_source(run: run_mod.Run) -> str:
+def _size_source(run: Experiment) -> str:
     if run.caches is not None:
         return run.caches.batch_size_source
     return "DataLoader.batch_size" if run.spec.batch_size is not None else "unknown (the caches could not be filled)"
 
 
-def _not_isolated(run: run_mod.Run) -> tuple[dict, dict]:
+def _not_isolated(run: Experiment) -> tuple[dict, dict]:
     reason = ("not timed under torch.distributed: isolated steps would break the ranks' lockstep"
               if distributed.env_world_size() > 1 else "interrupted before the isolated timings")
     return {"status": "skipped", "reason": reason}, {"status": "skipped", "reason": reason}

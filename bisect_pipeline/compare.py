@@ -10,7 +10,7 @@ import json
 import math
 from typing import Optional
 
-from . import verify
+from . import outcome
 from .errors import BisectError
 from .report import Report
 from .stats import Throughput
@@ -155,7 +155,7 @@ def advice_checked(before: Report, after: Report, full: dict) -> list:
         v = a.get("verified") or {}
         if not v.get("settings") or v.get("speedup") is None:
             continue
-        loader_part = {k: x for k, x in v["settings"].items() if k in verify.LOADER_SETTINGS}
+        loader_part = {k: x for k, x in v["settings"].items() if k in outcome.LOADER_SETTINGS}
         applied = bool(loader_part) and all(after.loader.get(k) == x for k, x in loader_part.items())
         spread = full.get("threshold_rel")
         out.append({"item": a["kind"], "settings": v["settings"], "status": v["status"], "predicted": v.get("predicted"),
@@ -225,7 +225,7 @@ def to_text(c: dict) -> str:
     for a in c.get("advice_checked", []):
         pred = f", predicted up to {a['predicted']:.2f}\u00d7" if a.get("predicted") else ""
         spread = f" (\u00b1{a['measured_spread'] * 100:.0f}%)" if a.get("measured_spread") is not None else ""
-        line = (f"Advice of the first run, {verify.settings_text(a['settings'])}: measured {a['measured']:.2f}\u00d7"
+        line = (f"Advice of the first run, {outcome.settings_text(a['settings'])}: measured {a['measured']:.2f}\u00d7"
                 f"{spread} ({a['status']}){pred}")
         if a["applied"] and a.get("this_comparison") is not None:
             band = (f" (\u00b1{a['this_comparison_spread'] * 100:.0f}%)"

@@ -19,34 +19,23 @@ Coordination runs on a gloo group of its own (CPU tensors), whatever the trainin
 backend: NCCL on CUDA, gloo on CPU.
 
 Under lockstep every rank sees the pace of the slowest one, so the throughput alone
-cannot name the straggler. Each rank also records how long its loop waits for its next
+cannot name the straggler. Each visit also records how long its loop waits for its next
 batch: the rank that waits at `full` is the one whose input pipeline sets the pace, and
-the overall verdict is that rank's bisection.
+the overall verdict is that rank's bisection (report/ranks.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
-from .report import PointResult, Report
-from .run import MEASURE_ORDER, failed
-from .stats import Throughput, Window
-from .timing import Measured, Plan, kept_windows, visit_state
-from .verdict import POINTS
-
-# A rank is a straggler when its loop waits for data at `full` for at least this share
-# of the time per batch (the verdict's own "real drop" floor, stats.MIN_REL_DROP)...
-STRAGGLER_MIN_WAIT_SHARE = 0.05
-# ...and for at least this share of the longest wait of any rank (ranks with about the
-# same stall are named together).
-STRAGGLER_REL_TO_MAX = 0.5
+from .experiment import MEASURE_ORDER
+from .visit import Pace, Visit
 
 
 def env_world_size() -> int:
@@ -147,271 +136,70 @@ class Coordinator:
         return err, self.any(err is not None or skip)
 
 
-@dataclasses.dataclass
-class LockstepMeasured:
-    measured: Optional[Measured]
-    error: Optional[BaseException]  # this rank's
-    peer_failed: bool  # another rank failed, so the point ended everywhere
-    wait_seconds: float  # time the timed windows spent waiting for a batch
-    steps: int
+class Lockstep(Pace):
+    """A visit's pace under torchrun (visit.Pace): every rank runs each unit (the first
+    batch, the warm-up, a window) to its end under Join, the ranks agree after it whether
+    any failed, and rank 0's decisions (window lengths, deadline, when to stop, which
+    windows were warm-up) count on every rank."""
 
+    lockstep = True
 
-def measure(next_batch: Optional[Callable[[], Any]], move, step, *, batch_size: int, plan: Plan, deadline: float,
-            clock, sync, prefetch_depth: int, coord: Coordinator, beat: Callable[[], None] = lambda: None,
-            on_window: Callable[[int, Window], None] = lambda i, w: None) -> LockstepMeasured:
-    """timing.measure in lockstep: the same steps on every rank, rank 0 deciding.
-    `next_batch` None means this rank cannot measure the point (it takes part with no
-    steps, so that no rank waits for it)."""
-    skip = next_batch is None
-    wait = [0.0]
-    span = [0.0]  # the last unit's own time, without the agreement after it
+    def __init__(self, coord: Coordinator) -> None:
+        self.coord = coord
 
-    def steps(n: int) -> Callable[[], None]:
-        def run() -> None:
-            sync()
-            start = clock()
-            for _ in range(n):
-                t = clock()
-                b = next_batch()
-                wait[0] += clock() - t
-                step(move(b) if move is not None else b)
-                beat()
-            sync()
-            span[0] = clock() - start
-        return run
+    def unit(self) -> contextlib.AbstractContextManager:
+        return self.coord.join()
 
-    t0 = clock()
-    err, failed = coord.unit(steps(1), skip)
-    t_first = clock() - t0
-    if failed:
-        return LockstepMeasured(None, err, err is None, 0.0, 0)
+    def agree(self, failed: bool) -> bool:
+        return self.coord.any(failed)
 
-    need = max(1, plan.min_warmup_steps + prefetch_depth)
-    w0 = clock()
-    err, failed = coord.unit(steps(need), skip)
-    if failed:
-        return LockstepMeasured(None, err, err is None, 0.0, 0)
-    est = (clock() - w0) / need
-    # rank 0 decides the window length and the deadline
-    n, remaining = coord.broadcast([max(plan.min_window_steps, math.ceil(plan.window_seconds / max(est, 1e-7))),
-                                    deadline - clock()])
-    deadline = clock() + remaining  # rank 0's deadline, on this rank's clock
-    warm_seconds = clock() - w0
-
-    windows: list[Window] = []
-    wait[0] = 0.0
-    stopped = False
-    n = int(n)
-    while True:
-        err, failed = coord.unit(steps(n), skip)
-        if failed:
-            return LockstepMeasured(None, err, err is None, 0.0, 0)
-        windows.append(Window(n, span[0]))
-        on_window(len(windows), windows[-1])
-        # rank 0 decides whether to go on and how long the next window is
-        go, n_next, out_of_time = coord.broadcast(_decide(windows, n, plan, deadline, clock))
-        stopped = bool(out_of_time)
-        if not go:
-            break
-        n = int(n_next)
-    # rank 0 also decides which windows were warm-up, so every rank keeps the same ones
-    kept, steady = kept_windows(windows, plan)
-    start, steady = coord.broadcast([len(windows) - len(kept), steady])
-    kept, steady = tuple(windows[int(start):]), bool(steady)
-    tp = Throughput(kept, batch_size)
-    return LockstepMeasured(Measured(tp, t_first, need, warm_seconds, stopped, steady, int(start)),
-                            None, False, wait[0], sum(w.steps for w in windows))
-
-
-def _decide(windows: list, n: int, plan: Plan, deadline: float, clock) -> list:
-    """[go on, next window's steps, stopped by the deadline] (rank 0's figures count):
-    the single-process visit's rule (timing.visit_state)."""
-    if len(windows) == 1:
-        w = windows[0]
-        n = max(plan.min_window_steps, math.ceil(plan.window_seconds * w.steps / max(w.seconds, 1e-9)))
-    if visit_state(windows, plan).done:
-        return [0, n, 0]
-    per_step = windows[-1].seconds / max(windows[-1].steps, 1)
-    left = deadline - clock()
-    if left < plan.min_window_steps * per_step:
-        return [0, n, 1]
-    return [1, max(1, min(n, int(left / max(per_step, 1e-9)))), 0]
+    def decide(self, values: list) -> list:
+        return self.coord.broadcast(values)
 
 
 # --------------------------------------------------------------------------------------
-# The lockstep scheduler: every point on every rank, in the same order
+# The lockstep schedule: every point on every rank, in the same order
 # --------------------------------------------------------------------------------------
 
 
-def measure_points(run: Any, coord: Coordinator, selected: tuple, waits: dict) -> None:
-    """The points on every rank in the same order, each in lockstep; a point no rank can
-    measure is settled without steps. `waits` gets each point's wait for data per batch."""
-    todo = [p for p in MEASURE_ORDER if p in selected]
-    for i, name in enumerate(todo):
-        local = run.results.get(name) or run.not_applicable(name)  # failed here already (the fill), or n/a
-        if coord.all(local is not None):
-            run.results[name] = local
-            continue
-        run.emit({"event": "point", "point": name, "index": i, "total": len(todo)})
-        deadline = run.clock() + max(0.0, run.deadline - run.clock()) / max(1, len(todo) - i)
-        result, wait = _point(run, coord, name, deadline, skip=local is not None)
-        outcomes = coord.gather((result.status if local is None else "skipped", result.reason))  # agree, then go on
-        if local is not None:
-            result = local
-        elif result.status == "failed" and result.failed_stage == "peer":
-            who = [(r, why) for r, (st, why) in enumerate(outcomes) if st == "failed" and r != coord.rank]
-            first = who[0] if who else (None, "unknown")
-            result = dataclasses.replace(result, reason=f"rank {first[0]} failed at this point: {first[1]}")
-        if wait is not None:
-            waits[name] = wait
-        run.results[name] = result
+class LockstepPoints:
+    """The points on every rank in the same order, each one visit in lockstep; a point no
+    rank can measure is settled without steps. `waits` gets each point's wait for data
+    per batch."""
+
+    def __init__(self, exp: Any, coord: Coordinator, selected: tuple) -> None:
+        self.exp = exp
+        self.coord = coord
+        self.selected = selected
+        self.waits: dict = {}
+
+    def __iter__(self) -> Iterator[Visit]:
+        exp, coord = self.exp, self.coord
+        todo = [p for p in MEASURE_ORDER if p in self.selected]
+        for i, name in enumerate(todo):
+            local = exp.results.get(name) or exp.not_applicable(name)  # failed here already (the fill), or n/a
+            if coord.all(local is not None):
+                exp.results[name] = local
+                continue
+            exp.emit({"event": "point", "point": name, "index": i, "total": len(todo)})
+            deadline = exp.clock() + max(0.0, exp.deadline - exp.clock()) / max(1, len(todo) - i)
+            visit = exp.visit(name, deadline, pace=Lockstep(coord), skip=local is not None)
+            yield visit
+            result = exp.result(visit)
+            outcomes = coord.gather((result.status if local is None else "skipped", result.reason))  # agree, then go on
+            if local is not None:
+                result = local
+            elif result.failed_stage == "peer":
+                who = [(r, why) for r, (st, why) in enumerate(outcomes) if st == "failed" and r != coord.rank]
+                first = who[0] if who else (None, "unknown")
+                result = dataclasses.replace(result, reason=f"rank {first[0]} failed at this point: {first[1]}")
+            if result.wait_per_batch is not None:
+                self.waits[name] = result.wait_per_batch
+            exp.results[name] = result
 
 
-def _point(run: Any, coord: Coordinator, name: str, deadline: float, skip: bool) -> tuple:
-    t0 = run.clock()
-    open_error = None
-    with contextlib.ExitStack() as stack:
-        dog = stack.enter_context(run.watchdog(lambda: f"point {name}"))
-        next_batch, move = None, run.move
-        if not skip:
-            try:
-                source, move = run.source(name)
-                next_batch = stack.enter_context(source)
-            except Exception as exc:  # this rank takes part without steps, then fails the point
-                open_error = exc
-        opened = run.clock() - t0
-        lm = measure(next_batch, move, run.step, batch_size=run.batch_size, plan=run.plan,
-                     deadline=deadline, clock=run.clock, sync=run.sync, prefetch_depth=run.prefetch_depth(name),
-                     coord=coord, beat=dog.beat,
-                     on_window=lambda i, w: run.emit({"event": "window", "point": name, "window": i,
-                                                      "max_windows": run.plan.windows_per_visit}))
-    error = open_error or lm.error
-    if error is not None:
-        return failed(run, name, error), None
-    if lm.peer_failed or lm.measured is None:
-        return PointResult(name, "failed", reason="another rank failed at this point", failed_stage="peer"), None
-    m = lm.measured
-    return (PointResult(name, "ok", m.throughput, None, opened + m.first_batch_seconds, m.warmup_steps,
-                        m.stopped_by_deadline, steady=m.steady), lm.wait_seconds / max(lm.steps, 1))
-
-
-# --------------------------------------------------------------------------------------
-# The ranks' results together
-# --------------------------------------------------------------------------------------
-
-
-def stragglers(waits: list) -> list:
-    """Ranks whose loop waits for data at `full`: `waits` holds each rank's
-    (wait seconds per batch, seconds per batch) or None."""
-    shares = [(w / t if w is not None and t else 0.0) for w, t in (x or (None, None) for x in waits)]
-    top = max(shares, default=0.0)
-    if top < STRAGGLER_MIN_WAIT_SHARE:
-        return []
-    return [r for r, s in enumerate(shares) if s >= STRAGGLER_REL_TO_MAX * top]
-
-
-def combine(local: Any, coord: Coordinator, waits: dict) -> Any:
-    """Gather every rank's report (one all_gather_object) and build the combined
-    DistributedReport on every rank; only rank 0 prints or writes it (the CLI)."""
+def gather_reports(local: Any, coord: Coordinator, waits: dict) -> list:
+    """Every rank's report document and its waits for data (one all_gather_object)."""
     mine = {"rank": coord.rank, "report": local.to_dict(),
             "input_wait_ms_per_batch": {k: round(v * 1e3, 3) for k, v in waits.items()}}
-    docs = coord.gather(mine)
-    full = []
-    for d in docs:
-        p = next((p for p in d["report"]["points"] if p["point"] == "full"), None)
-        w = d["input_wait_ms_per_batch"].get("full")
-        full.append((w, p["ms_per_batch"]) if p and p["status"] == "ok" and w is not None else None)
-    slow = stragglers(full)
-    pace = slow[0] if len(slow) == 1 else (max(slow, key=lambda r: full[r][0]) if slow else _slowest_full(docs))
-    base = local if pace == coord.rank else Report.from_dict(docs[pace]["report"])
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Report)}
-    out = DistributedReport(**fields, world_size=coord.world_size, rank=coord.rank, ranks=tuple(docs),
-                            pace_rank=pace, straggler_ranks=tuple(slow))
-    return dataclasses.replace(out, summary=f"{out.who()} {base.summary}")
-
-
-def _slowest_full(docs: list) -> int:
-    def tp(d: dict) -> float:
-        p = next((p for p in d["report"]["points"] if p["point"] == "full"), None)
-        return p["samples_per_sec"] if p and p["samples_per_sec"] is not None else math.inf
-    return min(range(len(docs)), key=lambda r: tp(docs[r]))
-
-
-def _point_table(docs: list) -> list:
-    rows = []
-    for name in POINTS:
-        vals = []
-        for d in docs:
-            p = next((p for p in d["report"]["points"] if p["point"] == name), None)
-            if p and p["status"] == "ok" and p["samples_per_sec"] is not None:
-                vals.append((p["samples_per_sec"], d["rank"]))
-        if not vals:
-            rows.append({"point": name, "median_samples_per_sec": None, "slowest_samples_per_sec": None,
-                         "slowest_rank": None, "ranks_ok": 0})
-            continue
-        s = sorted(v for v, _ in vals)
-        mid = len(s) // 2
-        median = s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
-        slowest = min(vals)
-        rows.append({"point": name, "median_samples_per_sec": round(median, 1),
-                     "slowest_samples_per_sec": slowest[0], "slowest_rank": slowest[1], "ranks_ok": len(vals)})
-    return rows
-
-
-@dataclasses.dataclass(frozen=True)
-class DistributedReport(Report):
-    """A Report for the whole job: the verdict is that of the rank that sets the pace
-    (`pace_rank`); `ranks` holds every rank's own result."""
-
-    world_size: int = 1
-    rank: int = 0
-    ranks: tuple = ()
-    pace_rank: Optional[int] = None
-    straggler_ranks: tuple = ()
-
-    def to_dict(self) -> dict:
-        doc = Report.to_dict(self)
-        doc["world_size"] = self.world_size
-        doc["ranks"] = [dict(d) for d in self.ranks]
-        doc["distributed"] = {
-            "pace_rank": self.pace_rank,
-            "straggler_ranks": list(self.straggler_ranks),
-            "straggler_rule": (f"a rank whose loop waits for its next batch at `full` for >= "
-                               f"{STRAGGLER_MIN_WAIT_SHARE:.0%} of its time per batch, and >= "
-                               f"{STRAGGLER_REL_TO_MAX:.0%} of the longest wait of any rank"),
-            "points": _point_table(self.ranks),
-        }
-        return doc
-
-    def who(self) -> str:
-        if self.straggler_ranks:
-            names = ", ".join(str(r) for r in self.straggler_ranks)
-            return (f"[{self.world_size} ranks] straggler rank(s) {names}: its input pipeline sets the pace of "
-                    f"every rank; rank {self.pace_rank}'s verdict follows.")
-        return (f"[{self.world_size} ranks] no rank waits for its data at full; verdict of rank "
-                f"{self.pace_rank} (the slowest at full).")
-
-    def __str__(self) -> str:
-        from tabulate import tabulate
-
-        rows = []
-        for r in _point_table(self.ranks):
-            rows.append([r["point"], _fmt(r["median_samples_per_sec"]), _fmt(r["slowest_samples_per_sec"]),
-                         "-" if r["slowest_rank"] is None else r["slowest_rank"]])
-        waits = [[d["rank"], _fmt(d["input_wait_ms_per_batch"].get("full"), 2),
-                  d["report"]["bottleneck"] or "-"] for d in self.ranks]
-        return "\n".join([
-            f"torch.distributed: world size {self.world_size}, lockstep (rank 0 decides window lengths)",
-            "",
-            tabulate(rows, headers=["point", "median samples/s", "slowest samples/s", "slowest rank"],
-                     disable_numparse=True, colalign=("left", "right", "right", "right")),
-            "",
-            tabulate(waits, headers=["rank", "waits for data at full (ms/batch)", "own verdict"],
-                     disable_numparse=True, colalign=("right", "right", "left")),
-            "",
-            Report.__str__(self),
-        ])
-
-
-def _fmt(x: Optional[float], nd: int = 1) -> str:
-    return "-" if x is None else f"{x:.{nd}f}"
+    return coord.gather(mine)

@@ -334,22 +334,22 @@ def _kind(obj: Any) -> str:
     return "containers" if tree.is_container(obj) else "other"
 
 
-def after_points(run: Any, *, max_seconds: float) -> tuple[dict, dict]:
+def after_points(exp: Any, *, max_seconds: float) -> tuple[dict, dict]:
     """After the points are measured, before the user's state is restored: the step time
     comes from the device point (the ceiling) when it was measured. Guarded by the run's
     watchdog; skipped when a point already hung."""
-    hung = [name for name, p in run.results.items() if p.failed_stage == "hang"]
+    hung = [name for name, p in exp.results.items() if p.failed_stage == "hang"]
     if hung:
         reason = f"point {hung[0]} hung: nothing is timed again"
         return {"status": "skipped", "reason": reason}, {"status": "skipped", "reason": reason}
-    dp = run.results.get("device")
+    dp = exp.results.get("device")
     step = dp.throughput.sec_per_batch if dp is not None and dp.status == "ok" and dp.throughput else None
     try:
-        with run.watchdog(lambda: "the isolated stage timing") as dog:
+        with exp.watchdog(lambda: "the isolated stage timing") as dog:
             def beating_clock() -> float:  # every timed item beats the watchdog
                 dog.beat()
-                return run.clock()
-            return measure(run.spec, run.caches, run.device, run.move, run.step, step,
+                return exp.clock()
+            return measure(exp.spec, exp.caches, exp.device, exp.move, exp.step, step,
                            budget_s=budget(max_seconds), clock=beating_clock)
     except KeyboardInterrupt:
         raise

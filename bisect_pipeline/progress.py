@@ -16,7 +16,7 @@ from typing import Callable, Optional, TextIO
 
 import click
 
-from .timing import Plan
+from .plan import Plan
 
 STEPS = 1000  # resolution of the bar
 BAR_WIDTH = 20

@@ -2,9 +2,9 @@
 
 `--sweep num_workers=0,1,2,4 --sweep pin_memory=0,1` measures the user's pipeline, as
 it is, under every combination of the given settings (plus the user's own, the
-baseline), and names the fastest. Loaders are rebuilt with `sources.full_loader` from a
-modified `loader.LoaderSpec`, timed with `timing.measure` like the bisection's points, and the
-user's state is restored afterwards as in `api.bisect`.
+baseline), and names the fastest. Each row is one visit of the `full` point with the
+settings applied to a copy of the `loader.LoaderSpec` (experiment.Experiment.visit, as the
+bisection's points), and the user's state is restored afterwards as in `api.bisect`.
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ import math
 import os
 import sys
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from . import api, devices, sources, state, tree
+from . import devices, state, tree
 from . import loader as loader_mod
 from .errors import BisectError
+from .experiment import Experiment
+from .plan import DEFAULT_MAX_SECONDS, Plan
 from .stats import Throughput, is_real
-from .step import make_step, to_device as default_to_device
-from .timing import Plan, measure
+from .visit import Visit, drive
 from .workload import Workload, validate
 
 SCHEMA_VERSION = 1
@@ -254,7 +255,7 @@ def _fmt_settings(settings: dict, names: list) -> str:
     return ", ".join(f"{n}={_fmt_value(settings[n])}" for n in names)
 
 
-def run(workload: Workload, grid: dict, *, device: Any = None, max_seconds: float = api.DEFAULT_MAX_SECONDS,
+def run(workload: Workload, grid: dict, *, device: Any = None, max_seconds: float = DEFAULT_MAX_SECONDS,
         plan: Optional[Plan] = None, progress: Optional[Callable[[dict], None]] = None,
         clock: Callable[[], float] = time.perf_counter) -> SweepResult:
     """Measure the full pipeline under each combination of `grid` (see `parse`).
@@ -271,70 +272,72 @@ def run(workload: Workload, grid: dict, *, device: Any = None, max_seconds: floa
     dev = devices.resolve(device)
     spec = loader_mod.describe(workload.loader)
     combos = combinations(spec, grid)
-    emit = progress or (lambda event: None)
-    base_plan = plan or Plan()
-
     start = clock()
-    deadline = start + max_seconds
-    rows: list = []
+    exp = Experiment(spec, dev, plan or Plan(), clock, progress or (lambda event: None), None, start=start,
+                     end=start + max_seconds, deadline=start + max_seconds)
+    rows = Rows(exp, combos, grid)
     interrupted = False
     try:
         with state.preserved(workload.model, workload.optimizer, dev):
-            train_step = make_step(workload.model, workload.optimizer, workload.loss_fn, workload.step)
-            user_move = workload.to_device or default_to_device
-            move = lambda batch: user_move(batch, dev)  # noqa: E731
-            sync = devices.synchronizer(dev)
-            for i, settings in enumerate(combos):
-                emit({"event": "point", "point": "full " + _fmt_settings(settings, list(grid)), "index": i,
-                      "total": len(combos)})
-                left = len(combos) - i
-                row_deadline = clock() + max(0.0, deadline - clock()) / left
-                rows.append(_measure(spec, settings, move=move, step=train_step, plan=base_plan,
-                                     deadline=row_deadline, clock=clock, sync=sync))
+            exp.use(workload)
+            for visit in rows:
+                drive(visit, exp.step if spec.batch_size else _counting(exp.step, rows.sizes))
     except KeyboardInterrupt:
         interrupted = True
-    for settings in combos[len(rows):]:
-        rows.append(Row(settings, "not run", reason="interrupted" if interrupted else "out of time"))
+    measured = list(rows.rows)
+    for settings in combos[len(measured):]:
+        measured.append(Row(settings, "not run", reason="interrupted" if interrupted else "out of time"))
     run_info = {"max_seconds": max_seconds, "elapsed_s": round(clock() - start, 3), "torch": torch.__version__,
                 "cpu_count": os.cpu_count()}
-    return SweepResult(device=str(dev), grid=grid, rows=tuple(rows), loader=spec.settings(), run=run_info,
+    return SweepResult(device=str(dev), grid=grid, rows=tuple(measured), loader=spec.settings(), run=run_info,
                        interrupted=interrupted)
 
 
-def _measure(spec: loader_mod.LoaderSpec, settings: dict, *, move, step, plan: Plan, deadline: float, clock,
-             sync) -> Row:
-    spec2 = spec.with_settings(settings)
-    plan2 = plan.for_workers(spec2.num_workers)
-    seen: list = []
+class Rows:
+    """The sweep as a schedule (as rounds.Rounds): one visit of the full pipeline per
+    combination, each an equal share of the time left; `rows` as they are measured."""
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(settings.get("torch_threads") or threads)
-    t0 = clock()
-    try:
-        # one endless epoch, as the bisection's points (not verify.py's epochs): a row's
-        # windows that span a worker re-fork made the spread +-54% on a 4-batch epoch
-        with sources.full_loader(spec2) as next_batch:
-            def counted() -> Any:
-                batch = next_batch()
-                if not seen:
-                    seen.append(tree.leading_dim(batch) or 1)
-                return batch
-            opened = clock() - t0
-            m = measure(counted, move, step, batch_size=spec2.batch_size or 1, plan=plan2, deadline=deadline,
-                        clock=clock, sync=sync, prefetch_depth=spec2.prefetch_depth, keep=ROW_WINDOWS)
-    except KeyboardInterrupt:
-        raise
-    except BisectError:
-        raise
-    except Exception as exc:
-        return Row(settings, "failed", reason=_reason(exc))
-    finally:
-        torch.set_num_threads(threads)
-    if m.throughput is None:
-        return Row(settings, "failed", reason="out of time before one window was measured (raise --max-seconds)",
-                   first_batch_seconds=opened + m.first_batch_seconds)
-    bs = spec2.batch_size or (seen[0] if seen else 1)
-    return Row(settings, "ok", Throughput(m.throughput.windows, bs), first_batch_seconds=opened + m.first_batch_seconds)
+    def __init__(self, exp: Experiment, combos: list, grid: dict) -> None:
+        self.exp = exp
+        self.combos = combos
+        self.grid = grid
+        self.rows: list = []
+        self.sizes: list = []  # samples in the first batch seen (a loader without batch_size)
+
+    def __iter__(self) -> Iterator[Visit]:
+        exp = self.exp
+        for i, settings in enumerate(self.combos):
+            exp.emit({"event": "point", "point": "full " + _fmt_settings(settings, list(self.grid)), "index": i,
+                      "total": len(self.combos)})
+            deadline = exp.clock() + max(0.0, exp.deadline - exp.clock()) / (len(self.combos) - i)
+            spec = exp.spec.with_settings(settings)
+            # one endless epoch, as the bisection's points (not verify.py's epochs): a row's
+            # windows that span a worker re-fork made the spread +-54% on a 4-batch epoch
+            visit = exp.visit("full", deadline, spec=spec, threads=settings.get("torch_threads"), keep=ROW_WINDOWS)
+            yield visit
+            self.rows.append(self._row(settings, spec, visit))
+
+    def _row(self, settings: dict, spec: loader_mod.LoaderSpec, visit: Visit) -> Row:
+        m = visit.measured
+        first = None if m.first_batch_seconds is None else m.opened_seconds + m.first_batch_seconds
+        if m.error is not None:
+            if isinstance(m.error, BisectError):
+                raise m.error
+            return Row(settings, "failed", reason=_reason(m.error))
+        if not m.windows:
+            return Row(settings, "failed", reason="out of time before one window was measured (raise --max-seconds)",
+                       first_batch_seconds=first)
+        bs = spec.batch_size or (self.sizes[0] if self.sizes else 1)
+        return Row(settings, "ok", Throughput(m.windows, bs), first_batch_seconds=first)
+
+
+def _counting(step: Callable[[Any], Any], sizes: list) -> Callable[[Any], Any]:
+    """`step`, noting the samples in the first batch it gets (tree.leading_dim)."""
+    def counted(batch: Any) -> Any:
+        if not sizes:
+            sizes.append(tree.leading_dim(batch) or 1)
+        return step(batch)
+    return counted
 
 
 def main(make_workload: Callable[[], Workload], options: Iterable[str], *, json_path: Optional[str], max_seconds: float,

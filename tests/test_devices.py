@@ -15,9 +15,9 @@ from torch import nn
 
 from bisect_pipeline import BisectError, bisect, devices, state, step as step_mod, tree
 from bisect_pipeline.loader import describe
-from bisect_pipeline.run import Run
+from bisect_pipeline.experiment import Experiment
 from bisect_pipeline.sources import host_batches
-from bisect_pipeline.timing import Plan
+from bisect_pipeline.plan import Plan
 from conftest import planted
 
 CUDA = torch.cuda.is_available()
@@ -187,16 +187,16 @@ def test_a_step_that_changes_its_batch_gets_a_device_copy_after_the_transfer():
     batch = (torch.ones(8, 16), torch.zeros(8, dtype=torch.long))
     caches = type("C", (), {"batches": [batch], "batch_size": 8})()
     moved = []
-    run = Run(spec, torch.device("cuda"), Plan(), lambda: 0.0, lambda e: None, None, start=0, end=1, deadline=1,
-              move=lambda b: moved.append(b) or tree.clone(b), caches=caches, fresh=True)
-    source, move = run.source("host")
-    with source as next_batch:
+    exp = Experiment(spec, torch.device("cuda"), Plan(), lambda: 0.0, lambda e: None, None, start=0, end=1,
+                     deadline=1, move=lambda b: moved.append(b) or tree.clone(b), caches=caches, fresh=True)
+    with exp.open("host") as (next_batch, move):
         first, second = next_batch(), next_batch()
     assert first is second  # the cached (pinned) host batch itself, each step
     out = move(first)
     assert moved == [first] and out[0] is not first[0] and torch.equal(out[0], first[0])
-    run.fresh = False
-    assert run.source("host")[1] is run.move
+    exp.fresh = False
+    with exp.open("host") as (_, move):
+        assert move is exp.move
 
 
 def test_plan_and_inputs_are_checked_before_the_state_is_touched():

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch.distributed as dist
 
-from bisect_pipeline import distributed
+from bisect_pipeline.report import ranks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not dist.is_available(),
                                                   reason="torch.distributed is not available")]
@@ -131,43 +131,7 @@ def test_a_rank_failing_mid_point_does_not_block_the_other(tmp_path):
 
 def test_straggler_rule():
     # (wait s per batch at full, s per batch at full) per rank
-    assert distributed.stragglers([(0.0, 0.04), (0.035, 0.04)]) == [1]
-    assert distributed.stragglers([(0.0005, 0.04), (0.001, 0.04)]) == []  # nobody really waits
-    assert distributed.stragglers([(0.03, 0.04), (0.028, 0.04), (0.0, 0.04)]) == [0, 1]
-    assert distributed.stragglers([None, (0.03, 0.04)]) == [1]
-
-
-class _ScriptedPeer:
-    """Rank 1's view of the lockstep agreement: rank 0's decisions come from a script."""
-
-    rank = 1
-
-    def __init__(self, decisions: list) -> None:
-        self.decisions = list(decisions)
-
-    def unit(self, fn, skip):
-        fn()
-        return None, False
-
-    def broadcast(self, values: list) -> list:
-        return self.decisions.pop(0)
-
-
-def test_every_rank_keeps_the_windows_rank_0_kept():
-    """A rank whose own windows agree from the first must still leave out the warm-up
-    windows rank 0 left out, or the ranks' figures cover different steps (seen on CI)."""
-    from bisect_pipeline.distributed import measure
-    from bisect_pipeline.timing import Plan
-
-    now = [0.0]
-
-    def step(batch):
-        now[0] += 0.01  # every step costs the same on this rank: steady from its first window
-
-    decisions = [[10, 100.0]] + [[1, 10, 0]] * 4 + [[0, 10, 0]] + [[2, 0]]  # rank 0: windows 3..5 kept, not steady
-    peer = _ScriptedPeer(decisions)
-    lm = measure(lambda: None, None, step, batch_size=4, plan=Plan(), deadline=100.0, clock=lambda: now[0],
-                 sync=lambda: None, prefetch_depth=0, coord=peer)
-    assert not peer.decisions
-    assert [w.steps for w in lm.measured.throughput.windows] == [10, 10, 10]
-    assert lm.measured.warmup_windows == 2 and lm.measured.steady is False
+    assert ranks.stragglers([(0.0, 0.04), (0.035, 0.04)]) == [1]
+    assert ranks.stragglers([(0.0005, 0.04), (0.001, 0.04)]) == []  # nobody really waits
+    assert ranks.stragglers([(0.03, 0.04), (0.028, 0.04), (0.0, 0.04)]) == [0, 1]
+    assert ranks.stragglers([None, (0.03, 0.04)]) == [1]

@@ -8,7 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
-from bisect_pipeline import cache, isolate, loader as loader_mod, run as run_mod
+from bisect_pipeline import cache, isolate, loader as loader_mod
+from bisect_pipeline.experiment import Experiment
 from bisect_pipeline.step import make_step
 from bisect_pipeline.report import PointResult
 from bisect_pipeline.step import to_device
@@ -131,7 +132,7 @@ def test_unfilled_caches_and_hung_points_skip_isolation():
     iso, syncs = isolate.measure(None, None, CPU, None, None, None, budget_s=1.0)
     assert iso["status"] == syncs["status"] == "unavailable"
     hung = {"full": PointResult("full", "failed", reason="no batch in 5 s", failed_stage="hang")}
-    run = run_mod.Run(None, CPU, None, time.perf_counter, lambda e: None, None, start=0.0, end=10.0, deadline=10.0,
+    run = Experiment(None, CPU, None, time.perf_counter, lambda e: None, None, start=0.0, end=10.0, deadline=10.0,
                       results=hung)
     iso, syncs = isolate.after_points(run, max_seconds=10)
     assert iso["status"] == "skipped" and "hung" in iso["reason"] and syncs["status"] == "skipped"

@@ -1,4 +1,4 @@
-"""The paired-rounds scheduler on a fake clock: every visit is planted (no loader runs),
+"""The paired-rounds schedule on a fake clock: every visit is planted (no loader runs),
 so what is asserted is the schedule itself: order, pooling, the stop rule, the deadline."""
 
 from __future__ import annotations
@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bisect_pipeline import rounds, run as run_mod
-from bisect_pipeline.verdict import POINTS
-from bisect_pipeline.report import PointResult
+from bisect_pipeline import rounds
+from bisect_pipeline.experiment import Experiment
+from bisect_pipeline.plan import Plan
+from bisect_pipeline.results import PointResult
 from bisect_pipeline.stats import Throughput, Window
-from bisect_pipeline.timing import Plan
+from bisect_pipeline.verdict import POINTS
 
 BS = 10
 DOWN = ["device", "collated", "augmented", "raw", "full"]  # host is skipped on CPU
@@ -28,18 +29,32 @@ def windows(ms: float, jitter: float = 0.0) -> tuple:
     return tuple(Window(10, 10 * ms / 1e3 * f) for f in (1 - jitter, 1, 1 + jitter))
 
 
+class PlantedVisit:
+    def __init__(self, point: str, deadline: float) -> None:
+        self.point, self.deadline, self.result = point, deadline, None
+
+
 def make_run(monkeypatch, ms: dict, *, seconds_per_visit: float = 1.0, max_seconds: float = 60.0,
              jitter: dict = {}, later: dict = {}, plan: Plan = Plan(), cut: set = frozenset(),
              settle_deadline: float = 0.0):
-    """A Run whose visits are planted: point -> ms per batch (`later`: from the second
-    visit on), each visit taking `seconds_per_visit` of the fake clock; a visit whose
-    share is shorter, or whose index is in `cut`, runs out of time before a window."""
+    """An Experiment whose visits are planted: point -> ms per batch (`later`: from the
+    second visit on), each visit taking `seconds_per_visit` of the fake clock when driven;
+    a visit whose share is shorter, or whose index is in `cut`, runs out of time before a
+    window."""
     clock = FakeClock()
     seen: list = []
+    spec = type("Spec", (), {"batch_size": BS, "num_workers": 2, "pin_memory": False})()  # every point applies
+    exp = Experiment(spec, torch.device("cpu"), plan, clock, lambda e: None, None, start=0.0, end=max_seconds,
+                     deadline=max_seconds, settle_deadline=settle_deadline)
 
-    def visit(run, name, deadline):
+    def visit(name, deadline, **kw):
+        exp.visits += 1
         seen.append((name, deadline))
-        if deadline - clock.t < seconds_per_visit or len(seen) - 1 in cut:  # out of time before a window
+        return PlantedVisit(name, deadline)
+
+    def result(v):
+        name, deadline = v.point, v.deadline
+        if deadline - clock.t < seconds_per_visit or seen.index((name, deadline)) in cut:  # out of time
             clock.t = deadline
             return PointResult(name, "failed", reason="out of time before one window was measured",
                                stopped_by_deadline=True)
@@ -48,16 +63,22 @@ def make_run(monkeypatch, ms: dict, *, seconds_per_visit: float = 1.0, max_secon
         value = later.get(name, ms[name]) if n > 1 else ms[name]
         return PointResult(name, "ok", Throughput(windows(value, jitter.get(name, 0.0)), BS))
 
-    monkeypatch.setattr(rounds, "visit", visit)
-    spec = type("Spec", (), {"batch_size": BS, "num_workers": 2, "pin_memory": False})()  # every point applies
-    run = run_mod.Run(spec, torch.device("cpu"), plan, clock, lambda e: None, None, start=0.0, end=max_seconds,
-                      deadline=max_seconds, settle_deadline=settle_deadline)
-    return run, seen, clock
+    monkeypatch.setattr(exp, "visit", visit)
+    monkeypatch.setattr(exp, "result", result)
+    return exp, seen, clock
+
+
+def measure(exp, selected) -> dict:
+    """The schedule, driven (each planted visit's time passes in `result`)."""
+    schedule = rounds.Rounds(exp, selected)
+    for _ in schedule:
+        pass
+    return schedule.info
 
 
 def test_a_clear_verdict_settles_after_one_pair_of_rounds(monkeypatch):
     run, seen, _ = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 60, "full": 61})
-    info = rounds.measure(run, POINTS)
+    info = measure(run, POINTS)
     assert [n for n, _ in seen] == DOWN + DOWN[::-1]
     assert info["rounds"] == 2 and info["settled"] and info["visits"] == 10
     assert run.results["host"].status == "skipped"
@@ -70,7 +91,7 @@ def test_an_unsettled_verdict_takes_more_rounds_until_the_time_is_up(monkeypatch
     # the deadline, and the last visit that finds no time left opens nothing.
     jitter = {n: 0.4 for n in DOWN}
     run, seen, clock = make_run(monkeypatch, {n: 40.0 for n in DOWN}, jitter=jitter, max_seconds=17.5)
-    info = rounds.measure(run, POINTS)
+    info = measure(run, POINTS)
     assert not info["settled"] and info["rounds"] >= 3
     # after the first pair of rounds only the points that can change the verdict are
     # visited: the question is the gap, so full and the ceiling
@@ -87,7 +108,7 @@ def test_rounds_settling_a_made_verdict_stop_at_the_settle_deadline(monkeypatch)
     monkeypatch.setattr(rounds, "settled", lambda *a: False)
     run, seen, clock = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 60, "full": 61},
                                 max_seconds=40.0, settle_deadline=20.0)
-    info = rounds.measure(run, POINTS)
+    info = measure(run, POINTS)
     assert run.decide().bottleneck == "augment" and not info["settled"]
     assert info["rounds"] >= 3 and 20.0 - run.plan.window_seconds < clock.t <= 20.0
     assert all(deadline <= 20.0 for _, deadline in seen[10:])
@@ -99,7 +120,7 @@ def test_an_undecided_verdict_may_use_the_time_kept_for_the_check(monkeypatch):
     jitter = {n: 0.4 for n in DOWN}
     run, seen, clock = make_run(monkeypatch, {n: 40.0 for n in DOWN}, jitter=jitter, max_seconds=17.5,
                                 settle_deadline=11.0)
-    rounds.measure(run, POINTS)
+    measure(run, POINTS)
     assert run.decide().bottleneck == "inconclusive"
     assert run.deadline - clock.t < run.plan.window_seconds and clock.t > 11.0
 
@@ -109,7 +130,7 @@ def test_a_round_cut_short_keeps_what_the_earlier_round_measured(monkeypatch):
     # windows stay, and it is still the ceiling.
     run, seen, _ = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 60, "full": 61},
                             cut={9})
-    rounds.measure(run, POINTS)
+    measure(run, POINTS)
     assert seen[9][0] == "device"
     device = run.results["device"]
     assert device.status == "ok" and device.throughput.n == 3 and device.stopped_by_deadline
@@ -119,14 +140,14 @@ def test_a_round_cut_short_keeps_what_the_earlier_round_measured(monkeypatch):
 def test_no_point_opens_without_a_window_of_time_left(monkeypatch):
     run, seen, clock = make_run(monkeypatch, {n: 10.0 for n in DOWN})
     clock.t = run.deadline - run.plan.window_seconds / 2
-    rounds.measure(run, POINTS)
+    measure(run, POINTS)
     assert seen == []
     assert all(n not in run.results for n in DOWN)  # reported as "not run: out of time"
 
 
 def test_full_gets_twice_the_share_of_another_point(monkeypatch):
     run, seen, _ = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 60, "full": 61})
-    rounds.measure(run, POINTS)
+    measure(run, POINTS)
     # round 1: 60 s left for 5 visits now and 5 later, full weighted 2: device's share is
     # 60 * 1/11; full, last of round 1 at t=4: 56 * 2/7 (itself and the 5 of round 2);
     # round 2, the last owed: full first, 55 * 2/6 of what is left.
@@ -140,7 +161,7 @@ def test_an_inconsistent_pair_is_measured_again_once(monkeypatch):
     # fine when measured again: it is re-measured next to collated, once.
     run, seen, _ = make_run(monkeypatch, {"device": 23, "collated": 16.3, "augmented": 16.5, "raw": 50, "full": 51},
                             later={})
-    info = rounds.measure(run, POINTS)
+    info = measure(run, POINTS)
     names = [n for n, _ in seen]
     assert names[:10] == DOWN + DOWN[::-1]
     assert names[10:12] == ["device", "collated"]

@@ -15,7 +15,8 @@ import os
 import pytest
 import torch
 
-from bisect_pipeline import BisectError, bisect, verify
+from bisect_pipeline import BisectError, bisect, outcome, verify
+from bisect_pipeline.results import Measured
 from bisect_pipeline.report import PointResult, Report, build
 from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.testing import CLASSES, FEATURES, PlantedDataset, Spin, make_loader, tiny_model
@@ -68,25 +69,48 @@ class FakeClock:
 
 
 class FakeRun:
+    """What verify.Trials reads of an Experiment."""
+
     def __init__(self, clock: FakeClock) -> None:
         self.clock, self.device, self.batch_size = clock, torch.device("cpu"), BS
         self.events: list = []
         self.emit = self.events.append
 
 
+class PlantedVisit:
+    """A visit that takes `seconds` of the fake clock (or what is left before its
+    deadline) when driven and keeps `windows()`, or fails with `error`."""
+
+    def __init__(self, clock: FakeClock, deadline: float, seconds: float, windows, error=None) -> None:
+        self.clock, self.deadline, self.seconds, self.windows, self.error = clock, deadline, seconds, windows, error
+        self.measured = None
+
+    def drive(self) -> None:
+        t = min(self.seconds, max(0.0, self.deadline - self.clock.t))
+        self.clock.t += t
+        self.measured = Measured(windows=tuple(self.windows()) if t > 0 and not self.error else (), error=self.error)
+
+
+def run_trials(run, advice, **kw) -> dict:
+    """verify.Trials driven: each planted visit's time passes when it is driven."""
+    trials = verify.Trials(run, advice, **kw)
+    for visit in trials:
+        visit.drive()
+    return trials.result
+
+
 def plant_visits(monkeypatch, clock: FakeClock, rates: dict, visit_s: float = 1.0, jitter: float = 0.01) -> list:
-    """verify.visit replaced: each visit takes `visit_s` of the fake clock (or what is left
+    """verify's visits planted: each takes `visit_s` of the fake clock (or what is left
     before its deadline) and yields 3 windows at rates[settings] steps/s (+-jitter)."""
     calls: list = []
 
-    def visit(run, settings, deadline):
+    def visit(exp, settings, deadline, end):
         calls.append((dict(settings), clock.t, deadline))
-        t = min(visit_s, max(0.0, deadline - clock.t))
-        clock.t += t
         rate = rates[tuple(sorted(settings.items()))]
-        return [Window(10, 10 / (rate * f)) for f in (1 - jitter, 1.0, 1 + jitter)] if t > 0 else []
+        return PlantedVisit(clock, deadline, visit_s,
+                            lambda: [Window(10, 10 / (rate * f)) for f in (1 - jitter, 1.0, 1 + jitter)])
 
-    monkeypatch.setattr(verify, "visit", visit)
+    monkeypatch.setattr(verify, "_visit", visit)
     return calls
 
 
@@ -96,10 +120,10 @@ USER, W1, W1T1 = (), (("num_workers", 1),), (("num_workers", 1), ("torch_num_thr
 def test_a_candidate_that_helps_is_measured_in_alternating_visits_and_stops_once_decided(monkeypatch):
     clock = FakeClock()
     calls = plant_visits(monkeypatch, clock, {USER: 10.0, W1: 20.0, W1T1: 30.0})
-    out = verify.run_trials(FakeRun(clock), [item({"num_workers": 1})], budget_s=60, threads=1, cores=2)
+    out = run_trials(FakeRun(clock), [item({"num_workers": 1})], budget_s=60, threads=1, cores=2)
     assert out["status"] == "ok" and len(out["trials"]) == 1
     assert [c[0] for c in calls] == [{}, {"num_workers": 1}, {"num_workers": 1}, {}]  # A B B A, then decided
-    o = verify.outcome(out["trials"][0], BS)
+    o = outcome.outcome(out["trials"][0], BS)
     assert o["status"] == "helps" and o["speedup"] == pytest.approx(2.0, rel=1e-3)
     assert 0.05 <= o["spread"] < 0.2
 
@@ -108,16 +132,16 @@ def test_a_candidate_that_does_not_help_is_said_so_and_the_next_one_is_tried(mon
     clock = FakeClock()
     plant_visits(monkeypatch, clock, {USER: 10.0, W1: 10.1, W1T1: 13.0})
     advice = [item({"num_workers": 1}, headroom={"samples_per_sec": 80.0, "samples_per_sec_if_free": 120.0})]
-    out = verify.run_trials(FakeRun(clock), advice, budget_s=60, threads=2, cores=2)
+    out = run_trials(FakeRun(clock), advice, budget_s=60, threads=2, cores=2)
     first, second = out["trials"]
     assert first["settings"] == {"num_workers": 1} and second["settings"] == {"num_workers": 1, "torch_num_threads": 1}
-    assert verify.outcome(first, BS)["status"] == "no gain"
+    assert outcome.outcome(first, BS)["status"] == "no gain"
     assert len(first["user_windows"]) == 3 * 2 * verify.MAX_BLOCKS  # undecided: every block was measured
-    v = verify.verified(advice[0], out, {}, BS)
+    v = outcome.verified(advice[0], out, {}, BS)
     assert v["status"] == "helps" and v["settings"] == {"num_workers": 1, "torch_num_threads": 1}
     assert v["speedup"] == pytest.approx(1.3, rel=1e-3) and v["predicted"] == pytest.approx(1.5)
     assert [t["status"] for t in v["tried"]] == ["no gain", "helps"]
-    text = verify.sentence(v)
+    text = outcome.sentence(v)
     assert "Measured before printing: 1.30\u00d7 (\u00b1" in text and "predicted up to 1.50\u00d7" in text
     assert "Tried first: num_workers=1: 1.01\u00d7" in text and "within noise" in text
 
@@ -126,10 +150,10 @@ def test_slower_everywhere_is_not_presented_as_a_fix(monkeypatch):
     clock = FakeClock()
     plant_visits(monkeypatch, clock, {USER: 10.0, W1: 7.0, W1T1: 8.0})
     advice = [item({"num_workers": 1})]
-    out = verify.run_trials(FakeRun(clock), advice, budget_s=60, threads=2, cores=2)
-    v = verify.verified(advice[0], out, {}, BS)
+    out = run_trials(FakeRun(clock), advice, budget_s=60, threads=2, cores=2)
+    v = outcome.verified(advice[0], out, {}, BS)
     assert v["status"] == "slower" and [t["status"] for t in v["tried"]] == ["slower", "slower"]
-    assert verify.sentence(v).startswith(" Measured before printing, and not a fix on this machine as it is:")
+    assert outcome.sentence(v).startswith(" Measured before printing, and not a fix on this machine as it is:")
 
 
 def test_a_slower_candidate_stops_after_one_block_and_leaves_the_budget_to_the_next(monkeypatch):
@@ -137,12 +161,12 @@ def test_a_slower_candidate_stops_after_one_block_and_leaves_the_budget_to_the_n
     # windows +-25%: "slower" is decided after one block, with a figure far wider than
     # TARGET_SPREAD; a slower candidate needs no more precision
     calls = plant_visits(monkeypatch, clock, {USER: 10.0, W1T1: 3.0, W1: 30.0}, jitter=0.25)
-    out = verify.run_trials(FakeRun(clock), [item({"num_workers": 1, "torch_num_threads": 1})], budget_s=60,
+    out = run_trials(FakeRun(clock), [item({"num_workers": 1, "torch_num_threads": 1})], budget_s=60,
                             threads=2, cores=2)
     first, second = out["trials"]
-    o = verify.outcome(first, BS)
+    o = outcome.outcome(first, BS)
     assert o["status"] == "slower" and o["spread"] > verify.TARGET_SPREAD and len(first["user_windows"]) == 3 * 2
-    assert second["settings"] == {"num_workers": 1} and verify.outcome(second, BS)["status"] == "helps"
+    assert second["settings"] == {"num_workers": 1} and outcome.outcome(second, BS)["status"] == "helps"
     rec = {"num_workers": 1, "torch_num_threads": 1}
     assert [c[0] for c in calls[:5]] == [{}, rec, rec, {}, {}]  # one block, then the next candidate's A
 
@@ -153,11 +177,11 @@ def test_a_first_candidate_that_stays_undecided_cannot_spend_the_next_ones_budge
     clock = FakeClock()
     start = clock.t
     calls = plant_visits(monkeypatch, clock, {USER: 10.0, W1T1: 10.05, W1: 20.0}, visit_s=1e9)
-    out = verify.run_trials(FakeRun(clock), [item({"num_workers": 1, "torch_num_threads": 1})], budget_s=32,
+    out = run_trials(FakeRun(clock), [item({"num_workers": 1, "torch_num_threads": 1})], budget_s=32,
                             threads=2, cores=2)
     first, second = out["trials"]
-    assert verify.outcome(first, BS)["status"] == "no gain"
-    assert verify.outcome(second, BS)["status"] == "helps"
+    assert outcome.outcome(first, BS)["status"] == "no gain"
+    assert outcome.outcome(second, BS)["status"] == "helps"
     assert calls[0][2] - start == pytest.approx(32 / (4 * verify.MAX_BLOCKS + 4 * verify.MIN_BLOCKS))
     assert clock.t - start <= 32 + 1e-9
 
@@ -167,10 +191,10 @@ def test_a_later_candidate_out_of_time_does_not_hide_an_earlier_measured_one():
             "user_windows": [{"steps": 10, "seconds": 1.0}] * 3, "candidate_windows": [{"steps": 10, "seconds": 2.0}] * 3}
     late = {"item": "num_workers", "settings": {"num_workers": 1}, "user_windows": [{"steps": 10, "seconds": 1.0}],
             "candidate_windows": []}
-    v = verify.verified(item({"num_workers": 1}), {"trials": [slow, late]}, {}, BS)
+    v = outcome.verified(item({"num_workers": 1}), {"trials": [slow, late]}, {}, BS)
     assert v["status"] == "slower" and v["settings"] == slow["settings"] and v["speedup"] == pytest.approx(0.5)
     assert [t["status"] for t in v["tried"]] == ["slower", "not measured"]
-    assert "not a fix on this machine" in verify.sentence(v)
+    assert "not a fix on this machine" in outcome.sentence(v)
 
 
 def test_visits_that_disagree_widen_the_figure_beyond_what_their_windows_say():
@@ -184,11 +208,11 @@ def test_visits_that_disagree_widen_the_figure_beyond_what_their_windows_say():
     trial = {"settings": {"num_workers": 1}, "user_windows": side(10.0), "candidate_windows": side(13.0)}
     windows_only = {k: [{"steps": w["steps"], "seconds": w["seconds"]} for w in v] if k.endswith("windows") else v
                     for k, v in trial.items()}
-    assert verify.outcome(windows_only, BS)["status"] == "helps"  # as if each window stood alone
-    o = verify.outcome(trial, BS)
+    assert outcome.outcome(windows_only, BS)["status"] == "helps"  # as if each window stood alone
+    o = outcome.outcome(trial, BS)
     assert o["status"] == "no gain" and o["speedup"] == pytest.approx(1.3, rel=0.02) and o["spread"] > 0.25
-    v = verify.verified(item({"num_workers": 1}), {"trials": [dict(trial, item="num_workers")]}, {}, BS)
-    assert "no gain beyond the noise" in verify.sentence(v) and "not a fix" not in verify.sentence(v)
+    v = outcome.verified(item({"num_workers": 1}), {"trials": [dict(trial, item="num_workers")]}, {}, BS)
+    assert "no gain beyond the noise" in outcome.sentence(v) and "not a fix" not in outcome.sentence(v)
 
 
 @pytest.mark.parametrize("budget", [0.5, 3.0, 7.0, 20.0])
@@ -196,7 +220,7 @@ def test_the_trials_stay_within_their_budget(monkeypatch, budget):
     clock = FakeClock()
     calls = plant_visits(monkeypatch, clock, {USER: 10.0, W1: 10.0, W1T1: 10.0})
     start = clock.t
-    out = verify.run_trials(FakeRun(clock), [item({"num_workers": 1})], budget_s=budget, threads=2, cores=2)
+    out = run_trials(FakeRun(clock), [item({"num_workers": 1})], budget_s=budget, threads=2, cores=2)
     assert clock.t - start <= budget + 1e-9
     assert all(deadline <= start + budget + 1e-9 for _, _, deadline in calls)
     assert out["elapsed_s"] <= budget + 1e-6 and out["budget_s"] == budget
@@ -205,15 +229,13 @@ def test_the_trials_stay_within_their_budget(monkeypatch, budget):
 def test_a_candidate_that_breaks_the_pipeline_is_a_failed_trial(monkeypatch):
     clock = FakeClock()
 
-    def visit(run, settings, deadline):
-        clock.t += 0.5
-        if settings:
-            raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Bus error")
-        return [Window(10, 1.0), Window(10, 1.0)]
+    def visit(exp, settings, deadline, end):
+        error = RuntimeError("DataLoader worker (pid 1) is killed by signal: Bus error") if settings else None
+        return PlantedVisit(clock, deadline, 0.5, lambda: [Window(10, 1.0), Window(10, 1.0)], error)
 
-    monkeypatch.setattr(verify, "visit", visit)
-    out = verify.run_trials(FakeRun(clock), [item({"num_workers": 1})], budget_s=30, threads=1, cores=2)
-    o = verify.outcome(out["trials"][0], BS)
+    monkeypatch.setattr(verify, "_visit", visit)
+    out = run_trials(FakeRun(clock), [item({"num_workers": 1})], budget_s=30, threads=1, cores=2)
+    o = outcome.outcome(out["trials"][0], BS)
     assert o["status"] == "failed" and "Bus error" in o["reason"]
 
 
@@ -364,23 +386,24 @@ def dataclasses_replace_loader(r: Report, **settings) -> Report:
     return dataclasses.replace(r, loader={**r.loader, **settings})
 
 
-def test_sweep_torch_threads_is_a_setting_applied_per_row_and_restored(monkeypatch):
+def test_sweep_torch_threads_is_a_setting_applied_per_row_and_restored():
     from bisect_pipeline import sweep
 
     assert sweep.parse(["torch_threads=1,2"]) == {"torch_threads": [1, 2]}
     seen = []
-    real = sweep.measure
 
-    def spy(*args, **kw):
-        seen.append(torch.get_num_threads())
-        return real(*args, **kw)
+    class Threads(torch.nn.Module):  # the threads the step runs on
+        def forward(self, x):
+            seen.append(torch.get_num_threads())
+            return x
 
-    monkeypatch.setattr(sweep, "measure", spy)
-    model = tiny_model(1.0)
+    model = torch.nn.Sequential(Threads(), tiny_model(1.0))
     loader = make_loader(PlantedDataset(n=32), batch_size=8)
     res = sweep.run(bisect_workload(model, loader), {"torch_threads": [2]}, device="cpu", max_seconds=4,
                     plan=FAST_PLAN)
-    assert [r.settings["torch_threads"] for r in res.rows] == [1, 2] and seen == [1, 2]
+    assert [r.settings["torch_threads"] for r in res.rows] == [1, 2]
+    first = seen.index(2)
+    assert set(seen[:first]) == {1} and set(seen[first:]) == {2}  # each row on its threads
     assert torch.get_num_threads() == 1
 
 

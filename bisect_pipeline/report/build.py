@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Optional
 
-from .. import advice as advice_mod, verify
+from .. import advice as advice_mod, outcome
 from ..stats import NOISY_REL_IQR, Throughput, Window
 from ..verdict import POINTS, StageCost, Verdict, decide, self_check
 from .model import NOT_SELECTED, SCHEMA_VERSION, PointResult, Report, finite, gain_if_free, ms
@@ -38,14 +38,14 @@ def build(points: Iterable[PointResult], batch_size: int, device: str, *, loader
 
 
 def _checked(item: dict, r: Report) -> dict:
-    """An advice item with what its verification measured (verify.verified), when the
+    """An advice item with what its verification measured (outcome.verified), when the
     run has a verification block (a document without one is left as it was written)."""
     if not r.verification and item["kind"] != "allocator":
         return item
-    v = verify.verified(item, r.verification, r.isolated, r.batch_size)
+    v = outcome.verified(item, r.verification, r.isolated, r.batch_size)
     if v is None:
         return item
-    return dict(item, message=item["message"] + verify.sentence(v), verified=v)
+    return dict(item, message=item["message"] + outcome.sentence(v), verified=v)
 
 
 def _verdict(points: tuple, batch_size: int) -> Verdict:

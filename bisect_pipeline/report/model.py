@@ -10,6 +10,7 @@ import os
 import tempfile
 from typing import Any, Optional
 
+from ..results import NOT_SELECTED, STATUSES, PointResult  # noqa: F401 (re-exported)
 from ..stats import Throughput
 from ..verdict import StageCost, Verdict
 
@@ -18,10 +19,6 @@ from ..verdict import StageCost, Verdict
 #       verdict, loader, cache, advice, warnings, run, complete, interrupted.
 SCHEMA_VERSION = 1
 
-STATUSES = ("ok", "skipped", "unavailable", "failed", "not run")
-# The reason of a point skipped because the points option left it out (not because it
-# does not apply here: its stage is then measured together with the next one).
-NOT_SELECTED = "not selected (points option)"
 
 POINT_MEANING = {
     "device": "batches cached on the device: step only (the ceiling)",
@@ -31,26 +28,6 @@ POINT_MEANING = {
     "raw": "loaded samples cached: augment + collate + handoff + transfer + step",
     "full": "your pipeline as it is",
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class PointResult:
-    point: str
-    status: str
-    throughput: Optional[Throughput] = None
-    reason: Optional[str] = None
-    first_batch_seconds: Optional[float] = None
-    warmup_steps: int = 0
-    stopped_by_deadline: bool = False
-    failed_stage: Optional[str] = None  # for a failed point: the stage whose code raised
-    visits: int = 1  # how many times the point was visited (rounds); its windows are pooled
-    steady: bool = True  # every visit reached two consecutive windows that agree
-
-    def __post_init__(self) -> None:
-        # Kept at the precision of the JSON document (0.1 ms), as windows are: a report
-        # rebuilt from its document renders the same.
-        if self.first_batch_seconds is not None:
-            object.__setattr__(self, "first_batch_seconds", round(float(self.first_batch_seconds), 4))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,26 +1,29 @@
-"""What one bisection carries from phase to phase (Run), the phases before any point is
-measured (fill the caches, probe the step, hold the allocator), and one visit of a point,
-which both schedulers use: rounds.py (one process) and distributed.py (torchrun)."""
+"""One experiment: what a bisection carries from phase to phase (Experiment), the phases
+before any point is measured (fill the caches, probe the step, hold the allocator), and
+the visits of its points, which every schedule asks for here: rounds.py (one process),
+distributed.py (torchrun), verify.py (the advice's check) and sweep.py."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
 from . import allocator, cache, devices, faults, sources, split, tree
-from .errors import BisectError
 from .loader import LoaderSpec
-from .report import NOT_SELECTED, PointResult
+from .plan import Plan
+from .results import NOT_SELECTED, Note, PointResult
+from .stats import Throughput
 from .step import make_step, to_device as default_to_device
-from .timing import Plan, measure
-from .verdict import Verdict, decide
+from .verdict import POINTS, Verdict, decide
+from .visit import LOCAL, Pace, Visit
 
 # Measured from the ceiling down, so the most trustworthy numbers come first and a
 # run cut short by --max-seconds still has a ceiling to compare with.
-MEASURE_ORDER = ("device", "host", "collated", "augmented", "raw", "full")
+MEASURE_ORDER = tuple(reversed(POINTS))
 # Share of --max-seconds the cache fill may take before it settles for fewer batches.
 CACHE_TIME_SHARE = 0.2
 # A hang is cut at the latest this long after --max-seconds (or after the fill's own
@@ -34,7 +37,7 @@ ALLOCATOR_SECONDS = 1.0
 
 
 @dataclasses.dataclass
-class Run:
+class Experiment:
     """One bisection: the pipeline, the device, the plan and clock, the step and transfer,
     the caches once filled, and the points' results as they come."""
 
@@ -56,7 +59,7 @@ class Run:
     fresh: bool = False  # the step changes its batch in place: cached points hand it copies
     wrapper: Any = None  # the user's loader wrapper every point's batches go through (integrations.timm)
     results: dict = dataclasses.field(default_factory=dict)
-    warnings: list = dataclasses.field(default_factory=list)
+    notes: list = dataclasses.field(default_factory=list)  # results.Note, as seen while measuring
     visits: int = 0
 
     def __post_init__(self) -> None:
@@ -69,9 +72,14 @@ class Run:
     def sync(self) -> None:
         devices.synchronizer(self.device)()
 
-    def watchdog(self, what: Callable[[], str]) -> faults.Watchdog:
-        """A watchdog for one phase: --step-timeout without progress, or the hard end."""
-        return faults.Watchdog(self.step_timeout, what, end=self.end + HANG_GRACE_S - self.clock())
+    def note(self, kind: str, message: str, point: Optional[str] = None) -> None:
+        self.notes.append(Note(kind, message, point))
+
+    def watchdog(self, what: Callable[[], str], end: Optional[float] = None) -> faults.Watchdog:
+        """A watchdog for one phase: --step-timeout without progress, or `end` (the hard
+        end by default) plus HANG_GRACE_S."""
+        return faults.Watchdog(self.step_timeout, what, end=(self.end if end is None else end) + HANG_GRACE_S
+                               - self.clock())
 
     def decide(self, noise_scale: float = 1.0) -> Verdict:
         ok = {n: p.throughput for n, p in self.results.items() if p.status == "ok"}
@@ -97,12 +105,29 @@ class Run:
             return PointResult(name, "unavailable", reason=self.caches.raw_reason)
         return None
 
-    def source(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False) -> tuple:
-        """(the point's batch source, what the loop applies to each batch before the step:
-        the transfer, or None when the batches are already on the device). `spec`: other
-        loader settings for `full` (verify.py); the user's own by default. `epochs`: `full`
-        ends its epochs as the user's loop does (sources.full_loader)."""
-        spec, caches = spec or self.spec, self.caches
+    # -- the points' sources and visits ---------------------------------------------
+
+    @contextlib.contextmanager
+    def open(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False,
+             threads: Optional[int] = None) -> Iterator[tuple]:
+        """The point's batch source, open: (next_batch, the transfer applied to each batch
+        or None when the batches are already on the device). `spec`: other loader settings
+        for `full` (verify.py, sweep.py); the user's own by default. `epochs`: `full` ends
+        its epochs as the user's loop does (sources.full_loader). `threads`: the step's
+        intra-op threads while the source is open, restored after."""
+        before = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(int(threads))
+        try:
+            source, move = self._source(name, spec or self.spec, epochs)
+            with source as next_batch:
+                yield next_batch, move
+        finally:
+            if threads:
+                torch.set_num_threads(before)
+
+    def _source(self, name: str, spec: LoaderSpec, epochs: bool) -> tuple:
+        caches = self.caches
         if name == "device":
             host = sources.host_batches(caches, spec, self.device)
             return sources.cached_source(sources.device_batches(host, self.move, self.device), self.fresh), None
@@ -130,8 +155,58 @@ class Run:
     def _move_then_copy(self, batch: Any) -> Any:
         return tree.clone(self.move(batch))
 
-    def prefetch_depth(self, name: str) -> int:
-        return self.spec.prefetch_depth if name not in ("host", "device") else 0
+    def visit(self, name: str, deadline: float, *, spec: Optional[LoaderSpec] = None, epochs: bool = False,
+              threads: Optional[int] = None, keep: Optional[int] = None, pace: Pace = LOCAL,
+              end: Optional[float] = None, skip: bool = False) -> Visit:
+        """One visit of point `name` until `deadline`, for a schedule to hand to its driver
+        (visit.drive, or a user's loop). `spec`, `epochs`, `threads`: see `open`; `keep`:
+        windows to keep (plan.windows_per_visit); `end`: the watchdog's hard end (the
+        run's by default); `skip`: take part in a lockstep point without steps."""
+        spec = spec or self.spec
+        self.visits += 1
+        return Visit(
+            name, None if skip else (lambda: self.open(name, spec, epochs, threads)),
+            batch_size=self.batch_size, plan=self.plan.for_workers(spec.num_workers), deadline=deadline,
+            clock=self.clock, sync=self.sync, keep=keep, pace=pace,
+            prefetch_depth=spec.prefetch_depth if name not in ("host", "device") else 0,
+            watchdog=lambda: self.watchdog(lambda: f"point {name}", end),
+            on_window=lambda i, w: self.emit({"event": "window", "point": name, "window": i,
+                                              "max_windows": keep or self.plan.windows_per_visit}))
+
+    def result(self, visit: Visit, batch_size: Optional[float] = None) -> PointResult:
+        """The point's result of one visit: ok with its windows, failed with the stage
+        whose code raised, or out of time before a window."""
+        m, name = visit.measured, visit.point
+        first = None if m.first_batch_seconds is None else m.opened_seconds + m.first_batch_seconds
+        if m.error is not None:
+            return self.failed(name, m.error)
+        if m.peer_failed:
+            return PointResult(name, "failed", reason="another rank failed at this point", failed_stage="peer")
+        if not m.windows:
+            return PointResult(name, "failed", reason="out of time before one window was measured (raise --max-seconds)",
+                               first_batch_seconds=first, warmup_steps=m.warmup_steps, stopped_by_deadline=True,
+                               discarded=m.discarded)
+        return PointResult(name, "ok", Throughput(m.windows, batch_size or self.batch_size), None, first,
+                           m.warmup_steps, m.stopped_by_deadline, steady=m.steady, wait_seconds=m.wait_seconds,
+                           discarded=m.discarded)
+
+    def failed(self, name: str, exc: BaseException) -> PointResult:
+        """A failed point: the stage whose code raised, and the original error."""
+        if isinstance(exc, faults.StepTimeout):
+            batch = faults.hang_location(exc) == "no batch"
+            if exc.past_end:
+                what = ("no batch came before the end of --max-seconds" if batch
+                        else "the training step was still running at the end of --max-seconds")
+            else:
+                what = (f"no batch in {self.step_timeout:g} s" if batch
+                        else f"the training step did not finish in {self.step_timeout:g} s") + " (--step-timeout)"
+            return PointResult(name, "failed", reason=f"{what}; its workers were terminated", failed_stage="hang")
+        stage, reason = faults.classify(exc)
+        if stage is None:
+            stage = _stage_from_traceback(exc, name, self.step, self.move)
+            if stage is not None:
+                reason = f"{stage} raised {reason}"
+        return PointResult(name, "failed", reason=reason, failed_stage=stage)
 
 
 # --------------------------------------------------------------------------------------
@@ -139,84 +214,90 @@ class Run:
 # --------------------------------------------------------------------------------------
 
 
-def fill(run: Run, selected: tuple, *, cache_mb: float, cache_batches: int, max_seconds: float,
+def fill(exp: Experiment, selected: tuple, *, cache_mb: float, cache_batches: int, max_seconds: float,
          batch_size: Any = None) -> None:
     """Fill the caches under the watchdog: a hang before the first batch is cut at the
     hard end, one after it at the end of the fill's own time budget. When not even one
     batch can be built, every cached point fails with the reason. First, the class the
     replay loaders are built through (sources.loader_class)."""
-    run.emit({"event": "cache", "message": "filling the caches"})
-    run.spec, why = sources.loader_class(run.spec)
+    exp.emit({"event": "cache", "message": "filling the caches"})
+    exp.spec, why = sources.loader_class(exp.spec)
     if why:
-        run.warnings.append(why)
+        exp.note("loader", why)
     budget = max(1.0, CACHE_TIME_SHARE * max_seconds)
-    t0 = run.clock()
+    t0 = exp.clock()
     try:
-        with run.watchdog(lambda: "building the caches") as dog:
+        with exp.watchdog(lambda: "building the caches") as dog:
             def on_batch(n: int) -> None:
                 if n == 1:
-                    dog.end_in(max(0.0, budget - (run.clock() - t0)) + 1.0, label="the fill's time budget")
-            run.caches = cache.fill(run.spec, cache_mb=cache_mb, max_batches=cache_batches, time_budget=budget,
-                                    clock=run.clock, on_batch=on_batch, batch_size=batch_size)
+                    dog.end_in(max(0.0, budget - (exp.clock() - t0)) + 1.0, label="the fill's time budget")
+            exp.caches = cache.fill(exp.spec, cache_mb=cache_mb, max_batches=cache_batches, time_budget=budget,
+                                    clock=exp.clock, on_batch=on_batch, batch_size=batch_size)
     except cache.FillError as exc:
         for name in MEASURE_ORDER[:-1]:
             if name in selected:
-                run.results[name] = PointResult(name, "failed", reason=f"filling the cache failed: {exc.reason}",
+                exp.results[name] = PointResult(name, "failed", reason=f"filling the cache failed: {exc.reason}",
                                                 failed_stage="hang" if exc.hang else exc.stage)
         return
-    caches = run.caches
-    run.warnings.extend(caches.warnings)  # pipeline problems seen while filling (a non-sharding IterableDataset)
-    shm = faults.shm_problem(run.spec.num_workers, run.spec.prefetch_depth, caches.batch_bytes, faults.shm_free_bytes())
+    caches = exp.caches
+    for w in caches.warnings:  # pipeline problems seen while filling (a non-sharding IterableDataset)
+        exp.note("pipeline", w)
+    shm = faults.shm_problem(exp.spec.num_workers, exp.spec.prefetch_depth, caches.batch_bytes, faults.shm_free_bytes())
     if shm:
-        run.warnings.append(shm)
+        exp.note("shm", shm)
     if caches.stopped_by:
-        run.warnings.append(f"filling the caches stopped after {caches.n_batches} batch(es): {caches.stopped_by}")
-    for w in run.warnings:
-        run.emit({"event": "warning", "message": w})
+        exp.note("cache", f"filling the caches stopped after {caches.n_batches} batch(es): {caches.stopped_by}")
+    for n in exp.notes:
+        exp.emit({"event": "warning", "message": n.message})
 
 
-def probe_step(run: Run, coord: Any) -> None:
+def probe_step(exp: Experiment, coord: Any) -> None:
     """One step on a copy of a cached batch: does the step change its input in place?
     (It also makes the step's first, slow calls before anything is timed.) Under
     torchrun every rank steps once, or the others would wait in DDP's all-reduce."""
     if coord is None:
-        run.fresh = run.caches is not None and _step_mutates(run)
+        exp.fresh = exp.caches is not None and _step_mutates(exp)
     else:
         probe: list = []
-        coord.unit(lambda: probe.append(_step_mutates(run)), run.caches is None)
-        run.fresh = bool(probe and probe[0])
-    if run.fresh:
-        run.warnings.append("the training step changes its input batch in place: the cached points hand it a fresh "
-                            "copy each step (the copy is included in their time).")
+        coord.unit(lambda: probe.append(_step_mutates(exp)), exp.caches is None)
+        exp.fresh = bool(probe and probe[0])
+    if exp.fresh:
+        exp.note("step", "the training step changes its input batch in place: the cached points hand it a fresh "
+                         "copy each step (the copy is included in their time).")
 
 
-def _step_mutates(run: Run) -> bool:
-    batch = sources.device_batches(sources.host_batches(run.caches, run.spec, run.device, 1), run.move, run.device)[0]
+def one_device_batch(exp: Experiment) -> Any:
+    """A cached batch on the device, as the `device` point hands it out."""
+    return sources.device_batches(sources.host_batches(exp.caches, exp.spec, exp.device, 1), exp.move, exp.device)[0]
+
+
+def _step_mutates(exp: Experiment) -> bool:
+    batch = one_device_batch(exp)
     reference = tree.clone(batch)
     try:
-        run.step(batch)
+        exp.step(batch)
     except Exception:  # the points will fail with this error themselves
         return False
-    run.sync()
+    exp.sync()
     return not tree.same_values(batch, reference)
 
 
-def hold_allocator(run: Run, held: allocator.Held, coord: Any, max_seconds: float) -> dict:
+def hold_allocator(exp: Experiment, held: allocator.Held, coord: Any, max_seconds: float) -> dict:
     """Hold the allocator still for the rest of the run, timing the step alone just
     before and after (allocator.Held.time_step) when that can be done here: on the CPU,
     with a cached batch, in one process (under torchrun a step on one rank alone would
     wait for the others in DDP's all-reduce)."""
-    why = ("the step runs on an accelerator" if run.device.type != "cpu" else
+    why = ("the step runs on an accelerator" if exp.device.type != "cpu" else
            "not timed under torch.distributed" if coord is not None else
-           "the caches could not be filled" if run.caches is None else None)
+           "the caches could not be filled" if exp.caches is None else None)
     if why is not None:
         held.hold()
         return {"status": "skipped", "reason": why}
-    batch = sources.device_batches(sources.host_batches(run.caches, run.spec, run.device, 1), run.move, run.device)[0]
+    batch = one_device_batch(exp)
     try:
-        with run.watchdog(lambda: "the step timed alone (allocator)"):
-            return held.time_step(lambda: run.step(batch), min(ALLOCATOR_SECONDS, ALLOCATOR_SHARE * max_seconds),
-                                  run.clock)
+        with exp.watchdog(lambda: "the step timed alone (allocator)"):
+            return held.time_step(lambda: exp.step(batch), min(ALLOCATOR_SECONDS, ALLOCATOR_SHARE * max_seconds),
+                                  exp.clock)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # the points will fail with this error themselves
@@ -226,54 +307,8 @@ def hold_allocator(run: Run, held: allocator.Held, coord: Any, max_seconds: floa
 
 
 # --------------------------------------------------------------------------------------
-# One visit of a point
+# Which stage raised
 # --------------------------------------------------------------------------------------
-
-
-def visit(run: Run, name: str, deadline: float) -> PointResult:
-    """Open the point's source, time one visit (timing.measure), shut its workers down."""
-    t0 = run.clock()
-    opened = 0.0
-    try:
-        with run.watchdog(lambda: f"point {name}") as dog:
-            source, move = run.source(name)
-            with source as next_batch:
-                opened = run.clock() - t0
-                m = measure(next_batch, move, run.step, batch_size=run.batch_size,
-                            plan=run.plan, deadline=deadline, clock=run.clock, sync=run.sync,
-                            prefetch_depth=run.prefetch_depth(name),
-                            on_window=lambda i, w: run.emit({"event": "window", "point": name, "window": i,
-                                                             "max_windows": run.plan.windows_per_visit}),
-                            beat=dog.beat)
-    except (KeyboardInterrupt, BisectError):
-        raise
-    except Exception as exc:
-        return failed(run, name, exc)
-    if m.throughput is None:
-        return PointResult(name, "failed", reason="out of time before one window was measured (raise --max-seconds)",
-                           first_batch_seconds=opened + m.first_batch_seconds, warmup_steps=m.warmup_steps,
-                           stopped_by_deadline=True)
-    return PointResult(name, "ok", m.throughput, None, opened + m.first_batch_seconds, m.warmup_steps,
-                       m.stopped_by_deadline, steady=m.steady)
-
-
-def failed(run: Run, name: str, exc: BaseException) -> PointResult:
-    """A failed point: the stage whose code raised, and the original error."""
-    if isinstance(exc, faults.StepTimeout):
-        batch = faults.hang_location(exc) == "no batch"
-        if exc.past_end:
-            what = ("no batch came before the end of --max-seconds" if batch
-                    else "the training step was still running at the end of --max-seconds")
-        else:
-            what = (f"no batch in {run.step_timeout:g} s" if batch
-                    else f"the training step did not finish in {run.step_timeout:g} s") + " (--step-timeout)"
-        return PointResult(name, "failed", reason=f"{what}; its workers were terminated", failed_stage="hang")
-    stage, reason = faults.classify(exc)
-    if stage is None:
-        stage = _stage_from_traceback(exc, name, run.step, run.move)
-        if stage is not None:
-            reason = f"{stage} raised {reason}"
-    return PointResult(name, "failed", reason=reason, failed_stage=stage)
 
 
 def _stage_from_traceback(exc: BaseException, point: str, train_step: Any, move: Any) -> Optional[str]:

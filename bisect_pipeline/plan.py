@@ -1,0 +1,140 @@
+"""How long to measure a point, and the pure rules of a visit's windows: warm-up, window
+length, when to stop, which windows to keep. No clock is read here (visit.py reads it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+from .stats import Window
+
+# The whole run's bound by default: a clear pipeline settles in 10-15 s on 2 cores and
+# stops there; one that cannot be settled (a noisy machine, two stages alike) ends here,
+# inconclusive, rather than spend a minute (--max-seconds buys more rounds).
+DEFAULT_MAX_SECONDS = 30.0
+DEFAULT_CACHE_MB = 1024.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How long to measure a point.
+
+    Points are measured in visits, scheduled in rounds (rounds.py: the ceiling down, then
+    back up, and so on until the verdict is settled). A visit times windows of whole steps
+    (total steps / total time), `window_seconds` long and at least `min_window_steps`
+    steps each; it is warm once two consecutive windows agree within `steady_tolerance`
+    (the windows before them are warm-up, at most `max_warmup_windows`), and it keeps
+    `windows_per_visit` windows counting that pair. Defaults: about 1 s per visit on a
+    2-core machine, so two rounds over five points take about 10 s.
+    """
+
+    window_seconds: float = 0.25
+    windows_per_visit: int = 3
+    min_window_steps: int = 3
+    # Untimed steps before the first window (plus the batches the workers prefetched,
+    # which come out at once): the step's first calls and the loader's start-up.
+    min_warmup_steps: int = 2
+    # Two windows within 10% of each other: the spread above which a point is flagged as
+    # noisy (stats.NOISY_REL_IQR), so a warm point is one that is not visibly drifting.
+    steady_tolerance: float = 0.10
+    max_warmup_windows: int = 4
+    # Rounds: at least two (a pair, down then up, so that a machine drifting over the
+    # run weighs on every point alike), then more until the verdict is settled; those
+    # visit only the points that can still change it, so they are short. The deadline
+    # bounds them; max_rounds only stops a run that nothing could settle.
+    min_rounds: int = 2
+    max_rounds: int = 24
+
+    def __post_init__(self) -> None:
+        if self.window_seconds <= 0:
+            raise ValueError(f"Plan.window_seconds must be > 0, got {self.window_seconds}")
+        if self.windows_per_visit < 1 or self.min_window_steps < 1 or self.min_warmup_steps < 0:
+            raise ValueError("Plan needs windows_per_visit >= 1, min_window_steps >= 1 and min_warmup_steps >= 0")
+        if not 0 < self.steady_tolerance or self.max_warmup_windows < 0:
+            raise ValueError("Plan needs steady_tolerance > 0 and max_warmup_windows >= 0")
+        if not 1 <= self.min_rounds <= self.max_rounds:
+            raise ValueError(f"Plan needs 1 <= min_rounds <= max_rounds, got {self.min_rounds}, {self.max_rounds}")
+
+    def for_workers(self, num_workers: int) -> "Plan":
+        """This plan for a loader with `num_workers`: a window must span several batches
+        per worker, or it times one worker's burst."""
+        need = max(self.min_window_steps, 2 * num_workers)
+        return self if need == self.min_window_steps else dataclasses.replace(self, min_window_steps=need)
+
+    def window_steps(self, sec_per_step: float) -> int:
+        """Steps in a window of `window_seconds` at `sec_per_step`, at least min_window_steps:
+        the one window sizing rule (the first window from the warm-up's estimate, the
+        next ones from the first window's rate)."""
+        return max(self.min_window_steps, math.ceil(self.window_seconds / max(sec_per_step, 1e-9)))
+
+    def most_windows(self, keep: Optional[int] = None) -> int:
+        """The most windows one visit times: the warm-up ones and those it keeps."""
+        return self.max_warmup_windows + 1 + (keep or self.windows_per_visit)
+
+
+@dataclasses.dataclass(frozen=True)
+class VisitState:
+    """Where a visit stands after its windows so far (pure: see visit_state)."""
+
+    start: Optional[int]  # index of the first window kept, None while still warming up
+    steady: bool  # two consecutive windows agreed
+    done: bool
+
+
+def agree(a: Window, b: Window, tolerance: float) -> bool:
+    ra, rb = a.steps_per_sec, b.steps_per_sec
+    return abs(ra - rb) <= tolerance * max(ra, rb)
+
+
+def visit_state(windows: list, plan: Plan, keep: Optional[int] = None) -> VisitState:
+    """Warm-up ends at the first pair of consecutive windows that agree; after
+    max_warmup_windows windows without one, the visit goes on from there (not steady).
+    Done once `keep` windows (plan.windows_per_visit) are kept."""
+    keep = keep or plan.windows_per_visit
+    if plan.max_warmup_windows == 0:  # no steadiness asked for: every window counts
+        return VisitState(0, True, len(windows) >= keep)
+    start, steady = None, False
+    for i in range(1, len(windows)):
+        if i - 1 > plan.max_warmup_windows:
+            break
+        if agree(windows[i - 1], windows[i], plan.steady_tolerance):
+            start, steady = i - 1, True
+            break
+    if start is None and len(windows) > plan.max_warmup_windows + 1:
+        start = plan.max_warmup_windows
+    return VisitState(start, steady, start is not None and len(windows) - start >= keep)
+
+
+def kept_windows(windows: list, plan: Plan, keep: Optional[int] = None) -> tuple[int, bool]:
+    """(index of the first window kept, steady) for a visit that ended, done or not:
+    before a steady pair was seen, everything but the first window (the likeliest
+    warm-up) is kept, so a visit cut short by the deadline still counts."""
+    v = visit_state(windows, plan, keep)
+    if v.start is not None:
+        return v.start, v.steady
+    return (1 if len(windows) > 1 else 0), False
+
+
+@dataclasses.dataclass(frozen=True)
+class Next:
+    """What a visit does after a window (pure: see next_window)."""
+
+    go_on: bool
+    steps: int  # the next window's length
+    out_of_time: bool
+
+
+def next_window(windows: list, steps: int, plan: Plan, seconds_left: float, keep: Optional[int] = None) -> Next:
+    """After each window: stop once visit_state says done; else time another window of
+    `steps` steps, re-sized from the first window's rate (plan.window_steps), shortened
+    to the time left; stop (out of time) when not even min_window_steps fit."""
+    if len(windows) == 1:
+        w = windows[0]
+        steps = plan.window_steps(w.seconds / max(w.steps, 1))
+    if visit_state(windows, plan, keep).done or len(windows) >= plan.most_windows(keep):
+        return Next(False, steps, False)
+    per_step = windows[-1].seconds / max(windows[-1].steps, 1)
+    if seconds_left < plan.min_window_steps * per_step:
+        return Next(False, steps, True)
+    return Next(True, max(plan.min_window_steps, min(steps, int(seconds_left / max(per_step, 1e-9)))), False)
