@@ -4,21 +4,24 @@ Every rule fires only when its measured condition holds, and every finding carri
 numbers it rests on (`numbers`), so the advice is data first (the JSON's `advice`) and
 text second. Nothing here is generic: no number, no finding.
 
-The inputs are the Report: its verdict (stage costs from the bisection), `loader` (the
-user's settings, `loader.LoaderSpec.settings()`), `isolated` (costs measured alone, in
-this process: isolate.py) and `syncs` (host-device syncs in the step, CUDA only).
+The input is a diagnosis in the making (diagnosis.Diagnosis, before its advice): its
+verdict (stage costs from the bisection), `loader` (the user's settings,
+`loader.LoaderSpec.settings()`), `isolated` (costs measured alone, in this process:
+isolate.py) and `syncs` (host-device syncs in the step, CUDA only).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, ClassVar, Optional
 
+from .outcome import Checked
+from .results import BatchShape, Collate, Part, Record, SampleStructure
 from .stats import MIN_REL_DROP, is_real
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .report import Report
+    from .diagnosis import Diagnosis as Report
 
 # Input-bound class of the whole pipeline, from Verdict.input_bound_fraction: the share
 # of the ceiling's throughput lost to input, 1 - full/ceiling = gap / t(full). The
@@ -51,15 +54,18 @@ WORKER_STAGES = ("load", "augment", "collate")
 
 
 @dataclasses.dataclass(frozen=True)
-class Finding:
-    kind: str  # num_workers, cores, pin_memory, uint8_payload, collate, storage, augment, handoff, batch_size, syncs,
-    # allocator
-    stage: str  # the stage it is about (or "step")
-    message: str
-    numbers: dict  # the measured numbers and settings it rests on
+class Finding(Record):
+    """One thing to change: `kind` (num_workers, cores, pin_memory, uint8_payload, collate,
+    storage, augment, handoff, batch_size, syncs, allocator), the stage it is about (or
+    "step"), the message, the measured numbers and settings it rests on, and what the
+    advice's check measured of it (outcome.verified), once checked."""
 
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "stage": self.stage, "message": self.message, "numbers": dict(self.numbers)}
+    _nested: ClassVar[dict] = {"verified": Checked}
+    kind: str
+    stage: str
+    message: str
+    numbers: dict = dataclasses.field(default_factory=dict)
+    verified: Optional[Checked] = None
 
 
 def input_bound_class(r: "Report") -> Optional[str]:
@@ -82,12 +88,8 @@ def input_bound_class(r: "Report") -> Optional[str]:
     return "highly"
 
 
-def advise(r: "Report") -> list:
-    """The findings as JSON-ready dicts (kind, stage, message, numbers)."""
-    return [f.to_dict() for f in findings(r)]
-
-
 def findings(r: "Report") -> list:
+    """Every rule whose measured condition holds, in the report's order."""
     ctx = _Context(r)
     out: list = []
     for rule in (_workers, _pin_memory, _uint8_payload, _collate, _storage, _augment, _handoff, _batch_size, _syncs,
@@ -108,7 +110,6 @@ class _Context:
         self.r = r
         self.b = r.verdict.bottleneck
         self.lo = r.loader or {}
-        self.iso = r.isolated or {}
         self.workers = int(self.lo.get("num_workers") or 0)
         self.cuda = str(r.device).startswith("cuda")
         self.t_full = _sec_per_batch(r, "full")
@@ -128,9 +129,9 @@ class _Context:
         s = self.stage(name)
         return None if s is None or s.sec_per_batch is None else s.sec_per_batch * 1e3
 
-    def part(self, name: str) -> dict:
-        p = self.iso.get(name)
-        return p if isinstance(p, dict) and p.get("status") == "ok" else {}
+    def part(self, name: str) -> Optional[Part]:
+        """The isolated measurement `name` (isolate.py) when it was made, else None."""
+        return self.r.isolated.part(name) if self.r.isolated is not None else None
 
 
 def _sec_per_batch(r: "Report", point: str) -> Optional[float]:
@@ -176,16 +177,15 @@ def _workers_needed(c: _Context) -> Optional[dict]:
     """Workers that would feed the step: from the isolated costs when measured, else from
     the bisection (with num_workers=0 a stage's drop is its serial cost per batch)."""
     w = c.part("workers")
-    if w.get("needed"):
-        return {"needed": int(w["needed"]), "worker_ms_per_batch": w["worker_ms_per_batch"],
-                "step_ms_per_batch": w["step_ms_per_batch"], "cores": int(w["cores"]),
-                "available": int(w["available"]), "step_threads": int(w.get("step_threads") or 0),
-                "source": "isolated costs"}
+    if w is not None and w.needed:
+        return {"needed": int(w.needed), "worker_ms_per_batch": w.worker_ms_per_batch,
+                "step_ms_per_batch": w.step_ms_per_batch, "cores": int(w.cores), "available": int(w.available),
+                "step_threads": int(w.step_threads or 0), "source": "isolated costs"}
     if c.workers != 0 or c.t_ceiling is None:
         return None
     work = sum(max(0.0, c.stage_ms(s) or 0.0) for s in WORKER_STAGES)
     step_ms = c.t_ceiling * 1e3
-    cores = int((c.r.run or {}).get("cpu_count") or 1)
+    cores = int(c.r.run.cpu_count or 1)
     return {"needed": max(1, math.ceil(work / step_ms)), "worker_ms_per_batch": _r(work), "step_ms_per_batch": _r(step_ms),
             "cores": cores, "available": max(0, cores - 1), "source": "bisection stage costs (num_workers=0)"}
 
@@ -279,8 +279,8 @@ def _transfer_ms(c: _Context) -> tuple[Optional[float], str]:
     if c.significant("transfer"):
         return c.stage_ms("transfer"), "bisection (host -> device points)"
     t = c.part("transfer")
-    if t.get("ms_per_batch") is not None and c.t_full and t["ms_per_batch"] / 1e3 >= MIN_ACTIONABLE_SHARE * c.t_full:
-        return t["ms_per_batch"], "isolated copy"
+    if t is not None and t.ms_per_batch is not None and c.t_full and t.ms_per_batch / 1e3 >= MIN_ACTIONABLE_SHARE * c.t_full:
+        return t.ms_per_batch, "isolated copy"
     return None, ""
 
 
@@ -292,24 +292,26 @@ def _pin_memory(c: _Context):
     if ms is None:
         return None
     t = c.part("transfer")
-    gbs = t.get("gb_per_s")
+    gbs = t.gb_per_s if t is not None else None
+    nbytes = t.bytes_per_batch if t is not None else None
     bw = f" at {gbs:.1f} GB/s" if gbs else ""
-    size = f" ({t['bytes_per_batch'] / 2**20:.1f} MB)" if t.get("bytes_per_batch") else ""
+    size = f" ({nbytes / 2**20:.1f} MB)" if nbytes else ""
     head = headroom(c, "transfer")
     return Finding("pin_memory", "transfer", (
         f"The host-to-device copy of each batch{size} costs {ms:.1f} ms{bw} and pin_memory=False: pageable memory "
         "is copied through a staging buffer and the copy blocks the step. Set pin_memory=True and move batches with "
         ".to(device, non_blocking=True) so the copy overlaps compute." + _headroom_text(head, "transfer")),
         {"transfer_ms_per_batch": _r(ms), "source": source, "gb_per_s": gbs,
-         "bytes_per_batch": t.get("bytes_per_batch"), "pin_memory": False, "headroom": head,
+         "bytes_per_batch": nbytes, "pin_memory": False, "headroom": head,
          "recommended": {"pin_memory": True, "non_blocking": True}})
 
 
 def _uint8_payload(c: _Context):
     """Floating-point images crossing the bus (or the worker handoff) with a measured
     cost there -> send uint8 and convert/normalize on the device."""
-    images = [t for t in (c.part("batch").get("tensors") or []) if t.get("image") and t.get("dtype") in _FLOAT_BYTES
-              and _FLOAT_BYTES[t["dtype"]] > 1]
+    batch = c.part("batch")
+    images = [t for t in (batch.tensors or () if batch is not None else ()) if t.image and t.dtype in _FLOAT_BYTES
+              and _FLOAT_BYTES[t.dtype] > 1]
     if not images:
         return None
     ms, source = _transfer_ms(c) if c.cuda else (None, "")
@@ -318,16 +320,17 @@ def _uint8_payload(c: _Context):
         ms, source, stage = c.stage_ms("handoff"), "bisection (collated -> host points)", "handoff"
     if ms is None:
         return None
-    img = max(images, key=lambda t: t["bytes"])
-    factor = _FLOAT_BYTES[img["dtype"]]
-    saved = img["bytes"] - img["bytes"] // factor
+    img = max(images, key=lambda t: t.bytes)
+    factor = _FLOAT_BYTES[img.dtype]
+    saved = img.bytes - img.bytes // factor
+    shape = list(img.shape)
     where = "the host-to-device copy" if stage == "transfer" else "the hand-off from workers to the loop"
     return Finding("uint8_payload", stage, (
-        f"{img['path']} is a {img['dtype']} image batch {img['shape']} ({img['bytes'] / 2**20:.1f} MB) and {where} "
+        f"{img.path} is a {img.dtype} image batch {shape} ({img.bytes / 2**20:.1f} MB) and {where} "
         f"costs {ms:.1f} ms per batch: keep images uint8 through the loader (drop ToTensor/Normalize from the "
         f"transforms, e.g. PILToTensor) and convert and normalize on the device inside the step: {factor}x less "
         f"payload ({saved / 2**20:.1f} MB less per batch)."),
-        {"tensor": img["path"], "dtype": img["dtype"], "shape": img["shape"], "bytes": img["bytes"],
+        {"tensor": img.path, "dtype": img.dtype, "shape": shape, "bytes": img.bytes,
          "bytes_saved": saved, "stage_ms_per_batch": _r(ms), "source": source})
 
 
@@ -336,36 +339,24 @@ def _collate(c: _Context):
     if c.b != "collate" or not c.significant("collate"):
         return None
     ms = c.stage_ms("collate")
-    col, st, batch = c.part("collate"), c.part("sample_structure"), c.part("batch")
-    name = c.lo.get("collate_fn") or col.get("collate_fn") or "collate_fn"
+    col = c.part("collate") or Collate()
+    st = c.part("sample_structure")
+    batch = c.part("batch") or BatchShape()
+    name = c.lo.get("collate_fn") or col.collate_fn or "collate_fn"
     numbers = {"collate_ms_per_batch": _r(ms), "collate_fn": name,
-               "isolated_ms_per_batch": col.get("ms_per_batch"),
-               "default_collate_ms_per_batch": col.get("default_collate_ms_per_batch"),
-               "sample_structure": {k: v for k, v in st.items() if k != "status"} or None,
-               "batch_tensors": batch.get("n_tensors"), "batch_bytes": batch.get("bytes")}
+               "isolated_ms_per_batch": col.ms_per_batch,
+               "default_collate_ms_per_batch": col.default_collate_ms_per_batch,
+               "sample_structure": {k: v for k, v in st.to_dict().items() if k != "status"} if st else None,
+               "batch_tensors": batch.n_tensors, "batch_bytes": batch.bytes}
     causes = []
-    own, dflt = col.get("ms_per_batch"), col.get("default_collate_ms_per_batch")
+    own, dflt = col.ms_per_batch, col.default_collate_ms_per_batch
     if own is not None and dflt is not None and own >= OWN_COLLATE_WORK_RATIO * max(dflt, 1e-3):
         causes.append(f"{name} costs {own:.1f} ms per batch alone against {dflt:.2f} ms for torch's default_collate "
                       "on the same samples: the cost is the function's own work (per-sample Python, padding, copies), "
                       "not the batch structure; vectorize it or move it into the dataset's transforms (in the workers)")
-    if st.get("numbers", 0) >= MANY_NUMBERS or st.get("longest_list", 0) >= MANY_NUMBERS:
-        causes.append(f"each sample carries {st.get('numbers', 0)} Python numbers (longest list "
-                      f"{st.get('longest_list', 0)}): default_collate builds one tensor per position; return one "
-                      "tensor per field from __getitem__")
-    if st.get("ndarrays", 0):
-        causes.append(f"each sample carries {st['ndarrays']} numpy array(s), converted one by one: return torch "
-                      "tensors (torch.from_numpy) from __getitem__")
-    if st.get("tensors", 0) >= MANY_TENSORS:
-        causes.append(f"each sample carries {st['tensors']} separate tensors, stacked one by one: concatenate them "
-                      "into fewer, larger tensors")
-    if st.get("images", 0):
-        causes.append(f"{st['images']} PIL image(s) per sample reach collate_fn: convert to tensors in the transform")
-    if st.get("strings", 0):
-        causes.append(f"{st['strings']} string(s) per sample are gathered into Python lists: map them to ids in "
-                      "the dataset")
-    if not causes and batch.get("bytes"):
-        causes.append(f"the batch is {batch.get('n_tensors')} tensor(s), {batch['bytes'] / 2**20:.1f} MB: collate "
+    causes.extend(_structure_causes(st or SampleStructure()))
+    if not causes and batch.bytes:
+        causes.append(f"the batch is {batch.n_tensors} tensor(s), {batch.bytes / 2**20:.1f} MB: collate "
                       "copies every byte once; shrink the payload (uint8, smaller crops) or build the batch in one "
                       "preallocated tensor")
     if not causes:
@@ -375,16 +366,36 @@ def _collate(c: _Context):
                    + _headroom_text(head, "collate"), numbers)
 
 
+def _structure_causes(st: SampleStructure) -> list:
+    """What in one sample makes default_collate slow (isolate.sample_structure)."""
+    causes = []
+    if st.numbers >= MANY_NUMBERS or st.longest_list >= MANY_NUMBERS:
+        causes.append(f"each sample carries {st.numbers} Python numbers (longest list {st.longest_list}): "
+                      "default_collate builds one tensor per position; return one tensor per field from __getitem__")
+    if st.ndarrays:
+        causes.append(f"each sample carries {st.ndarrays} numpy array(s), converted one by one: return torch "
+                      "tensors (torch.from_numpy) from __getitem__")
+    if st.tensors >= MANY_TENSORS:
+        causes.append(f"each sample carries {st.tensors} separate tensors, stacked one by one: concatenate them "
+                      "into fewer, larger tensors")
+    if st.images:
+        causes.append(f"{st.images} PIL image(s) per sample reach collate_fn: convert to tensors in the transform")
+    if st.strings:
+        causes.append(f"{st.strings} string(s) per sample are gathered into Python lists: map them to ids in "
+                      "the dataset")
+    return causes
+
+
 def _storage(c: _Context):
     """A load bottleneck -> storage, file format, decoding, caching, with its numbers."""
     if c.b != "load" or not c.significant("load"):
         return None
     ms = c.stage_ms("load")
     load = c.part("load")
-    per_sample = load.get("ms_per_sample")
+    per_sample = load.ms_per_sample if load is not None else None
     bs = c.r.batch_size
     numbers = {"load_ms_per_batch": _r(ms), "isolated_ms_per_sample": per_sample, "batch_size": bs,
-               "dataset": c.lo.get("dataset"), "num_workers": c.workers, "cache": c.r.cache or None}
+               "dataset": c.lo.get("dataset"), "num_workers": c.workers, "cache": c.r.cache.to_dict() if c.r.cache.batches is not None else None}
     cap = ""
     if per_sample:
         rate = max(1, c.workers) * 1e3 / per_sample
@@ -406,10 +417,11 @@ def _augment(c: _Context):
         return None
     ms = c.stage_ms("augment")
     aug = c.part("augment")
-    found = list((c.r.cache or {}).get("raw_transforms") or [])
-    numbers = {"augment_ms_per_batch": _r(ms), "isolated_ms_per_sample": aug.get("ms_per_sample"),
+    per_sample = aug.ms_per_sample if aug is not None else None
+    found = list(c.r.cache.raw_transforms or ())
+    numbers = {"augment_ms_per_batch": _r(ms), "isolated_ms_per_sample": per_sample,
                "transforms": found, "num_workers": c.workers}
-    alone = f" ({aug['ms_per_sample']:.2f} ms per sample alone)" if aug.get("ms_per_sample") is not None else ""
+    alone = f" ({per_sample:.2f} ms per sample alone)" if per_sample is not None else ""
     which = ", ".join(found) or "the dataset's transforms"
     head = numbers["headroom"] = headroom(c, "augment")
     return Finding("augment", "augment", (
@@ -423,10 +435,10 @@ def _handoff(c: _Context):
     if c.b != "handoff" or not c.significant("handoff"):
         return None
     ms = c.stage_ms("handoff")
-    batch = c.part("batch")
-    numbers = {"handoff_ms_per_batch": _r(ms), "batch_bytes": batch.get("bytes"), "n_tensors": batch.get("n_tensors"),
+    batch = c.part("batch") or BatchShape()
+    numbers = {"handoff_ms_per_batch": _r(ms), "batch_bytes": batch.bytes, "n_tensors": batch.n_tensors,
                "num_workers": c.workers, "pin_memory": c.lo.get("pin_memory")}
-    size = f" a batch of {batch['n_tensors']} tensor(s), {batch['bytes'] / 2**20:.1f} MB," if batch.get("bytes") else ""
+    size = f" a batch of {batch.n_tensors} tensor(s), {batch.bytes / 2**20:.1f} MB," if batch.bytes else ""
     head = numbers["headroom"] = headroom(c, "handoff")
     pin = (" pin_memory=True pins each batch in the loop's pinning thread: check it against pin_memory=False with "
            "--sweep pin_memory=0,1." if c.lo.get("pin_memory") else "")
@@ -441,26 +453,26 @@ def _batch_size(c: _Context):
     if not c.cuda:
         return None
     mem = c.part("memory")
-    frac = mem.get("fraction")
+    frac = mem.fraction if mem is not None else None
     if frac is None or frac >= MEMORY_UNUSED_FRACTION or input_bound_class(c.r) != "not":
         return None
     bs = c.r.batch_size
     room = int(bs * MEMORY_UNUSED_FRACTION / max(frac, 1e-6))
     return Finding("batch_size", "step", (
-        f"The step is the limit and peaks at {mem['peak_bytes'] / 2**30:.2f} GB of {mem['total_bytes'] / 2**30:.0f} GB "
+        f"The step is the limit and peaks at {mem.peak_bytes / 2**30:.2f} GB of {mem.total_bytes / 2**30:.0f} GB "
         f"GPU memory ({frac * 100:.0f}%): a larger batch (up to about {room} from {bs}, keeping half the memory free) "
         "raises samples/s. It changes the optimization: retune the learning rate."),
-        {"peak_bytes": mem["peak_bytes"], "total_bytes": mem["total_bytes"], "fraction": frac, "batch_size": bs,
+        {"peak_bytes": mem.peak_bytes, "total_bytes": mem.total_bytes, "fraction": frac, "batch_size": bs,
          "batch_size_fits_about": room})
 
 
 def _syncs(c: _Context):
     """Host-device syncs counted in the step (CUDA) -> where they are and why they hurt."""
-    s = c.r.syncs or {}
-    if s.get("status") != "ok" or not s.get("per_step"):
+    s = c.r.syncs
+    if s is None or not s.ok or not s.per_step:
         return None
-    per = s["per_step"]
-    sites = ", ".join(f"{x['where']} ({x['count']}x)" for x in s.get("sites", [])[:3])
+    per = s.per_step
+    sites = ", ".join(f"{x.where} ({x.count}x)" for x in (s.sites or ())[:3])
     cls = input_bound_class(c.r)
     tie = (f" The pipeline is {cls} input-bound: a syncing step also stalls while it waits, so the loader's "
            "prefetching overlaps less." if cls in ("moderately", "highly") else "")
@@ -468,7 +480,7 @@ def _syncs(c: _Context):
         f"The training step synchronizes host and device {per:g} time(s) per step (at {sites}): each sync stops the "
         "CPU from queueing work until the GPU catches up. Remove .item(), .cpu(), print of tensors and "
         "data-dependent shapes from the step, or accumulate metrics on the device." + tie),
-        {"per_step": per, "total": s.get("total"), "steps": s.get("steps"), "sites": s.get("sites", []),
+        {"per_step": per, "total": s.total, "steps": s.steps, "sites": [x.to_dict() for x in s.sites or ()],
          "input_bound_class": cls})
 
 
@@ -476,9 +488,9 @@ def _allocator(c: _Context):
     """The step alone costs more with glibc's default malloc settings than with freed
     memory kept (allocator.Held.time_step) -> the variables that keep it."""
     a = c.part("allocator")
-    if not a.get("real"):
+    if a is None or not a.real:
         return None
-    d, h = a["default_ms_per_batch"], a["held_ms_per_batch"]
+    d, h = a.default_ms_per_batch, a.held_ms_per_batch
     gain = d / h - 1 if h else None
     return Finding("allocator", "step", (
         f"The step alone takes {d:.1f} ms per batch with this process's malloc settings and {h:.1f} ms with freed "
@@ -486,6 +498,6 @@ def _allocator(c: _Context):
         "page-faults it in again (in your loop, other allocations between steps can make it worse). Start training with MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=-1 "
         "(keeps at most the process's peak), or preload jemalloc or tcmalloc (LD_PRELOAD=libjemalloc.so.2)"
         + (f": {gain * 100:+.0f}% for the step alone." if gain else ".")),
-        {"default_ms_per_batch": d, "held_ms_per_batch": h, "cost_ms_per_batch": a["cost_ms_per_batch"],
-         "noise_ms": a["noise_ms"], "gain_if_held": _r(gain, 4) if gain is not None else None,
+        {"default_ms_per_batch": d, "held_ms_per_batch": h, "cost_ms_per_batch": a.cost_ms_per_batch,
+         "noise_ms": a.noise_ms, "gain_if_held": _r(gain, 4) if gain is not None else None,
          "recommended": {"env": {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "-1"}}})

@@ -24,7 +24,8 @@ import os
 import platform
 from typing import Callable, Optional
 
-from .stats import IQR_PER_SIGMA, MEDIAN_SE_FACTOR, iqr, is_real, median
+from .results import AllocatorHold, AllocatorTiming
+from .stats import is_real, median, median_se
 
 # mallopt(3) parameter numbers (malloc.h).
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
@@ -126,7 +127,7 @@ def after_settings(env: Optional[dict] = None) -> Settings:
 class Held:
     """The allocator of one run: `time_step` (optional) times the step as the process
     runs now, holds the allocator still and times it again; `hold` holds it without
-    timing; `release` ends the hold. `to_dict` is the run's `allocator` block."""
+    timing; `release` ends the hold. `record` is the run's `allocator` block."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.glibc: Optional[Glibc] = None
@@ -154,39 +155,38 @@ class Held:
             self.glibc.release()
             self.holding = False
 
-    def time_step(self, step_once: Callable[[], None], budget_s: float, clock: Callable[[], float]) -> dict:
+    def time_step(self, step_once: Callable[[], None], budget_s: float, clock: Callable[[], float]) -> AllocatorTiming:
         """The step alone as the process runs now (glibc's sliding thresholds, or what
         the user set), then held still: BLOCK_STEPS-or-more timed steps each, in half of
         `budget_s` each, after one untimed transition step. Then the allocator stays held.
 
         The default cannot be timed again after: any mallopt call ends glibc's sliding
         threshold for good. The cost is the difference of the two median steps, real when
-        above the noise of the steps (stats.is_real)."""
+        above the noise of the steps (stats.is_real on stats.median_se)."""
         if self.glibc is None:
             self.hold()
-            return {"status": "skipped", "reason": self.reason}
+            return AllocatorTiming.missing("skipped", self.reason)
         for _ in range(WARMUP_STEPS - 1):  # _block's own first step is the last of them
             step_once()
         default = _block(step_once, budget_s / 2, clock)
         if not self.hold():
-            return {"status": "skipped", "reason": self.reason}
+            return AllocatorTiming.missing("skipped", self.reason)
         held = _block(step_once, budget_s / 2, clock)
         d, h = median(default), median(held)
-        sigma = math.hypot(_se(default), _se(held))
-        return {"status": "ok", "default_ms_per_batch": round(d * 1e3, 3), "held_ms_per_batch": round(h * 1e3, 3),
-                "cost_ms_per_batch": round((d - h) * 1e3, 3), "noise_ms": round(sigma * 1e3, 3),
-                "real": is_real(d - h, sigma, h), "steps": [len(default), len(held)], "held": HELD.to_dict(),
-                "source": "the step alone on one cached batch, before and after holding the allocator still"}
+        sigma = math.hypot(median_se(default), median_se(held))
+        return AllocatorTiming(default_ms_per_batch=round(d * 1e3, 3), held_ms_per_batch=round(h * 1e3, 3),
+                               cost_ms_per_batch=round((d - h) * 1e3, 3), noise_ms=round(sigma * 1e3, 3),
+                               real=is_real(d - h, sigma, h), steps=(len(default), len(held)), held=HELD.to_dict(),
+                               source="the step alone on one cached batch, before and after holding the allocator "
+                                      "still")
 
-    def to_dict(self) -> dict:
-        out = {"controlled": self.controlled, "allocator": self.platform}
-        if self.controlled:
-            out.update(during=HELD.to_dict(), after=self.after.to_dict(),
-                       note="freed memory is kept for reuse during the run; afterwards the free memory is given back "
-                            "(malloc_trim) and the parameters are set to 'after'")
-        else:
-            out["reason"] = self.reason
-        return out
+    def record(self) -> AllocatorHold:
+        """The run's `allocator` block: held still or not, and how."""
+        if not self.controlled:
+            return AllocatorHold(controlled=False, allocator=self.platform, reason=self.reason)
+        return AllocatorHold(controlled=True, allocator=self.platform, during=HELD.to_dict(), after=self.after.to_dict(),
+                             note="freed memory is kept for reuse during the run; afterwards the free memory is given "
+                                  "back (malloc_trim) and the parameters are set to 'after'")
 
 
 def _block(step_once: Callable[[], None], budget_s: float, clock: Callable[[], float]) -> list:
@@ -198,10 +198,3 @@ def _block(step_once: Callable[[], None], budget_s: float, clock: Callable[[], f
         step_once()
         times.append(clock() - t)
     return times
-
-
-def _se(times: list) -> float:
-    """Standard error of a median step: the spread of the steps (IQR/1.349) as sigma."""
-    if len(times) < 2:
-        return 0.0
-    return MEDIAN_SE_FACTOR * iqr(times) / IQR_PER_SIGMA / math.sqrt(len(times))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import platform
 import time
 from typing import Any, Callable, Iterable, Optional
 
@@ -16,8 +14,10 @@ from .cache import DEFAULT_CACHE_BATCHES
 from .errors import BisectError
 from .experiment import Experiment
 from .plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Plan
-from .report import NOT_SELECTED, PointResult, Report, build
+from .diagnosis import to_check
+from .report import Report
 from .report.ranks import combine
+from .results import Isolated, Syncs, Verification
 from .rounds import Rounds
 from .verdict import POINTS
 from .verify import VERIFY_SHARE, Trials
@@ -63,56 +63,61 @@ def bisect(
                               to_device=to_device, batch_size=batch_size)
     validate(wl, "bisect()")
     dev = devices.resolve(device)
-    selected = check_options(points, max_seconds, cache_mb, cache_batches, step_timeout, verify_seconds)
+    selected = check_options(points, max_seconds=max_seconds, cache_mb=cache_mb, cache_batches=cache_batches,
+                             step_timeout=step_timeout, verify_seconds=verify_seconds)
     spec = _describe(wl.loader)
     coord = distributed.Coordinator.current()  # None unless a process group of 2+ ranks is up
     exp = _start(spec, dev, coord, wl.model, plan=plan, clock=clock, progress=progress, step_timeout=step_timeout,
                  max_seconds=max_seconds, verify_seconds=verify_seconds)
-    held, found = allocator.Held(hold_allocator), {}
-    interrupted = _measure(exp, wl, coord, selected, held, found, cache_mb=cache_mb, cache_batches=cache_batches,
-                           max_seconds=max_seconds, verify_seconds=verify_seconds)
-    report = _report(exp, selected, found, held, interrupted, max_seconds)
+    held = allocator.Held(hold_allocator)
+    waits, interrupted = _measure(exp, wl, coord, selected, held, cache_mb=cache_mb, cache_batches=cache_batches,
+                                  max_seconds=max_seconds, verify_seconds=verify_seconds)
+    report = Report.of(exp.measurements(selected, held=held.record(), interrupted=interrupted))
     if interrupted:
         raise Interrupted(report)
     if coord is None:
         return report
-    return combine(report, distributed.gather_reports(report, coord, found.get("waits", {})), coord.rank)
+    return combine(report, distributed.gather_reports(report, coord, waits), coord.rank)
 
 
-def _measure(exp: Experiment, wl: Workload, coord: Any, selected: tuple, held: allocator.Held, found: dict, *,
-             cache_mb: float, cache_batches: int, max_seconds: float, verify_seconds: Optional[float]) -> bool:
+def _measure(exp: Experiment, wl: Workload, coord: Any, selected: tuple, held: allocator.Held, *,
+             cache_mb: float, cache_batches: int, max_seconds: float, verify_seconds: Optional[float]) -> tuple:
     """The phases that run the user's code, inside its preserved state: fill, probe, hold
     the allocator, the points (rounds, or lockstep under torchrun), the isolated timings
-    and the advice's check. True when interrupted (Ctrl-C)."""
+    and the advice's check, each keeping what it measured in `exp`. Returns (the waits
+    for data per point under torchrun, interrupted by Ctrl-C)."""
+    waits: dict = {}
     try:
         with state.preserved(wl.model, wl.optimizer, exp.device):
             exp.use(wl)
             experiment.fill(exp, selected, cache_mb=cache_mb, cache_batches=cache_batches, max_seconds=max_seconds,
                             batch_size=wl.batch_size)
             experiment.probe_step(exp, coord)
-            found["allocator"] = experiment.hold_allocator(exp, held, coord, max_seconds)
+            exp.allocator_timing = experiment.hold_allocator(exp, held, coord, max_seconds)
             if coord is None:
                 schedule = Rounds(exp, selected)
                 drive_all(schedule, exp.step)
-                found["schedule"] = schedule.info
-                found["isolated"] = isolate.after_points(exp, max_seconds=max_seconds)
-                draft = _report(exp, selected, found, held, False, max_seconds)
-                found["verification"] = _verify(exp, draft, verify_seconds)
+                exp.schedule = schedule.info
+                exp.isolated, exp.syncs = isolate.after_points(exp, max_seconds=max_seconds)
+                draft = exp.measurements(selected, held=held.record(), interrupted=False)
+                exp.verification = _verify(exp, to_check(draft), verify_seconds)
             else:
                 schedule = distributed.LockstepPoints(exp, coord, selected)
                 drive_all(schedule, exp.step)
-                found["waits"] = schedule.waits
+                waits = schedule.waits
     except KeyboardInterrupt:
-        return True
+        return waits, True
     finally:
         held.release()
-    return False
+        if exp.isolated is None:
+            exp.isolated, exp.syncs = _not_isolated()
+    return waits, False
 
 
 def _start(spec, dev, coord, model, *, plan, clock, progress, step_timeout, max_seconds,
            verify_seconds) -> Experiment:
-    """The Run, its clock started (on every rank together under torchrun, whose units run
-    under Join over the model's DDP modules)."""
+    """The Experiment, its clock started (on every rank together under torchrun, whose
+    units run under Join over the model's DDP modules)."""
     if coord is not None:
         coord.watch(model)
         coord.broadcast([0.0])
@@ -121,72 +126,31 @@ def _start(spec, dev, coord, model, *, plan, clock, progress, step_timeout, max_
     # the verification's share is kept from the rounds that only settle the verdict
     keep = VERIFY_SHARE * max_seconds if coord is None and verify_seconds is None else 0.0
     return Experiment(spec, dev, (plan or Plan()).for_workers(spec.num_workers), clock, progress or (lambda e: None),
-                       step_timeout, start=start, end=start + max_seconds, deadline=start + max_seconds - room,
-                       settle_deadline=start + max_seconds - room - keep)
+                      step_timeout, start=start, end=start + max_seconds, deadline=start + max_seconds - room,
+                      settle_deadline=start + max_seconds - room - keep)
 
 
-def _verify(exp: Experiment, draft: Report, verify_seconds: Optional[float]) -> dict:
+def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float]) -> Verification:
     """The advice's recommended settings measured against the user's (verify.Trials).
     verify_seconds None: in what the bisection leaves of max_seconds (the rounds that
     only settle a verdict already made stop VERIFY_SHARE of it early; an undecided
     verdict may use it all); 0: off; a number: a budget of its own, on top of max_seconds."""
     if verify_seconds == 0:
-        return {"status": "off", "reason": "verification turned off (verify_seconds=0)", "trials": []}
+        return Verification(status="off", reason="verification turned off (verify_seconds=0)")
     budget = max(0.0, exp.end - exp.clock()) if verify_seconds is None else float(verify_seconds)
     if budget < 2 * exp.plan.window_seconds:
-        return {"status": "out of time", "budget_s": round(budget, 3), "trials": [],
-                "reason": "the bisection used --max-seconds; give the check a budget of its own with --verify-seconds"}
-    trials = Trials(exp, list(draft.advice), budget_s=budget, threads=torch.get_num_threads(), cores=isolate.cores())
+        return Verification(status="out of time", budget_s=round(budget, 3),
+                            reason="the bisection used --max-seconds; give the check a budget of its own with "
+                                   "--verify-seconds")
+    trials = Trials(exp, list(advice), budget_s=budget, threads=torch.get_num_threads(), cores=isolate.cores())
     drive_all(trials, exp.step)
     return trials.result
 
 
-def _report(run: Experiment, selected: tuple, found: dict, held: allocator.Held, interrupted: bool,
-            max_seconds: float) -> Report:
-    for name in POINTS:
-        if name not in selected:
-            run.results[name] = PointResult(name, "skipped", reason=NOT_SELECTED)
-        elif name not in run.results:
-            run.results[name] = PointResult(name, "not run", reason="interrupted" if interrupted else "out of time")
-    complete = not interrupted and all(p.status != "not run" and not p.stopped_by_deadline
-                                       for p in run.results.values())
-    info = _run_info(max_seconds, run.clock() - run.start)
-    info.update(allocator=held.to_dict(), **found.get("schedule", {}))
-    isolated, syncs = found.get("isolated") or _not_isolated(run)
-    if isolated.get("status") == "ok" and found.get("allocator"):
-        isolated = dict(isolated, allocator=found["allocator"])
-    return build(run.results.values(), run.batch_size, str(run.device), batch_size_source=_size_source(run),
-                 loader=run.spec.settings(), verification=found.get("verification"),
-                 cache=_cache_info(run.caches), warnings=[n.message for n in run.notes], run=info, complete=complete,
-                 interrupted=interrupted, isolated=isolated, syncs=syncs)
-
-
-def _size_source(run: Experiment) -> str:
-    if run.caches is not None:
-        return run.caches.batch_size_source
-    return "DataLoader.batch_size" if run.spec.batch_size is not None else "unknown (the caches could not be filled)"
-
-
-def _not_isolated(run: Experiment) -> tuple[dict, dict]:
+def _not_isolated() -> tuple[Isolated, Syncs]:
     reason = ("not timed under torch.distributed: isolated steps would break the ranks' lockstep"
               if distributed.env_world_size() > 1 else "interrupted before the isolated timings")
-    return {"status": "skipped", "reason": reason}, {"status": "skipped", "reason": reason}
-
-
-def _cache_info(caches) -> dict:
-    if caches is None:
-        return {}
-    return {"batches": caches.n_batches, "samples": len(caches.samples), "batch_bytes": caches.batch_bytes,
-            "fill_seconds": round(caches.fill_seconds, 4), "limited_by": caches.limited_by,
-            "raw_transforms": caches.raw_found}
-
-
-def _run_info(max_seconds: float, elapsed: float) -> dict:
-    import torchvision
-
-    return {"max_seconds": max_seconds, "elapsed_s": round(elapsed, 3), "torch": torch.__version__,
-            "torchvision": torchvision.__version__, "python": platform.python_version(),
-            "platform": platform.platform(), "cpu_count": os.cpu_count()}
+    return Isolated.missing("skipped", reason), Syncs.missing("skipped", reason)
 
 
 # --------------------------------------------------------------------------------------
@@ -194,7 +158,7 @@ def _run_info(max_seconds: float, elapsed: float) -> dict:
 # --------------------------------------------------------------------------------------
 
 
-def check_options(points: Optional[Iterable[str]], max_seconds: float, cache_mb: float, cache_batches: int,
+def check_options(points: Optional[Iterable[str]], *, max_seconds: float, cache_mb: float, cache_batches: int,
                   step_timeout: Optional[float], verify_seconds: Optional[float] = None) -> tuple:
     """The selected points, after every option is checked (a BisectError names the bad one)."""
     if points is None:

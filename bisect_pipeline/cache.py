@@ -64,61 +64,78 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
     start = clock()
     found_warnings = _pipeline_warnings(spec)
     rec = _Recording(spec)
-    samples: list = []
-    batches: list = []
-    batch_bytes = 0
-    limited_by = stopped_by = None
-    positions: list = []
+    kept = _Kept()
     groups = _sample_groups(spec, rec.dataset)
     at = {"index": None, "n": 0}  # the sample being built, for a hang's reason
-    while True:
+    limited_by = stopped_by = None
+    while limited_by is None:
         try:
-            group = next(groups)
-            group_samples = []
-            for index, item in group:
-                at["index"], at["n"] = index, at["n"] + 1
-                group_samples.append(rec.sample(index, item))
-            batch = faults.Tagged(spec.collate_fn, "collate")(
-                group_samples if spec.auto_collation else group_samples[0])
+            group_samples, batch = _build(next(groups), rec, spec, at)
         except StopIteration:
             break
-        except faults.StepTimeout as exc:
-            stage = faults.stage_in_traceback(exc) or "load"
-            which = f"sample {at['index']}" if at["index"] is not None else f"sample #{at['n']} of the iterator"
-            reason = f"{which} hung in {stage}: {exc}"
-            if not batches:
-                raise FillError(stage, reason, hang=True) from exc
-            stopped_by = reason
+        except Exception as exc:  # a hang (the watchdog's StepTimeout) or an error: kept what was built
+            stopped_by = _stopped(exc, at, first=not kept.batches)
             break
-        except Exception as exc:
-            tagged = exc if isinstance(exc, StageError) else faults.stage_error("load", exc)
-            stage, reason = faults.classify(tagged)
-            if not batches:
-                raise FillError(stage, reason) from exc
-            stopped_by = reason  # keep the batches already cached
+        kept.add(group_samples, batch)
+        on_batch(len(kept.batches))
+        if len(kept.batches) >= max_batches:
             break
-        positions.append(list(range(len(samples), len(samples) + len(group_samples))))
-        samples.extend(group_samples)
-        batches.append(tree.clone(batch))
-        batch_bytes = max(batch_bytes, tree.nbytes(batch))
-        on_batch(len(batches))
-        if len(batches) >= max_batches:
-            break
-        if (len(batches) + 1) * batch_bytes * _COPIES > cache_mb * 2**20:
+        if (len(kept.batches) + 1) * kept.batch_bytes * _COPIES > cache_mb * 2**20:
             limited_by = "memory budget"
-            break
-        if clock() - start > time_budget:
+        elif clock() - start > time_budget:
             limited_by = "time"
-            break
-    if not batches:
+    if not kept.batches:
         raise BisectError("the loader yields no batch: its dataset is empty (or smaller than one batch with "
                           "drop_last=True). Check the dataset your entry function builds.")
-    raw_calls = rec.raw_calls if rec.raw_calls is not None and len(rec.raw_calls) == len(samples) else None
-    size, source = batch_size_of(spec, positions, batches, batch_size)
-    return Caches(batch_size=size, dataset=rec.dataset, samples=samples, raw_calls=raw_calls, raw_reason=rec.raw_reason,
-                  raw_found=rec.found, batches=batches, batch_bytes=batch_bytes, fill_seconds=clock() - start,
-                  limited_by=limited_by, stopped_by=stopped_by, warnings=found_warnings, groups=positions,
-                  batch_size_source=source)
+    raw_calls = rec.raw_calls if rec.raw_calls is not None and len(rec.raw_calls) == len(kept.samples) else None
+    size, source = batch_size_of(spec, kept.positions, kept.batches, batch_size)
+    return Caches(batch_size=size, dataset=rec.dataset, samples=kept.samples, raw_calls=raw_calls,
+                  raw_reason=rec.raw_reason, raw_found=rec.found, batches=kept.batches, batch_bytes=kept.batch_bytes,
+                  fill_seconds=clock() - start, limited_by=limited_by, stopped_by=stopped_by,
+                  warnings=found_warnings, groups=kept.positions, batch_size_source=source)
+
+
+@dataclasses.dataclass
+class _Kept:
+    """What the fill has built so far."""
+
+    samples: list = dataclasses.field(default_factory=list)
+    batches: list = dataclasses.field(default_factory=list)
+    positions: list = dataclasses.field(default_factory=list)  # per batch, its samples' positions in `samples`
+    batch_bytes: int = 0
+
+    def add(self, group_samples: list, batch: Any) -> None:
+        self.positions.append(list(range(len(self.samples), len(self.samples) + len(group_samples))))
+        self.samples.extend(group_samples)
+        self.batches.append(tree.clone(batch))
+        self.batch_bytes = max(self.batch_bytes, tree.nbytes(batch))
+
+
+def _build(group: list, rec: "_Recording", spec: LoaderSpec, at: dict) -> tuple:
+    """One batch's samples (recorded) and the batch collate_fn makes of them."""
+    group_samples = []
+    for index, item in group:
+        at["index"], at["n"] = index, at["n"] + 1
+        group_samples.append(rec.sample(index, item))
+    batch = faults.Tagged(spec.collate_fn, "collate")(group_samples if spec.auto_collation else group_samples[0])
+    return group_samples, batch
+
+
+def _stopped(exc: Exception, at: dict, first: bool) -> str:
+    """Why the fill stopped: the reason, naming the stage (and, for a hang, the sample);
+    before the first batch, FillError instead."""
+    if isinstance(exc, faults.StepTimeout):
+        stage = faults.stage_in_traceback(exc) or "load"
+        which = f"sample {at['index']}" if at["index"] is not None else f"sample #{at['n']} of the iterator"
+        reason = f"{which} hung in {stage}: {exc}"
+        if first:
+            raise FillError(stage, reason, hang=True) from exc
+        return reason
+    tagged = exc if isinstance(exc, StageError) else faults.stage_error("load", exc)
+    stage, reason = faults.classify(tagged)
+    if first:
+        raise FillError(stage, reason) from exc
+    return reason  # the batches already cached are kept
 
 
 def batch_size_of(spec: LoaderSpec, groups: list, batches: list, override: Any = None) -> tuple[float, str]:

@@ -152,14 +152,14 @@ def advice_checked(before: Report, after: Report, full: dict) -> list:
     two runs instead of alternating visits)."""
     out = []
     for a in before.advice:
-        v = a.get("verified") or {}
-        if not v.get("settings") or v.get("speedup") is None:
+        v = a.verified
+        if v is None or not v.settings or v.speedup is None:
             continue
-        loader_part = {k: x for k, x in v["settings"].items() if k in outcome.LOADER_SETTINGS}
+        loader_part = {k: x for k, x in v.settings.items() if k in outcome.LOADER_SETTINGS}
         applied = bool(loader_part) and all(after.loader.get(k) == x for k, x in loader_part.items())
         spread = full.get("threshold_rel")
-        out.append({"item": a["kind"], "settings": v["settings"], "status": v["status"], "predicted": v.get("predicted"),
-                    "measured": v["speedup"], "measured_spread": v.get("spread"), "applied": applied,
+        out.append({"item": a.kind, "settings": v.settings, "status": v.status, "predicted": v.predicted,
+                    "measured": v.speedup, "measured_spread": v.spread, "applied": applied,
                     "this_comparison": full["ratio"] if applied else None,
                     "this_comparison_spread": round(math.expm1(spread), 4) if applied and spread is not None else None})
     return out

@@ -15,7 +15,8 @@ import torch
 from . import allocator, cache, devices, faults, sources, split, tree
 from .loader import LoaderSpec
 from .plan import Plan
-from .results import NOT_SELECTED, Note, PointResult
+from .results import (NOT_SELECTED, AllocatorHold, AllocatorTiming, CacheInfo, Isolated, Measurements, Note,
+                      PointResult, RunInfo, Syncs, Verification)
 from .stats import Throughput
 from .step import make_step, to_device as default_to_device
 from .verdict import POINTS, Verdict, decide
@@ -61,6 +62,12 @@ class Experiment:
     results: dict = dataclasses.field(default_factory=dict)
     notes: list = dataclasses.field(default_factory=list)  # results.Note, as seen while measuring
     visits: int = 0
+    # What the phases besides the points measured, as they run.
+    allocator_timing: Optional[AllocatorTiming] = None
+    schedule: dict = dataclasses.field(default_factory=dict)  # the RunInfo fields of the schedule (rounds.Rounds)
+    isolated: Optional[Isolated] = None
+    syncs: Optional[Syncs] = None
+    verification: Optional[Verification] = None
 
     def __post_init__(self) -> None:
         self.settle_deadline = min(self.settle_deadline or self.deadline, self.deadline)
@@ -209,6 +216,53 @@ class Experiment:
         return PointResult(name, "failed", reason=reason, failed_stage=stage)
 
 
+    # -- what it measured ---------------------------------------------------------------
+
+    def measurements(self, selected: tuple, *, held: AllocatorHold, interrupted: bool, mode: str = "entry",
+                     source: Optional[dict] = None) -> Measurements:
+        """Everything measured so far, typed: the input of diagnosis.diagnose. Points not
+        selected are `skipped`, points not reached `not run`."""
+        for name in POINTS:
+            if name not in selected:
+                self.results[name] = PointResult(name, "skipped", reason=NOT_SELECTED)
+            elif name not in self.results:
+                self.results[name] = PointResult(name, "not run", reason="interrupted" if interrupted else "out of time")
+        complete = not interrupted and all(p.status != "not run" and not p.stopped_by_deadline
+                                           for p in self.results.values())
+        run = RunInfo(max_seconds=round(self.end - self.start, 6), elapsed_s=round(self.clock() - self.start, 3),
+                      **_versions(), allocator=held, **self.schedule)
+        isolated = self.isolated
+        if isolated is not None and isolated.ok and self.allocator_timing is not None:
+            isolated = dataclasses.replace(isolated, allocator=self.allocator_timing)
+        return Measurements(device=str(self.device), batch_size=self.batch_size, points=tuple(self.results.values()),
+                            batch_size_source=self._size_source(), loader=self.spec.settings(),
+                            cache=self._cache_info(), run=run, isolated=isolated, syncs=self.syncs,
+                            verification=self.verification, notes=tuple(self.notes), complete=complete,
+                            interrupted=interrupted, mode=mode, source=source)
+
+    def _size_source(self) -> str:
+        if self.caches is not None:
+            return self.caches.batch_size_source
+        return "DataLoader.batch_size" if self.spec.batch_size is not None else "unknown (the caches could not be filled)"
+
+    def _cache_info(self) -> CacheInfo:
+        c = self.caches
+        if c is None:
+            return CacheInfo()
+        return CacheInfo(batches=c.n_batches, samples=len(c.samples), batch_bytes=c.batch_bytes,
+                         fill_seconds=round(c.fill_seconds, 4), limited_by=c.limited_by,
+                         raw_transforms=tuple(c.raw_found))
+
+
+def _versions() -> dict:
+    import platform
+
+    import torchvision
+
+    return {"torch": torch.__version__, "torchvision": torchvision.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "cpu_count": os.cpu_count()}
+
+
 # --------------------------------------------------------------------------------------
 # Before the points
 # --------------------------------------------------------------------------------------
@@ -282,7 +336,7 @@ def _step_mutates(exp: Experiment) -> bool:
     return not tree.same_values(batch, reference)
 
 
-def hold_allocator(exp: Experiment, held: allocator.Held, coord: Any, max_seconds: float) -> dict:
+def hold_allocator(exp: Experiment, held: allocator.Held, coord: Any, max_seconds: float) -> AllocatorTiming:
     """Hold the allocator still for the rest of the run, timing the step alone just
     before and after (allocator.Held.time_step) when that can be done here: on the CPU,
     with a cached batch, in one process (under torchrun a step on one rank alone would
@@ -292,7 +346,7 @@ def hold_allocator(exp: Experiment, held: allocator.Held, coord: Any, max_second
            "the caches could not be filled" if exp.caches is None else None)
     if why is not None:
         held.hold()
-        return {"status": "skipped", "reason": why}
+        return AllocatorTiming.missing("skipped", why)
     batch = one_device_batch(exp)
     try:
         with exp.watchdog(lambda: "the step timed alone (allocator)"):
@@ -301,7 +355,7 @@ def hold_allocator(exp: Experiment, held: allocator.Held, coord: Any, max_second
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # the points will fail with this error themselves
-        return {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"[:300]}
+        return AllocatorTiming.missing("failed", f"{type(exc).__name__}: {exc}"[:300])
     finally:
         held.hold()
 

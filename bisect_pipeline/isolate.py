@@ -14,6 +14,7 @@ and its peak memory. Every measurement is bounded by a small time budget.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -26,6 +27,8 @@ from torch.utils.data import default_collate
 
 from . import devices, faults, recording, sources, tree
 from .loader import LoaderSpec, copy_or_same, index_order
+from .results import (BatchShape, Collate, Isolated, Memory, Part, PerSample, SampleStructure, StepTime, SyncSite,
+                      Syncs, TensorInfo, Transfer, Workers)
 from .stats import median
 
 # The isolation measurements take at most this share of --max-seconds, and never more
@@ -54,54 +57,53 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def measure(spec: LoaderSpec, caches: Any, device: torch.device, move: Callable[[Any], Any],
-            train_step: Callable[[Any], Any], step_sec_per_batch: Optional[float], *,
-            budget_s: float, clock: Callable[[], float] = time.perf_counter) -> tuple[dict, dict]:
-    """(isolated, syncs): the report's two dicts. Never raises for a failing measurement:
-    a part that fails says so with its reason; KeyboardInterrupt propagates."""
+def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Callable[[Any], Any],
+                train_step: Optional[Callable[[Any], Any]], *, step_sec_per_batch: Optional[float], budget_s: float,
+                clock: Callable[[], float] = time.perf_counter) -> tuple[Isolated, Syncs]:
+    """(isolated, syncs). Never raises for a failing measurement: a part that fails says
+    so with its reason; KeyboardInterrupt propagates. `train_step` None: the step is the
+    user's own loop (watch.py), timed only at the device point; no syncs are counted here."""
     if caches is None:
         reason = "the caches could not be filled"
-        return {"status": "unavailable", "reason": reason}, {"status": "unavailable", "reason": reason}
+        return Isolated.missing("unavailable", reason), Syncs.missing("unavailable", reason)
     start = clock()
     share = budget_s / 5  # augment, load, collate, transfer, step
     bs = caches.batch_size
-    out: dict = {"status": "ok", "budget_s": round(budget_s, 3), "batch_size": bs}
-    out["augment"] = _guard(lambda: _augment(caches, share, clock))
-    out["load"] = _guard(lambda: _load(spec, caches, out["augment"], share, clock))
-    out["collate"] = _guard(lambda: _collate(spec, caches, share, clock))
-    out["batch"] = _guard(lambda: describe_batch(caches.batches[0]))
-    out["sample_structure"] = _guard(lambda: sample_structure(caches.samples[0]))
-    out["transfer"] = _guard(lambda: _transfer(spec, caches, device, move, share, clock))
-
-    device_batch = None
-    syncs: dict
+    augment = _guard(PerSample, lambda: _augment(caches, share, clock))
+    parts = dict(augment=augment, load=_guard(PerSample, lambda: _load(spec, caches, augment, share, clock)),
+                 collate=_guard(Collate, lambda: _collate(spec, caches, share, clock)),
+                 batch=_guard(BatchShape, lambda: describe_batch(caches.batches[0])),
+                 sample_structure=_guard(SampleStructure, lambda: sample_structure(caches.samples[0])),
+                 transfer=_guard(Transfer, lambda: _transfer(spec, caches, device, move, share=share, clock=clock)))
+    device_batch, syncs = None, None
     try:
         device_batch = sources.device_batches(sources.host_batches(caches, spec, device, 1), move, device)[0]
     except Exception as exc:
-        syncs = {"status": "failed", "reason": _reason(exc)}
+        syncs = Syncs.missing("failed", _reason(exc))
     if step_sec_per_batch is not None:
-        out["step"] = {"status": "ok", "ms_per_batch": round(step_sec_per_batch * 1e3, 3),
-                       "source": "the device point (batches cached on the device)"}
-    elif device_batch is not None:
-        out["step"] = _guard(lambda: _step(train_step, device_batch, device, share, clock))
+        parts["step"] = StepTime(ms_per_batch=round(step_sec_per_batch * 1e3, 3),
+                                 source="the device point (batches cached on the device)")
+    elif device_batch is not None and train_step is not None:
+        parts["step"] = _guard(StepTime, lambda: _step(train_step, device_batch, device, share, clock))
     else:
-        out["step"] = {"status": "unavailable", "reason": "no batch on the device to step on"}
+        parts["step"] = StepTime.missing("unavailable", "no batch on the device to step on")
     if device_batch is not None:
-        syncs = _guard(lambda: count_syncs(train_step, device_batch, device))
+        if train_step is not None:
+            syncs = _guard(Syncs, lambda: count_syncs(train_step, device_batch, device))
         if device.type == "cuda":
-            out["memory"] = _guard(lambda: _memory(device))
-    out["workers"] = workers_needed(out, bs, cores(), step_threads=torch.get_num_threads() if device.type == "cpu" else 0)
-    out["elapsed_s"] = round(clock() - start, 4)
-    return out, syncs
+            parts["memory"] = _guard(Memory, lambda: _memory(device))
+    out = Isolated(budget_s=round(budget_s, 3), batch_size=bs, **parts)
+    workers = workers_needed(out, bs, cores(), step_threads=torch.get_num_threads() if device.type == "cpu" else 0)
+    return dataclasses.replace(out, workers=workers, elapsed_s=round(clock() - start, 4)), syncs
 
 
-def _guard(fn: Callable[[], dict]) -> dict:
+def _guard(kind: type, fn: Callable[[], Part]) -> Part:
     try:
         return fn()
     except (KeyboardInterrupt, faults.StepTimeout):  # the watchdog ends all of the isolation
         raise
     except Exception as exc:
-        return {"status": "failed", "reason": _reason(exc)}
+        return kind.missing("failed", _reason(exc))
 
 
 def _reason(exc: BaseException) -> str:
@@ -124,36 +126,35 @@ def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock) -> t
     return n, clock() - t0
 
 
-def _load(spec, caches, augment: dict, share, clock) -> dict:
+def _load(spec, caches, augment: PerSample, share, clock) -> PerSample:
     """Building a sample through the dataset (loading + its transforms), minus the
     transforms replayed alone: what loading costs."""
     dataset = copy_or_same(spec.dataset)
     if spec.iterable:
         it = iter(dataset)
         n, sec = _timed_loop(list(range(len(caches.samples) + 1)), lambda _: next(it), share, clock)
-        return {"status": "ok", "ms_per_sample": round(sec / n * 1e3, 4), "samples": n, "includes": ["load", "augment"],
-                "note": "IterableDataset: loading and transforms run together"}
+        return PerSample(ms_per_sample=round(sec / n * 1e3, 4), samples=n, includes=("load", "augment"),
+                         note="IterableDataset: loading and transforms run together")
     order = index_order(spec)
     if spec.batch_sampler is not None:
         order = itertools.chain.from_iterable(order)
     indices = list(itertools.islice(order, max(2, len(caches.samples) + 1)))
     n, sec = _timed_loop(indices, lambda i: dataset[i], share, clock)
     per_sample = sec / n
-    info = {"status": "ok", "samples": n, "getitem_ms_per_sample": round(per_sample * 1e3, 4)}
-    if augment.get("status") != "ok":
-        info.update(ms_per_sample=round(per_sample * 1e3, 4), includes=["load", "augment"],
-                    note="the transforms could not be split from loading: both are included")
-        return info
-    info.update(ms_per_sample=round(max(0.0, per_sample * 1e3 - augment["ms_per_sample"]), 4), includes=["load"])
-    return info
+    getitem = round(per_sample * 1e3, 4)
+    if not augment.ok:
+        return PerSample(ms_per_sample=getitem, samples=n, getitem_ms_per_sample=getitem, includes=("load", "augment"),
+                         note="the transforms could not be split from loading: both are included")
+    return PerSample(ms_per_sample=round(max(0.0, per_sample * 1e3 - augment.ms_per_sample), 4), samples=n,
+                     getitem_ms_per_sample=getitem, includes=("load",))
 
 
-def _augment(caches, share, clock) -> dict:
+def _augment(caches, share, clock) -> PerSample:
     if caches.raw_calls is None:
-        return {"status": "unavailable", "reason": caches.raw_reason or "the transforms could not be split from loading"}
+        return PerSample.missing("unavailable", caches.raw_reason or "the transforms could not be split from loading")
     pairs = list(zip(caches.samples, caches.raw_calls))
     n, sec = _timed_loop(pairs, lambda p: recording.replay_sample(p[0], p[1]), share, clock)
-    return {"status": "ok", "ms_per_sample": round(sec / n * 1e3, 4), "samples": n}
+    return PerSample(ms_per_sample=round(sec / n * 1e3, 4), samples=n)
 
 
 def _groups(spec, caches) -> list:
@@ -163,28 +164,27 @@ def _groups(spec, caches) -> list:
     return [[caches.samples[i] for i in g] for g in caches.groups]
 
 
-def _collate(spec, caches, share, clock) -> dict:
+def _collate(spec, caches, share, clock) -> Collate:
     groups = _groups(spec, caches)
     n, sec = _timed_loop(groups, spec.collate_fn, share / 2, clock)
-    info = {"status": "ok", "ms_per_batch": round(sec / n * 1e3, 4), "batches": n,
-            "collate_fn": getattr(spec.collate_fn, "__qualname__", type(spec.collate_fn).__name__)}
+    info = Collate(ms_per_batch=round(sec / n * 1e3, 4), batches=n,
+                   collate_fn=getattr(spec.collate_fn, "__qualname__", type(spec.collate_fn).__name__))
     if spec.collate_fn is not default_collate and spec.auto_collation:
         # The same samples through torch's default_collate: tells the function's own work
         # apart from what the batch structure costs.
         try:
             n2, sec2 = _timed_loop(groups, default_collate, share / 2, clock)
-            info["default_collate_ms_per_batch"] = round(sec2 / n2 * 1e3, 4)
+            info = dataclasses.replace(info, default_collate_ms_per_batch=round(sec2 / n2 * 1e3, 4))
         except Exception as exc:
-            info["default_collate_ms_per_batch"] = None
-            info["default_collate_reason"] = _reason(exc)
+            info = dataclasses.replace(info, default_collate_reason=_reason(exc))
     return info
 
 
-def _transfer(spec, caches, device, move, share, clock) -> dict:
+def _transfer(spec, caches, device, move, *, share, clock) -> Transfer:
     host = sources.host_batches(caches, spec, device)
     nbytes = tree.nbytes(host[0])
     if device.type == "cpu":
-        return {"status": "skipped", "reason": "no accelerator: host and device coincide", "bytes_per_batch": nbytes}
+        return Transfer(status="skipped", reason="no accelerator: host and device coincide", bytes_per_batch=nbytes)
     sync = devices.synchronizer(device)
 
     def one(batch):
@@ -192,12 +192,12 @@ def _transfer(spec, caches, device, move, share, clock) -> dict:
         sync()
     n, sec = _timed_loop(host, one, share, clock)
     per = sec / n
-    return {"status": "ok", "ms_per_batch": round(per * 1e3, 4), "bytes_per_batch": nbytes,
-            "gb_per_s": round(nbytes / per / 1e9, 3) if per > 0 else None, "pinned": bool(spec.pin_memory),
-            "batches": n}
+    return Transfer(ms_per_batch=round(per * 1e3, 4), bytes_per_batch=nbytes,
+                    gb_per_s=round(nbytes / per / 1e9, 3) if per > 0 else None, pinned=bool(spec.pin_memory),
+                    batches=n)
 
 
-def _step(train_step, batch, device, share, clock) -> dict:
+def _step(train_step, batch, device, share, clock) -> StepTime:
     """The step alone on one device batch, after STEP_WARMUP untimed steps: a fresh
     step's first calls are several times slower (lazy initialisation, the optimizer's
     first update), which would overstate the step and understate the workers needed."""
@@ -218,46 +218,76 @@ def _step(train_step, batch, device, share, clock) -> dict:
         times.append(clock() - t)
         if clock() - t0 >= share:
             break
-    return {"status": "ok", "ms_per_batch": round(median(times) * 1e3, 3), "steps": len(times),
-            "source": "median of steps timed in isolation"}
+    return StepTime(ms_per_batch=round(median(times) * 1e3, 3), steps=len(times),
+                    source="median of steps timed in isolation")
 
 
-def count_syncs(train_step: Callable[[Any], Any], batch: Any, device: torch.device, steps: int = SYNC_STEPS) -> dict:
-    """Host-device synchronizations per training step, counted with
-    torch.cuda.set_sync_debug_mode("warn") over `steps` steps on one device batch."""
-    if device.type != "cuda":
-        return {"status": "skipped", "reason": f"no CUDA device (running on {device.type}): "
-                                               "host-device syncs are counted on CUDA only"}
-    torch.cuda.synchronize(device)
-    previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
+class SyncCounter:
+    """Counts host-device synchronizations while it is open, with
+    torch.cuda.set_sync_debug_mode("warn") (the mode is restored on exit); `syncs(steps)`
+    is the count per step over the `steps` that ran inside. Around the tool's own step
+    (count_syncs) or a span of the user's loop (watch.py)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._caught: list = []
+        self._catch = warnings.catch_warnings(record=True)
+        self._previous = 0
+
+    def __enter__(self) -> "SyncCounter":
+        torch.cuda.synchronize(self.device)
+        self._previous = torch.cuda.get_sync_debug_mode()
+        self._caught = self._catch.__enter__()
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
         try:
-            for _ in range(steps):
-                train_step(batch)
+            torch.cuda.set_sync_debug_mode(self._previous)
         finally:
-            torch.cuda.set_sync_debug_mode(previous)
-    torch.cuda.synchronize(device)
-    found = [w for w in caught if "synchroniz" in str(w.message).lower()]
-    sites: dict = {}
-    for w in found:
-        key = f"{w.filename}:{w.lineno}"
-        sites[key] = sites.get(key, 0) + 1
-    top = sorted(sites.items(), key=lambda kv: -kv[1])[:5]
-    return {"status": "ok", "steps": steps, "total": len(found), "per_step": round(len(found) / steps, 2),
-            "sites": [{"where": k, "count": c} for k, c in top]}
+            self._catch.__exit__(*exc)
+        torch.cuda.synchronize(self.device)
+
+    def syncs(self, steps: int) -> Syncs:
+        found = [w for w in self._caught if "synchroniz" in str(w.message).lower()]
+        sites: dict = {}
+        for w in found:
+            key = f"{w.filename}:{w.lineno}"
+            sites[key] = sites.get(key, 0) + 1
+        top = sorted(sites.items(), key=lambda kv: -kv[1])[:5]
+        return Syncs(steps=steps, total=len(found), per_step=round(len(found) / max(steps, 1), 2),
+                     sites=tuple(SyncSite(k, c) for k, c in top))
 
 
-def _memory(device: torch.device) -> dict:
+def no_syncs_counted(device: torch.device) -> Optional[Syncs]:
+    """Why syncs are not counted on this device (None on CUDA, where they are)."""
+    if device.type == "cuda":
+        return None
+    return Syncs.missing("skipped", f"no CUDA device (running on {device.type}): host-device syncs are counted on "
+                                    "CUDA only")
+
+
+def count_syncs(train_step: Callable[[Any], Any], batch: Any, device: torch.device, steps: int = SYNC_STEPS) -> Syncs:
+    """Host-device synchronizations per training step, over `steps` steps on one device
+    batch (SyncCounter)."""
+    skipped = no_syncs_counted(device)
+    if skipped is not None:
+        return skipped
+    with SyncCounter(device) as counter:
+        for _ in range(steps):
+            train_step(batch)
+    return counter.syncs(steps)
+
+
+def _memory(device: torch.device) -> Memory:
     total = torch.cuda.get_device_properties(device).total_memory
     peak = torch.cuda.max_memory_allocated(device)
-    return {"status": "ok", "peak_bytes": int(peak), "total_bytes": int(total),
-            "fraction": round(peak / total, 4) if total else None,
-            "note": "peak since the process started (includes the tool's cached batches): an upper bound"}
+    return Memory(peak_bytes=int(peak), total_bytes=int(total), fraction=round(peak / total, 4) if total else None,
+                  note="peak since the process started (includes the tool's cached batches): an upper bound")
 
 
-def workers_needed(iso: dict, batch_size: int, n_cores: int, step_threads: int = 0) -> dict:
+def workers_needed(iso: Isolated, batch_size: float, n_cores: int, step_threads: int = 0) -> Workers:
     """Workers that would produce batches as fast as the step consumes them.
 
     worker work per batch = (load + augment) ms per sample * batch size + collate ms per
@@ -266,20 +296,19 @@ def workers_needed(iso: dict, batch_size: int, n_cores: int, step_threads: int =
     intra-op threads a CPU step runs on (torch.get_num_threads(); 0 on an accelerator):
     workers beyond n_cores - step_threads compete with the step for cores.
     """
-    step = iso.get("step", {})
-    load, aug, col = iso.get("load", {}), iso.get("augment", {}), iso.get("collate", {})
-    if step.get("status") != "ok" or load.get("status") != "ok" or col.get("status") != "ok":
-        return {"status": "unavailable", "reason": "the step, load or collate cost was not measured"}
+    step, load, aug, col = iso.part("step"), iso.part("load"), iso.part("augment"), iso.part("collate")
+    if step is None or load is None or col is None:
+        return Workers.missing("unavailable", "the step, load or collate cost was not measured")
     # When the transforms could not be split from loading, load's time already holds them.
-    merged = "augment" in (load.get("includes") or ())
-    per_sample = load["ms_per_sample"] + (aug["ms_per_sample"] if aug.get("status") == "ok" and not merged else 0.0)
-    work = per_sample * batch_size + col["ms_per_batch"]
-    step_ms = step["ms_per_batch"]
+    merged = "augment" in (load.includes or ())
+    per_sample = load.ms_per_sample + (aug.ms_per_sample if aug is not None and not merged else 0.0)
+    work = per_sample * batch_size + col.ms_per_batch
+    step_ms = step.ms_per_batch
     needed = max(1, math.ceil(work / step_ms)) if step_ms > 0 else None
     available = max(0, n_cores - 1)
-    return {"status": "ok", "worker_ms_per_batch": round(work, 3), "step_ms_per_batch": round(step_ms, 3),
-            "needed": needed, "cores": n_cores, "available": available, "step_threads": step_threads,
-            "fits": needed is not None and needed <= available}
+    return Workers(worker_ms_per_batch=round(work, 3), step_ms_per_batch=round(step_ms, 3), needed=needed,
+                   cores=n_cores, available=available, step_threads=step_threads,
+                   fits=needed is not None and needed <= available)
 
 
 # --------------------------------------------------------------------------------------
@@ -296,17 +325,18 @@ def is_image(shape: list, dtype: str) -> bool:
     return c_first or c_last
 
 
-def describe_batch(batch: Any) -> dict:
+def describe_batch(batch: Any) -> BatchShape:
     tensors = []
     for path, t in tree.tensors(batch):
-        shape = list(t.shape)
+        shape = tuple(t.shape)
         dtype = str(t.dtype).replace("torch.", "")
-        tensors.append({"path": "batch" + "".join(f"[{k!r}]" for k in path), "dtype": dtype, "shape": shape,
-                        "bytes": t.element_size() * t.nelement(), "image": t.is_floating_point() and is_image(shape, dtype)})
-    return {"status": "ok", "bytes": int(tree.nbytes(batch)), "n_tensors": len(tensors), "tensors": tensors[:_MAX_TENSORS]}
+        tensors.append(TensorInfo(path="batch" + "".join(f"[{k!r}]" for k in path), dtype=dtype, shape=shape,
+                                  bytes=t.element_size() * t.nelement(),
+                                  image=t.is_floating_point() and is_image(list(shape), dtype)))
+    return BatchShape(bytes=int(tree.nbytes(batch)), n_tensors=len(tensors), tensors=tuple(tensors[:_MAX_TENSORS]))
 
 
-def sample_structure(sample: Any) -> dict:
+def sample_structure(sample: Any) -> SampleStructure:
     """Counts of the nodes of one sample by kind: what default_collate turns into tensors."""
     counts = {"tensors": 0, "ndarrays": 0, "numbers": 0, "strings": 0, "images": 0, "other": 0, "containers": 0,
               "longest_list": 0}
@@ -315,8 +345,7 @@ def sample_structure(sample: Any) -> dict:
         if isinstance(node, list):
             counts["longest_list"] = max(counts["longest_list"], len(node))
     counts["leaves"] = sum(counts[k] for k in ("tensors", "ndarrays", "numbers", "strings", "images", "other"))
-    counts["status"] = "ok"
-    return counts
+    return SampleStructure(**counts)
 
 
 def _kind(obj: Any) -> str:
@@ -334,25 +363,24 @@ def _kind(obj: Any) -> str:
     return "containers" if tree.is_container(obj) else "other"
 
 
-def after_points(exp: Any, *, max_seconds: float) -> tuple[dict, dict]:
+def after_points(exp: Any, *, max_seconds: float) -> tuple[Isolated, Syncs]:
     """After the points are measured, before the user's state is restored: the step time
     comes from the device point (the ceiling) when it was measured. Guarded by the run's
     watchdog; skipped when a point already hung."""
     hung = [name for name, p in exp.results.items() if p.failed_stage == "hang"]
     if hung:
         reason = f"point {hung[0]} hung: nothing is timed again"
-        return {"status": "skipped", "reason": reason}, {"status": "skipped", "reason": reason}
+        return Isolated.missing("skipped", reason), Syncs.missing("skipped", reason)
     dp = exp.results.get("device")
-    step = dp.throughput.sec_per_batch if dp is not None and dp.status == "ok" and dp.throughput else None
+    step = dp.throughput.sec_per_batch if dp is not None and dp.ok else None
     try:
         with exp.watchdog(lambda: "the isolated stage timing") as dog:
             def beating_clock() -> float:  # every timed item beats the watchdog
                 dog.beat()
                 return exp.clock()
-            return measure(exp.spec, exp.caches, exp.device, exp.move, exp.step, step,
+            return time_stages(exp.spec, exp.caches, exp.device, exp.move, exp.step, step_sec_per_batch=step,
                            budget_s=budget(max_seconds), clock=beating_clock)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # never costs the run its verdict
-        failed = {"status": "failed", "reason": _reason(exc)}
-        return failed, dict(failed)
+        return Isolated.missing("failed", _reason(exc)), Syncs.missing("failed", _reason(exc))

@@ -1,12 +1,15 @@
 """What was measured, as typed frozen values: the bottom layer. Measuring code makes
 them, derivations (verdict, advice, outcome, diagnosis) read them, the report renders
 what was derived; nothing here imports either.
+
+Each record has the JSON form the document stores (`to_dict`, `from_dict`): fields in
+the document's order, None left out unless the document always carries the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, ClassVar, Optional
 
 from .stats import Throughput, Window
 
@@ -14,6 +17,76 @@ STATUSES = ("ok", "skipped", "unavailable", "failed", "not run")
 # The reason of a point skipped because the points option left it out (not because it
 # does not apply here: its stage is then measured together with the next one).
 NOT_SELECTED = "not selected (points option)"
+
+
+def plain(x: Any) -> Any:
+    """The JSON form of a value: records as dicts, tuples as lists."""
+    if isinstance(x, Record):
+        return x.to_dict()
+    if isinstance(x, (tuple, list)):
+        return [plain(v) for v in x]
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    return x
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """A typed value with a JSON form. `_nested` maps a field to the record type of its
+    value (or of the items of its list); `_keep_none` names fields written even as None."""
+
+    _nested: ClassVar[dict] = {}
+    _keep_none: ClassVar[tuple] = ()
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None or f.name in self._keep_none:
+                out[f.name] = plain(v)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict]) -> Any:
+        """The record of a document's dict (None for None or {}); keys it does not know
+        are left out (a document of another version)."""
+        if not d:
+            return None
+        if isinstance(d, cls):
+            return d
+        kw = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in d:
+                continue
+            v, sub = d[f.name], cls._nested.get(f.name)
+            if sub is not None and v is not None:
+                v = tuple(sub.from_dict(x) for x in v) if isinstance(v, list) else sub.from_dict(v)
+            elif isinstance(v, list):
+                v = tuple(v)
+            kw[f.name] = v
+        return cls(**kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class Part(Record):
+    """One measurement that may not have been made: `status` ok, skipped, unavailable or
+    failed, with its `reason` when not ok."""
+
+    status: str = "ok"
+    reason: Optional[str] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @classmethod
+    def missing(cls, status: str, reason: str) -> Any:
+        return cls(status=status, reason=reason)
+
+
+# --------------------------------------------------------------------------------------
+# Points
+# --------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,14 +146,292 @@ class PointResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class Note:
-    """A warning as a value: `kind` names what it is about (a stage, `cache`, `shm`,
-    `workers`, `pipeline`, ...), `message` is what the report prints, `point` the point it
-    concerns, if one."""
+class Note(Record):
+    """A warning as a value: `kind` says what it is about (`loader`, `pipeline`, `shm`,
+    `cache`, `step`, `noise`, `deadline`, `unsteady`, `inconsistent`, `workers`,
+    `allocator`, `rules`, ...), `message` is what the report prints, `point` the point it
+    concerns, if one; `derived` when the report derives it from the numbers (else it was
+    seen while measuring)."""
 
     kind: str
     message: str
     point: Optional[str] = None
+    derived: bool = False
 
     def __str__(self) -> str:
         return self.message
+
+
+# --------------------------------------------------------------------------------------
+# Stage costs measured alone (isolate.py)
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PerSample(Part):
+    """load or augment, one sample at a time in this process."""
+
+    ms_per_sample: Optional[float] = None
+    samples: Optional[int] = None
+    getitem_ms_per_sample: Optional[float] = None  # load: the whole __getitem__
+    includes: Optional[tuple] = None  # load: the stages its figure holds
+    note: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Collate(Part):
+    ms_per_batch: Optional[float] = None
+    batches: Optional[int] = None
+    collate_fn: Optional[str] = None
+    default_collate_ms_per_batch: Optional[float] = None  # the same samples through default_collate
+    default_collate_reason: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo(Record):
+    path: str
+    dtype: str
+    shape: tuple
+    bytes: int
+    image: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchShape(Part):
+    """What a collated batch is made of."""
+
+    _nested: ClassVar[dict] = {"tensors": TensorInfo}
+    bytes: Optional[int] = None
+    n_tensors: Optional[int] = None
+    tensors: Optional[tuple] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleStructure(Part):
+    """Counts of one sample's nodes by kind: what default_collate turns into tensors."""
+
+    tensors: int = 0
+    ndarrays: int = 0
+    numbers: int = 0
+    strings: int = 0
+    images: int = 0
+    other: int = 0
+    containers: int = 0
+    longest_list: int = 0
+    leaves: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Transfer(Part):
+    ms_per_batch: Optional[float] = None
+    bytes_per_batch: Optional[int] = None
+    gb_per_s: Optional[float] = None
+    pinned: Optional[bool] = None
+    batches: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime(Part):
+    ms_per_batch: Optional[float] = None
+    steps: Optional[int] = None
+    source: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory(Part):
+    peak_bytes: Optional[int] = None
+    total_bytes: Optional[int] = None
+    fraction: Optional[float] = None
+    note: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Workers(Part):
+    """Workers that would feed the step, from the isolated costs (isolate.workers_needed)."""
+
+    worker_ms_per_batch: Optional[float] = None
+    step_ms_per_batch: Optional[float] = None
+    needed: Optional[int] = None
+    cores: Optional[int] = None
+    available: Optional[int] = None
+    step_threads: Optional[int] = None
+    fits: Optional[bool] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocatorTiming(Part):
+    """The step alone with this process's malloc settings, then held still (allocator.py)."""
+
+    default_ms_per_batch: Optional[float] = None
+    held_ms_per_batch: Optional[float] = None
+    cost_ms_per_batch: Optional[float] = None
+    noise_ms: Optional[float] = None
+    real: Optional[bool] = None
+    steps: Optional[tuple] = None
+    held: Optional[dict] = None
+    source: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Isolated(Part):
+    """Stage costs measured alone, in this process, without workers (isolate.py)."""
+
+    _nested: ClassVar[dict] = {"augment": PerSample, "load": PerSample, "collate": Collate, "batch": BatchShape,
+                               "sample_structure": SampleStructure, "transfer": Transfer, "step": StepTime,
+                               "memory": Memory, "workers": Workers, "allocator": AllocatorTiming}
+    budget_s: Optional[float] = None
+    batch_size: Optional[float] = None
+    augment: Optional[PerSample] = None
+    load: Optional[PerSample] = None
+    collate: Optional[Collate] = None
+    batch: Optional[BatchShape] = None
+    sample_structure: Optional[SampleStructure] = None
+    transfer: Optional[Transfer] = None
+    step: Optional[StepTime] = None
+    memory: Optional[Memory] = None
+    workers: Optional[Workers] = None
+    elapsed_s: Optional[float] = None
+    allocator: Optional[AllocatorTiming] = None
+
+    def part(self, name: str) -> Optional[Part]:
+        """The part `name` when it was measured (status ok), else None."""
+        p = getattr(self, name, None) if self.ok else None
+        return p if isinstance(p, Part) and p.ok else None
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncSite(Record):
+    where: str
+    count: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Syncs(Part):
+    """Host-device synchronizations per step, counted on CUDA (isolate.count_syncs)."""
+
+    _nested: ClassVar[dict] = {"sites": SyncSite}
+    steps: Optional[int] = None
+    total: Optional[int] = None
+    per_step: Optional[float] = None
+    sites: Optional[tuple] = None
+
+
+# --------------------------------------------------------------------------------------
+# The advice's check (verify.py)
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class VisitWindow(Record):
+    """A window of a trial, with the visit it belongs to (visits of one side disagree
+    more than the windows of one visit: outcome._visit_rel_se)."""
+
+    steps: int
+    seconds: float
+    visit: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial(Record):
+    """The full pipeline with the user's settings and with a candidate's, in alternating
+    visits: the raw windows of each side."""
+
+    _nested: ClassVar[dict] = {"user_windows": VisitWindow, "candidate_windows": VisitWindow}
+    _keep_none: ClassVar[tuple] = ("error",)
+    item: Optional[str] = None  # the advice item (its kind) the candidate is for
+    settings: dict = dataclasses.field(default_factory=dict)
+    user_windows: tuple = ()
+    candidate_windows: tuple = ()
+    error: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Verification(Part):
+    _nested: ClassVar[dict] = {"trials": Trial}
+    budget_s: Optional[float] = None
+    elapsed_s: Optional[float] = None
+    trials: tuple = ()
+
+
+# --------------------------------------------------------------------------------------
+# The run as a whole
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheInfo(Record):
+    """What the caches hold (cache.Caches); `limited_by` says why fewer batches than asked."""
+
+    _keep_none: ClassVar[tuple] = ("limited_by",)
+    batches: Optional[int] = None
+    samples: Optional[int] = None
+    batch_bytes: Optional[int] = None
+    fill_seconds: Optional[float] = None
+    limited_by: Optional[str] = None
+    raw_transforms: Optional[tuple] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocatorHold(Record):
+    """Whether glibc's malloc was held still during the run (allocator.Held)."""
+
+    controlled: bool = False
+    allocator: Optional[str] = None
+    during: Optional[dict] = None
+    after: Optional[dict] = None
+    note: Optional[str] = None
+    reason: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInfo(Record):
+    """The run's context and schedule."""
+
+    _nested: ClassVar[dict] = {"allocator": AllocatorHold}
+    max_seconds: Optional[float] = None
+    elapsed_s: Optional[float] = None
+    torch: Optional[str] = None
+    torchvision: Optional[str] = None
+    python: Optional[str] = None
+    platform: Optional[str] = None
+    cpu_count: Optional[int] = None
+    allocator: Optional[AllocatorHold] = None
+    rounds: Optional[int] = None
+    settled: Optional[bool] = None
+    remeasured: Optional[tuple] = None
+    verdict_s: Optional[float] = None
+    visits: Optional[int] = None
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict]) -> Any:
+        r = super().from_dict(d)
+        if r is not None and r.remeasured is not None:  # pairs stay lists, as written
+            r = dataclasses.replace(r, remeasured=tuple(list(p) for p in r.remeasured))
+        return r
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurements:
+    """Everything one run measured, with what is needed to read it: the input of every
+    derivation (diagnosis.diagnose)."""
+
+    device: str
+    batch_size: float
+    points: tuple[PointResult, ...]
+    batch_size_source: str = ""
+    loader: dict = dataclasses.field(default_factory=dict)  # the user's settings (LoaderSpec.settings)
+    cache: CacheInfo = CacheInfo()
+    run: RunInfo = RunInfo()
+    isolated: Optional[Isolated] = None
+    syncs: Optional[Syncs] = None
+    verification: Optional[Verification] = None  # None: no check was asked for (a loaded older document)
+    notes: tuple[Note, ...] = ()  # seen while measuring
+    complete: bool = True
+    interrupted: bool = False
+    # Who drove the loop: "entry" (the tool's step) or "loop" (the user's own loop,
+    # watch.py), and, for a loop, which loader it chose and where it was created.
+    mode: str = "entry"
+    source: Optional[dict] = None
+
+    def point(self, name: str) -> Optional[PointResult]:
+        return next((p for p in self.points if p.point == name), None)

@@ -109,6 +109,18 @@ def iqr(values: Sequence[float]) -> float:
     return quantile(values, 0.75) - quantile(values, 0.25)
 
 
+def median_se(values: Sequence[float]) -> float:
+    """Standard error of the median of `values`, the one estimate every "is it real" in
+    the tool uses: IQR/1.349 estimates the values' standard deviation (exact for Gaussian
+    noise), the median of n values has about 1.2533 sigma/sqrt(n) standard error, and
+    the whole is scaled by small_sample_factor(n), since the spread itself comes from n
+    values. Infinite for fewer than two (one value says nothing about the noise)."""
+    n = len(values)
+    if n < 2:
+        return math.inf
+    return MEDIAN_SE_FACTOR * (iqr(values) / IQR_PER_SIGMA) / math.sqrt(n) * small_sample_factor(n)
+
+
 # Windows are kept to the microsecond, the precision of the JSON document, so a report
 # loaded from its document derives exactly the numbers it was written with.
 WINDOW_DECIMALS = 6
@@ -167,15 +179,11 @@ class Throughput:
 
     @property
     def rel_se(self) -> float:
-        """Standard error of the median throughput, relative to it.
-
-        IQR/1.349 estimates the windows' standard deviation (exact for Gaussian noise),
-        and the median of n values has about 1.2533 sigma/sqrt(n) standard error; it is
-        scaled by small_sample_factor(n), since the spread itself comes from n windows.
-        """
+        """Standard error of the median throughput (median_se), relative to it."""
         if self.n < 2:
             return math.inf  # one window says nothing about the noise (0 * inf would be nan)
-        return MEDIAN_SE_FACTOR * (self.rel_iqr / IQR_PER_SIGMA) / math.sqrt(self.n) * small_sample_factor(self.n)
+        med = self.samples_per_sec
+        return median_se(self._rates()) / med if med > 0 else math.inf
 
     @property
     def sec_per_batch_sigma(self) -> float:

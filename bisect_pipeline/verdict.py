@@ -76,7 +76,7 @@ class Verdict:
 
 def decide(
     measured: Mapping[str, Throughput],
-    batch_size: int,
+    batch_size: float,
     skipped: Mapping[str, str] = {},
     *,
     noise_scale: float = 1.0,
@@ -89,44 +89,66 @@ def decide(
     not applicable instead of merged; a point merely not selected is not in it.
     `noise_scale` > 1 asks whether the verdict stands with that much more noise.
 
-    Rule (t = seconds per batch; each constant above says why):
-      1. a point slower than one upstream of it beyond the noise is inconsistent: it is
-         left out (the fastest consistent point is the ceiling) and said;
-      2. the other points' times are fitted so none costs more than one upstream of it
-         (violations within the noise are pooled); a stage's cost is the difference of
-         the fitted times around it, so the costs add up to the gap t(full) - t(ceiling);
-      3. a stage is real when its cost is beyond the noise (stats.is_real);
-      4. some stage real: the costliest stage (by its estimate) is named when it is real
-         and its lead over the runner-up is real too; otherwise inconclusive (two that
-         cannot be told apart, or a larger drop that is not pinned down beside a real one);
-         no real stage: inconclusive if the gap itself is real (spread over stages),
-         none if the gap's upper bound (gap + Z_UPPER sigma) is under NONE_MAX_LOSS of
-         t(full), else inconclusive (too noisy to tell).
+    Algorithm (t = seconds per batch, sigma its standard error; each constant above says why):
+        no verdict without `full` and one other point
+        inconsistent = points slower than one upstream of them beyond the noise,
+                       worst first, each left out before looking again  (find_inconsistent)
+        fitted = the kept points' t, fitted so none costs more than one upstream of it,
+                 weights 1/sigma^2 (violations within the noise pooled)  (_fit)
+        ceiling = the last kept point; gap = fitted(full) - fitted(ceiling)
+        stages = for each pair of adjacent kept points (lower, upper), the first stage
+                 between them costs fitted(lower) - fitted(upper) (the costs add up to
+                 the gap), the others between are merged into it, and a stage whose
+                 end point does not apply here is skipped  (_cost_stages)
+        real = stages whose cost is beyond the noise (stats.is_real)
+        verdict (_name):
+            some stage real: the costliest stage when it is real and its lead over the
+                             runner-up is real too; else inconclusive
+            no stage real:   inconclusive if the gap itself is real (spread over stages);
+                             none if gap + Z_UPPER sigma <= NONE_MAX_LOSS t(full);
+                             else inconclusive (too noisy to tell)
     """
     if "full" not in measured:
         return Verdict(None, _unmeasured_stages(skipped), reason="the full pipeline was not measured")
     present = [p for p in POINTS if p in measured]
     if len(present) < 2:
-        return Verdict(None, _unmeasured_stages(skipped),
-                       reason="no cache point was measured besides the full pipeline")
-
-    t = {p: measured[p].sec_per_batch for p in present}
+        return Verdict(None, _unmeasured_stages(skipped), reason="no cache point was measured besides the full pipeline")
     sigma = {p: measured[p].sec_per_batch_sigma for p in present}
     inconsistent = find_inconsistent(measured, present, noise_scale)
     left_out = {i.slower for i in inconsistent}
-    kept = [p for p in present if p not in left_out]
-    weights = [1.0 / max(sigma[p], MIN_REL_SE * t[p], 1e-12) ** 2 if math.isfinite(sigma[p]) else 1e-30
-               for p in kept]
-    fitted = dict(zip(kept, decreasing_fit([t[p] for p in kept], weights)))
-    if len(kept) < 2:
+    fitted = _fit(measured, [p for p in present if p not in left_out])
+    if len(fitted) < 2:
         return Verdict(None, _unmeasured_stages(skipped), reason="no cache point was consistent with the full pipeline",
                        inconsistent=inconsistent, fitted=fitted)
-
+    kept = list(fitted)
     t_full, ceiling = fitted["full"], kept[-1]
     gap = max(0.0, t_full - fitted[ceiling])
     gap_sigma = math.hypot(sigma["full"], sigma[ceiling])
+    stages = _cost_stages(kept, fitted, sigma, skipped=skipped, left_out=left_out, batch_size=batch_size,
+                          noise_scale=noise_scale)
+    bottleneck, reason = _name(stages, sigma, gap=gap, gap_sigma=gap_sigma, t_full=t_full, noise_scale=noise_scale,
+                               measured=measured)
+    return Verdict(bottleneck, stages, reason=reason, gap_sec_per_batch=gap, input_bound_fraction=gap / t_full,
+                   ceiling=ceiling, fitted=fitted, inconsistent=inconsistent, gap_sigma=gap_sigma)
 
-    stages: dict[str, StageCost] = {}
+
+def _fit(measured: Mapping[str, Throughput], kept: list) -> dict:
+    """The kept points' times per batch, fitted so that none costs more than a point
+    upstream of it (stats.decreasing_fit), each weighted by 1/sigma^2 (its noise, at
+    least MIN_REL_SE of it: a few windows that happen to agree are not a 0.1% estimate)."""
+    t = {p: measured[p].sec_per_batch for p in kept}
+    sigma = {p: measured[p].sec_per_batch_sigma for p in kept}
+    weights = [1.0 / max(sigma[p], MIN_REL_SE * t[p], 1e-12) ** 2 if math.isfinite(sigma[p]) else 1e-30
+               for p in kept]
+    return dict(zip(kept, decreasing_fit([t[p] for p in kept], weights)))
+
+
+def _cost_stages(kept: list, fitted: Mapping[str, float], sigma: Mapping[str, float], *, skipped: Mapping[str, str],
+                 left_out: set, batch_size: float, noise_scale: float) -> tuple:
+    """Every stage's StageCost, in STAGES order (see decide)."""
+    t_full, ceiling = fitted["full"], kept[-1]
+    gap = max(0.0, t_full - fitted[ceiling])
+    stages: dict = {}
     for lower, upper in zip(kept, kept[1:]):
         spanned = list(STAGES[POINTS.index(lower):POINTS.index(upper)])
         applicable = [s for s in spanned if not _not_applicable(s, skipped)]
@@ -142,43 +164,43 @@ def decide(
             head, "ok", upper=upper, lower=lower, sec_per_batch=cost, sigma=s_cost,
             share_of_gap=(cost / gap) if gap > 0 else None,
             samples_per_sec_if_free=batch_size / max(t_full - cost, fitted[ceiling]),
-            significant=is_real(cost, s_cost, t_full, noise_scale),
-            includes=tuple(applicable),
-        )
+            significant=is_real(cost, s_cost, t_full, noise_scale), includes=tuple(applicable))
         between = [p for p in POINTS[POINTS.index(lower) + 1:POINTS.index(upper)] if p in left_out]
         why = (f"measured together with {head}: {', '.join(between)} was inconsistent (left out)" if between
                else f"measured together with {head}: a point between them was not measured")
         for s in applicable[1:]:
             stages[s] = StageCost(s, "merged", reason=why)
-    ordered = tuple(stages.get(s) or StageCost(s, "unavailable", reason="the points around it were not measured")
-                    for s in STAGES)
+    return tuple(stages.get(s) or StageCost(s, "unavailable", reason="the points around it were not measured")
+                 for s in STAGES)
 
-    common = dict(stages=ordered, gap_sec_per_batch=gap, input_bound_fraction=gap / t_full, ceiling=ceiling,
-                  fitted=fitted, inconsistent=inconsistent, gap_sigma=gap_sigma)
-    costed = sorted((c for c in ordered if c.status == "ok"), key=lambda c: c.sec_per_batch, reverse=True)
+
+def _name(stages: tuple, sigma: Mapping[str, float], *, gap: float, gap_sigma: float, t_full: float,
+          noise_scale: float, measured: Mapping[str, Throughput]) -> tuple[str, str]:
+    """(bottleneck, reason) from the costed stages (see decide)."""
+    costed = sorted((c for c in stages if c.status == "ok"), key=lambda c: c.sec_per_batch, reverse=True)
     real = [c for c in costed if c.significant]
     if real:
         top = costed[0]
         if not top.significant:
-            return Verdict("inconclusive", reason=(
+            return "inconclusive", (
                 f"{real[0].stage} adds a real {real[0].sec_per_batch * 1e3:.1f} ms per batch, but {top.stage} may cost "
                 f"more ({top.sec_per_batch * 1e3:.1f} ± {top.sigma * 1e3:.1f} ms, within the noise): measure longer or "
-                "on a quieter machine"), **common)
+                "on a quieter machine")
         second = costed[1] if len(costed) > 1 else None
         if second is not None and not is_real(top.sec_per_batch - second.sec_per_batch,
                                               _lead_sigma(top, second, sigma), t_full, noise_scale):
-            why = (f"{top.stage} and {second.stage} cost about the same; neither can be named alone" if second.significant
-                   else f"{top.stage} adds a real {top.sec_per_batch * 1e3:.1f} ms per batch, but {second.stage} may cost "
-                        f"as much ({second.sec_per_batch * 1e3:.1f} ± {second.sigma * 1e3:.1f} ms, within the noise)")
-            return Verdict("inconclusive", reason=why, **common)
-        return Verdict(top.stage, reason=f"removing {top.stage} buys the most throughput", **common)
+            return "inconclusive", (
+                f"{top.stage} and {second.stage} cost about the same; neither can be named alone" if second.significant
+                else f"{top.stage} adds a real {top.sec_per_batch * 1e3:.1f} ms per batch, but {second.stage} may cost "
+                     f"as much ({second.sec_per_batch * 1e3:.1f} ± {second.sigma * 1e3:.1f} ms, within the noise)")
+        return top.stage, f"removing {top.stage} buys the most throughput"
     if is_real(gap, gap_sigma, t_full, noise_scale):
-        return Verdict("inconclusive", reason=f"throughput drops by {gap * 1e3:.1f} ms per batch, but no single stage's "
-                                              "drop is above the noise", **common)
+        return "inconclusive", (f"throughput drops by {gap * 1e3:.1f} ms per batch, but no single stage's drop is "
+                                "above the noise")
     upper_bound = gap + Z_UPPER * gap_sigma * noise_scale
     if upper_bound <= NONE_MAX_LOSS * t_full:
-        return Verdict("none", reason="the full pipeline runs at the ceiling within noise", **common)
-    return Verdict("inconclusive", reason=too_noisy(measured, upper_bound / t_full), **common)
+        return "none", "the full pipeline runs at the ceiling within noise"
+    return "inconclusive", too_noisy(measured, upper_bound / t_full)
 
 
 def _lead_sigma(top: StageCost, second: StageCost, sigma: Mapping[str, float]) -> float:

@@ -20,11 +20,15 @@ copy of the LoaderSpec, and the thread count is set for the candidate's visits o
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from .experiment import Experiment
 from .outcome import APPLICABLE, THREADS, outcome
+from .results import Trial, Verification, VisitWindow
 from .visit import Visit
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .advice import Finding
 
 # Share of --max-seconds kept for verification by default, from the rounds that only
 # settle the verdict (after the first two): a trial visits the full pipeline four times
@@ -49,14 +53,14 @@ MAX_CANDIDATES = 3
 # --------------------------------------------------------------------------------------
 
 
-def candidates(finding: dict, *, threads: int, cores: int, on_cpu: bool) -> list:
+def candidates(finding: Finding, *, threads: int, cores: int, on_cpu: bool) -> list:
     """The settings to try for one advice item, best guess first: the applicable part of
     its recommendation; on the CPU, where workers and the step share the cores, the same
     workers with the step's threads lowered to the cores left (or, when the
     recommendation lowers them already, the workers alone); then one worker fewer
     (workers recommended to a loader without persistent workers come with
     persistent_workers=True, advice._workers, and every candidate keeps it)."""
-    rec = dict((finding.get("numbers") or {}).get("recommended") or {})
+    rec = dict(finding.numbers.get("recommended") or {})
     first = {k: v for k, v in rec.items() if k in APPLICABLE}
     if not first:
         return []
@@ -86,9 +90,7 @@ def candidates(finding: dict, *, threads: int, cores: int, on_cpu: bool) -> list
 class Trials:
     """The candidates of every advice item that recommends applicable settings, measured
     within `budget_s` seconds of the experiment's clock. `result` is the report's
-    `verification`: {"status", "budget_s", "elapsed_s", "trials": [{"item", "settings",
-    "user_windows", "candidate_windows", "error"}]} (raw windows; outcome.verified derives
-    the rest)."""
+    `verification` (results.Verification: raw windows; outcome.verified derives the rest)."""
 
     def __init__(self, exp: Experiment, advice: list, *, budget_s: float, threads: int, cores: int) -> None:
         self.exp = exp
@@ -96,7 +98,7 @@ class Trials:
         on_cpu = exp.device.type == "cpu"
         items = [(f, candidates(f, threads=threads, cores=cores, on_cpu=on_cpu)) for f in advice]
         self.items = [(f, c) for f, c in items if c]
-        self.result: dict = {}
+        self.result = Verification(status="not run")
 
     def __iter__(self) -> Iterator[Visit]:
         exp = self.exp
@@ -108,19 +110,20 @@ class Trials:
                 for k, settings in enumerate(cands):
                     if exp.clock() >= deadline:
                         break
-                    exp.emit({"event": "verify", "item": finding["kind"], "settings": settings})
+                    exp.emit({"event": "verify", "item": finding.kind, "settings": settings})
                     # the candidates after this one are each owed MIN_BLOCKS blocks
                     later = len(cands) - k - 1 + sum(len(c) for _, c in self.items[i + 1:])
-                    trial = yield from self._trial(settings, deadline, owed=len(BLOCK) * MIN_BLOCKS * later)
-                    trials.append({"item": finding["kind"], **trial})
-                    if outcome(trial, exp.batch_size)["status"] == "helps":
+                    trial = yield from self._trial(finding.kind, settings, deadline,
+                                                   owed=len(BLOCK) * MIN_BLOCKS * later)
+                    trials.append(trial)
+                    if outcome(trial, exp.batch_size).status == "helps":
                         break  # the first candidate that helps is the one to print
         finally:
             status = "ok" if trials else ("skipped" if not self.items else "out of time")
-            self.result = {"status": status, "budget_s": round(self.budget_s, 3),
-                           "elapsed_s": round(exp.clock() - start, 3), "trials": trials}
+            self.result = Verification(status=status, budget_s=round(self.budget_s, 3),
+                                       elapsed_s=round(exp.clock() - start, 3), trials=tuple(trials))
 
-    def _trial(self, settings: dict, deadline: float, owed: int = 0):
+    def _trial(self, item: str, settings: dict, deadline: float, owed: int = 0):
         """The user's settings and the candidate in A B B A blocks of full-pipeline visits,
         until a block ends (from MIN_BLOCKS on) with the candidate decided slower, or decided
         helping within TARGET_SPREAD; MAX_BLOCKS blocks; or the deadline. Each visit gets an
@@ -143,12 +146,10 @@ class Trials:
             if m.windows:
                 sides[candidate].append(list(m.windows))
             if (i + 1) % len(BLOCK) == 0 and (i + 1) // len(BLOCK) >= MIN_BLOCKS:
-                raw = {"settings": settings, "user_windows": _dump(sides[False]), "candidate_windows": _dump(sides[True])}
-                o = outcome(raw, exp.batch_size)
-                if o["status"] == "slower" or (o["status"] == "helps" and (o["spread"] or float("inf")) <= TARGET_SPREAD):
+                o = outcome(Trial(item, dict(settings), _dump(sides[False]), _dump(sides[True])), exp.batch_size)
+                if o.status == "slower" or (o.status == "helps" and (o.spread or float("inf")) <= TARGET_SPREAD):
                     break
-        return {"settings": dict(settings), "user_windows": _dump(sides[False]),
-                "candidate_windows": _dump(sides[True]), "error": error}
+        return Trial(item, dict(settings), _dump(sides[False]), _dump(sides[True]), error)
 
 
 def _visit(exp: Experiment, settings: dict, deadline: float, end: float) -> Visit:
@@ -160,5 +161,5 @@ def _visit(exp: Experiment, settings: dict, deadline: float, end: float) -> Visi
                      threads=settings.get(THREADS), end=end)
 
 
-def _dump(visits: list) -> list:
-    return [{"steps": w.steps, "seconds": w.seconds, "visit": v} for v, windows in enumerate(visits) for w in windows]
+def _dump(visits: list) -> tuple:
+    return tuple(VisitWindow(w.steps, w.seconds, v) for v, windows in enumerate(visits) for w in windows)

@@ -11,6 +11,7 @@ import pytest
 
 from bisect_pipeline import advice, bisect
 from bisect_pipeline.report import PointResult, Report, build, stage_dict
+from bisect_pipeline.results import Measurements
 from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.verdict import POINTS, Verdict
 from conftest import FAST_PLAN, PlantedDataset, Sleep, make_loader, planted, tiny_model
@@ -54,11 +55,11 @@ TRANSFER_BOUND = {"device": 10, "host": 30, "collated": 30.5, "augmented": 31, "
 
 
 def kinds(r: Report) -> list:
-    return [f["kind"] for f in r.advice]
+    return [f.kind for f in r.advice]
 
 
 def finding(r: Report, kind: str) -> dict:
-    found = [f for f in r.advice if f["kind"] == kind]
+    found = [f for f in r.advice if f.kind == kind]
     assert found, f"no {kind} finding in {kinds(r)}"
     return found[0]
 
@@ -76,14 +77,14 @@ def test_num_workers_fires_for_augment_bottleneck_at_zero_workers_with_the_count
     r = make_report(AUGMENT_BOUND, isolated=iso_workers(needed=5, cores=8))
     assert r.bottleneck == "augment"
     f = finding(r, "num_workers")
-    assert f["stage"] == "augment"
-    assert f["numbers"]["recommended"] == {"num_workers": 5, "persistent_workers": True}
-    assert f["numbers"]["num_workers"] == 0 and f["numbers"]["needed"] == 5
+    assert f.stage == "augment"
+    assert f.numbers["recommended"] == {"num_workers": 5, "persistent_workers": True}
+    assert f.numbers["num_workers"] == 0 and f.numbers["needed"] == 5
     # tied to the measured numbers and the loader's own setting, never generic
-    assert "num_workers=0" in f["message"] and "Set num_workers=5 with persistent_workers=True" in f["message"]
-    assert "49.0 ms per batch" in f["message"]  # augment's measured drop: 60 - 11
-    assert "costs 48.0 ms per batch against a 10.0 ms step" in f["message"]
-    assert "If augment were free" in f["message"]
+    assert "num_workers=0" in f.message and "Set num_workers=5 with persistent_workers=True" in f.message
+    assert "49.0 ms per batch" in f.message  # augment's measured drop: 60 - 11
+    assert "costs 48.0 ms per batch against a 10.0 ms step" in f.message
+    assert "If augment were free" in f.message
 
 
 def test_num_workers_added_to_persistent_workers_are_not_told_to_be_persistent():
@@ -91,28 +92,28 @@ def test_num_workers_added_to_persistent_workers_are_not_told_to_be_persistent()
     r = make_report(AUGMENT_BOUND, loader={"num_workers": 1, "persistent_workers": True},
                     isolated=iso_workers(needed=5, cores=8))
     f = finding(r, "num_workers")
-    assert f["numbers"]["recommended"] == {"num_workers": 5}
-    assert "persistent" not in f["message"]
+    assert f.numbers["recommended"] == {"num_workers": 5}
+    assert "persistent" not in f.message
 
 
 def test_num_workers_capped_by_this_machines_cores():
     r = make_report(AUGMENT_BOUND, isolated=iso_workers(needed=5, cores=2))
     f = finding(r, "num_workers")
-    assert f["numbers"]["recommended"] == {"num_workers": 1, "persistent_workers": True}
-    assert "2 cores" in f["message"] and "make the augment work cheaper" in f["message"]
+    assert f.numbers["recommended"] == {"num_workers": 1, "persistent_workers": True}
+    assert "2 cores" in f.message and "make the augment work cheaper" in f.message
 
 
 def test_num_workers_on_a_cpu_step_that_uses_every_core_also_gives_the_worker_a_core():
     iso = iso_workers(needed=1, cores=2)
     iso["workers"]["step_threads"] = 2  # torch.get_num_threads() of the CPU step
     f = finding(make_report(AUGMENT_BOUND, isolated=iso), "num_workers")
-    assert f["numbers"]["recommended"] == {"num_workers": 1, "torch_num_threads": 1, "persistent_workers": True}
-    assert "torch.get_num_threads()=2 on 2 cores" in f["message"] and "torch.set_num_threads(1)" in f["message"]
-    assert "--sweep num_workers=0,1" in f["message"]
+    assert f.numbers["recommended"] == {"num_workers": 1, "torch_num_threads": 1, "persistent_workers": True}
+    assert "torch.get_num_threads()=2 on 2 cores" in f.message and "torch.set_num_threads(1)" in f.message
+    assert "--sweep num_workers=0,1" in f.message
     # the same on CUDA (the step does not run on the cores): workers only
     iso["workers"]["step_threads"] = 0
     f = finding(make_report(AUGMENT_BOUND | {"host": 10.2}, device="cuda:0", isolated=iso), "num_workers")
-    assert f["numbers"]["recommended"] == {"num_workers": 1, "persistent_workers": True} and "set_num_threads" not in f["message"]
+    assert f.numbers["recommended"] == {"num_workers": 1, "persistent_workers": True} and "set_num_threads" not in f.message
 
 
 def test_num_workers_from_bisection_costs_when_isolation_is_missing():
@@ -120,9 +121,9 @@ def test_num_workers_from_bisection_costs_when_isolation_is_missing():
     # = 50.5 ms of worker work per batch against a 10 ms step -> ceil(5.05) = 6 workers
     r = make_report(AUGMENT_BOUND, isolated={}, cpu_count=16)
     f = finding(r, "num_workers")
-    assert f["numbers"]["needed"] == 6 and f["numbers"]["source"].startswith("bisection")
-    assert f["numbers"]["worker_ms_per_batch"] == pytest.approx(50.5, abs=0.01)
-    assert f["numbers"]["recommended"] == {"num_workers": 6, "persistent_workers": True}
+    assert f.numbers["needed"] == 6 and f.numbers["source"].startswith("bisection")
+    assert f.numbers["worker_ms_per_batch"] == pytest.approx(50.5, abs=0.01)
+    assert f.numbers["recommended"] == {"num_workers": 6, "persistent_workers": True}
 
 
 def test_num_workers_fires_when_load_and_augment_together_starve_the_step():
@@ -132,12 +133,12 @@ def test_num_workers_fires_when_load_and_augment_together_starve_the_step():
     r = make_report(ms, isolated=iso_workers(needed=5, cores=8))
     assert r.bottleneck == "inconclusive"
     f = finding(r, "num_workers")
-    assert f["stage"] == "load" and f["numbers"]["stages"] == "load + augment + collate together"
-    assert f["numbers"]["stage_ms_per_batch"] == pytest.approx(49.5, abs=0.01)  # 60 - 10.5
-    assert "Set num_workers=5" in f["message"] and "run in the training loop's own process" in f["message"]
+    assert f.stage == "load" and f.numbers["stages"] == "load + augment + collate together"
+    assert f.numbers["stage_ms_per_batch"] == pytest.approx(49.5, abs=0.01)  # 60 - 10.5
+    assert "Set num_workers=5" in f.message and "run in the training loop's own process" in f.message
     # if that work were free: 60 - 49.5 = 10.5 ms per batch, the ceiling 10 ms -> 16 / 0.0105
-    assert f["numbers"]["headroom"]["samples_per_sec_if_free"] == pytest.approx(16 / 0.0105, rel=1e-3)
-    assert "If that work were free" in f["message"]
+    assert f.numbers["headroom"]["samples_per_sec_if_free"] == pytest.approx(16 / 0.0105, rel=1e-3)
+    assert "If that work were free" in f.message
 
 
 def test_num_workers_silent_when_inconclusive_but_the_worker_side_drop_is_noise():
@@ -164,7 +165,7 @@ def test_num_workers_silent_when_the_loader_already_has_enough_workers():
 def test_cores_finding_when_the_machine_cannot_supply_the_workers():
     r = make_report(AUGMENT_BOUND, loader={"num_workers": 1}, isolated=iso_workers(needed=4, cores=2))
     f = finding(r, "cores")
-    assert "num_workers=1 already uses them" in f["message"] and "about 4 workers" in f["message"]
+    assert "num_workers=1 already uses them" in f.message and "about 4 workers" in f.message
     assert "num_workers" not in kinds(r)
 
 
@@ -180,18 +181,18 @@ def test_pin_memory_fires_on_cuda_with_a_transfer_cost_and_pin_memory_false():
     r = make_report(TRANSFER_BOUND, device="cuda:0", isolated=transfer_iso())
     assert r.bottleneck == "transfer"
     f = finding(r, "pin_memory")
-    assert f["stage"] == "transfer"
-    assert "pin_memory=False" in f["message"] and "non_blocking=True" in f["message"]
-    assert "20.0 ms" in f["message"] and "0.6 GB/s" in f["message"]  # the measured drop host -> device
-    assert f["numbers"]["recommended"] == {"pin_memory": True, "non_blocking": True}
-    assert f["numbers"]["source"].startswith("bisection")
+    assert f.stage == "transfer"
+    assert "pin_memory=False" in f.message and "non_blocking=True" in f.message
+    assert "20.0 ms" in f.message and "0.6 GB/s" in f.message  # the measured drop host -> device
+    assert f.numbers["recommended"] == {"pin_memory": True, "non_blocking": True}
+    assert f.numbers["source"].startswith("bisection")
 
 
 def test_pin_memory_from_the_isolated_copy_when_the_bisection_drop_is_within_noise():
     flat = {"device": 30, "host": 30.1, "collated": 30.5, "augmented": 31, "raw": 31.5, "full": 32}
     r = make_report(flat, device="cuda:0", isolated=transfer_iso(ms=5.0))  # 5 ms >= 5% of 32 ms
     f = finding(r, "pin_memory")
-    assert f["numbers"]["source"] == "isolated copy" and f["numbers"]["transfer_ms_per_batch"] == 5.0
+    assert f.numbers["source"] == "isolated copy" and f.numbers["transfer_ms_per_batch"] == 5.0
     r = make_report(flat, device="cuda:0", isolated=transfer_iso(ms=0.5))  # negligible
     assert "pin_memory" not in kinds(r)
 
@@ -228,16 +229,16 @@ def test_uint8_payload_fires_for_float32_images_crossing_the_bus():
     r = make_report(TRANSFER_BOUND, device="cuda:0", isolated=batch_iso(**transfer_iso()))
     f = finding(r, "uint8_payload")
     nbytes = 16 * 3 * 224 * 224 * 4
-    assert f["numbers"]["bytes"] == nbytes and f["numbers"]["bytes_saved"] == nbytes * 3 // 4
-    assert "float32" in f["message"] and "[16, 3, 224, 224]" in f["message"] and "4x less payload" in f["message"]
-    assert "9.2 MB" in f["message"]  # the batch's own size: 16*3*224*224*4 bytes
+    assert f.numbers["bytes"] == nbytes and f.numbers["bytes_saved"] == nbytes * 3 // 4
+    assert "float32" in f.message and "[16, 3, 224, 224]" in f.message and "4x less payload" in f.message
+    assert "9.2 MB" in f.message  # the batch's own size: 16*3*224*224*4 bytes
 
 
 def test_uint8_payload_fires_on_the_handoff_without_cuda():
     r = make_report(HANDOFF_BOUND, loader={"num_workers": 4}, isolated=batch_iso())
     assert r.bottleneck == "handoff"
     f = finding(r, "uint8_payload")
-    assert f["stage"] == "handoff" and "hand-off from workers" in f["message"]
+    assert f.stage == "handoff" and "hand-off from workers" in f.message
 
 
 @pytest.mark.parametrize("kw", [{"dtype": "uint8", "image": False}, {"image": False}])
@@ -268,17 +269,17 @@ def test_collate_names_a_custom_functions_own_work():
     r = make_report(COLLATE_BOUND, loader={"collate_fn": "pad_collate"}, isolated=collate_iso(own=38.0, default=0.4))
     assert r.bottleneck == "collate"
     f = finding(r, "collate")
-    assert "pad_collate" in f["message"] and "38.0 ms per batch alone" in f["message"]
-    assert "0.40 ms for torch's default_collate" in f["message"]
-    assert f["numbers"]["collate_ms_per_batch"] == pytest.approx(39.5)  # 50 - 10.5
+    assert "pad_collate" in f.message and "38.0 ms per batch alone" in f.message
+    assert "0.40 ms for torch's default_collate" in f.message
+    assert f.numbers["collate_ms_per_batch"] == pytest.approx(39.5)  # 50 - 10.5
 
 
 def test_collate_names_the_batch_structure_that_makes_it_slow():
     r = make_report(COLLATE_BOUND, isolated=collate_iso(own=38.0, numbers=257, longest_list=256, ndarrays=3))
     f = finding(r, "collate")
-    assert "257 Python numbers" in f["message"] and "longest list 256" in f["message"]
-    assert "3 numpy array(s)" in f["message"]
-    assert f["numbers"]["sample_structure"]["numbers"] == 257
+    assert "257 Python numbers" in f.message and "longest list 256" in f.message
+    assert "3 numpy array(s)" in f.message
+    assert f.numbers["sample_structure"]["numbers"] == 257
 
 
 def test_collate_silent_when_collate_is_not_the_bottleneck():
@@ -294,10 +295,10 @@ def test_storage_advice_for_a_load_bottleneck_with_its_numbers():
     r = make_report(LOAD_BOUND, loader={"num_workers": 2, "dataset": "ImageFolder"}, isolated=iso)
     assert r.bottleneck == "load"
     f = finding(r, "storage")
-    assert "ImageFolder" in f["message"] and "58.5 ms per batch" in f["message"]
-    assert "3.50 ms to load" in f["message"] and "2 process(es) cap input at 571 samples/s" in f["message"]
-    assert f["numbers"]["load_cap_samples_per_sec"] == pytest.approx(2 * 1000 / 3.5, abs=0.1)
-    assert "If load were free" in f["message"]
+    assert "ImageFolder" in f.message and "58.5 ms per batch" in f.message
+    assert "3.50 ms to load" in f.message and "2 process(es) cap input at 571 samples/s" in f.message
+    assert f.numbers["load_cap_samples_per_sec"] == pytest.approx(2 * 1000 / 3.5, abs=0.1)
+    assert "If load were free" in f.message
 
 
 def test_storage_silent_when_not_load_bound():
@@ -318,8 +319,8 @@ def test_batch_size_fires_when_step_bound_and_memory_mostly_unused():
     r = make_report(MODEL_BOUND | {"host": 40.1}, device="cuda:0", isolated=memory_iso(0.1))
     assert advice.input_bound_class(r) == "not"
     f = finding(r, "batch_size")
-    assert f["numbers"]["batch_size_fits_about"] == 80  # 16 * 0.5 / 0.1
-    assert "8.00 GB of 80 GB" in f["message"] and "from 16" in f["message"]
+    assert f.numbers["batch_size_fits_about"] == 80  # 16 * 0.5 / 0.1
+    assert "8.00 GB of 80 GB" in f.message and "from 16" in f.message
 
 
 @pytest.mark.parametrize("ms,device,fraction", [
@@ -339,9 +340,9 @@ def test_syncs_finding_names_where_the_step_synchronizes():
              "sites": [{"where": "train.py:42", "count": 3}, {"where": "train.py:57", "count": 3}]}
     r = make_report(AUGMENT_BOUND | {"host": 10.2}, device="cuda:0", syncs=syncs)
     f = finding(r, "syncs")
-    assert f["stage"] == "step" and f["numbers"]["per_step"] == 2.0
-    assert "2 time(s) per step" in f["message"] and "train.py:42 (3x)" in f["message"]
-    assert "highly input-bound" in f["message"]  # and why it matters here
+    assert f.stage == "step" and f.numbers["per_step"] == 2.0
+    assert "2 time(s) per step" in f.message and "train.py:42 (3x)" in f.message
+    assert "highly input-bound" in f.message  # and why it matters here
 
 
 @pytest.mark.parametrize("syncs", [{"status": "ok", "steps": 3, "total": 0, "per_step": 0.0, "sites": []},
@@ -373,7 +374,7 @@ def test_headroom_if_a_stage_were_free():
     (0.20, "load", "highly"), (0.9, "inconclusive", "highly"), (None, None, None)])
 def test_input_bound_class_thresholds(fraction, bottleneck, expected):
     v = Verdict(bottleneck, (), input_bound_fraction=fraction)
-    r = Report(device="cpu", batch_size=BS, points=(), verdict=v)
+    r = Report(Measurements("cpu", BS, ()), verdict=v, points=())
     assert advice.input_bound_class(r) == expected
     assert (advice.INPUT_BOUND_MODERATE, advice.INPUT_BOUND_HIGH) == (0.05, 0.20)
 
@@ -402,10 +403,10 @@ def test_end_to_end_augment_bound_at_zero_workers_advises_workers(no_leftover_wo
     r = bisect(model, loader, device="cpu", max_seconds=20, plan=FAST_PLAN)  # 10 visits of 88 ms batches
     assert r.bottleneck == "augment", str(r)
     f = finding(r, "num_workers")
-    iso = r.isolated["workers"]
-    assert iso["needed"] >= 2  # 80 ms of worker work against a step of a few ms
-    assert f["numbers"]["recommended"]["num_workers"] == max(1, min(iso["needed"], iso["available"]))
-    assert f["numbers"]["num_workers"] == 0 and "num_workers=0" in f["message"]
+    iso = r.isolated.workers
+    assert iso.needed >= 2  # 80 ms of worker work against a step of a few ms
+    assert f.numbers["recommended"]["num_workers"] == max(1, min(iso.needed, iso.available))
+    assert f.numbers["num_workers"] == 0 and "num_workers=0" in f.message
     assert advice.input_bound_class(r) == "highly"
 
 
@@ -415,7 +416,7 @@ def test_end_to_end_model_bound_gives_no_worker_advice(no_leftover_workers):
     r = bisect(model, loader, device="cpu", max_seconds=30, plan=FAST_PLAN)  # 80 ms steps, ~2 ms of input: 40x
     assert r.bottleneck == "none", str(r)
     assert not {"num_workers", "cores", "augment", "storage", "collate"} & set(kinds(r)), r.advice
-    assert r.isolated["workers"]["needed"] == 1  # the 80 ms step outruns ~0 ms of worker work
+    assert r.isolated.workers.needed == 1  # the 80 ms step outruns ~0 ms of worker work
 
 
 def allocator_iso(default_ms: float, held_ms: float, real: bool) -> dict:
@@ -425,10 +426,10 @@ def allocator_iso(default_ms: float, held_ms: float, real: bool) -> dict:
 
 def test_allocator_fires_when_the_step_costs_more_as_the_process_runs():
     f = finding(make_report(MODEL_BOUND, isolated=allocator_iso(21.0, 15.0, True)), "allocator")
-    assert f["stage"] == "step"
-    assert "21.0 ms" in f["message"] and "15.0 ms" in f["message"] and "+40%" in f["message"]
-    assert "MALLOC_TRIM_THRESHOLD_=-1" in f["message"] and "jemalloc" in f["message"]
-    assert f["numbers"]["recommended"]["env"]["MALLOC_MMAP_THRESHOLD_"] == "33554432"
+    assert f.stage == "step"
+    assert "21.0 ms" in f.message and "15.0 ms" in f.message and "+40%" in f.message
+    assert "MALLOC_TRIM_THRESHOLD_=-1" in f.message and "jemalloc" in f.message
+    assert f.numbers["recommended"]["env"]["MALLOC_MMAP_THRESHOLD_"] == "33554432"
 
 
 @pytest.mark.parametrize("iso", [allocator_iso(15.2, 15.0, False), {"status": "ok"},

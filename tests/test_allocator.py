@@ -56,7 +56,7 @@ def planted_step(g: FakeGlibc, clock: FakeClock, default_ms: float, held_ms: flo
 def test_the_step_timed_before_and_after_gives_a_real_cost(fake):
     clock = FakeClock()
     h = Held()
-    out = h.time_step(planted_step(fake, clock, 21.0, 15.0), budget_s=0.5, clock=clock)
+    out = h.time_step(planted_step(fake, clock, 21.0, 15.0), budget_s=0.5, clock=clock).to_dict()
     assert out["status"] == "ok" and out["real"]
     assert (out["default_ms_per_batch"], out["held_ms_per_batch"]) == (21.0, 15.0)
     assert out["cost_ms_per_batch"] == pytest.approx(6.0)
@@ -66,7 +66,7 @@ def test_the_step_timed_before_and_after_gives_a_real_cost(fake):
 
 def test_a_step_that_costs_the_same_is_not_a_finding(fake):
     clock = FakeClock()
-    out = Held().time_step(planted_step(fake, clock, 15.2, 15.0), budget_s=0.5, clock=clock)
+    out = Held().time_step(planted_step(fake, clock, 15.2, 15.0), budget_s=0.5, clock=clock).to_dict()
     assert out["status"] == "ok" and not out["real"]  # 0.2 ms is under 5% of the step
 
 
@@ -76,7 +76,7 @@ def test_release_sets_the_after_settings_and_gives_memory_back(fake, monkeypatch
     assert h.hold()
     h.release()
     assert fake.applied == [HELD, AFTER] and fake.released == 1
-    d = h.to_dict()
+    d = h.record().to_dict()
     assert d["controlled"] and d["during"] == HELD.to_dict() and d["after"] == AFTER.to_dict()
 
 
@@ -91,10 +91,10 @@ def test_elsewhere_nothing_is_changed_and_the_run_says_why(monkeypatch):
     monkeypatch.setattr(platform, "system", lambda: "Darwin")
     h = Held()
     assert not h.hold()
-    d = h.to_dict()
+    d = h.record().to_dict()
     assert d == {"controlled": False, "allocator": d["allocator"], "reason": d["reason"]}
     assert "Darwin" in d["reason"]
-    assert h.time_step(lambda: None, 0.1, FakeClock())["status"] == "skipped"
+    assert h.time_step(lambda: None, 0.1, FakeClock()).status == "skipped"
 
 
 def test_a_preloaded_allocator_is_left_alone(monkeypatch):
@@ -108,7 +108,7 @@ def test_a_preloaded_allocator_is_left_alone(monkeypatch):
 def test_turned_off_changes_nothing(fake):
     h = Held(enabled=False)
     assert not h.hold() and fake.applied == []
-    assert "turned off" in h.to_dict()["reason"]
+    assert "turned off" in h.record().to_dict()["reason"]
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt is only on Linux with glibc")

@@ -56,7 +56,7 @@ def test_subset_and_concat_wrapped_datasets_split_raw():
     report = run(tiny_model(2.0), make_loader(chain))
     assert report.point("raw").status == "ok"
     assert report.bottleneck == "augment"
-    assert any("datasets[0].transform" in t for t in report.cache["raw_transforms"])
+    assert any("datasets[0].transform" in t for t in report.cache.raw_transforms)
 
 
 def test_iterable_dataset_measures_every_point_but_raw(no_leftover_workers):
@@ -204,11 +204,11 @@ def test_points_are_measured_in_paired_rounds_pooled_and_stop_once_settled():
     down = ["device", "augmented", "raw", "full"]  # host (CPU) and collated (num_workers=0) do not apply
     # a clear planted bottleneck settles after the first pair of rounds
     assert order == down + down[::-1]
-    assert report.run["rounds"] == 2 and report.run["settled"] and report.run["visits"] == 8
+    assert report.run.rounds == 2 and report.run.settled and report.run.visits == 8
     # each point pools the windows of both visits
     for name in down:
         p = report.point(name)
         assert p.status == "ok" and p.visits == 2 and p.throughput.n >= 2 * FAST_PLAN.windows_per_visit, name
     assert report.bottleneck == "augment"
-    assert 0 < report.run["verdict_s"] <= report.run["elapsed_s"]
+    assert 0 < report.run.verdict_s <= report.run.elapsed_s
     assert "Verdict after" in str(report) and "(2 rounds; settled)" in str(report)

@@ -132,7 +132,7 @@ def test_structured_batches_every_point(kind):
     loader = DataLoader(ds, batch_size=8, shuffle=True, collate_fn=collate)
     report = bisect(model, loader, optimizer=opt, step=step, device="cpu", max_seconds=4, plan=TINY_PLAN)
     assert {p.point: p.status for p in report.points} == all_measured(report), str(report)
-    assert report.cache["raw_transforms"] == ["dataset.transform (Sleep)"]
+    assert list(report.cache.raw_transforms) == ["dataset.transform (Sleep)"]
     assert seen == {batch_type}
 
 

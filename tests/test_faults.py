@@ -266,7 +266,7 @@ def test_dataset_without_len_is_measured():
 @pytest.mark.e2e
 def test_cache_over_budget_keeps_fewer_batches_and_says_so():
     report = run(tiny_model(), make_loader(PlantedDataset()), cache_mb=0.001)
-    assert report.cache["batches"] == 1 and report.cache["limited_by"] == "memory budget"
+    assert report.cache.batches == 1 and report.cache.limited_by == "memory budget"
     assert any("limited by memory budget" in w for w in report.warnings)
 
 

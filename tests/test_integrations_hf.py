@@ -68,7 +68,7 @@ def test_with_transform_is_the_augment_stage():
     report = run(tiny_model(2.0), DataLoader(ds, batch_size=8, shuffle=True))
     assert statuses(report) == all_measured(report), str(report)
     assert report.bottleneck == "augment", str(report)
-    assert report.cache["raw_transforms"] == ["dataset format transform (ToTensors, with_transform/set_transform)"]
+    assert list(report.cache.raw_transforms) == ["dataset format transform (ToTensors, with_transform/set_transform)"]
     # the user's dataset keeps its own format transform
     assert isinstance(ds._format_kwargs["transform"], ToTensors)
 

@@ -87,7 +87,7 @@ def test_prefetch_loader_is_unwrapped_and_normalizes_inside_the_step(tmp_path):
     report = run(m, loader)
     assert statuses(report) == all_measured(report), str(report)
     assert report.bottleneck == "augment", str(report)
-    assert report.cache["raw_transforms"] == ["dataset.transform (Compose)"]
+    assert list(report.cache.raw_transforms) == ["dataset.transform (Compose)"]
     # the loader yields uint8 batches (fast_collate); the step saw them converted and
     # normalized, as the PrefetchLoader does on the device: float32, about zero-mean
     assert report.loader["collate_fn"] == "fast_collate"

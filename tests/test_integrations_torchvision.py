@@ -94,7 +94,7 @@ def test_imagefolder_decode_cost_lands_in_load(tmp_path):
     report = run(image_model(), loader_of(ds))
     assert statuses(report) == all_measured(report), str(report)
     assert report.bottleneck == "load", str(report)
-    assert any("dataset.transform (Compose)" in t for t in report.cache["raw_transforms"])
+    assert any("dataset.transform (Compose)" in t for t in report.cache.raw_transforms)
     assert ds.transform is transform_before  # the user's dataset is untouched
 
 
@@ -144,7 +144,7 @@ def test_joint_v2_transforms_on_image_and_target(tmp_path):
 
     report = run(model, loader_of(ds, collate_fn=detection_collate), optimizer=opt, step=step)
     assert statuses(report) == all_measured(report), str(report)
-    assert report.cache["raw_transforms"] == ["dataset.transforms (Compose)"]
+    assert list(report.cache.raw_transforms) == ["dataset.transforms (Compose)"]
     # the joint transform was replayed on (image, target): boxes stay tv_tensors, resized
     assert set(seen) == {tv_tensors.BoundingBoxes}
 
@@ -169,7 +169,7 @@ def test_wrap_dataset_for_transforms_v2_in_subset_and_concat_chain(tmp_path):
     report = run(image_model(), loader_of(chain))
     assert statuses(report) == all_measured(report), str(report)
     assert report.bottleneck == "augment", str(report)
-    found = report.cache["raw_transforms"]
+    found = report.cache.raw_transforms
     assert "dataset.dataset.datasets[0].transform (Compose)" in found
     assert any(t.startswith("dataset.dataset.datasets[1].transforms") and "wrap_dataset_for_transforms_v2" in t
                for t in found), found

@@ -10,6 +10,7 @@ from PIL import Image
 
 from bisect_pipeline import cache, isolate, loader as loader_mod
 from bisect_pipeline.experiment import Experiment
+from bisect_pipeline.results import Isolated
 from bisect_pipeline.step import make_step
 from bisect_pipeline.report import PointResult
 from bisect_pipeline.step import to_device
@@ -19,12 +20,14 @@ CPU = torch.device("cpu")
 
 
 def isolated(model, loader, budget_s=1.0):
-    """isolate.measure on a real cache fill, as bisect() calls it (no step time given:
+    """isolate.time_stages on a real cache fill, as bisect() calls it (no step time given:
     the step is timed alone too)."""
     spec = loader_mod.describe(loader)
     caches = cache.fill(spec, cache_mb=64, max_batches=4, time_budget=10)
     step = make_step(model)
-    return isolate.measure(spec, caches, CPU, lambda b: to_device(b, CPU), step, None, budget_s=budget_s)
+    iso, syncs = isolate.time_stages(spec, caches, CPU, lambda b: to_device(b, CPU), step, step_sec_per_batch=None,
+                                      budget_s=budget_s)
+    return iso.to_dict(), syncs.to_dict()  # the document's form
 
 
 def within(value, planted, lo=0.5, hi=2.0):
@@ -82,23 +85,28 @@ def test_an_augment_only_pipeline_reports_no_load_cost():
     assert min(r["load"]["ms_per_sample"] for r in runs) < 1.5  # the getitem is all transform
 
 
+def workers_needed(iso: dict, *args, **kw) -> dict:
+    """isolate.workers_needed on the document's form of the isolated parts."""
+    return isolate.workers_needed(Isolated.from_dict({"status": "ok", **iso}), *args, **kw).to_dict()
+
+
 def test_workers_needed_arithmetic():
     iso = {"load": {"status": "ok", "ms_per_sample": 2.0, "includes": ["load"]},
            "augment": {"status": "ok", "ms_per_sample": 3.0},
            "collate": {"status": "ok", "ms_per_batch": 4.0},
            "step": {"status": "ok", "ms_per_batch": 10.0}}
-    w = isolate.workers_needed(iso, batch_size=8, n_cores=4)
+    w = workers_needed(iso, batch_size=8, n_cores=4)
     # (2 + 3) x 8 + 4 = 44 ms per batch / 10 ms step -> ceil(4.4) = 5 workers; 3 cores for workers
     assert w == {"status": "ok", "worker_ms_per_batch": 44.0, "step_ms_per_batch": 10.0, "needed": 5, "cores": 4,
                  "available": 3, "step_threads": 0, "fits": False}
-    assert isolate.workers_needed(iso, batch_size=8, n_cores=4, step_threads=4)["step_threads"] == 4
-    assert isolate.workers_needed(iso, batch_size=8, n_cores=8)["fits"] is True
+    assert workers_needed(iso, batch_size=8, n_cores=4, step_threads=4)["step_threads"] == 4
+    assert workers_needed(iso, batch_size=8, n_cores=8)["fits"] is True
     # exactly one step's worth of work: one worker
     iso["step"]["ms_per_batch"] = 44.0
-    assert isolate.workers_needed(iso, 8, 2)["needed"] == 1
+    assert workers_needed(iso, 8, 2)["needed"] == 1
     # a step that outruns the workers by far still needs at least one
     iso["step"]["ms_per_batch"] = 1000.0
-    assert isolate.workers_needed(iso, 8, 2)["needed"] == 1
+    assert workers_needed(iso, 8, 2)["needed"] == 1
 
 
 def test_workers_needed_does_not_count_augment_twice_when_merged_into_load():
@@ -106,7 +114,7 @@ def test_workers_needed_does_not_count_augment_twice_when_merged_into_load():
            "augment": {"status": "ok", "ms_per_sample": 3.0},
            "collate": {"status": "ok", "ms_per_batch": 0.0},
            "step": {"status": "ok", "ms_per_batch": 10.0}}
-    assert isolate.workers_needed(iso, 4, 4)["worker_ms_per_batch"] == 20.0
+    assert workers_needed(iso, 4, 4)["worker_ms_per_batch"] == 20.0
 
 
 @pytest.mark.parametrize("missing", ["step", "load", "collate"])
@@ -114,28 +122,28 @@ def test_workers_needed_unavailable_without_its_inputs(missing):
     iso = {"load": {"status": "ok", "ms_per_sample": 2.0}, "augment": {"status": "unavailable"},
            "collate": {"status": "ok", "ms_per_batch": 4.0}, "step": {"status": "ok", "ms_per_batch": 10.0}}
     iso[missing] = {"status": "failed", "reason": "boom"}
-    w = isolate.workers_needed(iso, 8, 4)
+    w = workers_needed(iso, 8, 4)
     assert w["status"] == "unavailable" and "not measured" in w["reason"]
     # without augment (unavailable) the rest still counts: 2 x 8 + 4 = 20 ms
     iso[missing] = {"status": "ok", "ms_per_sample": 2.0, "ms_per_batch": 10.0 if missing == "step" else 4.0}
-    assert isolate.workers_needed(iso, 8, 4)["worker_ms_per_batch"] == 20.0
+    assert workers_needed(iso, 8, 4)["worker_ms_per_batch"] == 20.0
 
 
 def test_syncs_skipped_on_cpu_with_reason():
     calls = []
-    s = isolate.count_syncs(lambda b: calls.append(b), torch.zeros(2), CPU)
+    s = isolate.count_syncs(lambda b: calls.append(b), torch.zeros(2), CPU).to_dict()
     assert s["status"] == "skipped" and "no CUDA device" in s["reason"] and "cpu" in s["reason"]
     assert calls == []  # nothing run for nothing
 
 
 def test_unfilled_caches_and_hung_points_skip_isolation():
-    iso, syncs = isolate.measure(None, None, CPU, None, None, None, budget_s=1.0)
-    assert iso["status"] == syncs["status"] == "unavailable"
+    iso, syncs = isolate.time_stages(None, None, CPU, None, None, step_sec_per_batch=None, budget_s=1.0)
+    assert iso.status == syncs.status == "unavailable"
     hung = {"full": PointResult("full", "failed", reason="no batch in 5 s", failed_stage="hang")}
     run = Experiment(None, CPU, None, time.perf_counter, lambda e: None, None, start=0.0, end=10.0, deadline=10.0,
                       results=hung)
     iso, syncs = isolate.after_points(run, max_seconds=10)
-    assert iso["status"] == "skipped" and "hung" in iso["reason"] and syncs["status"] == "skipped"
+    assert iso.status == "skipped" and "hung" in iso.reason and syncs.status == "skipped"
 
 
 def test_budget_is_a_small_bounded_share_of_the_run():
@@ -143,20 +151,24 @@ def test_budget_is_a_small_bounded_share_of_the_run():
     assert isolate.budget(600) == isolate.ISOLATE_MAX_SECONDS
 
 
+def describe_batch(batch) -> dict:
+    return isolate.describe_batch(batch).to_dict()
+
+
 def test_describe_batch_flags_float_images_only():
-    d = isolate.describe_batch((torch.zeros(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)))
+    d = describe_batch((torch.zeros(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)))
     assert d["n_tensors"] == 2 and d["bytes"] == 4 * 3 * 32 * 32 * 4 + 4 * 8
     assert [t["image"] for t in d["tensors"]] == [True, False]
     assert d["tensors"][0]["path"] == "batch[0]" and d["tensors"][0]["shape"] == [4, 3, 32, 32]
-    assert not isolate.describe_batch({"x": torch.zeros(4, 3, 32, 32, dtype=torch.uint8)})["tensors"][0]["image"]
-    assert not isolate.describe_batch(torch.zeros(4, 16))["tensors"][0]["image"]
-    assert isolate.describe_batch(torch.zeros(4, 32, 32, 3))["tensors"][0]["image"]  # channels last
+    assert not describe_batch({"x": torch.zeros(4, 3, 32, 32, dtype=torch.uint8)})["tensors"][0]["image"]
+    assert not describe_batch(torch.zeros(4, 16))["tensors"][0]["image"]
+    assert describe_batch(torch.zeros(4, 32, 32, 3))["tensors"][0]["image"]  # channels last
 
 
 def test_sample_structure_counts_what_default_collate_turns_into_tensors():
     sample = {"img": Image.new("RGB", (8, 8)), "feats": [0.5] * 20, "arr": np.zeros(3), "name": "a",
               "t": torch.zeros(2), "label": 3}
-    st = isolate.sample_structure(sample)
+    st = isolate.sample_structure(sample).to_dict()
     assert st["images"] == 1 and st["numbers"] == 21 and st["longest_list"] == 20
     assert st["ndarrays"] == 1 and st["strings"] == 1 and st["tensors"] == 1
     assert st["leaves"] == 25
@@ -174,8 +186,8 @@ def test_cuda_counts_a_planted_item_sync_per_step():
     def clean(b):
         return (b @ w).sum()
 
-    s = isolate.count_syncs(syncing, batch, dev, steps=3)
+    s = isolate.count_syncs(syncing, batch, dev, steps=3).to_dict()
     assert s["status"] == "ok" and s["steps"] == 3 and s["per_step"] >= 1, s
     assert s["sites"] and "test_isolate.py" in s["sites"][0]["where"]
-    assert isolate.count_syncs(clean, batch, dev, steps=3)["per_step"] == 0
+    assert isolate.count_syncs(clean, batch, dev, steps=3).per_step == 0
     assert torch.cuda.get_sync_debug_mode() == 0  # restored

@@ -1,6 +1,7 @@
-"""The package's shape (issue 12): no import cycle between its modules, no function with
-more than 6 positional parameters, bisect() on one screen, every module importable alone.
-Read from the source (ast), so these run in milliseconds."""
+"""The package's shape: no import cycle between its modules (imports inside functions
+counted: they run when called), no function with more than 5 positional parameters,
+none over 60 lines in the measuring and derivation layers, bisect() on one screen, every
+module importable alone. Read from the source (ast), so these run in milliseconds."""
 
 from __future__ import annotations
 
@@ -12,8 +13,15 @@ import sys
 import pytest
 
 PKG = pathlib.Path(__file__).resolve().parent.parent / "bisect_pipeline"
-MAX_POSITIONAL = 6
+MAX_POSITIONAL = 5
 SCREEN_LINES = 60
+# The layers below the report: what measures and what derives from the measurements.
+MEASURING_AND_DERIVING = ("bisect_pipeline.plan", "bisect_pipeline.visit", "bisect_pipeline.results",
+                          "bisect_pipeline.experiment", "bisect_pipeline.rounds", "bisect_pipeline.distributed",
+                          "bisect_pipeline.verify", "bisect_pipeline.sweep", "bisect_pipeline.cache",
+                          "bisect_pipeline.sources", "bisect_pipeline.isolate", "bisect_pipeline.allocator",
+                          "bisect_pipeline.stats", "bisect_pipeline.verdict", "bisect_pipeline.advice",
+                          "bisect_pipeline.outcome", "bisect_pipeline.diagnosis", "bisect_pipeline.watch")
 
 
 def modules() -> dict:
@@ -40,15 +48,26 @@ def _resolve(mod: str, is_pkg: bool, node: ast.ImportFrom) -> list:
     return out
 
 
+def _imports(node: ast.AST):
+    """Every import statement that can run: at module level and inside functions; not
+    those under `if TYPE_CHECKING:`, which never run."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and getattr(child.test, "id", None) == "TYPE_CHECKING":
+            continue
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child
+        yield from _imports(child)
+
+
 def import_graph() -> dict:
     mods = modules()
     graph = {}
     for name, (path, tree) in mods.items():
         deps = set()
-        for node in tree.body:  # module level only: a function's own import runs when it is called
+        for node in _imports(tree):
             if isinstance(node, ast.ImportFrom):
                 deps.update(d for d in _resolve(name, path.name == "__init__.py", node) if d in mods)
-            elif isinstance(node, ast.Import):
+            else:
                 deps.update(a.name for a in node.names if a.name in mods)
         deps.discard(name)
         # a submodule's import of its own package is not a cycle: the package is loading it
@@ -75,7 +94,7 @@ def test_the_modules_import_each_other_without_a_cycle():
             visit(node, [])
 
 
-def test_no_function_takes_more_than_six_positional_parameters():
+def test_no_function_takes_more_than_five_positional_parameters():
     too_many = []
     for name, (path, tree) in modules().items():
         for node in ast.walk(tree):
@@ -84,6 +103,17 @@ def test_no_function_takes_more_than_six_positional_parameters():
                 if len(args) > MAX_POSITIONAL:
                     too_many.append(f"{name}.{node.name} ({len(args)})")
     assert not too_many
+
+
+def test_no_function_of_the_measuring_and_deriving_layers_is_longer_than_a_screen():
+    long = []
+    for name, (path, tree) in modules().items():
+        if name not in MEASURING_AND_DERIVING:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > SCREEN_LINES:
+                long.append(f"{name}.{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not long
 
 
 def test_bisect_fits_on_one_screen():

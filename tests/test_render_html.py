@@ -10,6 +10,7 @@ from html.parser import HTMLParser
 import pytest
 
 from bisect_pipeline import advice as advice_mod
+from bisect_pipeline.advice import Finding
 from bisect_pipeline.report.html import to_document, to_html
 from bisect_pipeline.report import PointResult, Report, build
 from bisect_pipeline.stats import Throughput, Window
@@ -126,7 +127,7 @@ def test_user_strings_are_escaped(monkeypatch):
     img = '<img src=x onerror="alert(2)">'
     # Advice quotes user code (e.g. the collate_fn's name): plant one that does (advice is
     # computed once, when the report is built).
-    monkeypatch.setattr(advice_mod, "advise", lambda report: [{"kind": "x", "stage": "load", "message": f"fix {img}"}])
+    monkeypatch.setattr(advice_mod, "findings", lambda report: [Finding("x", "load", f"fix {img}")])
     r = planted_report(
         {"device": 950.0, "collated": 930.0, "full": 320.0},
         status={"augmented": ("failed", f"RuntimeError: {evil} & more"), "raw": ("unavailable", img)},
@@ -203,7 +204,7 @@ def test_verdict_first_then_chart_stages_advice_and_context():
     text = "".join(parse(markup).text)
     summary = r.summary
     assert summary.startswith("Bottleneck: augment")
-    order = [markup.index(s) for s in (summary, "<svg", "ms per batch added", r.advice[0]["message"][:30], "torch 2.4.0")]
+    order = [markup.index(s) for s in (summary, "<svg", "ms per batch added", r.advice[0].message[:30], "torch 2.4.0")]
     assert order == sorted(order)
     for s in ("share of gap", "samples/s if free", "num_workers=0", "SyntheticImages", "full ±", "batch size"):
         assert s in text

@@ -11,7 +11,8 @@ import re
 import pytest
 
 from bisect_pipeline import advice as advice_mod
-from bisect_pipeline.report import from_dict
+from bisect_pipeline.advice import Finding
+from bisect_pipeline.report import Report
 from bisect_pipeline.report.text import WIDTH, to_text
 from test_render_html import AUGMENT, planted_report
 
@@ -41,9 +42,9 @@ def right_edge(header: str, name: str) -> int:
 
 @pytest.fixture
 def long_advice(monkeypatch):
-    monkeypatch.setattr(advice_mod, "advise", lambda r: [
-        {"kind": "workers", "stage": "augment", "message": LONG_ADVICE},
-        {"kind": "augment", "stage": "augment", "message": "Second piece of advice, " + "quite long " * 12 + "end."},
+    monkeypatch.setattr(advice_mod, "findings", lambda r: [
+        Finding("workers", "augment", LONG_ADVICE),
+        Finding("augment", "augment", "Second piece of advice, " + "quite long " * 12 + "end."),
     ])
 
 
@@ -156,7 +157,7 @@ def test_quiet_summary_and_json_summary_stay_one_line():
 
 def test_a_report_loaded_from_json_renders_the_same():
     r = planted_report(AUGMENT)
-    again = from_dict(json.loads(r.to_json()))
+    again = Report.from_dict(json.loads(r.to_json()))
     assert to_text(again).splitlines()[:4] == to_text(r).splitlines()[:4]
     assert "Bottleneck: augment" in to_text(again)
 

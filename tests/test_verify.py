@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from bisect_pipeline import BisectError, bisect, outcome, verify
-from bisect_pipeline.results import Measured
+from bisect_pipeline.advice import Finding
+from bisect_pipeline.results import Measured, Trial, Verification
 from bisect_pipeline.report import PointResult, Report, build
 from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.testing import CLASSES, FEATURES, PlantedDataset, Spin, make_loader, tiny_model
@@ -29,9 +30,17 @@ BS = 8
 # --- what to try -------------------------------------------------------------------------------
 
 
-def item(recommended: dict, kind: str = "num_workers", headroom: dict = None) -> dict:
-    return {"kind": kind, "stage": "augment", "message": "Set it.",
-            "numbers": {"recommended": recommended, "headroom": headroom or {}}}
+def item(recommended: dict, kind: str = "num_workers", headroom: dict = None) -> Finding:
+    return Finding(kind, "augment", "Set it.", {"recommended": recommended, "headroom": headroom or {}})
+
+
+def outcome_of(trial) -> dict:
+    """outcome.outcome of a trial (a Trial, or its document form), in its document form."""
+    return outcome.outcome(Trial.from_dict(trial), BS).to_dict()
+
+
+def verified(finding: Finding, verification) -> outcome.Checked:
+    return outcome.verified(finding, Verification.from_dict({"status": "ok", **dict(verification)}), None, BS)
 
 
 def test_candidates_start_with_the_recommendation_then_vary_the_threads_and_the_workers():
@@ -96,7 +105,7 @@ def run_trials(run, advice, **kw) -> dict:
     trials = verify.Trials(run, advice, **kw)
     for visit in trials:
         visit.drive()
-    return trials.result
+    return trials.result.to_dict()  # the document's form
 
 
 def plant_visits(monkeypatch, clock: FakeClock, rates: dict, visit_s: float = 1.0, jitter: float = 0.01) -> list:
@@ -123,7 +132,7 @@ def test_a_candidate_that_helps_is_measured_in_alternating_visits_and_stops_once
     out = run_trials(FakeRun(clock), [item({"num_workers": 1})], budget_s=60, threads=1, cores=2)
     assert out["status"] == "ok" and len(out["trials"]) == 1
     assert [c[0] for c in calls] == [{}, {"num_workers": 1}, {"num_workers": 1}, {}]  # A B B A, then decided
-    o = outcome.outcome(out["trials"][0], BS)
+    o = outcome_of(out["trials"][0])
     assert o["status"] == "helps" and o["speedup"] == pytest.approx(2.0, rel=1e-3)
     assert 0.05 <= o["spread"] < 0.2
 
@@ -135,12 +144,12 @@ def test_a_candidate_that_does_not_help_is_said_so_and_the_next_one_is_tried(mon
     out = run_trials(FakeRun(clock), advice, budget_s=60, threads=2, cores=2)
     first, second = out["trials"]
     assert first["settings"] == {"num_workers": 1} and second["settings"] == {"num_workers": 1, "torch_num_threads": 1}
-    assert outcome.outcome(first, BS)["status"] == "no gain"
+    assert outcome_of(first)["status"] == "no gain"
     assert len(first["user_windows"]) == 3 * 2 * verify.MAX_BLOCKS  # undecided: every block was measured
-    v = outcome.verified(advice[0], out, {}, BS)
-    assert v["status"] == "helps" and v["settings"] == {"num_workers": 1, "torch_num_threads": 1}
-    assert v["speedup"] == pytest.approx(1.3, rel=1e-3) and v["predicted"] == pytest.approx(1.5)
-    assert [t["status"] for t in v["tried"]] == ["no gain", "helps"]
+    v = verified(advice[0], out)
+    assert v.status == "helps" and v.settings == {"num_workers": 1, "torch_num_threads": 1}
+    assert v.speedup == pytest.approx(1.3, rel=1e-3) and v.predicted == pytest.approx(1.5)
+    assert [t.status for t in v.tried] == ["no gain", "helps"]
     text = outcome.sentence(v)
     assert "Measured before printing: 1.30\u00d7 (\u00b1" in text and "predicted up to 1.50\u00d7" in text
     assert "Tried first: num_workers=1: 1.01\u00d7" in text and "within noise" in text
@@ -151,8 +160,8 @@ def test_slower_everywhere_is_not_presented_as_a_fix(monkeypatch):
     plant_visits(monkeypatch, clock, {USER: 10.0, W1: 7.0, W1T1: 8.0})
     advice = [item({"num_workers": 1})]
     out = run_trials(FakeRun(clock), advice, budget_s=60, threads=2, cores=2)
-    v = outcome.verified(advice[0], out, {}, BS)
-    assert v["status"] == "slower" and [t["status"] for t in v["tried"]] == ["slower", "slower"]
+    v = verified(advice[0], out)
+    assert v.status == "slower" and [t.status for t in v.tried] == ["slower", "slower"]
     assert outcome.sentence(v).startswith(" Measured before printing, and not a fix on this machine as it is:")
 
 
@@ -164,9 +173,9 @@ def test_a_slower_candidate_stops_after_one_block_and_leaves_the_budget_to_the_n
     out = run_trials(FakeRun(clock), [item({"num_workers": 1, "torch_num_threads": 1})], budget_s=60,
                             threads=2, cores=2)
     first, second = out["trials"]
-    o = outcome.outcome(first, BS)
+    o = outcome_of(first)
     assert o["status"] == "slower" and o["spread"] > verify.TARGET_SPREAD and len(first["user_windows"]) == 3 * 2
-    assert second["settings"] == {"num_workers": 1} and outcome.outcome(second, BS)["status"] == "helps"
+    assert second["settings"] == {"num_workers": 1} and outcome_of(second)["status"] == "helps"
     rec = {"num_workers": 1, "torch_num_threads": 1}
     assert [c[0] for c in calls[:5]] == [{}, rec, rec, {}, {}]  # one block, then the next candidate's A
 
@@ -180,8 +189,8 @@ def test_a_first_candidate_that_stays_undecided_cannot_spend_the_next_ones_budge
     out = run_trials(FakeRun(clock), [item({"num_workers": 1, "torch_num_threads": 1})], budget_s=32,
                             threads=2, cores=2)
     first, second = out["trials"]
-    assert outcome.outcome(first, BS)["status"] == "no gain"
-    assert outcome.outcome(second, BS)["status"] == "helps"
+    assert outcome_of(first)["status"] == "no gain"
+    assert outcome_of(second)["status"] == "helps"
     assert calls[0][2] - start == pytest.approx(32 / (4 * verify.MAX_BLOCKS + 4 * verify.MIN_BLOCKS))
     assert clock.t - start <= 32 + 1e-9
 
@@ -191,9 +200,9 @@ def test_a_later_candidate_out_of_time_does_not_hide_an_earlier_measured_one():
             "user_windows": [{"steps": 10, "seconds": 1.0}] * 3, "candidate_windows": [{"steps": 10, "seconds": 2.0}] * 3}
     late = {"item": "num_workers", "settings": {"num_workers": 1}, "user_windows": [{"steps": 10, "seconds": 1.0}],
             "candidate_windows": []}
-    v = outcome.verified(item({"num_workers": 1}), {"trials": [slow, late]}, {}, BS)
-    assert v["status"] == "slower" and v["settings"] == slow["settings"] and v["speedup"] == pytest.approx(0.5)
-    assert [t["status"] for t in v["tried"]] == ["slower", "not measured"]
+    v = verified(item({"num_workers": 1}), {"trials": [slow, late]})
+    assert v.status == "slower" and v.settings == slow["settings"] and v.speedup == pytest.approx(0.5)
+    assert [t.status for t in v.tried] == ["slower", "not measured"]
     assert "not a fix on this machine" in outcome.sentence(v)
 
 
@@ -208,10 +217,10 @@ def test_visits_that_disagree_widen_the_figure_beyond_what_their_windows_say():
     trial = {"settings": {"num_workers": 1}, "user_windows": side(10.0), "candidate_windows": side(13.0)}
     windows_only = {k: [{"steps": w["steps"], "seconds": w["seconds"]} for w in v] if k.endswith("windows") else v
                     for k, v in trial.items()}
-    assert outcome.outcome(windows_only, BS)["status"] == "helps"  # as if each window stood alone
-    o = outcome.outcome(trial, BS)
+    assert outcome_of(windows_only)["status"] == "helps"  # as if each window stood alone
+    o = outcome_of(trial)
     assert o["status"] == "no gain" and o["speedup"] == pytest.approx(1.3, rel=0.02) and o["spread"] > 0.25
-    v = outcome.verified(item({"num_workers": 1}), {"trials": [dict(trial, item="num_workers")]}, {}, BS)
+    v = verified(item({"num_workers": 1}), {"trials": [dict(trial, item="num_workers")]})
     assert "no gain beyond the noise" in outcome.sentence(v) and "not a fix" not in outcome.sentence(v)
 
 
@@ -235,7 +244,7 @@ def test_a_candidate_that_breaks_the_pipeline_is_a_failed_trial(monkeypatch):
 
     monkeypatch.setattr(verify, "_visit", visit)
     out = run_trials(FakeRun(clock), [item({"num_workers": 1})], budget_s=30, threads=1, cores=2)
-    o = outcome.outcome(out["trials"][0], BS)
+    o = outcome_of(out["trials"][0])
     assert o["status"] == "failed" and "Bus error" in o["reason"]
 
 
@@ -267,10 +276,10 @@ def test_the_report_carries_predicted_and_measured_and_reads_back_the_same(tmp_p
         {"item": "num_workers", "settings": {"num_workers": 1}, "user_windows": windows(16.0),
          "candidate_windows": windows(60.0), "error": None}]}
     r = planted_report(ver)
-    f = next(a for a in r.advice if a["kind"] == "num_workers")
-    assert f["verified"]["status"] == "helps" and f["verified"]["speedup"] == pytest.approx(3.75, rel=1e-3)
-    assert f["verified"]["predicted"] is not None and f["verified"]["settings"] == {"num_workers": 1}
-    assert "Measured before printing: 3.75\u00d7" in f["message"] and "predicted up to" in f["message"]
+    f = next(a for a in r.advice if a.kind == "num_workers")
+    assert f.verified.status == "helps" and f.verified.speedup == pytest.approx(3.75, rel=1e-3)
+    assert f.verified.predicted is not None and f.verified.settings == {"num_workers": 1}
+    assert "Measured before printing: 3.75\u00d7" in f.message and "predicted up to" in f.message
     text = " ".join(str(r).split())  # wrapped at 80 columns
     assert "Measured before printing: 3.75\u00d7" in text and "Measured before printing: 3.75" in r._repr_html_()
     doc = r.to_dict()
@@ -283,11 +292,11 @@ def test_the_report_carries_predicted_and_measured_and_reads_back_the_same(tmp_p
 
 def test_without_a_verification_block_the_advice_is_as_written_and_off_says_so():
     r = planted_report({})
-    f = next(a for a in r.advice if a["kind"] == "num_workers")
-    assert "verified" not in f and "Measured" not in f["message"]
+    f = next(a for a in r.advice if a.kind == "num_workers")
+    assert f.verified is None and "Measured" not in f.message
     off = planted_report({"status": "off", "reason": "verification turned off (verify_seconds=0)", "trials": []})
-    f = next(a for a in off.advice if a["kind"] == "num_workers")
-    assert f["verified"]["status"] == "not measured" and "turned off" in f["message"]
+    f = next(a for a in off.advice if a.kind == "num_workers")
+    assert f.verified.status == "not measured" and "turned off" in f.message
 
 
 def test_verify_seconds_is_checked():
@@ -322,11 +331,11 @@ def test_planted_workers_that_help_are_measured_and_the_users_objects_are_unchan
     threads = torch.get_num_threads()
     r = bisect(model, loader, max_seconds=30, plan=FAST_PLAN)
     assert r.bottleneck == "augment", str(r)
-    f = next(a for a in r.advice if a["kind"] == "num_workers")
-    v = f["verified"]
-    assert v["status"] == "helps" and v["speedup"] > 1.3, v
-    assert "Measured before printing" in f["message"]
-    assert r.to_dict()["verification"]["trials"][0]["settings"] == v["settings"]
+    f = next(a for a in r.advice if a.kind == "num_workers")
+    v = f.verified
+    assert v.status == "helps" and v.speedup > 1.3, v
+    assert "Measured before printing" in f.message
+    assert r.to_dict()["verification"]["trials"][0]["settings"] == v.settings
     assert loader.num_workers == 0 and torch.get_num_threads() == threads  # the user's objects as they were
 
 
@@ -349,14 +358,14 @@ def test_planted_workers_that_cannot_help_are_reported_as_not_helping(monkeypatc
     finally:
         os.sched_setaffinity(0, before)
     assert r.bottleneck == "augment", str(r)
-    f = next(a for a in r.advice if a["kind"] == "num_workers")
-    v = f["verified"]
-    assert v["status"] in ("no gain", "slower"), v
-    assert [t["settings"] for t in v["tried"]] == [  # the next one too; workers tried persistent
+    f = next(a for a in r.advice if a.kind == "num_workers")
+    v = f.verified
+    assert v.status in ("no gain", "slower"), v
+    assert [t.settings for t in v.tried] == [  # the next one too; workers tried persistent
         {"num_workers": 2, "persistent_workers": True}, {"num_workers": 1, "persistent_workers": True}]
-    assert all(t["status"] in ("no gain", "slower") for t in v["tried"]), v
-    assert ("not a fix on this machine" in f["message"] or "no gain beyond the noise" in f["message"]), f["message"]
-    assert math.isfinite(v["speedup"]) and v["speedup"] < 1.1
+    assert all(t.status in ("no gain", "slower") for t in v.tried), v
+    assert ("not a fix on this machine" in f.message or "no gain beyond the noise" in f.message), f.message
+    assert math.isfinite(v.speedup) and v.speedup < 1.1
 
 
 # --- the same figure in compare and the sweep ----------------------------------------------------
@@ -383,7 +392,7 @@ def test_compare_shows_predicted_measured_and_this_comparison():
 def dataclasses_replace_loader(r: Report, **settings) -> Report:
     import dataclasses
 
-    return dataclasses.replace(r, loader={**r.loader, **settings})
+    return Report.of(dataclasses.replace(r.measurements, loader={**r.loader, **settings}))
 
 
 def test_sweep_torch_threads_is_a_setting_applied_per_row_and_restored():
@@ -416,6 +425,6 @@ def bisect_workload(model, loader):
 def test_a_trial_cut_short_before_two_windows_each_says_not_measured_and_why():
     ver = {"status": "ok", "trials": [{"item": "num_workers", "settings": {"num_workers": 1},
                                        "user_windows": windows(16.0, 1), "candidate_windows": [], "error": None}]}
-    f = next(a for a in planted_report(ver).advice if a["kind"] == "num_workers")
-    assert f["verified"]["status"] == "not measured" and "two windows" in f["verified"]["reason"]
-    assert "Not measured before printing: num_workers=1: not measured (out of time" in " ".join(f["message"].split())
+    f = next(a for a in planted_report(ver).advice if a.kind == "num_workers")
+    assert f.verified.status == "not measured" and "two windows" in f.verified.reason
+    assert "Not measured before printing: num_workers=1: not measured (out of time" in " ".join(f.message.split())

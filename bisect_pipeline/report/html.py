@@ -9,13 +9,14 @@ well-formed XML, which is how the tests check it strictly.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..verdict import STAGES
 from . import plot as plot_mod
-from .model import POINT_MEANING
+from .figures import POINT_MEANING
 from .text import noise_text
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -109,86 +110,142 @@ def _stage_ms(r: "Report", name: str) -> Optional[float]:
     return None if s.sec_per_batch is None else s.sec_per_batch * 1e3
 
 
+@dataclasses.dataclass(frozen=True)
+class _Row:
+    point: str
+    y: float  # the bar's top
+    sub: Optional[str]  # "ceiling", "your pipeline" or None
+    bar_width: Optional[float]  # None: not measured (`note` says why)
+    color: str = ""
+    value: str = ""
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class _DropBox:
+    stage: str
+    point: str
+    x0: float
+    x1: float
+    y: float
+    bottleneck: bool
+    tip: str
+    label: Optional[str]  # the stage (and its ms) when it fits on the box
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChartLayout:
+    height: int
+    bottom: int
+    ticks: tuple  # (x, label)
+    ceiling_x: Optional[float]
+    rows: tuple
+    drops: tuple
+
+
 def chart_svg(r: "Report") -> str:
     """Horizontal bars of samples/s per point, the ceiling on top, the full pipeline at
     the bottom; each stage's loss drawn on its upstream point's row, the bottleneck's
     highlighted. One `rect.bar` per measured point."""
     c = plot_mod.chart(r)
-    rows = len(c.bars)
-    height = TOP + rows * ROW_H + AXIS_H
-    span = BAR_X1 - BAR_X0
+    return '<div class="chart">' + _svg(_chart_layout(c, r)) + _legend(c) + "</div>"
+
+
+def _chart_layout(c: "plot_mod.Chart", r: "Report") -> _ChartLayout:
+    """Where everything goes, in SVG user units (no markup)."""
+    bottom = TOP + len(c.bars) * ROW_H
 
     def x(rate: float) -> float:
-        return BAR_X0 + span * rate / c.max_rate
+        return BAR_X0 + (BAR_X1 - BAR_X0) * rate / c.max_rate
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" '
-           f'role="img" aria-label="samples per second at each point of the pipeline" font-size="12">']
-    # Gridlines and the axis.
     step = _nice_step(c.max_rate)
-    bottom = TOP + rows * ROW_H
-    tick = 0.0
+    ticks, tick = [], 0.0
     while tick <= c.max_rate * 1.0001:
-        tx = x(tick)
-        out.append(f'<line x1="{tx:.1f}" y1="{TOP - 4}" x2="{tx:.1f}" y2="{bottom}" stroke="#e5e7eb" stroke-width="1"/>')
-        out.append(f'<text x="{tx:.1f}" y="{bottom + 16}" text-anchor="middle" fill="#6b7280" font-size="11">'
-                   f'{_e(_num(tick, 0 if step >= 1 else 2))}</text>')
+        ticks.append((x(tick), _num(tick, 0 if step >= 1 else 2)))
         tick += step
-    out.append(f'<text x="{WIDTH - 6}" y="{TOP - 10}" text-anchor="end" fill="#6b7280" font-size="11">samples/s</text>')
     ceiling = c.measured[0] if c.measured else None
-    if ceiling is not None:  # drawn first, behind the bars and their labels
-        cx = x(ceiling.samples_per_sec)
-        out.append(f'<line class="ceiling" x1="{cx:.1f}" y1="{TOP - 4}" x2="{cx:.1f}" y2="{bottom}" '
-                   f'stroke="{plot_mod.CEILING_COLOR}" stroke-width="1" stroke-dasharray="3 3"/>')
-    y_of = {}
+    rows, y_of = [], {}
     for i, b in enumerate(c.bars):
-        y = TOP + i * ROW_H + (ROW_H - BAR_H) / 2
-        y_of[b.point] = y
-        mid = y + BAR_H / 2
+        y = y_of[b.point] = TOP + i * ROW_H + (ROW_H - BAR_H) / 2
         sub = "ceiling" if b is ceiling else ("your pipeline" if b.point == "full" else None)
-        if sub:
-            out.append(f'<text x="{LABEL_W - 8}" y="{mid - 2:.1f}" text-anchor="end" fill="#1f2328" font-size="13" '
-                       f'font-weight="600">{_e(b.point)}</text>')
-            out.append(f'<text x="{LABEL_W - 8}" y="{mid + 11:.1f}" text-anchor="end" fill="#6b7280" '
-                       f'font-size="10">{_e(sub)}</text>')
-        else:
-            out.append(f'<text x="{LABEL_W - 8}" y="{mid + 4.5:.1f}" text-anchor="end" fill="#1f2328" '
-                       f'font-size="13">{_e(b.point)}</text>')
         if b.samples_per_sec is None:
-            note = f"{b.status}: {b.reason}" if b.reason else b.status
-            # a white halo (stroke painted under the fill) keeps the gridlines and the
-            # ceiling line from running through the words
-            out.append(f'<text class="missing" x="{BAR_X0 + 6}" y="{mid + 4:.1f}" fill="#6b7280" font-style="italic" '
-                       f'stroke="#fff" stroke-width="4" stroke-linejoin="round" paint-order="stroke">'
-                       f'<title>{_e(note)}</title>{_e(_fit(note, WIDTH - BAR_X0 - 12))}</text>')
-            continue
-        color = plot_mod.CEILING_COLOR if b is ceiling else plot_mod.BAR_COLOR
-        out.append(f'<rect class="bar" data-point="{_e(b.point)}" x="{BAR_X0}" y="{y:.1f}" '
-                   f'width="{max(x(b.samples_per_sec) - BAR_X0, 0.5):.1f}" height="{BAR_H}" fill="{color}" rx="2">'
-                   f'<title>{_e(b.point)}: {_e(_num(b.samples_per_sec))} samples/s</title></rect>')
-        out.append(f'<text class="value" x="{WIDTH - 6}" y="{mid + 4:.1f}" text-anchor="end" fill="#1f2328" '
-                   f'font-variant-numeric="tabular-nums">{_e(_num(b.samples_per_sec))}</text>')
+            rows.append(_Row(b.point, y, sub, None, note=f"{b.status}: {b.reason}" if b.reason else b.status))
+        else:
+            rows.append(_Row(b.point, y, sub, max(x(b.samples_per_sec) - BAR_X0, 0.5),
+                             plot_mod.CEILING_COLOR if b is ceiling else plot_mod.BAR_COLOR, _num(b.samples_per_sec)))
+    drops = []
     for d in c.drops:
-        x0, x1 = x(d.from_rate), x(d.to_rate)
-        y = y_of[d.lower]
-        cls = "drop bottleneck" if d.bottleneck else "drop"
-        fill = plot_mod.BOTTLENECK_COLOR if d.bottleneck else plot_mod.DROP_COLOR
-        cost = _stage_ms(r, d.stage)
+        x0, x1, ms = x(d.from_rate), x(d.to_rate), _stage_ms(r, d.stage)
         tip = (f"{d.stage} ({d.lower} \u2192 {d.upper}): {_num(d.to_rate - d.from_rate)} samples/s lost"
-               + ("" if cost is None else f", {cost:.2f} ms per batch"))
-        out.append(f'<rect class="{cls}" data-stage="{_e(d.stage)}" data-point="{_e(d.lower)}" x="{x0:.1f}" '
-                   f'y="{y:.1f}" width="{x1 - x0:.1f}" height="{BAR_H}" fill="{fill}" rx="2">'
-                   f'<title>{_e(tip)}</title></rect>')
+               + ("" if ms is None else f", {ms:.2f} ms per batch"))
         # Name the stage on its loss, with its cost in ms per batch when that fits too: the
         # bars are rates, and a stage's share of the rate lost is not its share of the time.
-        ms = _stage_ms(r, d.stage)
         label = next((t for t in ([f"{d.stage} +{ms:.1f} ms"] if ms is not None else []) + [d.stage]
                       if (x1 - x0) >= len(t) * CHAR_W + 10), None)
-        if label:
-            color = "#fff" if d.bottleneck else "#374151"
-            weight = ' font-weight="600"' if d.bottleneck else ""
-            out.append(f'<text class="drop-label" x="{(x0 + x1) / 2:.1f}" y="{y + BAR_H / 2 + 4:.1f}" '
-                       f'text-anchor="middle" fill="{color}"{weight}>{_e(label)}</text>')
+        drops.append(_DropBox(d.stage, d.lower, x0, x1, y_of[d.lower], d.bottleneck, tip, label))
+    return _ChartLayout(bottom + AXIS_H, bottom, tuple(ticks),
+                        None if ceiling is None else x(ceiling.samples_per_sec), tuple(rows), tuple(drops))
+
+
+def _svg(g: _ChartLayout) -> str:
+    """The chart's markup, from its layout."""
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {g.height}" width="{WIDTH}" '
+           f'height="{g.height}" role="img" aria-label="samples per second at each point of the pipeline" '
+           'font-size="12">']
+    for tx, label in g.ticks:  # gridlines and the axis
+        out.append(f'<line x1="{tx:.1f}" y1="{TOP - 4}" x2="{tx:.1f}" y2="{g.bottom}" stroke="#e5e7eb" stroke-width="1"/>')
+        out.append(f'<text x="{tx:.1f}" y="{g.bottom + 16}" text-anchor="middle" fill="#6b7280" font-size="11">'
+                   f'{_e(label)}</text>')
+    out.append(f'<text x="{WIDTH - 6}" y="{TOP - 10}" text-anchor="end" fill="#6b7280" font-size="11">samples/s</text>')
+    if g.ceiling_x is not None:  # drawn first, behind the bars and their labels
+        out.append(f'<line class="ceiling" x1="{g.ceiling_x:.1f}" y1="{TOP - 4}" x2="{g.ceiling_x:.1f}" y2="{g.bottom}" '
+                   f'stroke="{plot_mod.CEILING_COLOR}" stroke-width="1" stroke-dasharray="3 3"/>')
+    for row in g.rows:
+        out.extend(_row_svg(row))
+    for d in g.drops:
+        out.extend(_drop_svg(d))
     out.append("</svg>")
+    return "".join(out)
+
+
+def _row_svg(row: _Row) -> list:
+    mid = row.y + BAR_H / 2
+    if row.sub:
+        out = [f'<text x="{LABEL_W - 8}" y="{mid - 2:.1f}" text-anchor="end" fill="#1f2328" font-size="13" '
+               f'font-weight="600">{_e(row.point)}</text>',
+               f'<text x="{LABEL_W - 8}" y="{mid + 11:.1f}" text-anchor="end" fill="#6b7280" '
+               f'font-size="10">{_e(row.sub)}</text>']
+    else:
+        out = [f'<text x="{LABEL_W - 8}" y="{mid + 4.5:.1f}" text-anchor="end" fill="#1f2328" '
+               f'font-size="13">{_e(row.point)}</text>']
+    if row.bar_width is None:
+        # a white halo (stroke painted under the fill) keeps the gridlines and the
+        # ceiling line from running through the words
+        return out + [f'<text class="missing" x="{BAR_X0 + 6}" y="{mid + 4:.1f}" fill="#6b7280" font-style="italic" '
+                      f'stroke="#fff" stroke-width="4" stroke-linejoin="round" paint-order="stroke">'
+                      f'<title>{_e(row.note)}</title>{_e(_fit(row.note, WIDTH - BAR_X0 - 12))}</text>']
+    return out + [f'<rect class="bar" data-point="{_e(row.point)}" x="{BAR_X0}" y="{row.y:.1f}" '
+                  f'width="{row.bar_width:.1f}" height="{BAR_H}" fill="{row.color}" rx="2">'
+                  f'<title>{_e(row.point)}: {_e(row.value)} samples/s</title></rect>',
+                  f'<text class="value" x="{WIDTH - 6}" y="{mid + 4:.1f}" text-anchor="end" fill="#1f2328" '
+                  f'font-variant-numeric="tabular-nums">{_e(row.value)}</text>']
+
+
+def _drop_svg(d: _DropBox) -> list:
+    cls = "drop bottleneck" if d.bottleneck else "drop"
+    fill = plot_mod.BOTTLENECK_COLOR if d.bottleneck else plot_mod.DROP_COLOR
+    out = [f'<rect class="{cls}" data-stage="{_e(d.stage)}" data-point="{_e(d.point)}" x="{d.x0:.1f}" '
+           f'y="{d.y:.1f}" width="{d.x1 - d.x0:.1f}" height="{BAR_H}" fill="{fill}" rx="2">'
+           f'<title>{_e(d.tip)}</title></rect>']
+    if d.label:
+        color = "#fff" if d.bottleneck else "#374151"
+        weight = ' font-weight="600"' if d.bottleneck else ""
+        out.append(f'<text class="drop-label" x="{(d.x0 + d.x1) / 2:.1f}" y="{d.y + BAR_H / 2 + 4:.1f}" '
+                   f'text-anchor="middle" fill="{color}"{weight}>{_e(d.label)}</text>')
+    return out
+
+
+def _legend(c: "plot_mod.Chart") -> str:
     legend = [f'<span><span class="swatch" style="background:{plot_mod.BAR_COLOR}"></span>samples/s at this point</span>']
     top = next((d for d in c.drops if d.bottleneck), None)
     if top is not None:
@@ -197,7 +254,7 @@ def chart_svg(r: "Report") -> str:
     if any(not d.bottleneck for d in c.drops):
         legend.append(f'<span><span class="swatch" style="background:{plot_mod.DROP_COLOR}"></span>'
                       f'lost to another stage</span>')
-    return ('<div class="chart">' + "".join(out) + '<p class="legend">' + "".join(legend) + "</p></div>")
+    return '<p class="legend">' + "".join(legend) + "</p>"
 
 
 def _table(headers: list, rows: list, numeric: set, row_classes: Optional[list] = None) -> str:
@@ -259,21 +316,22 @@ def _context(r: "Report") -> str:
               if p.status == "ok" and p.throughput is not None]
     if spread:
         items.append(("spread (IQR/median)", ", ".join(spread)))
-    if r.cache:
-        cache = f"{r.cache.get('batches')} batch(es), {r.cache.get('samples')} samples"
-        if r.cache.get("fill_seconds") is not None:
-            cache += f", filled in {r.cache['fill_seconds']:.2f} s"
-        if r.cache.get("limited_by"):
-            cache += f", limited by {r.cache['limited_by']}"
+    c = r.cache
+    if c.batches is not None:
+        cache = f"{c.batches} batch(es), {c.samples} samples"
+        if c.fill_seconds is not None:
+            cache += f", filled in {c.fill_seconds:.2f} s"
+        if c.limited_by:
+            cache += f", limited by {c.limited_by}"
         items.append(("cache", cache))
-    run = r.run or {}
-    versions = ", ".join(f"{k} {run[k]}" for k in ("torch", "torchvision", "python") if run.get(k))
+    run = r.run
+    versions = ", ".join(f"{k} {getattr(run, k)}" for k in ("torch", "torchvision", "python") if getattr(run, k))
     if versions:
         items.append(("versions", versions))
-    if run.get("platform"):
-        items.append(("platform", f"{run['platform']}, {run.get('cpu_count')} CPU cores"))
-    if run.get("elapsed_s") is not None:
-        items.append(("run time", f"{run['elapsed_s']:.1f} s of at most {run.get('max_seconds')} s"))
+    if run.platform:
+        items.append(("platform", f"{run.platform}, {run.cpu_count} CPU cores"))
+    if run.elapsed_s is not None:
+        items.append(("run time", f"{run.elapsed_s:.1f} s of at most {run.max_seconds} s"))
     return "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items) + "</dl>"
 
 
@@ -296,7 +354,7 @@ def to_html(r: "Report", *, style: bool = True) -> str:
     advice = r.advice
     if advice:
         parts.append('<h3>What to do</h3><ul class="advice">'
-                     + "".join(f"<li>{_e(a['message'])}</li>" for a in advice) + "</ul>")
+                     + "".join(f"<li>{_e(a.message)}</li>" for a in advice) + "</ul>")
     parts.append("<h3>Points</h3>")
     parts.append(point_table(r))
     if r.warnings:

@@ -5,34 +5,20 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+from tabulate import tabulate
 
 from .. import advice as advice_mod
 from ..verdict import POINTS
-from .model import Report, gain_if_free
+from .figures import gain_if_free
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .model import Report
 
 
 def _fmt_rate(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:,.1f}"
-
-
-def summary(r: Report) -> str:
-    """The verdict in one sentence."""
-    v = r.verdict
-    if v.bottleneck is None:
-        return f"No verdict: {v.reason}."
-    if v.bottleneck == "none":
-        return ("The input pipeline keeps up: the full pipeline runs at the ceiling within noise, "
-                "so the training step itself is the limit.")
-    if v.bottleneck == "inconclusive":
-        return f"Inconclusive: {v.reason}."
-    s = r.stage(v.bottleneck)
-    full_rate = r.rate("full")
-    gain = (s.samples_per_sec_if_free / full_rate - 1) if full_rate else None
-    parts = f" (with {', '.join(s.includes[1:])})" if len(s.includes) > 1 else ""
-    return (f"Bottleneck: {v.bottleneck}{parts}. It adds {s.sec_per_batch * 1e3:.1f} ms per batch "
-            f"({(s.share_of_gap or 0) * 100:.0f}% of the gap to the ceiling); without it you would train at "
-            f"{s.samples_per_sec_if_free:,.0f} samples/s instead of {full_rate:,.0f} (+{gain * 100:.0f}%).")
 
 
 WIDTH = 80  # the text report fits a classic terminal: prose is wrapped, tables' last column too
@@ -54,39 +40,68 @@ def _wrap(text: str, first: str = "", rest: str = "") -> list:
 
 
 def _table(title: str, headers: list, rows: list, align: str) -> list:
-    """A plain table under its title: columns two spaces apart, `align` one of "l"/"r" per
-    column (numbers right-aligned with the same decimals per column, so they line up),
-    the last (text) column wrapped so that each line fits WIDTH."""
-    cols = len(headers) - 1
-    widths = [max([len(headers[i])] + [len(row[i]) for row in rows]) for i in range(cols)]
-    room = max(16, WIDTH - sum(widths) - 2 * cols)
+    """A plain table under its title (tabulate): columns two spaces apart, `align` "l" or
+    "r" per column (numbers right-aligned with the same decimals per column, so they line
+    up), the last (text) column wrapped so that each line fits WIDTH."""
+    widths = [max([len(headers[i])] + [len(row[i]) for row in rows]) for i in range(len(headers) - 1)]
+    room = max(16, WIDTH - sum(widths) - 2 * len(widths))
     widths.append(min(room, max([len(headers[-1])] + [len(row[-1]) for row in rows])))
-
-    def line(cells: list) -> str:
-        out = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(cells, widths, align)]
-        return "  ".join(out).rstrip()
-
-    out = [title, line(headers), line(["-" * w for w in widths])]
-    for row in rows:
-        wrapped = textwrap.wrap(row[-1], widths[-1], break_on_hyphens=False) or [""]
-        out.append(line(row[:-1] + [wrapped[0]]))
-        out.extend(line([""] * cols + [more]) for more in wrapped[1:])
-    return out
+    cells = [row[:-1] + ["\n".join(textwrap.wrap(row[-1], widths[-1], break_on_hyphens=False) or [""])]
+             for row in rows]
+    # the header and its rule as rows of a plain table: tabulate's own headers are padded
+    table = tabulate([headers, ["-" * w for w in widths]] + cells, tablefmt="plain", disable_numparse=True,
+                     colalign=["right" if a == "r" else "left" for a in align])
+    return [title] + [line.rstrip() for line in table.splitlines()]
 
 
-def to_text(r: Report) -> str:
+def to_text(r: "Report") -> str:
     """The report for a terminal: header, the two tables (times in ms), warnings, then the
     verdict and the advice last, where they stay on screen; wrapped at WIDTH columns."""
-    lines = []
+    lines = _head(r)
+    lines += ["", *_table("Throughput at each point, the ceiling first (times in ms)",
+                          ["point", "samples/s", "spread", "per batch", "first batch", "what runs / why not"],
+                          _point_rows(r), "lrrrrl")]
+    lines += ["", *_table("What each stage costs (times in ms per batch)",
+                          ["stage", "added", "of gap", "samples/s if free", "gain", "note"], _stage_rows(r), "lrrrrl")]
+    extra = _isolated_lines(r)
+    if extra or r.warnings:
+        lines.append("")
+    for line in extra:
+        lines.extend(_wrap(line, rest="  "))
+    for w in r.warnings:
+        lines.extend(_wrap(w, first="warning: ", rest="  "))
+    lines += ["", *_verdict_lines(r)]
+    if r.advice:
+        lines += ["", "What to do:"]
+        for a in r.advice:
+            lines.extend(_wrap(a.message, first="  - ", rest="    "))
+    return "\n".join(lines)
+
+
+def _head(r: "Report") -> list:
     head = f"bisect-pipeline: device {r.device}, batch size {r.batch_size}"
     if r.batch_size_source and r.batch_size_source != "DataLoader.batch_size":
         head += f" ({r.batch_size_source.split(' (')[0]})"
     lw = r.loader.get("num_workers")
     if lw is not None:
         head += f", num_workers {lw}, pin_memory {r.loader.get('pin_memory')}"
-    lines.extend(_wrap(head, rest="  "))
+    lines = _wrap(head, rest="  ")
+    if r.measurements.mode == "loop":
+        lines.extend(_wrap(_loop_line(r), rest="  "))
     if not r.complete:
         lines.append("(incomplete run: " + ("interrupted" if r.interrupted else "stopped by --max-seconds") + ")")
+    return lines
+
+
+def _loop_line(r: "Report") -> str:
+    """Which loop was measured, in a loop run (watch.py)."""
+    src = r.measurements.source or {}
+    where = f" created at {src['created_at']}" if src.get("created_at") else ""
+    return (f"your training loop was the step, on loader #{src.get('index', 1)} ({src.get('dataset', '?')}, batch "
+            f"size {src.get('batch_size', '?')}{where})")
+
+
+def _point_rows(r: "Report") -> list:
     rows = []
     for name in reversed(POINTS):
         p = next((p for p in r.points if p.point == name), None)
@@ -98,67 +113,50 @@ def to_text(r: Report) -> str:
             note = _POINT_SHORT[name] + _pooled_note(r, name, rate)
         else:
             note = f"{p.status}: {p.reason}" if p.reason else p.status
-        rows.append([
-            name,
-            _fmt_rate(rate),
-            f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
-            f"{r.batch_size / rate * 1e3:.2f}" if rate else "-",
-            "-" if p.first_batch_seconds is None else f"{p.first_batch_seconds * 1e3:.0f}",
-            note,
-        ])
-    lines.append("")
-    lines.extend(_table("Throughput at each point, the ceiling first (times in ms)",
-                        ["point", "samples/s", "spread", "per batch", "first batch", "what runs / why not"], rows,
-                        "lrrrrl"))
-    srows = []
+        rows.append([name, _fmt_rate(rate), f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
+                     f"{r.batch_size / rate * 1e3:.2f}" if rate else "-",
+                     "-" if p.first_batch_seconds is None else f"{p.first_batch_seconds * 1e3:.0f}", note])
+    return rows
+
+
+def _stage_rows(r: "Report") -> list:
+    rows = []
     full = r.rate("full")
     for s in r.verdict.stages:
-        if s.status == "ok":
-            gain = gain_if_free(s, full)
-            notes = []
-            if not s.significant:
-                notes.append("within noise" + noise_text(s.sigma))
-            if len(s.includes) > 1:
-                notes.append("includes " + ", ".join(s.includes))
-            srows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}",
-                          "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
-                          _fmt_rate(s.samples_per_sec_if_free), "-" if gain is None else f"{gain * 100:+.0f}%",
-                          "; ".join(notes)])
-        else:
-            srows.append([s.stage, "-", "-", "-", "-", f"{s.status}: {s.reason}" if s.reason else s.status])
-    lines.append("")
-    lines.extend(_table("What each stage costs (times in ms per batch)",
-                        ["stage", "added", "of gap", "samples/s if free", "gain", "note"], srows,
-                        "lrrrrl"))
-    extra = _isolated_lines(r)
-    if extra or r.warnings:
-        lines.append("")
-    for line in extra:
-        lines.extend(_wrap(line, rest="  "))
-    for w in r.warnings:
-        lines.extend(_wrap(w, first="warning: ", rest="  "))
-    lines.append("")
-    lines.extend(_wrap(r.summary))
+        if s.status != "ok":
+            rows.append([s.stage, "-", "-", "-", "-", f"{s.status}: {s.reason}" if s.reason else s.status])
+            continue
+        gain = gain_if_free(s, full)
+        notes = []
+        if not s.significant:
+            notes.append("within noise" + noise_text(s.sigma))
+        if len(s.includes) > 1:
+            notes.append("includes " + ", ".join(s.includes))
+        rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}",
+                     "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
+                     _fmt_rate(s.samples_per_sec_if_free), "-" if gain is None else f"{gain * 100:+.0f}%",
+                     "; ".join(notes)])
+    return rows
+
+
+def _verdict_lines(r: "Report") -> list:
+    """The summary, how long it took, and how input-bound the pipeline is."""
+    lines = _wrap(r.summary)
     took = _time_to_verdict(r)
     if took:
         lines.extend(_wrap(took))
     cls = advice_mod.input_bound_class(r)
+    frac = r.verdict.input_bound_fraction
     if cls == "not" and r.verdict.bottleneck == "none":
         # the estimate may be far from 0 on a noisy run; within noise it is not a loss
-        lines.extend(_wrap(f"Input-bound: not (the full pipeline's loss to input, "
-                           f"{r.verdict.input_bound_fraction * 100:.0f}% of the ceiling's throughput, is within noise)."))
-    elif cls is not None and r.verdict.input_bound_fraction is not None:
+        lines.extend(_wrap(f"Input-bound: not (the full pipeline's loss to input, {frac * 100:.0f}% of the "
+                           "ceiling's throughput, is within noise)."))
+    elif cls is not None and frac is not None:
         lines.extend(_wrap(
-            f"Input-bound: {cls} ({r.verdict.input_bound_fraction * 100:.0f}% of the ceiling's throughput is "
-            f"lost to input; not < {advice_mod.INPUT_BOUND_MODERATE * 100:.0f}% <= moderately < "
-            f"{advice_mod.INPUT_BOUND_HIGH * 100:.0f}% <= highly)."))
-    advice = r.advice
-    if advice:
-        lines.append("")
-        lines.append("What to do:")
-        for a in advice:
-            lines.extend(_wrap(a["message"], first="  - ", rest="    "))
-    return "\n".join(lines)
+            f"Input-bound: {cls} ({frac * 100:.0f}% of the ceiling's throughput is lost to input; not < "
+            f"{advice_mod.INPUT_BOUND_MODERATE * 100:.0f}% <= moderately < {advice_mod.INPUT_BOUND_HIGH * 100:.0f}% "
+            "<= highly)."))
+    return lines
 
 
 def noise_text(sigma: Optional[float], unit: str = "") -> str:
@@ -168,7 +166,7 @@ def noise_text(sigma: Optional[float], unit: str = "") -> str:
     return f" (±{sigma * 1e3:.2f}{unit})" if math.isfinite(sigma) else " (noise unknown: too few windows)"
 
 
-def _pooled_note(r: Report, name: str, rate: Optional[float]) -> str:
+def _pooled_note(r: "Report", name: str, rate: Optional[float]) -> str:
     """When the shown rate is not the point's own median (verdict.decide pooled it with
     a neighbour that measured faster within the noise), say so and give the median."""
     tp = r.throughput(name)
@@ -179,43 +177,45 @@ def _pooled_note(r: Report, name: str, rate: Optional[float]) -> str:
     return f"; measured {tp.samples_per_sec:,.1f}, within noise of {', '.join(with_)}"
 
 
-def _time_to_verdict(r: Report) -> Optional[str]:
-    """How long the verdict took and whether it settled (api._measure_rounds)."""
-    run = r.run or {}
-    if run.get("verdict_s") is None or r.verdict.bottleneck is None:
+def _time_to_verdict(r: "Report") -> Optional[str]:
+    """How long the verdict took and whether it settled (rounds.Rounds)."""
+    run = r.run
+    if run.verdict_s is None or r.verdict.bottleneck is None:
         return None
-    rounds = run.get("rounds", 0)
-    how = ("settled" if run.get("settled") else
+    rounds = run.rounds or 0
+    how = ("settled" if run.settled else
            "not settled: the time ran out first; raise --max-seconds for a firmer verdict")
-    return f"Verdict after {run['verdict_s']:.1f} s of measuring ({rounds} round{'s' if rounds != 1 else ''}; {how})."
+    return f"Verdict after {run.verdict_s:.1f} s of measuring ({rounds} round{'s' if rounds != 1 else ''}; {how})."
 
 
-def _isolated_lines(r: Report) -> list:
+_ISOLATED = (("load", "ms/sample"), ("augment", "ms/sample"), ("collate", "ms/batch"), ("transfer", "ms/batch"),
+             ("step", "ms/batch"))
+
+
+def _isolated_lines(r: "Report") -> list:
     """One line of isolated costs (isolate.py) and one of the step's syncs, when measured."""
-    iso, out = r.isolated or {}, []
-    if iso.get("status") == "ok":
+    iso, out = r.isolated, []
+    if iso is not None and iso.ok:
         parts = []
-        for key, label, unit in (("load", "load", "ms/sample"), ("augment", "augment", "ms/sample"),
-                                 ("collate", "collate", "ms/batch"), ("transfer", "transfer", "ms/batch"),
-                                 ("step", "step", "ms/batch")):
-            d = iso.get(key) or {}
-            val = d.get("ms_per_sample", d.get("ms_per_batch"))
-            if d.get("status") == "ok" and val is not None:
-                extra = f" at {d['gb_per_s']:.1f} GB/s" if d.get("gb_per_s") else ""
-                parts.append(f"{label} {val:.2f} {unit}{extra}")
-            elif d.get("status"):
-                parts.append(f"{label} {d['status']}")
-        w = iso.get("workers") or {}
-        if w.get("status") == "ok" and w.get("needed"):
-            fit = "enough" if w["fits"] else "not enough"
-            threads = w.get("step_threads") or 0
-            if threads and threads + w["needed"] > w["cores"]:
+        for key, unit in _ISOLATED:
+            d = getattr(iso, key)
+            val = None if d is None else d.ms_per_sample if unit == "ms/sample" else d.ms_per_batch
+            if d is not None and d.ok and val is not None:
+                gbs = getattr(d, "gb_per_s", None)
+                parts.append(f"{key} {val:.2f} {unit}" + (f" at {gbs:.1f} GB/s" if gbs else ""))
+            elif d is not None:
+                parts.append(f"{key} {d.status}")
+        w = iso.workers
+        if w is not None and w.ok and w.needed:
+            fit = "enough" if w.fits else "not enough"
+            threads = w.step_threads or 0
+            if threads and threads + w.needed > w.cores:
                 fit += f"; the CPU step uses {threads} threads"
-            parts.append(f"workers to feed the step: {w['needed']} ({w['cores']} cores: {fit})")
+            parts.append(f"workers to feed the step: {w.needed} ({w.cores} cores: {fit})")
         out.append("Isolated (this process, no workers): " + "; ".join(parts) + ".")
-    s = r.syncs or {}
-    if s.get("status") == "ok":
-        out.append(f"Host-device syncs in the step: {s['per_step']:g} per step (over {s['steps']} steps).")
-    elif s.get("status"):
-        out.append(f"Host-device syncs in the step: {s['status']} ({s.get('reason', '')}).")
+    s = r.syncs
+    if s is not None and s.ok:
+        out.append(f"Host-device syncs in the step: {s.per_step:g} per step (over {s.steps} steps).")
+    elif s is not None:
+        out.append(f"Host-device syncs in the step: {s.status} ({s.reason or ''}).")
     return out

@@ -1,0 +1,248 @@
+"""What follows from the measurements: the derivation layer, pure.
+
+    diagnose(measurements) -> Diagnosis
+        verdict  = verdict.decide(the points measured ok)
+        points   = the points, the inconsistent ones marked (left out by the verdict)
+        notes    = the measured notes + those the numbers call for (derived_notes)
+        advice   = advice.findings(...), each with what its check measured
+                   (outcome.verified) when the run has a verification block
+        summary  = the verdict in one sentence
+
+`to_check(measurements)` is the advice before it is checked: what verify.Trials measures
+(the draft); `diagnose` of the measurements with the trials' windows is the final report.
+A report loaded from JSON is diagnosed again from its measurements, so it says exactly
+what the run said.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from . import advice as advice_mod, outcome
+from .advice import Finding
+from .results import NOT_SELECTED, Measurements, Note, PointResult
+from .stats import NOISY_REL_IQR, Throughput
+from .verdict import POINTS, StageCost, Verdict, decide, self_check
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    """The measurements and what follows from them (see the module's docstring)."""
+
+    measurements: Measurements
+    verdict: Verdict
+    points: tuple[PointResult, ...]
+    notes: tuple[Note, ...] = ()
+    advice: tuple[Finding, ...] = ()
+    summary: str = ""
+
+    # -- the measurements, as the report reads them ----------------------------------
+
+    @property
+    def bottleneck(self) -> Optional[str]:
+        return self.verdict.bottleneck
+
+    @property
+    def device(self) -> str:
+        return self.measurements.device
+
+    @property
+    def batch_size(self) -> float:
+        return self.measurements.batch_size
+
+    @property
+    def batch_size_source(self) -> str:
+        return self.measurements.batch_size_source
+
+    @property
+    def loader(self) -> dict:
+        return self.measurements.loader
+
+    @property
+    def cache(self):
+        return self.measurements.cache
+
+    @property
+    def run(self):
+        return self.measurements.run
+
+    @property
+    def isolated(self):
+        return self.measurements.isolated
+
+    @property
+    def syncs(self):
+        return self.measurements.syncs
+
+    @property
+    def verification(self):
+        return self.measurements.verification
+
+    @property
+    def complete(self) -> bool:
+        return self.measurements.complete
+
+    @property
+    def interrupted(self) -> bool:
+        return self.measurements.interrupted
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """The notes as the report prints them."""
+        return tuple(n.message for n in self.notes)
+
+    # -- queries ------------------------------------------------------------------------
+
+    def point(self, name: str) -> PointResult:
+        for p in self.points:
+            if p.point == name:
+                return p
+        raise KeyError(name)
+
+    def stage(self, name: str) -> StageCost:
+        for s in self.verdict.stages:
+            if s.stage == name:
+                return s
+        raise KeyError(name)
+
+    def throughput(self, name: str) -> Optional[Throughput]:
+        """The windows of a point measured ok, else None."""
+        p = next((p for p in self.points if p.point == name), None)
+        return p.throughput if p is not None and p.status == "ok" else None
+
+    def rate(self, name: str) -> Optional[float]:
+        """The samples/s the report shows for a point: the verdict's fitted estimate
+        (verdict.decide), else the median of its windows; None when not measured."""
+        t = self.verdict.fitted.get(name)
+        if t:
+            return self.batch_size / t
+        tp = self.throughput(name)
+        return tp.samples_per_sec if tp else None
+
+
+# --------------------------------------------------------------------------------------
+# The derivations
+# --------------------------------------------------------------------------------------
+
+
+def diagnose(m: Measurements) -> Diagnosis:
+    """The final report's content (see the module's docstring)."""
+    d = _judged(m)
+    d = dataclasses.replace(d, notes=m.notes + tuple(derived_notes(d)))
+    checked = tuple(_checked(f, m) for f in advice_mod.findings(d))
+    d = dataclasses.replace(d, advice=checked)
+    return dataclasses.replace(d, summary=summary(d))
+
+
+def to_check(m: Measurements) -> tuple[Finding, ...]:
+    """The advice as it stands before its check (verify.Trials measures its settings)."""
+    return tuple(advice_mod.findings(_judged(m)))
+
+
+def _judged(m: Measurements) -> Diagnosis:
+    points = tuple(sorted(m.points, key=lambda p: POINTS.index(p.point)))
+    v = _verdict(points, m.batch_size)
+    return Diagnosis(m, v, tuple(_mark_inconsistent(p, v) for p in points))
+
+
+def _verdict(points: tuple, batch_size: float) -> Verdict:
+    # Points already left out as inconsistent (a loaded document) are given back to
+    # decide, which leaves them out again: the same verdict either way.
+    measured = {p.point: p.throughput for p in points if p.throughput is not None
+                and (p.status == "ok" or p.failed_stage == "inconsistent")}
+    skipped = {p.point: p.reason or "" for p in points if p.status == "skipped" and p.reason != NOT_SELECTED}
+    v = decide(measured, batch_size, skipped)
+    full = next((p for p in points if p.point == "full"), None)
+    if v.bottleneck is None and full is not None and full.status not in ("ok", "skipped"):
+        v = dataclasses.replace(v, reason=f"the full pipeline was not measured ({full.status}: {full.reason})")
+    return v
+
+
+def _mark_inconsistent(p: PointResult, v: Verdict) -> PointResult:
+    inc = next((i for i in v.inconsistent if i.slower == p.point), None)
+    if inc is None:
+        return p
+    return dataclasses.replace(p, status="failed", failed_stage="inconsistent",
+                               reason=f"inconsistent: {inc.describe()}, beyond the noise; left out")
+
+
+def _checked(f: Finding, m: Measurements) -> Finding:
+    """An advice item with what its check measured (outcome.verified), when the run has a
+    verification block (a document without one is left as it was written)."""
+    if m.verification is None and f.kind != "allocator":
+        return f
+    v = outcome.verified(f, m.verification, m.isolated, m.batch_size)
+    if v is None:
+        return f
+    return dataclasses.replace(f, message=f.message + outcome.sentence(v), verified=v)
+
+
+def derived_notes(d: Diagnosis) -> list:
+    """What the numbers call for: points left out, noisy, cut short or unsteady, windows
+    discarded, a cache smaller than asked, more workers than cores, an allocator not held
+    still, and any rule of the report's own that the numbers break."""
+    out = []
+    v = d.verdict
+    for inc in v.inconsistent:
+        out.append(Note("inconsistent", f"{inc.describe()}, beyond the noise: the step did not cost the same at both "
+                        f"(the process, not the pipeline: another program, memory, frequency). {inc.slower} is left "
+                        f"out and the ceiling is {v.ceiling}, the fastest consistent point.", inc.slower, True))
+    for p in d.points:
+        out.extend(_point_notes(p))
+    if d.cache.limited_by:
+        out.append(Note("cache", f"the caches hold {d.cache.batches} batch(es), limited by {d.cache.limited_by}; "
+                                 "cached points cycle over fewer distinct batches (raise --cache-mb or --max-seconds).",
+                        derived=True))
+    workers, cores = d.loader.get("num_workers") or 0, d.run.cpu_count
+    if cores and workers > cores:
+        out.append(Note("workers", f"num_workers={workers} is more than this machine's {cores} cores: workers compete "
+                                   "for CPU.", derived=True))
+    held = d.run.allocator
+    if held is not None and not held.controlled and str(d.device).startswith("cpu"):
+        out.append(Note("allocator", f"the memory allocator was not held still ({held.reason}): the step's own cost "
+                                     "may differ from point to point, and the drops with it.", derived=True))
+    shown = {p: d.batch_size / t for p, t in v.fitted.items()}
+    loader_pins = bool(d.loader.get("pin_memory")) and not str(d.device).startswith("cpu")
+    out.extend(Note("rules", w, derived=True)
+               for w in self_check(shown, v, d.loader.get("num_workers"), pinned_transfer=loader_pins))
+    return out
+
+
+def _point_notes(p: PointResult) -> list:
+    out = []
+    if p.discarded:
+        out.append(Note("paused", f"{p.point}: {p.discarded} window(s) discarded: the loop paused inside them "
+                                  "(an epoch's end, an evaluation, another loader).", p.point, True))
+    if p.status != "ok" or p.throughput is None:
+        return out
+    if p.throughput.rel_iqr > NOISY_REL_IQR:
+        out.append(Note("noise", f"{p.point}: windows disagree by {p.throughput.rel_iqr * 100:.0f}% (IQR/median); the "
+                                 "machine is busy or the pipeline is bursty. Close other work or raise --max-seconds "
+                                 "for more rounds.", p.point, True))
+    if p.stopped_by_deadline:
+        out.append(Note("deadline", f"{p.point}: cut short by --max-seconds after {p.throughput.n} window(s); raise it "
+                                    "for firmer numbers.", p.point, True))
+    elif not p.steady:
+        out.append(Note("unsteady", f"{p.point}: its windows kept changing from one to the next in a visit: it never "
+                                    "reached a steady state.", p.point, True))
+    return out
+
+
+def summary(d: Diagnosis) -> str:
+    """The verdict in one sentence."""
+    v = d.verdict
+    if v.bottleneck is None:
+        return f"No verdict: {v.reason}."
+    if v.bottleneck == "none":
+        return ("The input pipeline keeps up: the full pipeline runs at the ceiling within noise, "
+                "so the training step itself is the limit.")
+    if v.bottleneck == "inconclusive":
+        return f"Inconclusive: {v.reason}."
+    s = d.stage(v.bottleneck)
+    full_rate = d.rate("full")
+    gain = (s.samples_per_sec_if_free / full_rate - 1) if full_rate else None
+    parts = f" (with {', '.join(s.includes[1:])})" if len(s.includes) > 1 else ""
+    return (f"Bottleneck: {v.bottleneck}{parts}. It adds {s.sec_per_batch * 1e3:.1f} ms per batch "
+            f"({(s.share_of_gap or 0) * 100:.0f}% of the gap to the ceiling); without it you would train at "
+            f"{s.samples_per_sec_if_free:,.0f} samples/s instead of {full_rate:,.0f} (+{gain * 100:.0f}%).")

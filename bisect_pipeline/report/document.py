@@ -1,0 +1,151 @@
+"""The JSON document of a report, both ways.
+
+`to_dict` writes what was measured (points with their raw windows, loader, cache, run,
+isolated timings, syncs, the check's windows, the measured notes) beside what was
+derived from it (verdict, stages, advice, warnings, summary). `measurements_of` reads the
+measured part back (windows at the precision they are kept at, stats.WINDOW_DECIMALS);
+diagnosing it again gives the same document: one source of truth, the measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Optional
+
+from .. import advice as advice_mod
+from ..diagnosis import derived_notes, diagnose
+from ..results import (CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo, Syncs, Verification)
+from ..stats import Throughput, Window
+from ..verdict import StageCost
+from .figures import finite, gain_if_free, ms
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .model import Report
+
+# Version history of the JSON document:
+#   1 - first release: schema_version, device, batch_size, bottleneck, points, stages,
+#       verdict, loader, cache, advice, warnings, run, complete, interrupted. Later,
+#       added keys only: isolated, syncs, verification; mode and source (who drove the
+#       loop); notes (the warnings with their kind, measured or derived); per point
+#       wait_seconds, input_wait_ms_per_batch and discarded_windows.
+SCHEMA_VERSION = 1
+
+
+def to_dict(r: "Report") -> dict:
+    v = r.verdict
+    full = r.rate("full")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": "bisect-pipeline",
+        "mode": r.measurements.mode,
+        "complete": r.complete,
+        "interrupted": r.interrupted,
+        "device": r.device,
+        "batch_size": r.batch_size,
+        "batch_size_source": r.batch_size_source,
+        "bottleneck": v.bottleneck,
+        "verdict": {
+            "bottleneck": v.bottleneck,
+            "summary": r.summary,
+            "reason": v.reason,
+            "gap_ms_per_batch": ms(v.gap_sec_per_batch),
+            "input_bound_fraction": finite(v.input_bound_fraction, 4),
+            "input_bound_class": advice_mod.input_bound_class(r),
+            "input_bound_thresholds": {"moderately": advice_mod.INPUT_BOUND_MODERATE,
+                                       "highly": advice_mod.INPUT_BOUND_HIGH},
+            "full_samples_per_sec": finite(full, 1),
+            "ceiling": v.ceiling,
+            "gap_noise_ms": ms(v.gap_sigma),
+            "inconsistent": [dataclasses.asdict(i) for i in v.inconsistent],
+        },
+        "points": [point_dict(p, v.fitted.get(p.point)) for p in r.points],
+        "stages": [stage_dict(s, full) for s in v.stages],
+        "advice": [f.to_dict() for f in r.advice],
+        "loader": r.loader,
+        "source": r.measurements.source,
+        "cache": r.cache.to_dict() if r.cache.batches is not None else {},
+        "warnings": list(r.warnings),
+        "notes": [n.to_dict() for n in r.notes],
+        "run": r.run.to_dict(),
+        "isolated": r.isolated.to_dict() if r.isolated is not None else {},
+        "syncs": r.syncs.to_dict() if r.syncs is not None else {},
+        "verification": r.verification.to_dict() if r.verification is not None else {},
+    }
+
+
+def point_dict(p: PointResult, fitted_sec_per_batch: Optional[float] = None) -> dict:
+    """`fitted_sec_per_batch`: the time the verdict uses (verdict.Verdict.fitted), which
+    the document shows as the point's throughput; the median of the windows stays beside
+    it as `measured_samples_per_sec`."""
+    tp = p.throughput
+    shown = (fitted_sec_per_batch or tp.sec_per_batch) if tp is not None and p.status == "ok" else None
+    return {
+        "point": p.point,
+        "status": p.status,
+        "samples_per_sec": finite(tp.batch_size / shown, 1) if shown else None,
+        "reason": p.reason,
+        "ms_per_batch": ms(shown),
+        "measured_samples_per_sec": finite(tp.samples_per_sec, 1) if tp else None,
+        "iqr_samples_per_sec": finite(tp.iqr, 1) if tp else None,
+        "rel_spread": finite(tp.rel_iqr, 4) if tp else None,
+        "windows": [{"steps": w.steps, "seconds": w.seconds} for w in tp.windows] if tp else [],
+        "time_to_first_batch_s": finite(p.first_batch_seconds, 4),
+        "warmup_steps": p.warmup_steps,
+        "stopped_by_deadline": p.stopped_by_deadline,
+        "failed_stage": p.failed_stage,
+        "visits": p.visits,
+        "steady": p.steady,
+        "wait_seconds": p.wait_seconds,
+        "input_wait_ms_per_batch": ms(p.wait_per_batch),
+        "discarded_windows": p.discarded,
+    }
+
+
+def stage_dict(s: StageCost, full: Optional[float] = None) -> dict:
+    return {
+        "stage": s.stage,
+        "status": s.status,
+        "ms_per_batch": ms(s.sec_per_batch),
+        "share_of_gap": finite(s.share_of_gap, 4),
+        "samples_per_sec_if_free": finite(s.samples_per_sec_if_free, 1),
+        "gain_if_free": finite(gain_if_free(s, full), 4),
+        "significant": s.significant,
+        "noise_ms": ms(s.sigma),
+        "between": [s.lower, s.upper] if s.lower else None,
+        "includes": list(s.includes),
+        "reason": s.reason,
+    }
+
+
+def measurements_of(doc: dict) -> Measurements:
+    """The measurements a document holds (for `compare`, and Report.from_dict): points
+    and windows, loader, cache, run, isolated timings, syncs, the check's windows and the
+    notes seen while measuring; everything derived is derived again from them."""
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"unsupported schema_version {doc.get('schema_version')!r} (this tool reads {SCHEMA_VERSION})")
+    bs = doc["batch_size"]
+    points = tuple(_point_of(p, bs) for p in doc["points"])
+    m = Measurements(device=doc["device"], batch_size=bs, points=points,
+                     batch_size_source=doc.get("batch_size_source", ""), loader=doc.get("loader", {}),
+                     cache=CacheInfo.from_dict(doc.get("cache")) or CacheInfo(),
+                     run=RunInfo.from_dict(doc.get("run")) or RunInfo(),
+                     isolated=Isolated.from_dict(doc.get("isolated")), syncs=Syncs.from_dict(doc.get("syncs")),
+                     verification=Verification.from_dict(doc.get("verification")),
+                     complete=doc.get("complete", True), interrupted=doc.get("interrupted", False),
+                     source=doc.get("source"), mode=doc.get("mode", "entry"))
+    if "notes" in doc:
+        measured = tuple(Note.from_dict(n) for n in doc["notes"] if not n.get("derived"))
+    else:  # an older document: its warnings, but those this version derives itself
+        derived = {n.message for n in derived_notes(diagnose(m))}
+        measured = tuple(Note("measured", w) for w in doc.get("warnings", ()) if w not in derived)
+    return dataclasses.replace(m, notes=measured)
+
+
+def _point_of(p: dict, batch_size: float) -> PointResult:
+    wins = tuple(Window(int(w["steps"]), float(w["seconds"])) for w in p.get("windows", []))
+    return PointResult(
+        point=p["point"], status=p["status"], throughput=Throughput(wins, batch_size) if wins else None,
+        reason=p.get("reason"), first_batch_seconds=p.get("time_to_first_batch_s"),
+        warmup_steps=p.get("warmup_steps", 0), stopped_by_deadline=p.get("stopped_by_deadline", False),
+        failed_stage=p.get("failed_stage"), visits=p.get("visits", 1), steady=p.get("steady", True),
+        wait_seconds=p.get("wait_seconds", 0.0), discarded=p.get("discarded_windows", 0))
