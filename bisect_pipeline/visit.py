@@ -163,7 +163,10 @@ class Visit:
             self._end(_StepFailed(exc) if swallow else None)
         finally:
             self.measured = self._measured()
-            self._stack.__exit__(exc_type, exc, tb)  # the source sees the error: hung workers are terminated
+            # the source sees the visit's error (the consumer's, or one the pipeline raised
+            # inside the visit): a loader terminates its workers, which may hang
+            err = exc if exc is not None else self.error
+            self._stack.__exit__(type(err) if err is not None else None, err, err.__traceback__ if err else None)
         return swallow
 
     def void(self) -> None:

@@ -147,18 +147,25 @@ def test_a_step_that_raises_ends_the_visit_keeps_the_error_and_closes_the_source
     assert m.windows == ()
 
 
-def test_a_pipeline_that_raises_is_the_visits_error_too():
-    clock = FakeClock()
+def test_a_pipeline_that_raises_is_the_visits_error_too_and_the_source_sees_it():
+    clock, closed = FakeClock(), []
 
     def next_batch():
         clock.t += 0.001
         if clock.t > 0.05:
-            raise OSError("disk gone")
+            raise OSError("disk gone")  # or the watchdog's StepTimeout in a hung fetch
         return 0
 
-    visit = Visit("p", lambda: fixed_source(next_batch), batch_size=4, plan=PLAN, deadline=1e9, clock=clock)
-    m = drive(visit, lambda b: None)
+    class Source:
+        def __enter__(self):
+            return next_batch, None
+
+        def __exit__(self, *exc):
+            closed.append(exc[0])
+
+    m = drive(Visit("p", Source, batch_size=4, plan=PLAN, deadline=1e9, clock=clock), lambda b: None)
     assert isinstance(m.error, OSError)
+    assert closed == [OSError]  # a loader terminates workers that may hang, instead of joining them
 
 
 def test_the_wait_for_each_batch_is_counted_over_the_kept_windows():
