@@ -2,11 +2,13 @@
 
 from .api import Interrupted, bisect
 from .errors import BisectError
-from .report import Report
 from .plan import Plan
+from .report import Report
+from .loop import ScriptStopped, Session, watch, watching
 from .workload import Workload
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-__all__ = sorted(["BisectError", "Interrupted", "Plan", "Report", "Workload", "bisect", "__version__"])
+__all__ = sorted(["BisectError", "Interrupted", "Plan", "Report", "ScriptStopped", "Session", "Workload", "bisect",
+                  "watch", "watching", "__version__"])
 assert __all__ == sorted(__all__)

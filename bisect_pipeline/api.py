@@ -8,19 +8,17 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from . import allocator, devices, distributed, experiment, faults, isolate, state
+from . import allocator, devices, distributed, faults, isolate, phases, state
 from . import loader as loader_mod
 from .cache import DEFAULT_CACHE_BATCHES
 from .errors import BisectError
 from .experiment import Experiment
+from .phases import Options
 from .plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Plan
-from .diagnosis import to_check
 from .report import Report
 from .report.ranks import combine
-from .results import Isolated, Syncs, Verification
-from .rounds import Rounds
 from .verdict import POINTS
-from .verify import VERIFY_SHARE, Trials
+from .verify import VERIFY_SHARE
 from .visit import drive_all
 from .workload import Workload, validate
 
@@ -63,94 +61,54 @@ def bisect(
                               to_device=to_device, batch_size=batch_size)
     validate(wl, "bisect()")
     dev = devices.resolve(device)
-    selected = check_options(points, max_seconds=max_seconds, cache_mb=cache_mb, cache_batches=cache_batches,
-                             step_timeout=step_timeout, verify_seconds=verify_seconds)
-    spec = _describe(wl.loader)
+    options = Options(check_options(points, max_seconds=max_seconds, cache_mb=cache_mb, cache_batches=cache_batches,
+                                    step_timeout=step_timeout, verify_seconds=verify_seconds),
+                      max_seconds, cache_mb, cache_batches, step_timeout, verify_seconds, plan, hold_allocator)
     coord = distributed.Coordinator.current()  # None unless a process group of 2+ ranks is up
-    exp = _start(spec, dev, coord, wl.model, plan=plan, clock=clock, progress=progress, step_timeout=step_timeout,
-                 max_seconds=max_seconds, verify_seconds=verify_seconds)
+    if coord is not None:
+        coord.watch(wl.model)
+    exp = start(describe(wl.loader), dev, options, coord=coord, clock=clock, progress=progress)
     held = allocator.Held(hold_allocator)
-    waits, interrupted = _measure(exp, wl, coord, selected, held, cache_mb=cache_mb, cache_batches=cache_batches,
-                                  max_seconds=max_seconds, verify_seconds=verify_seconds)
-    report = Report.of(exp.measurements(selected, held=held.record(), interrupted=interrupted))
+    interrupted = _measure(exp, wl, options, coord=coord, held=held)
+    report = Report.of(exp.measurements(options.points, held=held.record(), interrupted=interrupted))
     if interrupted:
         raise Interrupted(report)
     if coord is None:
         return report
-    return combine(report, distributed.gather_reports(report, coord, waits), coord.rank)
+    return combine(report, distributed.gather_reports(report, coord, exp.waits), coord.rank)
 
 
-def _measure(exp: Experiment, wl: Workload, coord: Any, selected: tuple, held: allocator.Held, *,
-             cache_mb: float, cache_batches: int, max_seconds: float, verify_seconds: Optional[float]) -> tuple:
-    """The phases that run the user's code, inside its preserved state: fill, probe, hold
-    the allocator, the points (rounds, or lockstep under torchrun), the isolated timings
-    and the advice's check, each keeping what it measured in `exp`. Returns (the waits
-    for data per point under torchrun, interrupted by Ctrl-C)."""
-    waits: dict = {}
+def _measure(exp: Experiment, wl: Workload, options: Options, *, coord: Any, held: allocator.Held) -> bool:
+    """Every phase (phases.measure) driven by the workload's step, inside the user's
+    preserved state. True when interrupted (Ctrl-C)."""
     try:
         with state.preserved(wl.model, wl.optimizer, exp.device):
             exp.use(wl)
-            experiment.fill(exp, selected, cache_mb=cache_mb, cache_batches=cache_batches, max_seconds=max_seconds,
-                            batch_size=wl.batch_size)
-            experiment.probe_step(exp, coord)
-            exp.allocator_timing = experiment.hold_allocator(exp, held, coord, max_seconds)
-            if coord is None:
-                schedule = Rounds(exp, selected)
-                drive_all(schedule, exp.step)
-                exp.schedule = schedule.info
-                exp.isolated, exp.syncs = isolate.after_points(exp, max_seconds=max_seconds)
-                draft = exp.measurements(selected, held=held.record(), interrupted=False)
-                exp.verification = _verify(exp, to_check(draft), verify_seconds)
-            else:
-                schedule = distributed.LockstepPoints(exp, coord, selected)
-                drive_all(schedule, exp.step)
-                waits = schedule.waits
+            drive_all(phases.measure(exp, options, coord=coord, held=held, batch_size=wl.batch_size), exp.step)
     except KeyboardInterrupt:
-        return waits, True
+        return True
     finally:
         held.release()
         if exp.isolated is None:
-            exp.isolated, exp.syncs = _not_isolated()
-    return waits, False
+            exp.isolated, exp.syncs = phases.not_isolated()
+    return False
 
 
-def _start(spec, dev, coord, model, *, plan, clock, progress, step_timeout, max_seconds,
-           verify_seconds) -> Experiment:
-    """The Experiment, its clock started (on every rank together under torchrun, whose
-    units run under Join over the model's DDP modules)."""
+def start(spec: loader_mod.LoaderSpec, dev: torch.device, options: Options, *, coord: Any,
+          clock: Callable[[], float], progress: Optional[Callable[[dict], None]] = None, loop: bool = False,
+          on_pause: Callable[[float], None] = lambda seconds: None) -> Experiment:
+    """The Experiment, its clock started (on every rank together under torchrun)."""
     if coord is not None:
-        coord.watch(model)
         coord.broadcast([0.0])
-    start = clock()
-    room = 0.0 if coord else isolate.budget(max_seconds)  # for the isolated timings
+    start_t = clock()
+    m = options.max_seconds
+    room = 0.0 if coord else isolate.budget(m)  # for the isolated timings
     # the verification's share is kept from the rounds that only settle the verdict
-    keep = VERIFY_SHARE * max_seconds if coord is None and verify_seconds is None else 0.0
-    return Experiment(spec, dev, (plan or Plan()).for_workers(spec.num_workers), clock, progress or (lambda e: None),
-                      step_timeout, start=start, end=start + max_seconds, deadline=start + max_seconds - room,
-                      settle_deadline=start + max_seconds - room - keep)
-
-
-def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float]) -> Verification:
-    """The advice's recommended settings measured against the user's (verify.Trials).
-    verify_seconds None: in what the bisection leaves of max_seconds (the rounds that
-    only settle a verdict already made stop VERIFY_SHARE of it early; an undecided
-    verdict may use it all); 0: off; a number: a budget of its own, on top of max_seconds."""
-    if verify_seconds == 0:
-        return Verification(status="off", reason="verification turned off (verify_seconds=0)")
-    budget = max(0.0, exp.end - exp.clock()) if verify_seconds is None else float(verify_seconds)
-    if budget < 2 * exp.plan.window_seconds:
-        return Verification(status="out of time", budget_s=round(budget, 3),
-                            reason="the bisection used --max-seconds; give the check a budget of its own with "
-                                   "--verify-seconds")
-    trials = Trials(exp, list(advice), budget_s=budget, threads=torch.get_num_threads(), cores=isolate.cores())
-    drive_all(trials, exp.step)
-    return trials.result
-
-
-def _not_isolated() -> tuple[Isolated, Syncs]:
-    reason = ("not timed under torch.distributed: isolated steps would break the ranks' lockstep"
-              if distributed.env_world_size() > 1 else "interrupted before the isolated timings")
-    return Isolated.missing("skipped", reason), Syncs.missing("skipped", reason)
+    keep = VERIFY_SHARE * m if coord is None and options.verify_seconds is None else 0.0
+    return Experiment(spec, dev, (options.plan or Plan()).for_workers(spec.num_workers), clock,
+                      progress or (lambda e: None), options.step_timeout, start=start_t, end=start_t + m,
+                      deadline=start_t + m - room, settle_deadline=start_t + m - room - keep, loop=loop,
+                      on_pause=on_pause)
 
 
 # --------------------------------------------------------------------------------------
@@ -183,7 +141,7 @@ def check_options(points: Optional[Iterable[str]], *, max_seconds: float, cache_
     return selected
 
 
-def _describe(loader: Any) -> loader_mod.LoaderSpec:
+def describe(loader: Any) -> loader_mod.LoaderSpec:
     """The loader's settings, and a clear error for an empty dataset."""
     spec = loader_mod.describe(loader)
     try:

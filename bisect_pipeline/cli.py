@@ -95,6 +95,36 @@ def demo(**opts: Any) -> None:
     _run(make, **opts)
 
 
+@main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
+                                       "help_option_names": ["-h", "--help"]})
+@run_options
+@click.option("--loader", "loader_index", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Measure the N-th DataLoader your script iterates (from 1) instead of the one it takes optimizer "
+                   "steps on.")
+@click.option("--keep-training", is_flag=True,
+              help="After the verdict, hand the loop back to your real loader and let the script run to its end "
+                   "(by default it is stopped cleanly: its finally blocks run).")
+@click.argument("script", nargs=-1, type=click.UNPROCESSED)
+def run_script(script: tuple, loader_index: Optional[int], keep_training: bool, **opts: Any) -> None:
+    """Diagnose your own training script, unchanged: SCRIPT [ARGS...] or -m MODULE [ARGS...].
+
+    Runs it as python would (same sys.argv, __main__, sys.path[0], working directory) and
+    makes its own training loop the step: the loader it trains on hands the loop batches
+    cached at each point in turn, and the time between its requests is measured. The
+    report goes to stderr (your script keeps stdout), --json and --html as usual.
+
+    The model trains on repeated cached batches during the experiment: run it on a copy
+    of your checkpoint, or let it stop at the verdict (the default).
+
+    \b
+      bisect-pipeline run train.py --epochs 30
+      bisect-pipeline run --json r.json -m mypkg.train --lr 0.1
+    """
+    if opts.pop("sweep"):
+        raise click.UsageError("--sweep takes an entry (--entry MODULE:FUNCTION), not a script.")
+    _run_script(script, loader_index=loader_index, keep_training=keep_training, **opts)
+
+
 @main.command()
 @click.argument("before", type=click.Path(dir_okay=False))
 @click.argument("after", type=click.Path(dir_okay=False))
@@ -177,6 +207,46 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
         signal.signal(signal.SIGINT, previous_int)
         faults.INTERRUPT_REQUESTED[0] = False
         distributed.shutdown(started)
+    sys.exit(code)
+
+
+def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_path, max_seconds, device, points,
+                cache_mb, quiet, debug, step_timeout, hold_allocator, verify_seconds) -> None:
+    from . import script as script_mod
+    from .progress import Lines
+    from .loop import Session
+
+    rank0 = distributed.rank() == 0
+
+    def on_report(report: Report) -> None:  # once: at the verdict, or partial at the end
+        if rank0:
+            _write_outputs(report, json_path, html_path)
+            click.echo(report.summary if quiet else str(report), err=True)
+
+    _signals_seen.clear()
+    faults.INTERRUPT_REQUESTED[0] = False
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    code = EXIT_OK
+    try:
+        point_list = [p.strip() for p in points.split(",") if p.strip()] if points else None
+        session = Session(loader=loader_index, keep_training=keep_training, device=device, max_seconds=max_seconds,
+                          points=point_list, cache_mb=cache_mb, step_timeout=step_timeout,
+                          verify_seconds=verify_seconds, hold_allocator=hold_allocator,
+                          progress=None if quiet or not rank0 else Lines(), on_report=on_report)
+        script_mod.run(script, session, interrupt_code=_interrupt_code)
+    except script_mod.Ended as end:
+        if end.message and rank0:
+            click.echo(f"bisect-pipeline: {end.message}", err=True)
+        code = end.code
+    except BisectError as exc:
+        if debug:
+            traceback.print_exc()
+        _fail(str(exc), exc.exit_code)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        faults.INTERRUPT_REQUESTED[0] = False
+    if code == EXIT_OK and _signals_seen:
+        code = _interrupt_code()
     sys.exit(code)
 
 

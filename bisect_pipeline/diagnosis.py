@@ -211,9 +211,10 @@ def derived_notes(d: Diagnosis) -> list:
 
 def _point_notes(p: PointResult) -> list:
     out = []
-    if p.discarded:
-        out.append(Note("paused", f"{p.point}: {p.discarded} window(s) discarded: the loop paused inside them "
-                                  "(an epoch's end, an evaluation, another loader).", p.point, True))
+    if p.pauses:
+        out.append(Note("paused", f"{p.point}: your loop paused {p.pauses} time(s) between two batches "
+                                  f"({p.paused_seconds:.1f} s: epoch ends, evaluations, other loaders); that time is in "
+                                  f"no window, and {p.discarded} window(s) under way were discarded.", p.point, True))
     if p.status != "ok" or p.throughput is None:
         return out
     if p.throughput.rel_iqr > NOISY_REL_IQR:

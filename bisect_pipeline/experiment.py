@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from . import allocator, cache, devices, faults, sources, split, tree
+from .integrations import timm
 from .loader import LoaderSpec
 from .plan import Plan
 from .results import (NOT_SELECTED, AllocatorHold, AllocatorTiming, CacheInfo, Isolated, Measurements, Note,
@@ -31,6 +32,11 @@ CACHE_TIME_SHARE = 0.2
 # time budget, once a batch is cached): a run ends within --max-seconds plus this plus
 # the shutdown of its workers.
 HANG_GRACE_S = 5.0
+# In a user's loop (loop.py), a pause between two requests longer than this many times
+# the warm-up's step (and than a window) is not the loop's own work: an evaluation, a
+# checkpoint, an epoch's end the loader could not see; its window is discarded. Periodic
+# work shorter than that (a log line every N steps) is part of the loop and stays in.
+LOOP_GAP_FACTOR = 20.0
 # The step timed alone before and after the allocator is held still (the `allocator`
 # advice): this share of --max-seconds, at most ALLOCATOR_SECONDS.
 ALLOCATOR_SHARE = 0.02
@@ -58,6 +64,12 @@ class Experiment:
     move: Any = None
     caches: Optional[cache.Caches] = None
     fresh: bool = False  # the step changes its batch in place: cached points hand it copies
+    # The step is a user's own loop (loop.py): batches are handed over as the loader
+    # yields them (the loop moves them itself), its pauses are discarded and taken off
+    # the clock (`on_pause`), and the watchdog watches the fetching only.
+    loop: bool = False
+    on_pause: Callable[[float], None] = lambda seconds: None
+    room: Callable[[], Optional[int]] = lambda: None  # the batches left in the loop's epoch (loop.py)
     wrapper: Any = None  # the user's loader wrapper every point's batches go through (integrations.timm)
     results: dict = dataclasses.field(default_factory=dict)
     notes: list = dataclasses.field(default_factory=list)  # results.Note, as seen while measuring
@@ -68,6 +80,7 @@ class Experiment:
     isolated: Optional[Isolated] = None
     syncs: Optional[Syncs] = None
     verification: Optional[Verification] = None
+    waits: dict = dataclasses.field(default_factory=dict)  # lockstep: per point, the wait for data per batch
 
     def __post_init__(self) -> None:
         self.settle_deadline = min(self.settle_deadline or self.deadline, self.deadline)
@@ -148,9 +161,9 @@ class Experiment:
             source = sources.batch_loader(spec, caches.batches, self.fresh and self.device.type == "cpu")
         else:  # host
             source = sources.cached_source(sources.host_batches(caches, spec, self.device))
+        if self.loop:  # the user's loop moves its batches itself
+            return source, None
         if self.wrapper is not None:  # the user's wrapper moves the batches, overlapping the step
-            from .integrations import timm
-
             return timm.through(self.wrapper, source), None
         if self.fresh and self.device.type != "cpu":
             # A step that changes its batch gets a copy made on the device after the
@@ -178,7 +191,11 @@ class Experiment:
             prefetch_depth=spec.prefetch_depth if name not in ("host", "device") else 0,
             watchdog=lambda: self.watchdog(lambda: f"point {name}", end),
             on_window=lambda i, w: self.emit({"event": "window", "point": name, "window": i,
-                                              "max_windows": keep or self.plan.windows_per_visit}))
+                                              "max_windows": keep or self.plan.windows_per_visit}),
+            # under torchrun a pause seen on one rank only would break the lockstep: there
+            # only the epoch ends, which every rank sees at the same step, void a window
+            gap_factor=LOOP_GAP_FACTOR if self.loop and not pace.lockstep else None, on_pause=self.on_pause,
+            consumer_unwatched=self.loop, room=self.room)
 
     def result(self, visit: Visit, batch_size: Optional[float] = None) -> PointResult:
         """The point's result of one visit: ok with its windows, failed with the stage
@@ -192,10 +209,10 @@ class Experiment:
         if not m.windows:
             return PointResult(name, "failed", reason="out of time before one window was measured (raise --max-seconds)",
                                first_batch_seconds=first, warmup_steps=m.warmup_steps, stopped_by_deadline=True,
-                               discarded=m.discarded)
+                               discarded=m.discarded, pauses=m.pauses, paused_seconds=m.paused_seconds)
         return PointResult(name, "ok", Throughput(m.windows, batch_size or self.batch_size), None, first,
                            m.warmup_steps, m.stopped_by_deadline, steady=m.steady, wait_seconds=m.wait_seconds,
-                           discarded=m.discarded)
+                           discarded=m.discarded, pauses=m.pauses, paused_seconds=m.paused_seconds)
 
     def failed(self, name: str, exc: BaseException) -> PointResult:
         """A failed point: the stage whose code raised, and the original error."""

@@ -157,6 +157,7 @@ class Watchdog:
         self._since = time.monotonic()
         self._end = None if end is None else time.monotonic() + max(0.0, end)
         self._end_label = "--max-seconds"
+        self.paused = False
         self.active = ((bool(timeout) or end is not None) and threading.current_thread() is threading.main_thread()
                        and hasattr(signal, "SIGALRM"))
 
@@ -164,6 +165,15 @@ class Watchdog:
         self.count += 1
         if INTERRUPT_REQUESTED[0]:  # a signal whose KeyboardInterrupt Python swallowed
             raise KeyboardInterrupt()
+
+    def pause(self) -> None:
+        """Stop watching until `resume`: the time belongs to someone else (a user's own
+        loop, between two batches: loop.py); neither a timeout nor the end fires."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self.count += 1
 
     def end_in(self, seconds: float, label: str = "--max-seconds") -> None:
         """Move the hard end to `seconds` from now (e.g. when a phase gets its own budget)."""
@@ -187,6 +197,11 @@ class Watchdog:
         seen, self._since = self.count, time.monotonic()
         while not self._stop.wait(_WATCH_INTERVAL):
             now = time.monotonic()
+            if self.paused:
+                if self._end is not None:  # the time paused is not the run's
+                    self._end += now - self._since
+                self._since = now
+                continue
             if self.count != seen:
                 seen, self._since = self.count, now
             fire = None

@@ -62,7 +62,7 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
                 clock: Callable[[], float] = time.perf_counter) -> tuple[Isolated, Syncs]:
     """(isolated, syncs). Never raises for a failing measurement: a part that fails says
     so with its reason; KeyboardInterrupt propagates. `train_step` None: the step is the
-    user's own loop (watch.py), timed only at the device point; no syncs are counted here."""
+    user's own loop (loop.py), timed only at the device point; no syncs are counted here."""
     if caches is None:
         reason = "the caches could not be filled"
         return Isolated.missing("unavailable", reason), Syncs.missing("unavailable", reason)
@@ -226,7 +226,7 @@ class SyncCounter:
     """Counts host-device synchronizations while it is open, with
     torch.cuda.set_sync_debug_mode("warn") (the mode is restored on exit); `syncs(steps)`
     is the count per step over the `steps` that ran inside. Around the tool's own step
-    (count_syncs) or a span of the user's loop (watch.py)."""
+    (count_syncs) or a span of the user's loop (loop.py)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

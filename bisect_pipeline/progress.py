@@ -104,3 +104,30 @@ class Progress:
         if self.start is not None:
             click.echo("\r\033[K\033[?25h", file=self.stream, nl=False)
             self.stream.flush()
+
+
+class Lines:
+    """Progress as whole lines on stderr, for a run inside the user's own script (loop.py):
+    its own output shares the terminal, so nothing is redrawn. One line when the caches
+    are filled, per point measured, and per setting the advice's check tries."""
+
+    def __init__(self, stream: Optional[TextIO] = None) -> None:
+        self.stream = stream
+        self.last = None
+
+    def __call__(self, event: dict) -> None:
+        kind = event.get("event")
+        if kind == "cache":
+            text = "filling the caches"
+        elif kind == "point":
+            text = f"measuring {event['point']} ({event['index'] + 1}/{event['total']})"
+        elif kind == "verify":
+            text = "measuring the advice: " + ", ".join(f"{k}={v}" for k, v in event["settings"].items())
+        else:
+            return
+        if text != self.last:
+            self.last = text
+            click.echo(f"bisect-pipeline: {text}", file=self.stream or sys.stderr)
+
+    def done(self) -> None:
+        return None

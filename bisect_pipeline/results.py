@@ -103,6 +103,8 @@ class Measured:
     warmup_windows: int = 0  # windows timed but left out as warm-up
     wait_seconds: float = 0.0  # of the kept windows, the time spent waiting for a batch
     discarded: int = 0  # windows voided by a pause of the consumer (a user's loop)
+    pauses: int = 0  # the consumer's pauses, windows or not (epoch ends, evaluations, other loaders)
+    paused_seconds: float = 0.0
     error: Optional[BaseException] = None
     peer_failed: bool = False  # another rank failed (lockstep)
 
@@ -125,6 +127,8 @@ class PointResult:
     steady: bool = True  # every visit reached two consecutive windows that agree
     wait_seconds: float = 0.0  # of its windows, the time the loop waited for a batch
     discarded: int = 0  # windows discarded because the loop paused (a user's loop)
+    pauses: int = 0  # the loop's pauses, left out of every window (epoch ends, evaluations, other loaders)
+    paused_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         # Kept at the precision of the JSON document (0.1 ms), as windows are: a report
@@ -132,6 +136,7 @@ class PointResult:
         if self.first_batch_seconds is not None:
             object.__setattr__(self, "first_batch_seconds", round(float(self.first_batch_seconds), 4))
         object.__setattr__(self, "wait_seconds", round(float(self.wait_seconds), 6))
+        object.__setattr__(self, "paused_seconds", round(float(self.paused_seconds), 4))
 
     @property
     def ok(self) -> bool:
@@ -429,7 +434,7 @@ class Measurements:
     complete: bool = True
     interrupted: bool = False
     # Who drove the loop: "entry" (the tool's step) or "loop" (the user's own loop,
-    # watch.py), and, for a loop, which loader it chose and where it was created.
+    # loop.py), and, for a loop, which loader it chose and where it was created.
     mode: str = "entry"
     source: Optional[dict] = None
 

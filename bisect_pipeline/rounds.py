@@ -11,7 +11,7 @@ when the question is the gap). A point found inconsistent (slower than one doing
 work) is measured again once, next to that point, before anything is decided.
 
 `Rounds` is a schedule: it yields the visits to make, and whoever drives them (the
-tool's step, visit.drive; or a user's loop, watch.py) hands each back measured when it
+tool's step, visit.drive; or a user's loop, loop.py) hands each back measured when it
 asks for the next one.
 """
 
@@ -135,7 +135,13 @@ def pool(before: Optional[PointResult], now: PointResult, batch_size: float) -> 
                                    stopped_by_deadline=before.stopped_by_deadline or now.stopped_by_deadline,
                                    visits=before.visits + 1, steady=before.steady and now.steady,
                                    wait_seconds=before.wait_seconds + now.wait_seconds,
-                                   discarded=before.discarded + now.discarded)
+                                   **_paused(before, now))
     if now.stopped_by_deadline and now.failed_stage is None:
-        return dataclasses.replace(before, stopped_by_deadline=True, discarded=before.discarded + now.discarded)
+        return dataclasses.replace(before, stopped_by_deadline=True, **_paused(before, now))
     return dataclasses.replace(now, throughput=before.throughput, visits=before.visits + 1)
+
+
+def _paused(before: PointResult, now: PointResult) -> dict:
+    """The loop's pauses over both visits (a user's loop: loop.py)."""
+    return {"discarded": before.discarded + now.discarded, "pauses": before.pauses + now.pauses,
+            "paused_seconds": before.paused_seconds + now.paused_seconds}

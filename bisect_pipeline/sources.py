@@ -232,6 +232,12 @@ def _shutdown(it: Any) -> None:
         stop()
 
 
+def shutdown(it: Any) -> None:
+    """Shut a DataLoader iterator's workers down (an iterator of the user's, which the
+    experiment takes over: loop.py)."""
+    _shutdown(it)
+
+
 @contextlib.contextmanager
 def cached_source(batches: list, fresh: bool = False):
     """`host` / `device`: cycle over batches already where they need to be. With

@@ -3,7 +3,7 @@
 A visit hands out batches and times whoever consumes them: the time from one request
 for a batch to the next is one step, the batch's wait included. So one visit serves any
 driver: the tool's own training step (`drive`: `for batch in visit: step(batch)`), or a
-user's training loop iterating a loader whose batches come from the visit (watch.py).
+user's training loop iterating a loader whose batches come from the visit (loop.py).
 
     with Visit(...) as batches:      # opens the point's source (workers start)
         for batch in batches:        # warm-up, then timed windows, until done
@@ -27,9 +27,12 @@ failed. A failure in the consumer's step or in the pipeline ends the visit and i
 (`error`); KeyboardInterrupt and BisectError go through.
 
 A consumer that pauses (a user's loop evaluating, saving a checkpoint, or iterating
-another loader between two requests: `void()`, or a pause longer than `gap` seconds)
-voids the window under way: it is discarded and counted, and the visit warms up again
-before the next one, so batches the workers prefetched meanwhile do not flatter it.
+another loader between two requests: `void()`, or a pause longer than `gap` seconds,
+`gap_factor` times the warm-up's step) voids the window under way: it is discarded and
+counted, and the visit warms up again before the next one, so batches the workers
+prefetched meanwhile do not flatter it. A consumer whose pauses are known ahead (`room()`:
+the batches left in a user's epoch) gets windows that end before them. With `consumer_unwatched`, the watchdog watches
+only the fetching of batches, not the consumer's own time (a user's loop).
 """
 
 from __future__ import annotations
@@ -103,7 +106,8 @@ class Visit:
                  prefetch_depth: int = 0, keep: Optional[int] = None, pace: Pace = LOCAL,
                  watchdog: Optional[Callable[[], Any]] = None,
                  on_window: Callable[[int, Window], None] = _nothing, gap: float = math.inf,
-                 on_pause: Callable[[float], None] = _nothing) -> None:
+                 gap_factor: Optional[float] = None, on_pause: Callable[[float], None] = _nothing,
+                 consumer_unwatched: bool = False, room: Callable[[], Optional[int]] = lambda: None) -> None:
         self.point = point
         self.batch_size = batch_size
         self.plan = plan
@@ -115,7 +119,11 @@ class Visit:
         self.pace = pace
         self.on_window = on_window
         self.gap = gap
+        self.gap_factor = gap_factor
         self.on_pause = on_pause
+        self.consumer_unwatched = consumer_unwatched
+        self.room = room
+        self._dog: Any = None
         self._open = open_source
         self._watchdog = watchdog
         self._stack = contextlib.ExitStack()
@@ -133,7 +141,9 @@ class Visit:
         self.warmup_steps = 0
         self.warmup_seconds = 0.0
         self.stopped_by_deadline = False
-        self.discarded = 0
+        self.discarded = 0  # windows under way when the consumer paused
+        self.pauses = 0  # every pause of the consumer (windows, warm-up or the rest of an epoch)
+        self.paused_seconds = 0.0
         self.kept_from = 0
         self.steady = False
         self.finished = False  # the visit ran to its end (kept_from and steady decided)
@@ -145,7 +155,8 @@ class Visit:
         t0 = self.clock()
         try:
             if self._watchdog is not None:
-                self.beat = self._stack.enter_context(self._watchdog()).beat
+                self._dog = self._stack.enter_context(self._watchdog())
+                self.beat = self._dog.beat
             if self._open is not None:
                 self.next_batch, self.move = self._stack.enter_context(self._open())
         except (KeyboardInterrupt, BisectError):
@@ -198,6 +209,7 @@ class Visit:
         u = _Unit()
         clock, beat, nb, move, gap = self.clock, self.beat, self.next_batch, self.move, self.gap
         local, deadline = not self.pace.lockstep, self.deadline
+        dog = self._dog if self.consumer_unwatched else None  # the consumer's time is not watched
         with self.pace.unit():
             try:
                 if nb is not None and self.error is None:
@@ -206,8 +218,12 @@ class Visit:
                     for _ in range(n):
                         b = nb()
                         t_out = clock()
+                        if dog is not None:
+                            dog.pause()
                         yield b if move is None else move(b)
                         now = clock()
+                        if dog is not None:
+                            dog.resume()
                         beat()
                         u.steps += 1
                         u.wait += t_out - t_in
@@ -215,6 +231,8 @@ class Visit:
                             per_step.append(now - t_in)
                         if self._void or now - t_out > gap:
                             u.voided, self._void = True, False
+                            self.pauses += 1
+                            self.paused_seconds += now - t_out
                             self.on_pause(now - t_out)
                             break
                         t_in = now
@@ -258,14 +276,26 @@ class Visit:
             return
         self.warmup_seconds = clock() - w0
         tail = times[len(times) // 2:] or [max(self.first_batch_seconds, 1e-6)]
-        steps, left = pace.decide([plan.window_steps(sum(tail) / len(tail)), self.deadline - clock()])
+        est = sum(tail) / len(tail)
+        if self.gap_factor:  # a pause far beyond a step is not the loop's (see the module's docstring)
+            self.gap = max(self.gap_factor * est, plan.window_seconds)
+        steps, left = pace.decide([plan.window_steps(est), self.deadline - clock()])
         self.deadline = clock() + left  # the deciding rank's deadline, on this clock
         steps = int(steps)
         while True:
             if not pace.lockstep and clock() >= self.deadline:
                 self.stopped_by_deadline = True
                 break
-            u = yield from self._unit(steps)
+            room = self.room()
+            if room is not None and room - 1 < plan.min_window_steps:
+                # too little of the consumer's epoch is left for a window: the rest of it
+                # untimed (its end voids it, as expected), then warm up again
+                u = yield from self._unit(room)
+                if u.failed or not (yield from self._warm(plan.min_warmup_steps + self.prefetch_depth)):
+                    return
+                continue
+            # a window ends before the epoch's last batch, whose step takes in the epoch's end
+            u = yield from self._unit(steps if room is None else min(steps, room - 1))
             if u.failed:
                 return
             if u.voided:  # the consumer paused inside the window: discard it, warm up again
@@ -301,6 +331,7 @@ class Visit:
                         warmup_seconds=self.warmup_seconds, stopped_by_deadline=self.stopped_by_deadline,
                         steady=self.steady and bool(kept), warmup_windows=len(self.windows) - len(kept),
                         wait_seconds=sum(self.waits[self.kept_from:]), discarded=self.discarded,
+                        pauses=self.pauses, paused_seconds=self.paused_seconds,
                         error=self.error, peer_failed=self.peer_failed)
 
 

@@ -135,3 +135,72 @@ def test_straggler_rule():
     assert ranks.stragglers([(0.0005, 0.04), (0.001, 0.04)]) == []  # nobody really waits
     assert ranks.stragglers([(0.03, 0.04), (0.028, 0.04), (0.0, 0.04)]) == [0, 1]
     assert ranks.stragglers([None, (0.03, 0.04)]) == [1]
+
+
+SCRIPT = textwrap.dedent('''
+    import time
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    class Slow:
+        def __init__(self, ms):
+            self.ms = ms
+        def __call__(self, x):
+            if self.ms:
+                time.sleep(self.ms / 1e3)
+            return x
+
+    class Data(Dataset):
+        def __init__(self, ms):
+            g = torch.Generator().manual_seed(0)
+            self.data = torch.randn(1024, 16, generator=g)
+            self.transform = Slow(ms)
+        def __len__(self):
+            return len(self.data)
+        def __getitem__(self, i):
+            return self.transform(self.data[i].clone()), i % 4
+
+    def main():
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        ds = Data(5.0 if dist.get_rank() == 1 else 0.0)  # rank 1: 5 ms per sample of augmentation
+        sampler = DistributedSampler(ds, seed=0)
+        loader = DataLoader(ds, batch_size=8, sampler=sampler)
+        try:
+            for epoch in range(100):
+                sampler.set_epoch(epoch)
+                for x, y in loader:
+                    opt.zero_grad(set_to_none=True)
+                    nn.functional.cross_entropy(model(x), y).backward()
+                    opt.step()
+        finally:
+            dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+''')
+
+
+def test_under_torchrun_every_rank_bisects_the_scripts_own_loop_in_lockstep(tmp_path):
+    (tmp_path / "ddp_train.py").write_text(SCRIPT)
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "bisect_pipeline", "run", "--device", "cpu", "--max-seconds", "30", "--json", str(out),
+           "ddp_train.py"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path, start_new_session=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["world_size"] == 2 and doc["mode"] == "loop"
+    assert doc["distributed"]["straggler_ranks"] == [1] and doc["bottleneck"] == "augment"
+    r0, r1 = (doc["ranks"][i]["report"] for i in (0, 1))
+    for p0, p1 in zip(r0["points"], r1["points"]):  # lockstep: the same steps at every point
+        assert [w["steps"] for w in p0["windows"]] == [w["steps"] for w in p1["windows"]]
+    assert proc.stderr.count("torch.distributed: world size 2") == 1  # only rank 0 prints the report
+    _no_children_left()

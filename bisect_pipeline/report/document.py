@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
 #       verdict, loader, cache, advice, warnings, run, complete, interrupted. Later,
 #       added keys only: isolated, syncs, verification; mode and source (who drove the
 #       loop); notes (the warnings with their kind, measured or derived); per point
-#       wait_seconds, input_wait_ms_per_batch and discarded_windows.
+#       wait_seconds, input_wait_ms_per_batch, and in a user's loop discarded_windows,
+#       pauses and paused_seconds.
 SCHEMA_VERSION = 1
 
 
@@ -98,6 +99,8 @@ def point_dict(p: PointResult, fitted_sec_per_batch: Optional[float] = None) -> 
         "wait_seconds": p.wait_seconds,
         "input_wait_ms_per_batch": ms(p.wait_per_batch),
         "discarded_windows": p.discarded,
+        "pauses": p.pauses,
+        "paused_seconds": p.paused_seconds,
     }
 
 
@@ -148,4 +151,5 @@ def _point_of(p: dict, batch_size: float) -> PointResult:
         reason=p.get("reason"), first_batch_seconds=p.get("time_to_first_batch_s"),
         warmup_steps=p.get("warmup_steps", 0), stopped_by_deadline=p.get("stopped_by_deadline", False),
         failed_stage=p.get("failed_stage"), visits=p.get("visits", 1), steady=p.get("steady", True),
-        wait_seconds=p.get("wait_seconds", 0.0), discarded=p.get("discarded_windows", 0))
+        wait_seconds=p.get("wait_seconds", 0.0), discarded=p.get("discarded_windows", 0), pauses=p.get("pauses", 0),
+        paused_seconds=p.get("paused_seconds", 0.0))

@@ -94,9 +94,9 @@ def _head(r: "Report") -> list:
 
 
 def _loop_line(r: "Report") -> str:
-    """Which loop was measured, in a loop run (watch.py)."""
+    """Which loop was measured, in a loop run (loop.py)."""
     src = r.measurements.source or {}
-    where = f" created at {src['created_at']}" if src.get("created_at") else ""
+    where = f", created at {src['created_at']}" if src.get("created_at") else ""
     return (f"your training loop was the step, on loader #{src.get('index', 1)} ({src.get('dataset', '?')}, batch "
             f"size {src.get('batch_size', '?')}{where})")
 

@@ -1,0 +1,534 @@
+"""Your own training loop as the step: `bisect-pipeline run train.py`, `watching()`,
+`watch(loader)`.
+
+The experiment is the one `--entry` runs (phases.measure: the same caches, replays,
+visits, rounds, verdict, advice and report); only the driver differs. Here the user's
+loop drives: the training loader's iterator is replaced by one that hands the loop the
+batches of each visit in turn, and the time between two of its requests is its step,
+whatever it does around the model (logging, metric syncs, accumulation, AMP, EMA, a
+scheduler).
+
+How it attaches, with no change to the user's code, while a Session is open:
+
+- DataLoader.__init__ and __iter__ are patched at the class level (frameworks build
+  loaders of their own: Lightning re-instantiates the user's, accelerate's
+  DataLoaderShard calls its base loader's __iter__), and a global optimizer-step hook
+  is registered;
+- the training loader is the first loader iterated with grad enabled whose consumer
+  takes an optimizer step between two of its batches (an evaluation loader, under
+  no_grad or inference_mode, is never chosen); `loader=N` picks the N-th loader
+  iterated instead;
+- until then every loader yields its own batches; once chosen, its iterator's workers
+  are shut down and the experiment starts inside the loop's next request.
+
+Epochs: each iter() of the training loader gives len(loader) batches, so the user's
+epoch ends where it would have; the experiment goes on in the next epoch's iterator. An
+epoch's end, another loader iterated, or a pause far beyond a step voids the window under
+way (visit.Visit): discarded, counted, and the experiment's clock does not count the
+pause (--max-seconds bounds the time the loop spends on the experiment's batches).
+
+When the verdict is in, the report goes to `on_report`, and the loop is stopped with
+ScriptStopped (a BaseException: the script's finally blocks run), or, with
+`keep_training`, handed back to the real loader. The model trains on the cached batches
+meanwhile: the experiment changes what it learns from, not how.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import sys
+import sysconfig
+import time
+import weakref
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import DataLoader
+
+from . import allocator, api, devices, distributed, phases, sources
+from .errors import BisectError
+from .phases import Options
+from .report import Report
+from .report.ranks import combine
+from .step import to_device
+
+# Frames of these packages are not where a loader is created: its creator is the first
+# frame outside them (the user's script).
+_FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "accelerate", "transformers", "bisect_pipeline", "runpy")
+
+
+class ScriptStopped(BaseException):
+    """Raised in the user's loop once the report is made: it stops the script cleanly.
+    A BaseException, so that the script's `except Exception` does not swallow it."""
+
+    def __init__(self, report: Optional[Report] = None, error: Optional[BaseException] = None) -> None:
+        super().__init__("bisect-pipeline has its verdict: the script is stopped")
+        self.report = report
+        self.error = error
+
+
+class _Passthrough(Exception):
+    """The experiment is over and the loop keeps training on the real loader."""
+
+
+class PausingClock:
+    """A clock that does not count the pauses it is told of (the loop's evaluations,
+    checkpoints, epoch ends): the experiment's own time."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self.paused = 0.0
+
+    def __call__(self) -> float:
+        return self._clock() - self.paused
+
+    def pause(self, seconds: float) -> None:
+        self.paused += max(0.0, seconds)
+
+
+@dataclasses.dataclass
+class Seen:
+    """A loader the session saw iterated."""
+
+    index: int  # 1-based, in the order first iterated
+    dataset: str
+    batch_size: Any
+    created_at: Optional[str]
+    batches: int = 0  # handed to the loop from its own iterators
+    with_grad: bool = False  # the loop's last request for a batch had grad enabled
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "dataset": self.dataset, "batch_size": self.batch_size,
+                "created_at": self.created_at, "batches": self.batches}
+
+
+# --------------------------------------------------------------------------------------
+# The patches (class level, while a session is open)
+# --------------------------------------------------------------------------------------
+
+_SESSIONS: list = []  # open sessions, innermost last
+_ORIGINAL: dict = {}
+
+
+def _current() -> Optional["Session"]:
+    return _SESSIONS[-1] if _SESSIONS else None
+
+
+def _patched_init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
+    _ORIGINAL["init"](self, *args, **kwargs)
+    s = _current()
+    if s is not None and not s.busy:
+        s.created(self)
+
+
+def _patched_iter(self: DataLoader) -> Any:
+    s = _current()
+    if s is None or s.busy:
+        return _ORIGINAL["iter"](self)
+    return s.iterate(self)
+
+
+def _on_optimizer_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    s = _current()
+    if s is not None and not s.busy:
+        s.optimizer_stepped(optimizer)
+
+
+def _install() -> None:
+    if _ORIGINAL:
+        return
+    _ORIGINAL.update(init=DataLoader.__init__, iter=DataLoader.__iter__,
+                     hook=register_optimizer_step_post_hook(_on_optimizer_step))
+    DataLoader.__init__ = _patched_init
+    DataLoader.__iter__ = _patched_iter
+
+
+def _uninstall() -> None:
+    if not _ORIGINAL or _SESSIONS:
+        return
+    DataLoader.__init__ = _ORIGINAL.pop("init")
+    DataLoader.__iter__ = _ORIGINAL.pop("iter")
+    _ORIGINAL.pop("hook").remove()
+
+
+def real_iter(loader: DataLoader) -> Any:
+    """The loader's own iterator, patched or not."""
+    return _ORIGINAL.get("iter", DataLoader.__iter__)(loader)
+
+
+def _creation_site() -> Optional[str]:
+    """file:line of the first frame outside the standard library, torch, the frameworks
+    and this package: where the user's code created the loader."""
+    skipped = _skipped_dirs()
+    f = sys._getframe(2)
+    while f is not None:
+        path = os.path.abspath(f.f_code.co_filename)
+        if not f.f_code.co_filename.startswith("<") and not path.startswith(skipped):
+            return f"{path}:{f.f_lineno}"
+        f = f.f_back
+    return None
+
+
+def _skipped_dirs() -> tuple:
+    dirs = [sysconfig.get_paths()["stdlib"]]
+    for name in _FRAMEWORKS:
+        m = sys.modules.get(name)
+        dirs.extend(os.path.abspath(p) + os.sep for p in (getattr(m, "__path__", None) or ()))
+    return tuple(dirs)
+
+
+def _length(loader: Any) -> Optional[int]:
+    try:
+        return len(loader)
+    except TypeError:  # an IterableDataset without __len__: its epochs do not end here
+        return None
+
+
+def _close(it: Any, loader: DataLoader) -> None:
+    """Shut a loader's own iterator down (its workers), and forget it when the loader
+    keeps it for its persistent workers, so that a later iter() starts a new one."""
+    sources.shutdown(it)
+    if getattr(loader, "_iterator", None) is it:
+        loader._iterator = None
+
+
+def _param_device(optimizer: torch.optim.Optimizer) -> Optional[torch.device]:
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            return p.device
+    return None
+
+
+def _joinables() -> list:
+    """The DDP modules (and other Joinables) of this process: a lockstep unit runs under
+    Join over them (distributed.Coordinator), which the user's loop cannot hand over."""
+    from torch.distributed.algorithms.join import Joinable
+
+    return [o for o in gc.get_objects() if isinstance(o, Joinable)]
+
+
+class LoopIterator:
+    """What iter() of a loader returns while a session is open: the loader's own batches
+    (`observe`), the experiment's (`experiment`: the chosen loader, len(loader) of them per
+    epoch), then, once the experiment is over and the loop goes on, the rest of the epoch
+    from the loader itself (`real`)."""
+
+    def __init__(self, session: "Session", loader: DataLoader, seen: Seen, real: Any) -> None:
+        self.session = session
+        self.loader = loader
+        self.seen = seen
+        self.real = real
+        self.mode = "observe" if real is not None else "experiment"
+        self.length = _length(loader)
+        self.served = 0
+
+    def __iter__(self) -> "LoopIterator":
+        return self
+
+    def __len__(self) -> int:
+        if self.length is None:
+            raise TypeError("this loader has no length")
+        return self.length
+
+    def __next__(self) -> Any:
+        s = self.session
+        if self.mode == "observe":
+            if s.chosen is not self.loader or s.state == "done":
+                batch = next(self.real)  # the loader's own batches; StopIteration: its epoch ended
+                self.served += 1
+                s.observed(self.seen)
+                return batch
+            _close(self.real, self.loader)  # chosen since its last batch: the experiment takes over
+            self.real, self.mode = None, "experiment"
+        if self.length is not None and self.served >= self.length:
+            if self.mode == "experiment":
+                s.epoch_ended()
+            raise StopIteration
+        if self.mode == "experiment":
+            s.epoch = self
+            try:
+                batch = s.next_batch()
+            except _Passthrough:
+                self.real, self.mode = real_iter(self.loader), "real"
+            else:
+                self.served += 1
+                return batch
+        self.served += 1
+        return next(self.real)
+
+
+class Session:
+    """One diagnosis of a user's own loop (see the module's docstring). Open it with
+    `with Session(...)` (or `watching()`), run the loop; `report` once the verdict is in or
+    the session is closed. Options as bisect()'s; `loader`: the N-th loader iterated (an
+    int) or the DataLoader itself, instead of the one the loop takes optimizer steps on;
+    `keep_training`: hand the loop back to the real loader after the verdict instead of
+    stopping it; `on_report(report)`: called once, with the report (partial when the
+    session closes before a verdict)."""
+
+    def __init__(self, *, loader: Any = None, keep_training: bool = False, device: Any = None,
+                 max_seconds: float = api.DEFAULT_MAX_SECONDS, points: Any = None, cache_mb: float = api.DEFAULT_CACHE_MB,
+                 cache_batches: int = api.DEFAULT_CACHE_BATCHES, step_timeout: Optional[float] = None,
+                 verify_seconds: Optional[float] = None, plan: Any = None, hold_allocator: bool = True,
+                 progress: Optional[Callable[[dict], None]] = None,
+                 on_report: Optional[Callable[[Report], None]] = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if loader is not None and not isinstance(loader, (int, DataLoader)):
+            raise BisectError(f"loader must be the N-th loader iterated (an int, from 1) or a DataLoader, got "
+                              f"{type(loader).__name__}.")
+        if isinstance(loader, int) and not isinstance(loader, bool) and loader < 1:
+            raise BisectError(f"--loader counts loaders from 1 in the order your script iterates them, got {loader}.")
+        self.options = Options(api.check_options(points, max_seconds=max_seconds, cache_mb=cache_mb,
+                                                 cache_batches=cache_batches, step_timeout=step_timeout,
+                                                 verify_seconds=verify_seconds),
+                               max_seconds, cache_mb, cache_batches, step_timeout, verify_seconds, plan, hold_allocator)
+        self.device = devices.resolve(device) if device is not None else None
+        self.target = loader
+        self.keep_training = keep_training
+        self.progress = progress
+        self.on_report = on_report
+        self.clock = PausingClock(clock)
+        self.seen: list = []
+        self._seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._loaders: dict = {}  # Seen.index -> weakref to its loader
+        self._sites: dict = {}  # id(dataset) -> where its first loader was created
+        self.created_count = 0
+        self.current: Optional[Seen] = None  # the loader whose batch the loop had last
+        self.chosen: Optional[DataLoader] = None
+        self.step_device: Optional[torch.device] = None
+        self.state = "choosing"  # choosing | measuring | done
+        self.busy = False  # the tool's own code runs: its loaders are not the user's
+        self.exp: Any = None
+        self.held: Optional[allocator.Held] = None
+        self.visit: Any = None  # the visit under way (a pause voids its window)
+        self.epoch: Optional[LoopIterator] = None  # the epoch the experiment's batches go to
+        self.report: Optional[Report] = None
+        self.error: Optional[BaseException] = None
+        self._gen: Optional[Iterator] = None
+        self._exit: Any = None
+        self._coord: Any = None
+
+    # -- open and close ---------------------------------------------------------------
+
+    def __enter__(self) -> "Session":
+        _SESSIONS.append(self)
+        _install()
+        self._exit, os._exit = os._exit, self._os_exit
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
+        try:
+            self.close(interrupted=isinstance(exc, KeyboardInterrupt))
+        finally:
+            if self in _SESSIONS:
+                _SESSIONS.remove(self)
+            _uninstall()
+            if self._exit is not None:
+                os._exit, self._exit = self._exit, None
+        if isinstance(exc, ScriptStopped) and exc.error is not None:
+            raise BisectError(f"bisect-pipeline failed while measuring your loop: {type(exc.error).__name__}: "
+                              f"{exc.error}") from exc.error
+        return isinstance(exc, ScriptStopped)
+
+    def close(self, interrupted: bool = False) -> Optional[Report]:
+        """End the experiment where it stands (its workers shut down) and make the report,
+        partial when the verdict was not in; None when no training loader was chosen."""
+        if self.state == "measuring" and self.exp is not None:
+            self.busy = True
+            try:
+                if self._gen is not None:
+                    self._gen.close()
+            finally:
+                self.busy = False
+            self._report(interrupted=interrupted)
+        return self.report
+
+    def _os_exit(self, code: int) -> None:
+        """os._exit from the script: the partial report first, then the exit."""
+        real = self._exit
+        try:
+            self.close()
+        finally:
+            real(code)
+
+    # -- what the patches tell it ----------------------------------------------------------
+
+    def created(self, loader: DataLoader) -> None:
+        self.created_count += 1
+        site = _creation_site()
+        self._sites.setdefault(id(getattr(loader, "dataset", None)), site)  # a framework's copy keeps the creator
+
+    def iterate(self, loader: DataLoader) -> Any:
+        seen = self._seen_of(loader)
+        if self.state == "done" or (self.chosen is not None and loader is not self.chosen):
+            if self.state == "measuring":
+                self._void()  # another loader between two of the loop's requests (an evaluation)
+            return real_iter(loader)
+        if self.chosen is None and (self.target == seen.index or self.target is loader):
+            self.chosen = loader
+        return LoopIterator(self, loader, seen, None if loader is self.chosen else real_iter(loader))
+
+    def observed(self, seen: Seen) -> None:
+        self.current = seen
+        seen.batches += 1
+        seen.with_grad = torch.is_grad_enabled()
+
+    def optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.step_device is None:
+            self.step_device = _param_device(optimizer)
+        if self.chosen is None and self.target is None and self.current is not None and self.current.with_grad:
+            ref = self._loaders.get(self.current.index)
+            self.chosen = ref() if ref is not None else None
+
+    def epoch_ended(self) -> None:
+        self._void()
+
+    def _room(self) -> Optional[int]:
+        """Batches left in the loop's epoch, the one being handed out included (None: its
+        epochs do not end)."""
+        e = self.epoch
+        return None if e is None or e.length is None else max(1, e.length - e.served)
+
+    def _void(self) -> None:
+        void = getattr(self.visit, "void", None)
+        if void is not None:
+            void()
+
+    def _seen_of(self, loader: DataLoader) -> Seen:
+        seen = self._seen.get(loader)
+        if seen is None:
+            seen = Seen(len(self.seen) + 1, type(getattr(loader, "dataset", None)).__name__,
+                        getattr(loader, "batch_size", None), self._sites.get(id(getattr(loader, "dataset", None))))
+            self._seen[loader] = seen
+            self._loaders[seen.index] = weakref.ref(loader)
+            self.seen.append(seen)
+        return seen
+
+    # -- the experiment, driven by the loop -----------------------------------------------
+
+    def next_batch(self) -> Any:
+        """The experiment's next batch for the loop. Once the experiment is over: the
+        report, then ScriptStopped (or _Passthrough with keep_training)."""
+        if self._gen is None:
+            self._gen = self._stream()
+        self.busy = True
+        try:
+            return next(self._gen)
+        except StopIteration:
+            pass
+        except (KeyboardInterrupt, ScriptStopped):
+            raise
+        except Exception as exc:  # the tool's own failure, not the loop's: said, and the loop stopped
+            self.error = exc
+        finally:
+            self.busy = False
+        if self.report is None:
+            self._report(interrupted=False)
+        if self.keep_training and self.error is None:
+            raise _Passthrough()
+        raise ScriptStopped(self.report, self.error)
+
+    def _stream(self) -> Iterator:
+        """Every phase's visits (phases.measure), their batches handed to the loop."""
+        spec = api.describe(self.chosen)
+        dev = self.device or self.step_device or devices.resolve(None)
+        coord = self._coord = distributed.Coordinator.current()
+        if coord is not None:
+            coord.joinables = _joinables()
+        exp = self.exp = api.start(spec, dev, self.options, coord=coord, clock=self.clock, progress=self.progress,
+                                   loop=True, on_pause=self.clock.pause)
+        exp.move = lambda batch: to_device(batch, dev)  # where the device point's batches are put
+        exp.room = self._room
+        self.held = allocator.Held(self.options.hold_allocator)
+        self.state = "measuring"
+        try:
+            for visit in phases.measure(exp, self.options, coord=coord, held=self.held):
+                self.visit = visit
+                with visit as batches:
+                    yield from batches
+                self.visit = None
+        finally:
+            self.visit = None
+            self.held.release()
+            if exp.isolated is None:
+                exp.isolated, exp.syncs = phases.not_isolated()
+
+    def _report(self, interrupted: bool) -> None:
+        m = self.exp.measurements(self.options.points, held=self.held.record(), interrupted=interrupted, mode="loop",
+                                  source=self.source())
+        report = Report.of(m)
+        coord = self._coord
+        if coord is not None and not interrupted:
+            report = combine(report, distributed.gather_reports(report, coord, self.exp.waits), coord.rank)
+        self.report, self.state = report, "done"
+        if self.on_report is not None:
+            self.on_report(report)
+
+    def source(self) -> dict:
+        """Which loader the loop trained on, and every loader seen (the report's `source`)."""
+        seen = self._seen.get(self.chosen) if self.chosen is not None else None
+        out = seen.to_dict() if seen is not None else {}
+        out.update(chosen_by="--loader" if self.target is not None else "the loader your optimizer steps on",
+                   loaders=[x.to_dict() for x in self.seen])
+        return out
+
+    def summary_of_what_was_seen(self) -> str:
+        """What the session saw, for a run that ended without a report."""
+        if not self.seen:
+            return (f"your script iterated no DataLoader ({self.created_count} created): there is no training loop "
+                    "to measure")
+        listed = "; ".join(f"#{s.index} {s.dataset} ({s.batches} batches{', grad' if s.with_grad else ''}, created "
+                           f"at {s.created_at or '?'})" for s in self.seen)
+        return (f"no training loader was found among the {len(self.seen)} loader(s) your script iterated ({listed}): "
+                "none had an optimizer step taken between two of its batches. Name it with --loader N")
+
+
+def watching(**options: Any) -> Session:
+    """`with bisect_pipeline.watching() as session: train(...)`, then `session.report`:
+    your own training loop is the step (see loop.py). Options: bisect()'s, and `loader`,
+    `keep_training`. Once the verdict is in, the loop is stopped (the with block ends
+    there) unless keep_training."""
+    return Session(**options)
+
+
+class Watched:
+    """`loader = bisect_pipeline.watch(loader)` for a loop you write yourself: iterate it
+    as the loader; `report` once the verdict is in, after which it yields the loader's own
+    batches again (the experiment ran on len(loader) batches per epoch meanwhile)."""
+
+    def __init__(self, loader: DataLoader, **options: Any) -> None:
+        if not isinstance(loader, DataLoader):
+            raise BisectError(f"watch() takes a torch.utils.data.DataLoader, got {type(loader).__name__}.")
+        self.loader = loader
+        self.session = Session(loader=loader, keep_training=options.pop("keep_training", True), **options)
+        self._open = False
+
+    @property
+    def report(self) -> Optional[Report]:
+        return self.session.report
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Any:
+        if self.session.state == "done":
+            self.close()
+            return real_iter(self.loader)
+        if not self._open:
+            self.session.__enter__()
+            self._open = True
+        return self.session.iterate(self.loader)
+
+    def close(self) -> Optional[Report]:
+        """End the experiment where it stands; the report (partial before a verdict)."""
+        if self._open:
+            self._open = False
+            self.session.__exit__(None, None, None)
+        return self.session.report
+
+
+def watch(loader: DataLoader, **options: Any) -> Watched:
+    return Watched(loader, **options)

@@ -1,0 +1,165 @@
+"""Every phase of one experiment, as the visits a driver drives.
+
+    fill the caches (cache.fill)
+    probe the step: does it change its batch in place?
+    hold the allocator still (timing the step alone first, when the tool owns the step)
+    the points: rounds.Rounds (one process) or distributed.LockstepPoints (torchrun)
+    the stage costs timed alone (isolate.py); a user's loop on CUDA: its syncs counted
+    the advice's check: verify.Trials of the advice as it stands (diagnosis.to_check)
+
+`measure` yields visits: visit.Visit, and in a user's loop two small ones of the same
+shape (a context manager handing out batches: the probe and the sync count). The tool's
+own driver steps them (visit.drive_all, api.bisect); a user's loop consumes their
+batches (loop.py). Each phase keeps what it measured in the Experiment, whose
+`measurements` is then diagnosed: one engine, two drivers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+from typing import Any, Iterator, Optional
+
+import torch
+
+from . import allocator, distributed, experiment, isolate, sources, tree
+from .cache import DEFAULT_CACHE_BATCHES
+from .diagnosis import to_check
+from .experiment import Experiment
+from .plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Plan
+from .results import AllocatorTiming, Isolated, Syncs, Verification
+from .rounds import Rounds
+from .verify import Trials
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How one experiment runs (README "Command line"; checked by api.check_options)."""
+
+    points: tuple
+    max_seconds: float = DEFAULT_MAX_SECONDS
+    cache_mb: float = DEFAULT_CACHE_MB
+    cache_batches: int = DEFAULT_CACHE_BATCHES
+    step_timeout: Optional[float] = None
+    verify_seconds: Optional[float] = None
+    plan: Optional[Plan] = None
+    hold_allocator: bool = True
+
+
+def measure(exp: Experiment, options: Options, *, coord: Any, held: allocator.Held,
+            batch_size: Any = None) -> Iterator[Any]:
+    """The phases of one experiment (see the module's docstring), yielding the visits to
+    drive. Under torchrun only the points run (in lockstep); their waits for data are
+    kept in `exp.waits`."""
+    experiment.fill(exp, options.points, cache_mb=options.cache_mb, cache_batches=options.cache_batches,
+                    max_seconds=options.max_seconds, batch_size=batch_size)
+    if exp.loop:
+        if exp.caches is not None:
+            yield Probe(exp)
+        held.hold()
+        exp.allocator_timing = AllocatorTiming.missing("skipped", "the step is your own loop: it is not timed alone")
+    else:
+        experiment.probe_step(exp, coord)
+        exp.allocator_timing = experiment.hold_allocator(exp, held, coord, options.max_seconds)
+    if coord is not None:
+        schedule = distributed.LockstepPoints(exp, coord, options.points)
+        yield from schedule
+        exp.waits = schedule.waits
+        return
+    rounds = Rounds(exp, options.points)
+    yield from rounds
+    exp.schedule = rounds.info
+    exp.isolated, exp.syncs = isolate.after_points(exp, max_seconds=options.max_seconds)
+    if exp.loop and exp.caches is not None:
+        counted = SyncCount(exp)
+        yield counted
+        exp.syncs = counted.syncs
+    draft = to_check(exp.measurements(options.points, held=held.record(), interrupted=False))
+    exp.verification = yield from _verify(exp, draft, options.verify_seconds)
+
+
+def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float]):
+    """The advice's recommended settings measured against the user's (verify.Trials).
+    verify_seconds None: in what the bisection leaves of max_seconds (the rounds that
+    only settle a verdict already made stop VERIFY_SHARE of it early; an undecided
+    verdict may use it all); 0: off; a number: a budget of its own, on top of max_seconds."""
+    if verify_seconds == 0:
+        return Verification(status="off", reason="verification turned off (verify_seconds=0)")
+    budget = max(0.0, exp.end - exp.clock()) if verify_seconds is None else float(verify_seconds)
+    if budget < 2 * exp.plan.window_seconds:
+        return Verification(status="out of time", budget_s=round(budget, 3),
+                            reason="the bisection used --max-seconds; give the check a budget of its own with "
+                                   "--verify-seconds")
+    trials = Trials(exp, list(advice), budget_s=budget, threads=torch.get_num_threads(), cores=isolate.cores())
+    yield from trials
+    return trials.result
+
+
+def not_isolated() -> tuple[Isolated, Syncs]:
+    """Why the stages were not timed alone: torchrun, or an interrupt first."""
+    reason = ("not timed under torch.distributed: isolated steps would break the ranks' lockstep"
+              if distributed.env_world_size() > 1 else "interrupted before the isolated timings")
+    return Isolated.missing("skipped", reason), Syncs.missing("skipped", reason)
+
+
+# --------------------------------------------------------------------------------------
+# The small visits of a user's loop
+# --------------------------------------------------------------------------------------
+
+
+class Probe:
+    """Does the loop change its batch in place? It gets a copy of a cached device batch;
+    at its next request the copy is compared with the original (the Experiment's `fresh`:
+    the cached points then hand out copies). It also makes the loop's first calls on the
+    tool's batches before anything is timed."""
+
+    def __init__(self, exp: Experiment) -> None:
+        self.exp = exp
+        self.measured = None
+
+    def __enter__(self) -> Iterator:
+        return self._batches()
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def _batches(self) -> Iterator:
+        original = experiment.one_device_batch(self.exp)
+        handed = tree.clone(original)
+        yield handed
+        self.exp.sync()
+        self.exp.fresh = not tree.same_values(handed, original)
+        if self.exp.fresh:
+            self.exp.note("step", "your loop changes its input batch in place: the cached points hand it a fresh "
+                                  "copy each step (the copy is included in their time).")
+
+
+class SyncCount:
+    """On CUDA, the host-device synchronizations of the loop over isolate.SYNC_STEPS
+    steps on cached device batches (isolate.SyncCounter): a loop that syncs every step,
+    for a metric or a log line, pays for it at every point."""
+
+    def __init__(self, exp: Experiment) -> None:
+        self.exp = exp
+        self.syncs: Optional[Syncs] = isolate.no_syncs_counted(exp.device)
+        self.measured = None
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> Iterator:
+        if self.syncs is not None:  # not on CUDA: nothing to count
+            return iter(())
+        host = sources.host_batches(self.exp.caches, self.exp.spec, self.exp.device)
+        batches = sources.device_batches(host, self.exp.move, self.exp.device)
+        counter = self._stack.enter_context(isolate.SyncCounter(self.exp.device))
+        return self._batches(batches, counter)
+
+    def _batches(self, batches: list, counter: Any) -> Iterator:
+        n = 0
+        for b in itertools.islice(itertools.cycle(batches), isolate.SYNC_STEPS):
+            yield tree.clone(b) if self.exp.fresh else b
+            n += 1
+        self.syncs = counter.syncs(n)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.close()
