@@ -353,3 +353,11 @@ def drive_all(schedule: Iterable[Visit], step: Callable[[Any], Any]) -> None:
 def fixed_source(next_batch: Callable[[], Any], move: Optional[Callable[[Any], Any]] = None):
     """A source that is already open: `next_batch` as it is (tests, benchmarks)."""
     yield next_batch, move
+
+
+def time_steps(next_batch: Callable[[], Any], step: Callable[[Any], Any], *, plan: Plan, deadline: float,
+               clock: Clock, prefetch_depth: int = 0, keep: Optional[int] = None) -> Measured:
+    """One visit of `step` over `next_batch`, as the tool times a point (benchmarks:
+    a hand loop timed by the same rule)."""
+    return drive(Visit("steps", lambda: fixed_source(next_batch), batch_size=1, plan=plan, deadline=deadline,
+                       clock=clock, prefetch_depth=prefetch_depth, keep=keep), step)

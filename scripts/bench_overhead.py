@@ -2,7 +2,7 @@
 
 Targets: the `device` rate bisect() reports within 2% of a hand loop stepping on one
 cached batch, the `full` rate within 5% of a hand loop over a fresh DataLoader with the
-user's settings; and the harness's per-step cost (timing.measure over a no-op step) in
+user's settings; and the harness's per-step cost (visit.time_steps over a no-op step) in
 microseconds next to a bare Python loop.
 
 This VM's speed drifts by ~10% over seconds, so a hand loop run before or after the tool
@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from bisect_pipeline import Plan, bisect, testing
-from bisect_pipeline.timing import measure
+from bisect_pipeline.visit import time_steps
 
 HAND_BLOCK_SECONDS = 1.0
 HAND_WINDOW_SECONDS = 0.25  # the tool's window length (Plan.window_seconds)
@@ -128,9 +128,9 @@ def harness_us(seconds: float = 2.0) -> tuple:
     batch = (torch.zeros(1), torch.zeros(1))
     noop = lambda b: None  # noqa: E731
     nb = lambda: batch  # noqa: E731
-    m = measure(nb, None, noop, batch_size=1, plan=Plan(windows_per_visit=12, max_warmup_windows=0),
-                deadline=time.perf_counter() + seconds, clock=time.perf_counter)
-    per_step_tool = m.throughput.sec_per_batch * 1e6
+    m = time_steps(nb, noop, plan=Plan(windows_per_visit=12, max_warmup_windows=0),
+                   deadline=time.perf_counter() + seconds, clock=time.perf_counter)
+    per_step_tool = sum(w.seconds for w in m.windows) / sum(w.steps for w in m.windows) * 1e6
     n, t0 = 1_000_000, time.perf_counter()
     for _ in range(n):
         noop(nb())

@@ -24,8 +24,9 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from bisect_pipeline import bisect, entry, verify
-from bisect_pipeline.timing import Plan, measure
+from bisect_pipeline import bisect, entry, outcome, verify
+from bisect_pipeline.plan import Plan
+from bisect_pipeline.visit import time_steps
 
 
 def main() -> None:
@@ -59,32 +60,47 @@ def main() -> None:
                 while True:
                     yield from loader
             it = epochs()
-            m = measure(lambda: next(it), None, step, batch_size=ld.batch_size, plan=Plan().for_workers(workers),
-                        deadline=time.perf_counter() + seconds, clock=time.perf_counter, prefetch_depth=2 * workers)
-            ws = m.throughput.windows if m.throughput else ()
+            m = time_steps(lambda: next(it), step, plan=Plan().for_workers(workers),
+                           deadline=time.perf_counter() + seconds, clock=time.perf_counter, prefetch_depth=2 * workers)
+            ws = m.windows
             return ld.batch_size * sum(w.steps for w in ws) / max(sum(w.seconds for w in ws), 1e-9)
         finally:
             torch.set_num_threads(before)
 
-    tool_visit, log = verify.visit, []
+    tool_visit, log = verify._visit, []
 
-    def both(run, settings, deadline):
-        t0 = time.perf_counter()
-        windows = tool_visit(run, settings, deadline)
-        took = time.perf_counter() - t0
-        steps, seconds = sum(w.steps for w in windows), sum(w.seconds for w in windows)
-        tool = run.batch_size * steps / seconds if seconds else 0.0
-        log.append(("candidate" if settings else "yours", settings, round(tool), round(hand(settings, took))))
-        return windows
+    class Paired:
+        """The tool's visit, then a hand loop for as long, the same settings."""
 
-    verify.visit = both
+        def __init__(self, exp, settings, deadline, end):
+            self.visit, self.exp, self.settings = tool_visit(exp, settings, deadline, end), exp, settings
+
+        @property
+        def measured(self):
+            return self.visit.measured
+
+        def __enter__(self):
+            self.t0 = time.perf_counter()
+            return self.visit.__enter__()
+
+        def __exit__(self, *exc):
+            swallowed = self.visit.__exit__(*exc)
+            took = time.perf_counter() - self.t0
+            ws = self.visit.measured.windows
+            steps, seconds = sum(w.steps for w in ws), sum(w.seconds for w in ws)
+            tool = self.exp.batch_size * steps / seconds if seconds else 0.0
+            log.append(("candidate" if self.settings else "yours", self.settings, round(tool),
+                        round(hand(self.settings, took))))
+            return swallowed
+
+    verify._visit = Paired
     try:
         report = bisect(workload=wl, max_seconds=args.max_seconds, verify_seconds=args.verify_seconds)
     finally:
-        verify.visit = tool_visit
+        verify._visit = tool_visit
     print(f"{args.entry}: {report.bottleneck}")
     for side, settings, tool, by_hand in log:
-        print(f"  {side:9s} {verify.settings_text(settings) or '(your settings)':60s} tool {tool:7d}  hand {by_hand:7d}")
+        print(f"  {side:9s} {outcome.settings_text(settings) or '(your settings)':60s} tool {tool:7d}  hand {by_hand:7d}")
     for side in ("yours", "candidate"):
         rows = [r for r in log if r[0] == side]
         if rows:

@@ -125,12 +125,12 @@ def run_case(name: str, max_seconds: float) -> dict:
     t0 = time.perf_counter()
     r = bisect(m, loader, step=step, optimizer=opt, device="cuda", max_seconds=max_seconds)
     transfer = r.stage("transfer")
-    iso = (r.isolated.get("transfer") or {})
+    iso = r.to_dict()["isolated"].get("transfer") or {}  # the document's form
     out = {"case": name, "verdict": r.bottleneck, "wall_s": round(time.perf_counter() - t0, 1),
            "transfer_ms": None if transfer.sec_per_batch is None else round(transfer.sec_per_batch * 1e3, 2),
            "transfer_real": transfer.significant, "isolated_transfer_ms": iso.get("ms_per_batch"),
-           "gb_per_s": iso.get("gb_per_s"), "syncs_per_step": (r.syncs or {}).get("per_step"),
-           "advice": [a["kind"] for a in r.advice], "statuses": {p.point: p.status for p in r.points}}
+           "gb_per_s": iso.get("gb_per_s"), "syncs_per_step": r.syncs.per_step if r.syncs is not None else None,
+           "advice": [a.kind for a in r.advice], "statuses": {p.point: p.status for p in r.points}}
     if opt is not None and name == "mutating":
         out["state_on_cpu_after"] = all(v.device.type == "cpu" for st in opt.state.values() for v in st.values()
                                         if isinstance(v, torch.Tensor))

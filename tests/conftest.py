@@ -34,6 +34,24 @@ def one_intra_op_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session")
+def planted_run():
+    """`planted_run(kind, num_workers)`: the report of bisect() on testing.planted(kind,
+    num_workers) with the tests' plan and no advice check, made once per session, so that
+    several tests assert on one real run."""
+    from bisect_pipeline import bisect
+
+    reports: dict = {}
+
+    def get(kind: str, num_workers: int = 0):
+        if (kind, num_workers) not in reports:
+            model, loader = planted(kind, num_workers)
+            reports[kind, num_workers] = bisect(model, loader, device="cpu", max_seconds=20, plan=FAST_PLAN,
+                                                verify_seconds=0)
+        return reports[kind, num_workers]
+    return get
+
+
 @pytest.fixture
 def no_leftover_workers():
     """Fails the test if a worker process outlives it."""

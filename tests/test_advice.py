@@ -396,24 +396,22 @@ def test_advice_is_typed_data_in_the_json():
 
 
 @pytest.mark.e2e
-def test_end_to_end_augment_bound_at_zero_workers_advises_workers(no_leftover_workers):
-    # 8 x 10 ms of augment per batch against a ~2 ms step: 40x every other stage, so a busy
+def test_end_to_end_augment_bound_at_zero_workers_advises_workers(planted_run):
+    # 8 x 5 ms of augment per batch against a ~2 ms step: 20x every other stage, so a busy
     # 2-core machine's noise cannot make another stage look as costly
-    model, loader = tiny_model(2.0), make_loader(PlantedDataset(transform=Sleep(10.0)), num_workers=0)
-    r = bisect(model, loader, device="cpu", max_seconds=20, plan=FAST_PLAN)  # 10 visits of 88 ms batches
+    r = planted_run("augment", 0)
     assert r.bottleneck == "augment", str(r)
     f = finding(r, "num_workers")
     iso = r.isolated.workers
-    assert iso.needed >= 2  # 80 ms of worker work against a step of a few ms
+    assert iso.needed >= 2  # 40 ms of worker work against a step of a few ms
     assert f.numbers["recommended"]["num_workers"] == max(1, min(iso.needed, iso.available))
     assert f.numbers["num_workers"] == 0 and "num_workers=0" in f.message
     assert advice.input_bound_class(r) == "highly"
 
 
 @pytest.mark.e2e
-def test_end_to_end_model_bound_gives_no_worker_advice(no_leftover_workers):
-    model, loader = planted("model", 0)
-    r = bisect(model, loader, device="cpu", max_seconds=30, plan=FAST_PLAN)  # 80 ms steps, ~2 ms of input: 40x
+def test_end_to_end_model_bound_gives_no_worker_advice(planted_run):
+    r = planted_run("model", 0)  # 80 ms steps, ~2 ms of input: 40x
     assert r.bottleneck == "none", str(r)
     assert not {"num_workers", "cores", "augment", "storage", "collate"} & set(kinds(r)), r.advice
     assert r.isolated.workers.needed == 1  # the 80 ms step outruns ~0 ms of worker work

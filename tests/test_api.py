@@ -18,15 +18,15 @@ MAX_S = 20
 def run(model, loader, **kw):
     kw.setdefault("plan", FAST_PLAN)
     kw.setdefault("max_seconds", MAX_S)
+    kw.setdefault("verify_seconds", 0)  # the advice's check: test_verify.py
     return bisect(model, loader, device="cpu", **kw)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("kind,expected", [("load", "load"), ("augment", "augment"), ("collate", "collate"),
                                            ("model", "none")])
-def test_planted_bottleneck_is_found(kind, expected, num_workers, no_leftover_workers):
-    model, loader = planted(kind, num_workers)
-    report = run(model, loader)
+def test_planted_bottleneck_is_found(kind, expected, num_workers, planted_run, no_leftover_workers):
+    report = planted_run(kind, num_workers)
     assert report.bottleneck == expected, str(report)
     statuses = {p.point: p.status for p in report.points}
     assert statuses == all_measured(report)
@@ -38,10 +38,9 @@ def test_planted_bottleneck_is_found(kind, expected, num_workers, no_leftover_wo
         assert stage.samples_per_sec_if_free > report.point("full").throughput.samples_per_sec
 
 
-def test_planted_cost_is_roughly_right():
+def test_planted_cost_is_roughly_right(planted_run):
     # augment: 5 ms x 8 samples = 40 ms per batch, in the loop's own process
-    model, loader = planted("augment", 0)
-    report = run(model, loader)
+    report = planted_run("augment", 0)
     assert report.stage("augment").sec_per_batch == pytest.approx(0.040, rel=0.35)
 
 
@@ -136,9 +135,8 @@ def test_user_state_is_left_as_it_was(no_leftover_workers):
     assert loader._iterator is None  # never iterated
 
 
-def test_json_document_has_the_required_keys(tmp_path):
-    model, loader = planted("augment", 0)
-    report = run(model, loader)
+def test_json_document_has_the_required_keys(tmp_path, planted_run):
+    report = planted_run("augment", 0)
     doc = report.to_dict()
     for key in ("schema_version", "device", "batch_size", "bottleneck", "points", "stages"):
         assert key in doc

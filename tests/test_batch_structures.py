@@ -130,7 +130,7 @@ def test_structured_batches_every_point(kind):
 
     ds = Structured(kind, transform=Sleep(1.0))
     loader = DataLoader(ds, batch_size=8, shuffle=True, collate_fn=collate)
-    report = bisect(model, loader, optimizer=opt, step=step, device="cpu", max_seconds=4, plan=TINY_PLAN)
+    report = bisect(model, loader, optimizer=opt, step=step, device="cpu", max_seconds=4, plan=TINY_PLAN, verify_seconds=0)
     assert {p.point: p.status for p in report.points} == all_measured(report), str(report)
     assert list(report.cache.raw_transforms) == ["dataset.transform (Sleep)"]
     assert seen == {batch_type}
@@ -139,7 +139,7 @@ def test_structured_batches_every_point(kind):
 def test_dict_and_namedtuple_batches_work_with_the_default_step():
     for kind in ("dict", "namedtuple"):
         loader = DataLoader(Structured(kind, transform=Sleep(1.0)), batch_size=8, shuffle=True)
-        report = bisect(net(), loader, device="cpu", max_seconds=4, plan=TINY_PLAN)
+        report = bisect(net(), loader, device="cpu", max_seconds=4, plan=TINY_PLAN, verify_seconds=0)
         assert {p.point: p.status for p in report.points} == all_measured(report), str(report)
 
 
@@ -211,7 +211,7 @@ def test_padding_collate_for_variable_length_tokens():
         opt.step()
 
     loader = DataLoader(Tokens(transform=TokenDropout(AUG_MS)), batch_size=8, shuffle=True, collate_fn=pad_collate)
-    report = bisect(model, loader, optimizer=opt, step=step, device="cpu", max_seconds=MAX_S, plan=FAST_PLAN)
+    report = bisect(model, loader, optimizer=opt, step=step, device="cpu", max_seconds=MAX_S, plan=FAST_PLAN, verify_seconds=0)
     assert {p.point: p.status for p in report.points} == all_measured(report), str(report)
     assert report.bottleneck == "augment", str(report)
     assert len(widths) > 1  # batches really are padded to different lengths
@@ -229,6 +229,6 @@ def test_custom_batch_pins_and_moves_itself_on_cuda():
 
     loader = DataLoader(Structured("custom", transform=Sleep(AUG_MS)), batch_size=8, shuffle=True,
                         collate_fn=custom_collate, pin_memory=True)
-    report = bisect(model, loader, optimizer=opt, step=step, device="cuda", max_seconds=MAX_S, plan=FAST_PLAN)
+    report = bisect(model, loader, optimizer=opt, step=step, device="cuda", max_seconds=MAX_S, plan=FAST_PLAN, verify_seconds=0)
     assert {p.point: p.status for p in report.points} == all_measured(report), str(report)
     assert devices == {("cuda", "cuda")}

@@ -7,6 +7,9 @@ import sys
 import textwrap
 
 import pytest
+from click.testing import CliRunner
+
+from bisect_pipeline.cli import main
 from conftest import assert_names
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
@@ -56,7 +59,8 @@ def cli(*args, cwd, timeout=120):
 def test_file_entry_gives_verdict_and_json(tmp_path, kind, workers, func):
     entry = write_entry(tmp_path, kind, workers)
     out = tmp_path / "result.json"
-    r = cli("--entry", f"{entry}:{func}", "--json", str(out), "--max-seconds", "25", cwd=tmp_path)
+    r = cli("--entry", f"{entry}:{func}", "--json", str(out), "--max-seconds", "25", "--verify-seconds", "0",
+            cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert_names(doc, kind, r.stdout)
@@ -67,10 +71,25 @@ def test_file_entry_gives_verdict_and_json(tmp_path, kind, workers, func):
 def test_module_entry_importable_from_the_current_directory(tmp_path):
     write_entry(tmp_path, "augment", 0, name="mymod.py")
     r = cli("--entry", "mymod:make", "--quiet", "--points", "full,raw,augmented,device", "--max-seconds", "15",
-            cwd=tmp_path)
+            "--verify-seconds", "0", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Bottleneck: augment."), r.stdout  # --quiet: the verdict line only
+
+
+@pytest.fixture
+def in_process(tmp_path, monkeypatch):
+    """The command in this process (click's runner): what it says before anything is
+    measured, without starting an interpreter and torch each time."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    write_entry(tmp_path)
+
+    def invoke(*args):
+        r = CliRunner().invoke(main, list(args))
+        return r.exit_code, r.stdout, r.stderr
+    return invoke
 
 
 @pytest.mark.parametrize("spec,needle", [
@@ -81,34 +100,35 @@ def test_module_entry_importable_from_the_current_directory(tmp_path):
     ("missing.py:make", "no file"),
     ("no-colon", "MODULE:FUNCTION"),
 ])
-def test_bad_entries_exit_2_with_one_clear_message(tmp_path, spec, needle):
-    write_entry(tmp_path)
-    r = cli("--entry", spec, cwd=tmp_path)
-    assert r.returncode == 2
-    assert needle in r.stderr
-    assert "Traceback" not in r.stderr
+def test_bad_entries_exit_2_with_one_clear_message(in_process, spec, needle):
+    code, _, err = in_process("--entry", spec)
+    assert code == 2
+    assert needle in err
+    assert "Traceback" not in err
 
 
-def test_debug_shows_the_traceback(tmp_path):
-    write_entry(tmp_path)
-    r = cli("--entry", "user_entry.py:make_raises", "--debug", cwd=tmp_path)
-    assert r.returncode == 2 and "Traceback" in r.stderr
+def test_debug_shows_the_traceback(in_process):
+    code, _, err = in_process("--entry", "user_entry.py:make_raises", "--debug")
+    assert code == 2 and "Traceback" in err
 
 
-def test_usage_errors_exit_2(tmp_path):
-    assert cli(cwd=tmp_path).returncode == 2  # no --entry
-    write_entry(tmp_path)
-    r = cli("--entry", "user_entry.py:make", "--points", "full,bogus", cwd=tmp_path)
-    assert r.returncode == 2 and "unknown point" in r.stderr
+def test_usage_errors_exit_2(in_process):
+    assert in_process()[0] == 2  # no --entry
+    code, _, err = in_process("--entry", "user_entry.py:make", "--points", "full,bogus")
+    assert code == 2 and "unknown point" in err
+    code, _, err = in_process("run", "--sweep", "num_workers=0,1", "train.py")
+    assert code == 2 and "--sweep takes an entry" in err
 
 
-def test_help_documents_every_option_and_the_security_note(tmp_path):
-    r = cli("--help", cwd=tmp_path)
-    assert r.returncode == 0
+def test_help_documents_every_option_and_the_security_note(in_process):
+    code, out, _ = in_process("--help")
+    assert code == 0
     for option in ("--entry", "--json", "--html", "--max-seconds", "--device", "--points", "--cache-mb", "--quiet",
                    "--debug"):
-        assert option in r.stdout
-    assert "runs your code" in r.stdout
+        assert option in out
+    assert "runs your code" in out
+    code, out, _ = in_process("run", "--help")
+    assert code == 0 and "--loader" in out and "--keep-training" in out and "SCRIPT" in out
 
 
 def test_demo_runs_and_names_augment(tmp_path):

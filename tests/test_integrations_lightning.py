@@ -117,7 +117,7 @@ def test_module_alone_brings_its_train_dataloader_and_is_restored(tmp_path):
     module = mod.Module(augment_ms=6.0)
     module.eval()
     before = {k: v.clone() for k, v in module.state_dict().items()}
-    report = bisect(module, device="cpu", max_seconds=8, plan=FAST_PLAN)  # no loader: train_dataloader()
+    report = bisect(module, device="cpu", max_seconds=8, plan=FAST_PLAN, verify_seconds=0)  # no loader: train_dataloader()
     assert {p.point: p.status for p in report.points} == all_measured(report), str(report)
     assert report.bottleneck == "augment", str(report)
     assert module.seen_dtypes == {torch.float32}  # on_after_batch_transfer ran before training_step
@@ -130,4 +130,4 @@ def test_manual_optimization_asks_for_a_step(tmp_path):
     module = mod.Module()
     module.automatic_optimization = False
     with pytest.raises(BisectError, match="manual optimization"):
-        bisect(module, module.train_dataloader(), device="cpu", max_seconds=6, plan=FAST_PLAN)
+        bisect(module, module.train_dataloader(), device="cpu", max_seconds=6, plan=FAST_PLAN, verify_seconds=0)

@@ -101,7 +101,7 @@ def test_random_erasing_on_the_device_is_kept_with_workers(tmp_path, no_leftover
     loader = timm_loader(write_jpegs(tmp_path / "imgs"), num_workers=2, re_prob=1.0, batch_size=4)
     assert loader.random_erasing is not None
     m = model()
-    report = bisect(m, loader, device="cpu", max_seconds=4, plan=TINY_PLAN)
+    report = bisect(m, loader, device="cpu", max_seconds=4, plan=TINY_PLAN, verify_seconds=0)
     assert statuses(report) == all_measured(report), str(report)
     # normalized and erased on the device, in the step: float32 with erased (zero) patches
     assert {dt for dt, _ in m[0].seen} == {torch.float32}
@@ -121,7 +121,7 @@ def test_user_step_gets_the_normalized_batch(tmp_path):
         nn.functional.cross_entropy(m(x), y).backward()
         opt.step()
 
-    report = bisect(m, loader, step=step, optimizer=opt, device="cpu", max_seconds=4, plan=TINY_PLAN)
+    report = bisect(m, loader, step=step, optimizer=opt, device="cpu", max_seconds=4, plan=TINY_PLAN, verify_seconds=0)
     assert statuses(report) == all_measured(report), str(report)
     assert set(seen) == {torch.float32}
 

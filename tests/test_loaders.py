@@ -77,7 +77,7 @@ def test_a_bucketing_sampler_with_padding_shows_no_spurious_collate_cost(no_left
     # to 64 made the step ~2x slower there than at collated, a collate cost that is not there.
     ds = Sequences(ms=5.0)  # 40 ms of augment a batch of 8
     loader = DataLoader(ds, batch_sampler=Buckets(ds, 8), collate_fn=pad)
-    report = bisect(PerToken(), loader, device="cpu", max_seconds=40, plan=FAST_PLAN)
+    report = bisect(PerToken(), loader, device="cpu", max_seconds=40, plan=FAST_PLAN, verify_seconds=0)
     assert report.bottleneck == "augment", str(report)
     assert not report.stage("collate").significant, str(report)
     assert report.batch_size == 8 and "batch sampler" in report.batch_size_source
@@ -111,7 +111,7 @@ def test_sequence_first_batches_count_samples_not_time_steps():
     # dimension, here the 32 time steps, not the 8 sequences
     loader = DataLoader(FixedLength(), batch_sampler=torch.utils.data.BatchSampler(range(64), 8, False),
                         collate_fn=seq_first)
-    report = bisect(SeqFirstModel(), loader, device="cpu", max_seconds=10, plan=FAST_PLAN,
+    report = bisect(SeqFirstModel(), loader, device="cpu", max_seconds=10, plan=FAST_PLAN, verify_seconds=0,
                     points=["full", "device"])
     assert report.batch_size == 8 and "batch sampler" in report.batch_size_source
     device = report.point("device")
@@ -133,10 +133,10 @@ def test_the_entry_can_say_how_many_samples_a_batch_holds():
 
     loader = DataLoader(Batches(), batch_size=None)
     wl = Workload(model=SeqFirstModel(), loader=loader, batch_size=lambda b: b[0].shape[1])
-    report = bisect(workload=wl, device="cpu", max_seconds=10, plan=FAST_PLAN, points=["full", "device"])
+    report = bisect(workload=wl, device="cpu", max_seconds=10, plan=FAST_PLAN, points=["full", "device"], verify_seconds=0)
     assert report.batch_size == 8 and report.batch_size_source.startswith("Workload.batch_size (a function")
     fixed = bisect(SeqFirstModel(), DataLoader(Batches(), batch_size=None), batch_size=8, device="cpu",
-                   max_seconds=10, plan=FAST_PLAN, points=["full", "device"])
+                   max_seconds=10, plan=FAST_PLAN, points=["full", "device"], verify_seconds=0)
     assert fixed.batch_size == 8 and fixed.batch_size_source == "Workload.batch_size"
 
 
@@ -160,7 +160,7 @@ def test_a_dataloader_subclass_is_rebuilt_through_its_own_class(no_leftover_work
     Counting.iterations = 0
     loader = Counting(PlantedDataset(transform=Sleep(0.0)), batch_size=8, shuffle=True, num_workers=2,
                       multiprocessing_context="fork")
-    report = bisect(tiny_model(2.0), loader, device="cpu", max_seconds=30, plan=FAST_PLAN)
+    report = bisect(tiny_model(2.0), loader, device="cpu", max_seconds=30, plan=FAST_PLAN, verify_seconds=0)
     assert Counting.iterations >= 4  # full, raw, augmented, collated at least
     assert report.loader["loader_class"].endswith("Counting")
     assert report.bottleneck == "handoff", str(report)
@@ -174,7 +174,7 @@ class OwnSignature(DataLoader):
 
 def test_a_subclass_that_cannot_be_rebuilt_says_what_is_not_measured():
     report = bisect(tiny_model(2.0), OwnSignature(PlantedDataset(transform=Sleep(0.0))), device="cpu",
-                    max_seconds=10, plan=FAST_PLAN, points=["full", "device"])
+                    max_seconds=10, plan=FAST_PLAN, points=["full", "device"], verify_seconds=0)
     (w,) = [w for w in report.warnings if "could not be rebuilt" in w]
     assert "OwnSignature" in w and "is not measured" in w
     assert report.point("full").status == "ok"
@@ -184,7 +184,7 @@ def test_timms_multi_epochs_loader_is_rebuilt_through_its_class(no_leftover_work
     timm_loader = pytest.importorskip("timm.data.loader")
     loader = timm_loader.MultiEpochsDataLoader(PlantedDataset(transform=Sleep(0.0)), batch_size=8, shuffle=True,
                                                num_workers=2, multiprocessing_context="fork")
-    report = bisect(tiny_model(2.0), loader, device="cpu", max_seconds=15, plan=FAST_PLAN)
+    report = bisect(tiny_model(2.0), loader, device="cpu", max_seconds=15, plan=FAST_PLAN, verify_seconds=0)
     assert report.loader["loader_class"].endswith("MultiEpochsDataLoader")
     assert not any("could not be rebuilt" in w for w in report.warnings), report.warnings
     assert {p.point: p.status for p in report.points if p.point != "host"} == dict.fromkeys(
@@ -196,5 +196,5 @@ def test_a_short_iterable_with_persistent_workers_is_measured(no_leftover_worker
 
     loader = DataLoader(PlantedIterable(n=16), batch_size=4, num_workers=2, multiprocessing_context="fork",
                         persistent_workers=True)
-    report = bisect(tiny_model(2.0), loader, device="cpu", max_seconds=10, plan=FAST_PLAN)
+    report = bisect(tiny_model(2.0), loader, device="cpu", max_seconds=10, plan=FAST_PLAN, verify_seconds=0)
     assert report.point("full").status == "ok", str(report)

@@ -121,3 +121,35 @@ def test_same_structure_accepts_what_a_transform_accepts():
 
     assert tree.same_structure(Sub(a=t(2)), {"a": t(2)}) is None
     assert tree.same_structure((t(2),), [t(2)]) is not None  # a tuple is not a list
+
+
+def test_same_structure_names_the_difference():
+    assert tree.same_structure((torch.zeros(2), 1), (torch.zeros(3), 2)) is None  # shapes may vary
+    assert "float32" in tree.same_structure((torch.zeros(2),), (torch.zeros(2, dtype=torch.int64),))
+    assert tree.same_structure({"a": 1}, {"b": 1}) is not None
+
+
+def test_set_path_rebuilds_containers():
+    Pair = collections.namedtuple("Pair", "x y")
+
+    @dataclasses.dataclass
+    class Box:
+        v: object
+
+    obj = [Pair(1, {"k": Box(5)})]
+    new = tree.replace(obj, (0, 1, "k", "v"), 9)
+    assert new[0].y["k"].v == 9 and obj[0].y["k"].v == 5
+    assert isinstance(new[0], Pair)
+
+
+def test_clone_data_shares_no_storage():
+    t = torch.ones(3)
+    c = tree.clone({"a": [t, (t, 1)]})
+    c["a"][0].add_(1)
+    assert torch.equal(t, torch.ones(3))
+
+
+def test_nbytes_and_leading_dim():
+    batch = {"x": torch.zeros(8, 4), "y": torch.zeros(8, dtype=torch.int64)}
+    assert tree.nbytes(batch) == 8 * 4 * 4 + 8 * 8
+    assert tree.leading_dim(batch) == 8

@@ -4,7 +4,7 @@ a lockstep pace."""
 
 import pytest
 
-from bisect_pipeline.plan import Plan, kept_windows, next_window, visit_state
+from bisect_pipeline.plan import Plan
 from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.visit import Pace, Visit, drive, fixed_source
 
@@ -93,30 +93,6 @@ def test_deadline_is_honoured_and_what_was_measured_is_kept():
 def test_keep_asks_for_more_windows():
     m, _, _ = run(lambda i: 0.01, PLAN, keep=6)
     assert len(m.windows) == 6
-
-
-def test_visit_state_finds_the_first_agreeing_pair():
-    w = [Window(10, 0.3), Window(10, 0.2), Window(10, 0.1), Window(10, 0.105), Window(10, 0.1)]
-    v = visit_state(w, PLAN)
-    assert (v.start, v.steady, v.done) == (2, True, True)
-    assert kept_windows(w, PLAN) == (2, True)
-    assert not visit_state(w[:4], PLAN).done  # 2 of 3 windows kept so far
-    # cut short before a steady pair: all but the first window are kept, flagged unsteady
-    assert kept_windows(w[:2], PLAN) == (1, False)
-
-
-def test_no_warmup_windows_means_every_window_counts():
-    plan = Plan(windows_per_visit=1, max_warmup_windows=0)
-    assert visit_state([Window(3, 1.0)], plan).done
-
-
-def test_plan_validates_its_arguments():
-    with pytest.raises(ValueError, match="window_seconds"):
-        Plan(window_seconds=0)
-    with pytest.raises(ValueError, match="min_rounds"):
-        Plan(min_rounds=5, max_rounds=2)
-    with pytest.raises(ValueError, match="windows_per_visit"):
-        Plan(windows_per_visit=0)
 
 
 # --- whoever drives it -------------------------------------------------------------------------
@@ -215,14 +191,6 @@ def test_a_pause_far_beyond_a_step_is_found_without_being_told():
     # a pause below the gap is part of the loop (logging every N steps): it stays in
     m, paused, _ = pausing({20}, 0.5, gap=1.0)
     assert m.discarded == 0 and not paused
-
-
-def test_the_last_window_is_shortened_to_the_time_left():
-    plan = Plan(window_seconds=1.0, min_window_steps=3)
-    w = [Window(100, 1.0), Window(100, 1.0)]
-    assert next_window(w[:1], 100, plan, seconds_left=0.5).steps == 50
-    nxt = next_window(w[:1], 100, plan, seconds_left=0.02)  # not even min_window_steps fit
-    assert not nxt.go_on and nxt.out_of_time
 
 
 class ScriptedPeer(Pace):

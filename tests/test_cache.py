@@ -1,0 +1,75 @@
+"""Filling the caches once, from the first batches in the user's order (cache.py): what
+each point replays, where the fill stops, and what a failing pipeline leaves."""
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from bisect_pipeline import cache
+from bisect_pipeline.loader import describe
+from conftest import PlantedDataset, Sleep, make_loader
+
+
+class RaisesFrom(Dataset):
+    def __init__(self, at: int):
+        self.at = at
+        self.data = torch.zeros(64, 4)
+        self.transform = Sleep(0.0)
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i >= self.at:
+            raise OSError(f"sample {i} is unreadable")
+        return self.transform(self.data[i]), 0
+
+
+def fill(loader, **kw):
+    kw.setdefault("cache_mb", 64)
+    return cache.fill(describe(loader), **kw)
+
+
+def test_every_point_gets_its_cache_in_the_users_groups():
+    loader = DataLoader(PlantedDataset(n=64, transform=Sleep(0.0)), batch_size=8)
+    c = fill(loader, max_batches=3)
+    assert c.n_batches == 3 and len(c.samples) == 24 and len(c.raw_calls) == 24
+    assert c.groups == [list(range(0, 8)), list(range(8, 16)), list(range(16, 24))]
+    assert c.batch_size == 8 and c.batch_size_source == "DataLoader.batch_size"
+    assert c.raw_found == ["dataset.transform (Sleep)"] and c.limited_by is None
+    assert torch.equal(c.batches[1][0], torch.stack([s[0] for s in c.samples[8:16]]))
+
+
+def test_the_fill_stops_at_the_memory_budget_or_the_time_budget_and_says_so():
+    loader = make_loader(PlantedDataset(n=64, features=64 * 1024), batch_size=8)  # 2 MiB a batch
+    assert fill(loader, cache_mb=16, max_batches=8).limited_by == "memory budget"
+    t = [0.0]
+
+    def clock():
+        t[0] += 1.0
+        return t[0]
+
+    c = fill(make_loader(PlantedDataset(n=64), batch_size=8), max_batches=8, time_budget=2.5, clock=clock)
+    assert c.limited_by == "time" and 1 <= c.n_batches < 8
+
+
+def test_a_batch_sampler_of_uneven_groups_gives_their_mean_size():
+    groups = [[0, 1, 2], [3], [4, 5]]
+    loader = DataLoader(PlantedDataset(n=8), batch_sampler=groups)
+    c = fill(loader, max_batches=3)
+    assert c.groups == [[0, 1, 2], [3], [4, 5]] and c.batch_size == 2
+    assert c.batch_size_source.startswith("the batch sampler's batches")
+    assert fill(loader, max_batches=3, batch_size=lambda b: len(b[1])).batch_size == 2  # the workload says so
+
+
+def test_an_error_after_the_first_batch_keeps_what_was_built_and_before_it_names_the_stage():
+    c = fill(DataLoader(RaisesFrom(20), batch_size=8), max_batches=8)
+    assert c.n_batches == 2 and "sample 20 is unreadable" in c.stopped_by
+    with pytest.raises(cache.FillError) as err:
+        fill(DataLoader(RaisesFrom(3), batch_size=8))
+    assert err.value.stage == "load" and "OSError" in err.value.reason
+
+
+def test_without_a_transform_to_proxy_raw_is_unavailable_with_what_to_do():
+    c = fill(DataLoader(PlantedDataset(n=16, transform=None), batch_size=8), max_batches=1)
+    assert c.raw_calls is None and "self.transform" in c.raw_reason

@@ -1,0 +1,102 @@
+"""One experiment (experiment.py): which points apply, a visit's result, the stage that
+raised, the measurements it assembles, and its sources in a user's loop."""
+
+import time
+
+import pytest
+import torch
+
+from bisect_pipeline import cache, faults
+from bisect_pipeline.experiment import Experiment, probe_step
+from bisect_pipeline.loader import describe
+from bisect_pipeline.plan import Plan
+from bisect_pipeline.results import AllocatorHold, Measured, PointResult
+from bisect_pipeline.stats import Window
+from bisect_pipeline.step import make_step, to_device
+from conftest import PlantedDataset, Sleep, make_loader, tiny_model
+
+CPU = torch.device("cpu")
+
+
+def experiment(loader=None, step_timeout=None, **kw) -> Experiment:
+    loader = loader or make_loader(PlantedDataset(n=32, transform=Sleep(0.0)), batch_size=8)
+    spec = describe(loader)
+    exp = Experiment(spec, CPU, Plan(), time.perf_counter, lambda e: None, step_timeout, start=0.0, end=1e9,
+                     deadline=1e9, **kw)
+    exp.caches = cache.fill(spec, cache_mb=64, max_batches=2)
+    exp.move = lambda b: to_device(b, CPU)
+    return exp
+
+
+class Visited:
+    """What Experiment.result reads of a visit."""
+
+    def __init__(self, measured: Measured, point: str = "full") -> None:
+        self.measured, self.point = measured, point
+
+
+def test_points_that_do_not_apply_here_say_why():
+    exp = experiment()
+    assert exp.not_applicable("host").status == "skipped"  # no accelerator
+    assert "num_workers=0" in exp.not_applicable("collated").reason
+    assert exp.not_applicable("raw") is None and exp.not_applicable("full") is None
+    with_workers = experiment(make_loader(PlantedDataset(n=32), batch_size=8, num_workers=2))
+    assert with_workers.not_applicable("collated") is None
+
+
+def test_a_visits_result_ok_out_of_time_failed_or_a_peers_failure():
+    exp = experiment()
+    ok = exp.result(Visited(Measured(windows=(Window(10, 0.1), Window(10, 0.1)), opened_seconds=0.5,
+                                     first_batch_seconds=0.25, wait_seconds=0.02, pauses=1, paused_seconds=2.0)))
+    assert ok.status == "ok" and ok.first_batch_seconds == 0.75 and ok.throughput.batch_size == 8
+    assert (ok.wait_seconds, ok.pauses, ok.paused_seconds) == (0.02, 1, 2.0)
+    late = exp.result(Visited(Measured(windows=())))
+    assert late.status == "failed" and late.stopped_by_deadline and "out of time" in late.reason
+    boom = exp.result(Visited(Measured(windows=(), error=faults.stage_error("collate", ValueError("bad")))))
+    assert boom.failed_stage == "collate" and "ValueError: bad" in boom.reason
+    peer = exp.result(Visited(Measured(windows=(), peer_failed=True)))
+    assert peer.failed_stage == "peer"
+
+
+def test_a_hang_and_an_untagged_error_name_their_stage():
+    exp = experiment(step_timeout=5.0)
+    hang = exp.failed("full", faults.StepTimeout("point full made no progress in 5 s", 5.0))
+    assert hang.failed_stage == "hang" and "(--step-timeout)" in hang.reason and "terminated" in hang.reason
+    model = tiny_model()
+    exp.step = make_step(model)
+    try:
+        exp.step("not a batch")
+    except Exception as exc:  # raised inside the step's code: the step
+        assert exp.failed("device", exc).failed_stage == "step"
+
+
+def test_a_step_that_changes_its_batch_is_found_before_anything_is_timed():
+    exp = experiment()
+    exp.step = lambda batch: batch[0].mul_(2)
+    probe_step(exp, None)
+    assert exp.fresh and any(n.kind == "step" for n in exp.notes)
+    calm = experiment()
+    calm.step = lambda batch: None
+    probe_step(calm, None)
+    assert not calm.fresh
+
+
+def test_the_measurements_mark_what_was_not_selected_or_not_run():
+    exp = experiment()
+    exp.results["full"] = PointResult("full", "ok", None)
+    m = exp.measurements(("full", "device"), held=AllocatorHold(), interrupted=True)
+    by = {p.point: p for p in m.points}
+    assert by["raw"].status == "skipped" and "points option" in by["raw"].reason
+    assert by["device"].status == "not run" and by["device"].reason == "interrupted"
+    assert not m.complete and m.interrupted and m.mode == "entry"
+    assert m.cache.batches == 2 and m.loader["batch_size"] == 8 and m.batch_size_source == "DataLoader.batch_size"
+
+
+def test_in_a_users_loop_the_batches_are_handed_over_as_the_loader_yields_them():
+    exp = experiment(loop=True)
+    with exp.open("augmented") as (next_batch, move):
+        batch = next_batch()
+    assert move is None and batch[0].device.type == "cpu"  # the loop moves them itself
+    entry = experiment()
+    with entry.open("augmented") as (_, move):
+        assert move is not None

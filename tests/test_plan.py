@@ -1,0 +1,50 @@
+"""The pure rules of a visit's windows (plan.py): warm-up, window sizing, when to stop,
+which windows to keep."""
+
+import pytest
+
+from bisect_pipeline.plan import Plan, kept_windows, next_window, visit_state
+from bisect_pipeline.stats import Window
+
+PLAN = Plan(window_seconds=0.1, windows_per_visit=3, min_warmup_steps=2, max_warmup_windows=4)
+
+
+def test_visit_state_finds_the_first_agreeing_pair():
+    w = [Window(10, 0.3), Window(10, 0.2), Window(10, 0.1), Window(10, 0.105), Window(10, 0.1)]
+    v = visit_state(w, PLAN)
+    assert (v.start, v.steady, v.done) == (2, True, True)
+    assert kept_windows(w, PLAN) == (2, True)
+    assert not visit_state(w[:4], PLAN).done  # 2 of 3 windows kept so far
+    # cut short before a steady pair: all but the first window are kept, flagged unsteady
+    assert kept_windows(w[:2], PLAN) == (1, False)
+
+
+def test_no_warmup_windows_means_every_window_counts():
+    plan = Plan(windows_per_visit=1, max_warmup_windows=0)
+    assert visit_state([Window(3, 1.0)], plan).done
+
+
+def test_plan_validates_its_arguments():
+    with pytest.raises(ValueError, match="window_seconds"):
+        Plan(window_seconds=0)
+    with pytest.raises(ValueError, match="min_rounds"):
+        Plan(min_rounds=5, max_rounds=2)
+    with pytest.raises(ValueError, match="windows_per_visit"):
+        Plan(windows_per_visit=0)
+
+
+def test_the_last_window_is_shortened_to_the_time_left():
+    plan = Plan(window_seconds=1.0, min_window_steps=3)
+    w = [Window(100, 1.0), Window(100, 1.0)]
+    assert next_window(w[:1], 100, plan, seconds_left=0.5).steps == 50
+    nxt = next_window(w[:1], 100, plan, seconds_left=0.02)  # not even min_window_steps fit
+    assert not nxt.go_on and nxt.out_of_time
+
+
+def test_windows_are_sized_from_the_step_and_a_plan_fits_its_workers():
+    plan = Plan(window_seconds=0.25, min_window_steps=3)
+    assert plan.window_steps(0.01) == 25 and plan.window_steps(1.0) == 3  # at least min_window_steps
+    assert plan.for_workers(4).min_window_steps == 8 and plan.for_workers(1) is plan
+    nxt = next_window([Window(10, 0.5)], 10, plan, seconds_left=100.0)  # re-sized from the first window's rate
+    assert nxt.go_on and nxt.steps == 5
+    assert plan.most_windows() == 4 + 1 + 3

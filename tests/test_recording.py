@@ -1,0 +1,69 @@
+"""Recording what the transforms get and replaying them on it (recording.py): the raw
+point's replay."""
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from bisect_pipeline import recording, split, tree
+from conftest import PlantedDataset
+
+
+class Double:
+    def __call__(self, x):
+        return x * 2
+
+
+class PostProcessed(Dataset):
+    """Changes the transform's output after it: the split must be refused."""
+
+    def __init__(self):
+        self.transform = Double()
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return self.transform(torch.ones(3)) + 1, i
+
+
+class Joint(Dataset):
+    """torchvision-style joint transform on (image, target)."""
+
+    def __init__(self):
+        self.transforms = lambda img, tgt: (img * 3, {"boxes": tgt["boxes"] + 1})
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        img, tgt = self.transforms(torch.full((2, 2), float(i)), {"boxes": torch.zeros(4)})
+        return img, tgt
+
+
+def test_record_and_replay_rebuild_the_sample_and_leave_the_dataset_alone():
+    ds = PlantedDataset(transform=Double())
+    original_transform = ds.transform
+    inst = split.instrument(ds)
+    assert inst.found == ["dataset.transform (Double)"]
+    assert ds.transform is original_transform  # the user's dataset is not touched
+    sample, calls = recording.record_sample(inst, 3)
+    assert len(calls) == 1 and calls[0].placements == [(None, (0,))]
+    assert torch.equal(calls[0].args[0], ds.data[3])  # the transform's input is cached
+    replayed = recording.replay_sample(sample, calls)
+    assert torch.equal(replayed[0], ds.data[3] * 2) and replayed[1] == sample[1]
+    assert tree.same_structure(replayed, sample) is None
+
+
+def test_joint_transform_outputs_are_placed_element_by_element():
+    inst = split.instrument(Joint())
+    sample, calls = recording.record_sample(inst, 2)
+    assert calls[0].placements == [(0, (0,)), (1, (1,))]
+    again = recording.replay_sample(sample, calls)
+    assert torch.equal(again[0], torch.full((2, 2), 6.0)) and torch.equal(again[1]["boxes"], torch.ones(4))
+
+
+def test_output_changed_after_the_transform_refuses_the_split():
+    inst = split.instrument(PostProcessed())
+    with pytest.raises(recording.SplitError, match="changed inside __getitem__"):
+        recording.record_sample(inst, 0)
