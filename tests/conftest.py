@@ -46,9 +46,12 @@ def planted_run():
     def get(kind: str, num_workers: int = 0):
         if (kind, num_workers) not in reports:
             model, loader = planted(kind, num_workers)
+            events: list = []
             reports[kind, num_workers] = bisect(model, loader, device="cpu", max_seconds=20, plan=FAST_PLAN,
-                                                verify_seconds=0)
+                                                verify_seconds=0, progress=events.append)
+            get.events[kind, num_workers] = events
         return reports[kind, num_workers]
+    get.events = {}  # (kind, num_workers) -> the progress events of that run
     return get
 
 

@@ -194,10 +194,9 @@ def test_cuda_asked_for_without_cuda_is_a_clear_error():
         bisect(model, loader, device="cuda")
 
 
-def test_points_are_measured_in_paired_rounds_pooled_and_stop_once_settled():
-    events = []
-    model, loader = planted("augment", 0)
-    report = run(model, loader, progress=events.append)
+def test_points_are_measured_in_paired_rounds_pooled_and_stop_once_settled(planted_run):
+    report = planted_run("augment", 0)
+    events = planted_run.events["augment", 0]
     order = [e["point"] for e in events if e["event"] == "point"]
     down = ["device", "augmented", "raw", "full"]  # host (CPU) and collated (num_workers=0) do not apply
     # a clear planted bottleneck settles after the first pair of rounds

@@ -86,7 +86,8 @@ def cli(tmp_path, func, *args):
     out = tmp_path / "result.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")  # spinning OpenMP threads on a busy 2-core machine
     r = subprocess.run([sys.executable, "-m", "bisect_pipeline", "--entry", f"{entry}:{func}", "--json", str(out),
-                        "--max-seconds", "20", "--device", "cpu", *args], cwd=tmp_path, capture_output=True,
+                        "--max-seconds", "20", "--verify-seconds", "0", "--device", "cpu", *args], cwd=tmp_path,
+                       capture_output=True,
                        text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(out.read_text()), r

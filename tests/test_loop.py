@@ -216,7 +216,8 @@ def run_cli(tmp_path, *args, timeout=150, script="planted.py", env=None):
 
 @pytest.mark.e2e
 def test_a_script_runs_unchanged_and_its_own_loop_is_the_step(tmp_path):
-    proc, doc = run_cli(tmp_path, "--max-seconds", "40", "planted.py", "--epochs", "100")
+    # (the advice's check in a loop: test_watching_in_python_keeps_training...)
+    proc, doc = run_cli(tmp_path, "--max-seconds", "30", "--verify-seconds", "0", "planted.py", "--epochs", "100")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert doc["mode"] == "loop"
     assert_names(doc, "augment")
@@ -240,7 +241,7 @@ def test_a_script_runs_unchanged_and_its_own_loop_is_the_step(tmp_path):
 
 @pytest.mark.e2e
 def test_a_script_that_raises_shows_its_own_traceback_and_writes_the_partial_report(tmp_path):
-    proc, doc = run_cli(tmp_path, "--max-seconds", "30", "planted.py", "--raise-after", "60")
+    proc, doc = run_cli(tmp_path, "--max-seconds", "30", "--verify-seconds", "0", "planted.py", "--raise-after", "60")
     assert proc.returncode == 1
     assert "ValueError: planted failure in the training loop" in proc.stderr
     tb = proc.stderr[proc.stderr.index("Traceback"):]
@@ -298,5 +299,6 @@ def test_watching_in_python_keeps_training_on_the_real_loader_after_the_verdict(
                 break
     assert_names(s.report, "augment")
     assert s.report.measurements.mode == "loop"
+    assert s.report.verification.status in ("ok", "out of time")  # the advice's check, in the loop too
     assert len(after) > 2 * len(loader)  # the loop went on, with real batches
     assert not loop_mod._SESSIONS

@@ -107,8 +107,9 @@ HF = COMMON + textwrap.dedent('''
 def run_script(tmp_path, text: str, *args) -> tuple:
     (tmp_path / "train.py").write_text(text)
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "bisect_pipeline", "run", "--json", str(out), "--max-seconds", "40",
-                           "train.py", *args], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+    proc = subprocess.run([sys.executable, "-m", "bisect_pipeline", "run", "--json", str(out), "--max-seconds", "30",
+                           "--verify-seconds", "0", "train.py", *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=240,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert out.exists(), proc.stderr[-3000:]
     return proc, json.loads(out.read_text())
@@ -134,7 +135,7 @@ def test_lightning_trainer_fit_under_run_and_watching(tmp_path):
     from bisect_pipeline import watching
 
     mod = module(tmp_path, LIGHTNING)
-    with watching(max_seconds=40) as s:
+    with watching(max_seconds=30, verify_seconds=0) as s:
         mod.fit()
     assert_names(s.report, "augment")
 
@@ -148,6 +149,6 @@ def test_hugging_face_trainer_train_under_run_and_watching(tmp_path):
     from bisect_pipeline import watching
 
     mod = module(tmp_path, HF)
-    with watching(max_seconds=40) as s:
+    with watching(max_seconds=30, verify_seconds=0) as s:
         mod.train(str(tmp_path / "hf_out2"))
     assert_names(s.report, "augment")

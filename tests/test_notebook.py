@@ -31,7 +31,7 @@ def own_kernel(tmp_path, monkeypatch):
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": f"Python ({sys.executable})", "language": "python"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter") + os.pathsep + os.environ.get("JUPYTER_PATH", ""))
-    monkeypatch.setenv(BUDGET_ENV, "20")  # the notebook's default: time for the demo to settle
+    monkeypatch.setenv(BUDGET_ENV, "8")  # augment or, on a busy machine, inconclusive: both shown
     # One intra-op thread, as conftest's one_intra_op_thread: with a neighbour busy on one of
     # 2 cores, the kernel's 2-thread step took 270 ms (87 ms in a plain process, 34 ms with one
     # thread) and the demo's full point got no window in 20 s
@@ -80,7 +80,7 @@ def test_example_notebook_executes_and_shows_the_html_report(tmp_path, own_kerne
     else:
         assert verdict.group(1) == "inconclusive" and text.startswith("Inconclusive:")
     # the budget came from the environment: the run context says so
-    assert "of at most 20.0 s" in markup
+    assert "of at most 8.0 s" in markup
     # print(report): the text report; the figure: a PNG
     assert "Throughput at each point" in printed
     assert any("image/png" in out["data"] for _, out in outputs(nb, "display_data"))
