@@ -204,14 +204,30 @@ PLANTED = textwrap.dedent('''
 ''')
 
 
-def run_cli(tmp_path, *args, timeout=150, script="planted.py", env=None):
+class Ran:
+    """A command's exit status and output, as subprocess.run gives them."""
+
+    def __init__(self, result) -> None:
+        self.returncode, self.stdout, self.stderr = result.exit_code, result.stdout, result.stderr
+
+
+def run_cli(tmp_path, *args):
+    """`bisect-pipeline run --json r.json ARGS` in this process (click's runner, from
+    tmp_path): the script runs here as it would in a fresh interpreter, without one."""
+    from click.testing import CliRunner
+
+    from bisect_pipeline.cli import main
+
     (tmp_path / "planted.py").write_text(PLANTED)
     out = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "bisect_pipeline", "run", "--json", str(out), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        result = CliRunner().invoke(main, ["run", "--json", str(out), *args])
+    finally:
+        os.chdir(cwd)
     doc = json.loads(out.read_text()) if out.exists() else None
-    return proc, doc
+    return Ran(result), doc
 
 
 @pytest.mark.e2e
@@ -253,9 +269,8 @@ def test_a_script_that_raises_shows_its_own_traceback_and_writes_the_partial_rep
 @pytest.mark.e2e
 def test_a_script_that_never_iterates_a_loader_or_ends_early_says_what_it_saw(tmp_path):
     (tmp_path / "noloader.py").write_text("import torch\nprint('no loader here')\n")
-    proc = subprocess.run([sys.executable, "-m", "bisect_pipeline", "run", "noloader.py"], capture_output=True,
-                          text=True, timeout=60, cwd=tmp_path)
-    assert proc.returncode == 1 and "iterated no DataLoader" in proc.stderr, proc.stderr
+    proc, doc = run_cli(tmp_path, "noloader.py")
+    assert proc.returncode == 1 and "iterated no DataLoader" in proc.stderr and doc is None, proc.stderr
     proc, doc = run_cli(tmp_path, "--max-seconds", "30", "planted.py", "--exit-after", "50")
     assert proc.returncode == 1 and "exited (sys.exit(3))" in proc.stderr, proc.stderr
     assert doc is not None and doc["bottleneck"] is None and "finally ran" in proc.stdout

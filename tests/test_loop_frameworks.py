@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -105,14 +104,23 @@ HF = COMMON + textwrap.dedent('''
 
 
 def run_script(tmp_path, text: str, *args) -> tuple:
+    """`bisect-pipeline run` on `text` in this process (click's runner): the script runs
+    as in a fresh interpreter, without starting one and importing the framework again."""
+    from click.testing import CliRunner
+
+    from bisect_pipeline.cli import main
+
     (tmp_path / "train.py").write_text(text)
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "bisect_pipeline", "run", "--json", str(out), "--max-seconds", "30",
-                           "--verify-seconds", "0", "train.py", *args], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=240,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert out.exists(), proc.stderr[-3000:]
-    return proc, json.loads(out.read_text())
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        r = CliRunner().invoke(main, ["run", "--json", str(out), "--max-seconds", "30", "--verify-seconds", "0",
+                                      "train.py", *args])
+    finally:
+        os.chdir(cwd)
+    assert out.exists(), r.stderr[-3000:]
+    return r, json.loads(out.read_text())
 
 
 def module(tmp_path, text: str):
@@ -128,8 +136,8 @@ def module(tmp_path, text: str):
 
 def test_lightning_trainer_fit_under_run_and_watching(tmp_path):
     pytest.importorskip("lightning")
-    proc, doc = run_script(tmp_path, LIGHTNING)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    r, doc = run_script(tmp_path, LIGHTNING)
+    assert r.exit_code == 0, r.stderr[-3000:]
     assert_names(doc, "augment")
     assert doc["source"]["dataset"] == "Data" and len(doc["source"]["loaders"]) >= 2  # the validation loader too
     from bisect_pipeline import watching
@@ -143,8 +151,8 @@ def test_lightning_trainer_fit_under_run_and_watching(tmp_path):
 def test_hugging_face_trainer_train_under_run_and_watching(tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    proc, doc = run_script(tmp_path, HF, str(tmp_path / "hf_out"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    r, doc = run_script(tmp_path, HF, str(tmp_path / "hf_out"))
+    assert r.exit_code == 0, r.stderr[-3000:]
     assert_names(doc, "augment")
     from bisect_pipeline import watching
 
