@@ -55,6 +55,34 @@ def planted_run():
     return get
 
 
+class Ran:
+    """A command's exit status and output, as subprocess.run gives them."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def cli_in_process(*args: str, cwd) -> Ran:
+    """`bisect-pipeline ARGS` in this process (click's runner), from `cwd`: what a user
+    sees, without starting an interpreter and importing torch for each command. stderr is
+    not a terminal there, as in a pipe. (A test that sends signals runs a real process.)"""
+    import os
+    import sys
+
+    from click.testing import CliRunner
+
+    from bisect_pipeline.cli import main
+
+    before, path = os.getcwd(), list(sys.path)
+    os.chdir(cwd)
+    try:
+        r = CliRunner().invoke(main, list(args))
+    finally:
+        os.chdir(before)
+        sys.path[:] = path
+    return Ran(r.exit_code, r.stdout, r.stderr)
+
+
 @pytest.fixture
 def no_leftover_workers():
     """Fails the test if a worker process outlives it."""

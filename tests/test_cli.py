@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from bisect_pipeline.cli import main
-from conftest import assert_names
+from conftest import assert_names, cli_in_process
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
@@ -59,8 +59,8 @@ def test_a_module_entry_gives_the_verdict_the_json_and_with_quiet_one_line(tmp_p
     # test_entry.py and test_workload.py; the verdicts of every planted stage: test_api.py)
     write_entry(tmp_path, "load", 2, name="mymod.py")
     out = tmp_path / "result.json"
-    r = cli("--entry", "mymod:make_tuple", "--quiet", "--json", str(out), "--max-seconds", "25",
-            "--verify-seconds", "0", cwd=tmp_path)
+    r = cli_in_process("--entry", "mymod:make_tuple", "--quiet", "--json", str(out), "--max-seconds", "25",
+                       "--verify-seconds", "0", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert_names(doc, "load", r.stdout)

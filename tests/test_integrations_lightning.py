@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bisect_pipeline import BisectError, bisect
-from conftest import FAST_PLAN, all_measured, expected_statuses
+from conftest import FAST_PLAN, all_measured, cli_in_process, expected_statuses
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
@@ -84,11 +84,8 @@ def cli(tmp_path, func, *args):
     entry = tmp_path / "lit_entry.py"
     entry.write_text(ENTRY.format(tests=TESTS))
     out = tmp_path / "result.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1")  # spinning OpenMP threads on a busy 2-core machine
-    r = subprocess.run([sys.executable, "-m", "bisect_pipeline", "--entry", f"{entry}:{func}", "--json", str(out),
-                        "--max-seconds", "20", "--verify-seconds", "0", "--device", "cpu", *args], cwd=tmp_path,
-                       capture_output=True,
-                       text=True, timeout=120, env=env)
+    r = cli_in_process("--entry", f"{entry}:{func}", "--json", str(out), "--max-seconds", "20", "--verify-seconds",
+                       "0", "--device", "cpu", *args, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(out.read_text()), r
 

@@ -302,7 +302,7 @@ def test_watching_in_python_keeps_training_on_the_real_loader_after_the_verdict(
     loader = make_loader(PlantedDataset(n=160, transform=Sleep(4.0)), batch_size=8, num_workers=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     after = []
-    with watching(max_seconds=30, keep_training=True, plan=FAST_PLAN) as s:
+    with watching(max_seconds=25, keep_training=True, plan=FAST_PLAN, verify_seconds=4) as s:
         for epoch in range(200):
             for x, y in loader:
                 opt.zero_grad()

@@ -256,9 +256,10 @@ def test_cli_html_file_from_a_real_run_escapes_class_names(tmp_path):
     entry = tmp_path / "evil_entry.py"
     entry.write_text(EVIL_ENTRY.format(tests=os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "report.html"
-    r = subprocess.run([sys.executable, "-m", "bisect_pipeline", "--entry", f"{entry}:make", "--html", str(out),
-                        "--max-seconds", "20", "--verify-seconds", "0"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120)
+    from conftest import cli_in_process
+
+    r = cli_in_process("--entry", f"{entry}:make", "--html", str(out), "--max-seconds", "20", "--verify-seconds", "0",
+                       cwd=tmp_path)
     assert r.returncode == 0, r.stderr  # a verdict: full was measured
     assert "\x1b" not in r.stderr and "\r" not in r.stderr  # not a terminal: no progress
     doc = out.read_text()
