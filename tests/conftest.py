@@ -118,5 +118,6 @@ def assert_names(report, stage: str, shown: str = "") -> None:
     if doc["bottleneck"] == stage:
         return
     real = [s["stage"] for s in doc["stages"] if s["status"] == "ok" and s["significant"]]
-    assert doc["bottleneck"] == "inconclusive" and not doc["run"].get("settled") and real == [stage], (
-        f"expected {stage} (or inconclusive, unsettled, with only {stage} real; real: {real}):\n{shown}")
+    expected_real = [] if stage == "none" else [stage]  # none: no stage real either
+    assert doc["bottleneck"] == "inconclusive" and not doc["run"].get("settled") and real == expected_real, (
+        f"expected {stage} (or inconclusive, unsettled, with only {expected_real} real; real: {real}):\n{shown}")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bisect_pipeline import BisectError, bisect
-from conftest import FAST_PLAN, all_measured, cli_in_process, expected_statuses
+from conftest import FAST_PLAN, all_measured, assert_names, cli_in_process, expected_statuses
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
@@ -95,7 +95,7 @@ def cli(tmp_path, func, *args):
 def test_module_with_datamodule_from_the_cli(tmp_path):
     doc, r = cli(tmp_path, "module_and_datamodule")
     assert {p["point"]: p["status"] for p in doc["points"]} == expected_statuses(doc["loader"], doc["device"]), r.stdout
-    assert doc["bottleneck"] == "load", r.stdout
+    assert_names(doc, "load", r.stdout)
     assert doc["loader"]["num_workers"] == 2  # the datamodule's train_dataloader(), set up for "fit"
 
 
@@ -117,7 +117,7 @@ def test_module_alone_brings_its_train_dataloader_and_is_restored(tmp_path):
     before = {k: v.clone() for k, v in module.state_dict().items()}
     report = bisect(module, device="cpu", max_seconds=8, plan=FAST_PLAN, verify_seconds=0)  # no loader: train_dataloader()
     assert {p.point: p.status for p in report.points} == all_measured(report), str(report)
-    assert report.bottleneck == "augment", str(report)
+    assert_names(report, "augment")
     assert module.seen_dtypes == {torch.float32}  # on_after_batch_transfer ran before training_step
     assert not module.training  # the train flag the step set is undone
     assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())

@@ -15,7 +15,7 @@ from torch import nn  # noqa: E402
 from torchvision import transforms as T  # noqa: E402
 
 from bisect_pipeline import BisectError, Plan, bisect  # noqa: E402
-from conftest import FAST_PLAN, Sleep, SleepLayer, all_measured  # noqa: E402
+from conftest import FAST_PLAN, Sleep, SleepLayer, all_measured, assert_names  # noqa: E402
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
@@ -86,7 +86,7 @@ def test_prefetch_loader_is_unwrapped_and_normalizes_inside_the_step(tmp_path):
     m = model()
     report = run(m, loader)
     assert statuses(report) == all_measured(report), str(report)
-    assert report.bottleneck == "augment", str(report)
+    assert_names(report, "augment")
     assert list(report.cache.raw_transforms) == ["dataset.transform (Compose)"]
     # the loader yields uint8 batches (fast_collate); the step saw them converted and
     # normalized, as the PrefetchLoader does on the device: float32, about zero-mean

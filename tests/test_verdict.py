@@ -241,3 +241,9 @@ def test_the_suites_verdict_check_takes_only_the_planted_stage_or_an_unsettled_i
                   doc("inconclusive", False, ["load"])):
         with pytest.raises(AssertionError):
             assert_names(wrong, "augment")
+    # none: or an unsettled inconclusive with no stage real (the gap too noisy to rule out)
+    assert_names(doc("none", True, []), "none")
+    assert_names(doc("inconclusive", False, []), "none")
+    for wrong in (doc("inconclusive", False, ["load"]), doc("inconclusive", True, []), doc("augment", True, ["augment"])):
+        with pytest.raises(AssertionError):
+            assert_names(wrong, "none")

@@ -325,7 +325,7 @@ def test_planted_workers_that_cannot_help_are_reported_as_not_helping(monkeypatc
     try:
         model = torch.nn.Sequential(SpinLayer(20.0), torch.nn.Linear(FEATURES, CLASSES))
         loader = make_loader(PlantedDataset(n=64, transform=Spin(6.0)), batch_size=8, num_workers=0)
-        r = bisect(model, loader, max_seconds=30, plan=FAST_PLAN)
+        r = bisect(model, loader, max_seconds=40, plan=FAST_PLAN)
     finally:
         os.sched_setaffinity(0, before)
     assert r.bottleneck == "augment", str(r)
