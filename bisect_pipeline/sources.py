@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import itertools
 import sys
+import time
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -209,7 +210,15 @@ class LoaderSource:
         self.loader = None
 
 
-def _terminate(it: Any) -> None:
+def _terminate(it: Any, grace: float = 1.0) -> None:
+    """Stop a failed point's workers within `grace` seconds in all: DataLoader's own
+    shutdown (done event, a None to each worker, join), with a short join, then terminate
+    the ones still running: hung in user code. Terminating at once would also kill an
+    idle worker in the middle of `done_event.is_set()`, leaving the event's lock held and
+    the shutdown's `done_event.set()` blocked for good."""
+    workers = [w for w in getattr(it, "_workers", None) or () if w.is_alive()]
+    if not workers:
+        return
     # Unregister the workers from DataLoader's SIGCHLD check first: killed on purpose
     # here, they would otherwise raise "worker killed by signal Terminated" in whatever
     # the main thread runs next (the next point), hiding the error that ended this one.
@@ -221,7 +230,15 @@ def _terminate(it: Any) -> None:
             it._worker_pids_set = False
         except Exception:  # a torch without this private API: the shutdown still happens
             pass
-    for w in getattr(it, "_workers", None) or ():
+    done = getattr(it, "_workers_done_event", None)
+    if done is not None:
+        done.set()
+        for q in getattr(it, "_index_queues", None) or ():
+            q.put(None)  # the final signal: an idle worker leaves its loop and exits
+    end = time.monotonic() + grace
+    for w in workers:
+        w.join(max(0.0, end - time.monotonic()))
+    for w in workers:
         if w.is_alive():
             w.terminate()
 

@@ -177,7 +177,14 @@ class Visit:
             # the source sees the visit's error (the consumer's, or one the pipeline raised
             # inside the visit): a loader terminates its workers, which may hang
             err = exc if exc is not None else self.error
-            self._stack.__exit__(type(err) if err is not None else None, err, err.__traceback__ if err else None)
+            try:
+                self._stack.__exit__(type(err) if err is not None else None, err, err.__traceback__ if err else None)
+            except (KeyboardInterrupt, BisectError):
+                raise
+            except Exception as close_exc:  # the source failed to close (or the watchdog cut its
+                if self.error is None:       # shutdown): this point's failure, not the run's
+                    self.error = close_exc
+                    self.measured = self._measured()
         return swallow
 
     def void(self) -> None:

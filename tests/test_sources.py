@@ -3,6 +3,8 @@ both sides of a drop, and every loader shape keeps producing batches."""
 
 from __future__ import annotations
 
+import multiprocessing.util
+import os
 import time
 
 import pytest
@@ -101,3 +103,46 @@ def test_full_with_epochs_ends_them_as_the_users_loop_does(persistent, no_leftov
     with endless as next_batch:
         pids = [int(next_batch()[0]) for _ in range(6)]
     assert endless.restarts == 0 and len(set(pids)) == 1
+
+
+
+class HangsAt(Dataset):
+    """Sample `hang` never comes: its worker sleeps in user code."""
+
+    def __init__(self, hang: int) -> None:
+        self.hang = hang
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        if i == self.hang:
+            time.sleep(120)
+        return torch.tensor([i])
+
+
+def _mark(folder: str, worker_id: int) -> None:
+    open(os.path.join(folder, f"left-{worker_id}"), "w").close()
+
+
+@pytest.mark.e2e
+def test_a_failed_point_stops_idle_workers_cleanly_and_terminates_a_hung_one(tmp_path, no_leftover_workers):
+    # Batches of 1 over 2 workers take turns: worker 1 hangs on sample 3, worker 0 serves
+    # 0, 2, 4 and waits. Terminating every worker at once also killed idle ones inside
+    # the done event's check, leaving its lock held: the shutdown's done_event.set() then
+    # hung until the watchdog ended the run. A worker that leaves its loop runs its
+    # finalizers (a signalled one does not; torch's handler makes both exit with 0).
+    def init(worker_id: int) -> None:
+        multiprocessing.util.Finalize(None, _mark, args=(str(tmp_path), worker_id), exitpriority=10)
+
+    loader = DataLoader(HangsAt(3), batch_size=1, num_workers=2, multiprocessing_context="fork",
+                        worker_init_fn=init)
+    source = full_loader(describe(loader))
+    t0 = time.monotonic()
+    with pytest.raises(ValueError):
+        with source as next_batch:
+            assert [int(next_batch()) for _ in range(3)] == [0, 1, 2]
+            time.sleep(0.5)  # worker 0 is idle now, worker 1 still asleep in sample 3
+            raise ValueError("the point failed")
+    assert time.monotonic() - t0 < 30  # not the 120 s of the hung sample
+    assert sorted(os.listdir(tmp_path)) == ["left-0"]  # the idle one left by itself, the hung one was stopped

@@ -2,8 +2,11 @@
 the deadline, and whoever drives it: the tool's step, a consumer that fails or pauses,
 a lockstep pace."""
 
+from typing import Optional
+
 import pytest
 
+from bisect_pipeline.faults import StepTimeout
 from bisect_pipeline.plan import Plan
 from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.visit import Pace, Visit, drive, fixed_source
@@ -142,6 +145,32 @@ def test_a_pipeline_that_raises_is_the_visits_error_too_and_the_source_sees_it()
     m = drive(Visit("p", Source, batch_size=4, plan=PLAN, deadline=1e9, clock=clock), lambda b: None)
     assert isinstance(m.error, OSError)
     assert closed == [OSError]  # a loader terminates workers that may hang, instead of joining them
+
+
+def closing_fails(fail_step_at: Optional[int] = None):
+    """A source whose closing raises, as a loader's shutdown cut by the watchdog does."""
+    clock = FakeClock()
+
+    class Source:
+        def __enter__(self):
+            return (lambda: 0), None
+
+        def __exit__(self, *exc):
+            raise StepTimeout("the end passed while workers shut down")
+
+    def step(batch):
+        clock.t += 0.01
+        if fail_step_at is not None and clock.t > fail_step_at * 0.01 - 1e-9:
+            raise ValueError("planted")
+
+    return drive(Visit("p", Source, batch_size=4, plan=PLAN, deadline=1e9, clock=clock), step)
+
+
+def test_a_source_that_fails_to_close_fails_its_point_not_the_run():
+    m = closing_fails()  # returns: the run goes on to the next point with this one failed
+    assert isinstance(m.error, StepTimeout)  # every driver reports a point with an error as failed
+    failed_first = closing_fails(fail_step_at=7)
+    assert isinstance(failed_first.error, ValueError)  # the error that ended it is kept
 
 
 def test_the_wait_for_each_batch_is_counted_over_the_kept_windows():
