@@ -10,7 +10,9 @@ path. On generated data, on the CPU:
 - dcgan/main.py: `--dataset fake` (FakeData 64x64, ToTensor + Normalize), two
   optimizers stepped per batch, module-level code (no main function);
 - imagenet/main.py: `--dummy` (FakeData 224x224, ToTensor), ResNet-18, batch 16,
-  2 workers: a heavy step (about a second on 2 cores).
+  2 workers: a heavy step (about a second on 2 cores);
+- the same two with lighter steps (`dcgan-small`: `--ngf 16 --ndf 16`; `imagenet-small`:
+  MobileNetV3-small, batch 32), which a 90 s budget can decide.
 
     python scripts/bench_public_scripts.py --examples /path/to/pytorch/examples
     python scripts/bench_public_scripts.py --examples ... --only mnist --max-seconds 60
@@ -32,11 +34,15 @@ import torch
 HERE = os.path.abspath(__file__)
 CHECK = os.path.join(os.path.dirname(HERE), "..", "..", "shared", "tools", "check-report")
 
-CASES = {
-    "mnist": ("mnist/main.py", ["--epochs", "30"]),
-    "dcgan": ("dcgan/main.py", ["--dataset", "fake", "--niter", "1000", "--workers", "2", "--outf", "out"]),
+CASES = {  # name: the script, its arguments, the entry for the same pipeline (a function below)
+    "mnist": ("mnist/main.py", ["--epochs", "30"], "mnist"),
+    "dcgan": ("dcgan/main.py", ["--dataset", "fake", "--niter", "1000", "--workers", "2", "--outf", "out"], "dcgan"),
+    "dcgan-small": ("dcgan/main.py", ["--dataset", "fake", "--niter", "1000", "--workers", "2", "--outf", "out",
+                                      "--ngf", "16", "--ndf", "16"], "dcgan_small"),
     "imagenet": ("imagenet/main.py", ["--dummy", "-a", "resnet18", "-b", "16", "-j", "2", "--epochs", "30",
-                                      "--print-freq", "20"]),
+                                      "--print-freq", "20"], "imagenet"),
+    "imagenet-small": ("imagenet/main.py", ["--dummy", "-a", "mobilenet_v3_small", "-b", "32", "-j", "2",
+                                            "--epochs", "30", "--print-freq", "20"], "imagenet_small"),
 }
 
 
@@ -68,30 +74,35 @@ def mnist():
                     loss_fn=torch.nn.functional.nll_loss)
 
 
-def imagenet():
+def imagenet(arch: str = "resnet18", batch_size: int = 16):
     import torchvision
     from torchvision import datasets, transforms
 
     from bisect_pipeline import Workload
 
     torch.manual_seed(0)
-    model = torchvision.models.resnet18()
+    model = torchvision.models.__dict__[arch]()
     dataset = datasets.FakeData(1281167, (3, 224, 224), 1000, transforms.ToTensor())
-    return Workload(model=model, loader=torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True,
+    return Workload(model=model, loader=torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True,
                                                                      num_workers=2),
                     optimizer=torch.optim.SGD(model.parameters(), 0.1, momentum=0.9, weight_decay=1e-4))
 
 
-def dcgan():
+def imagenet_small():
+    return imagenet("mobilenet_v3_small", 32)
+
+
+def dcgan(*options: str):
     """The loop body of dcgan/main.py as a step: the discriminator's update on real and
-    fake images, then the generator's, with the example's own networks."""
+    fake images, then the generator's, with the example's own networks (`options`: the
+    script's own, e.g. their widths)."""
     import torchvision.datasets as dset
     import torchvision.transforms as transforms
     from torch import nn
 
     from bisect_pipeline import Workload
 
-    sys.argv = ["main.py", "--dataset", "fake", "--outf", tempfile.mkdtemp()]
+    sys.argv = ["main.py", "--dataset", "fake", "--outf", tempfile.mkdtemp(), *options]
     cwd = os.getcwd()
     os.chdir(tempfile.mkdtemp())
     try:  # its networks are defined at module level, beside its training loop: run up to there
@@ -126,6 +137,10 @@ def dcgan():
     return Workload(model=nn.ModuleList([net_g, net_d]),
                     loader=torch.utils.data.DataLoader(dataset, batch_size=64, shuffle=True, num_workers=2),
                     step=step)
+
+
+def dcgan_small():
+    return dcgan("--ngf", "16", "--ndf", "16")
 
 
 # --------------------------------------------------------------------------------------
@@ -167,7 +182,7 @@ def main() -> None:
     write_mnist(data)
     env = dict(os.environ, EXAMPLES=examples, MNIST_ROOT=data)
     for name in args.only.split(","):
-        path, script_args = CASES[name]
+        path, script_args, entry = CASES[name]
         cwd = os.path.join(args.out, name)  # mnist reads ../data
         os.makedirs(os.path.join(cwd, "out"), exist_ok=True)
         loop_json, entry_json = os.path.join(args.out, f"{name}-run.json"), os.path.join(args.out, f"{name}-entry.json")
@@ -175,7 +190,7 @@ def main() -> None:
         r = subprocess.run([sys.executable, "-m", "bisect_pipeline", "run", "--json", loop_json, *common,
                             os.path.join(examples, path), *script_args], cwd=cwd, env=env, capture_output=True,
                            text=True)
-        e = subprocess.run([sys.executable, "-m", "bisect_pipeline", "--entry", f"{HERE}:{name}", "--json", entry_json,
+        e = subprocess.run([sys.executable, "-m", "bisect_pipeline", "--entry", f"{HERE}:{entry}", "--json", entry_json,
                             *common], cwd=cwd, env=env, capture_output=True, text=True)
         for label, proc, out in (("run  ", r, loop_json), ("entry", e, entry_json)):
             if not os.path.exists(out):
