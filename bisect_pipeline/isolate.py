@@ -59,15 +59,25 @@ def cores() -> int:
 
 def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Callable[[Any], Any],
                 train_step: Optional[Callable[[Any], Any]], *, step_sec_per_batch: Optional[float], budget_s: float,
-                clock: Callable[[], float] = time.perf_counter) -> tuple[Isolated, Syncs]:
+                clock: Callable[[], float] = time.perf_counter, end: float = math.inf,
+                step_estimate_s: Optional[float] = None) -> tuple[Isolated, Syncs]:
     """(isolated, syncs). Never raises for a failing measurement: a part that fails says
     so with its reason; KeyboardInterrupt propagates. `train_step` None: the step is the
-    user's own loop (loop.py), timed only at the device point; no syncs are counted here."""
+    user's own loop (loop.py), timed only at the device point; no syncs are counted here.
+    `end` (on `clock`): the run's hard end; the parts that run the training step (the
+    step alone, the sync count) are skipped when `step_estimate_s` says they would pass it."""
     if caches is None:
         reason = "the caches could not be filled"
         return Isolated.missing("unavailable", reason), Syncs.missing("unavailable", reason)
     start = clock()
     share = budget_s / 5  # augment, load, collate, transfer, step
+
+    def fits(steps: int) -> bool:
+        return step_estimate_s is None or clock() + steps * step_estimate_s <= end
+
+    def out_of_time(steps: int) -> str:
+        return (f"out of time: {steps} training steps of about {step_estimate_s:.3g} s would run past the end "
+                "of --max-seconds")
     bs = caches.batch_size
     augment = _guard(PerSample, lambda: _augment(caches, share, clock))
     parts = dict(augment=augment, load=_guard(PerSample, lambda: _load(spec, caches, augment, share, clock)),
@@ -83,13 +93,17 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
     if step_sec_per_batch is not None:
         parts["step"] = StepTime(ms_per_batch=round(step_sec_per_batch * 1e3, 3),
                                  source="the device point (batches cached on the device)")
+    elif device_batch is not None and train_step is not None and not fits(STEP_WARMUP + 1):
+        parts["step"] = StepTime.missing("skipped", out_of_time(STEP_WARMUP + 1))
     elif device_batch is not None and train_step is not None:
         parts["step"] = _guard(StepTime, lambda: _step(train_step, device_batch, device, share, clock))
     else:
         parts["step"] = StepTime.missing("unavailable", "no batch on the device to step on")
     if device_batch is not None:
-        if train_step is not None:
+        if train_step is not None and (device.type != "cuda" or fits(SYNC_STEPS)):
             syncs = _guard(Syncs, lambda: count_syncs(train_step, device_batch, device))
+        elif train_step is not None:
+            syncs = Syncs.missing("skipped", out_of_time(SYNC_STEPS))
         if device.type == "cuda":
             parts["memory"] = _guard(Memory, lambda: _memory(device))
     out = Isolated(budget_s=round(budget_s, 3), batch_size=bs, **parts)
@@ -366,11 +380,16 @@ def _kind(obj: Any) -> str:
 def after_points(exp: Any, *, max_seconds: float) -> tuple[Isolated, Syncs]:
     """After the points are measured, before the user's state is restored: the step time
     comes from the device point (the ceiling) when it was measured. Guarded by the run's
-    watchdog; skipped when a point already hung."""
+    watchdog; skipped when a point already hung, and within what is left of --max-seconds
+    (a hard bound: the parts that run the training step are skipped where they would pass
+    it). Not on CUDA, syncs say so whatever happened here."""
+    no_cuda = no_syncs_counted(exp.device)
     hung = [name for name, p in exp.results.items() if p.failed_stage == "hang"]
-    if hung:
-        reason = f"point {hung[0]} hung: nothing is timed again"
-        return Isolated.missing("skipped", reason), Syncs.missing("skipped", reason)
+    left = exp.end - exp.clock()
+    if hung or left <= 0:
+        reason = f"point {hung[0]} hung: nothing is timed again" if hung else "out of time: the points used all of " \
+                                                                              "--max-seconds"
+        return Isolated.missing("skipped", reason), no_cuda or Syncs.missing("skipped", reason)
     dp = exp.results.get("device")
     step = dp.throughput.sec_per_batch if dp is not None and dp.ok else None
     try:
@@ -379,8 +398,19 @@ def after_points(exp: Any, *, max_seconds: float) -> tuple[Isolated, Syncs]:
                 dog.beat()
                 return exp.clock()
             return time_stages(exp.spec, exp.caches, exp.device, exp.move, exp.step, step_sec_per_batch=step,
-                           budget_s=budget(max_seconds), clock=beating_clock)
+                               budget_s=min(budget(max_seconds), left), clock=beating_clock, end=exp.end,
+                               step_estimate_s=_step_estimate(exp))
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # never costs the run its verdict
-        return Isolated.missing("failed", _reason(exc)), Syncs.missing("failed", _reason(exc))
+        return Isolated.missing("failed", _reason(exc)), no_cuda or Syncs.missing("failed", _reason(exc))
+
+
+def _step_estimate(exp: Any) -> Optional[float]:
+    """Seconds a training step takes at most, from what was measured: the fastest point
+    (its time per batch includes the step), else the step timed alone for the allocator."""
+    measured = [p.throughput.sec_per_batch for p in exp.results.values() if p.ok and p.throughput is not None]
+    if measured:
+        return min(measured)
+    held = getattr(exp.allocator_timing, "held_ms_per_batch", None)
+    return held / 1e3 if held else None

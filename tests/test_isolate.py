@@ -8,9 +8,10 @@ import pytest
 import torch
 from PIL import Image
 
-from bisect_pipeline import cache, isolate, loader as loader_mod
+from bisect_pipeline import cache, faults, isolate, loader as loader_mod
 from bisect_pipeline.experiment import Experiment
 from bisect_pipeline.results import Isolated
+from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.step import make_step
 from bisect_pipeline.report import PointResult
 from bisect_pipeline.step import to_device
@@ -144,6 +145,72 @@ def test_unfilled_caches_and_hung_points_skip_isolation():
                       results=hung)
     iso, syncs = isolate.after_points(run, max_seconds=10)
     assert iso.status == "skipped" and "hung" in iso.reason and syncs.status == "skipped"
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def heavy_stages(step_s: float, end_in: float, estimate):
+    """time_stages on a real cache, on a fake clock where each training step takes step_s."""
+    spec = loader_mod.describe(make_loader(PlantedDataset(n=16), batch_size=4))
+    caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
+    clock, steps = FakeClock(), []
+
+    def step(batch):
+        steps.append(1)
+        clock.t += step_s
+
+    iso, syncs = isolate.time_stages(spec, caches, CPU, lambda b: to_device(b, CPU), step, step_sec_per_batch=None,
+                                      budget_s=2.0, clock=clock, end=clock.t + end_in, step_estimate_s=estimate)
+    return iso, syncs, steps
+
+
+def test_the_step_alone_is_skipped_where_it_would_run_past_the_end():
+    # a 2 s step and 5 s left: warm-up and one timed step (8 s) would pass --max-seconds
+    iso, _, steps = heavy_stages(2.0, end_in=5.0, estimate=2.0)
+    assert iso.step.status == "skipped" and "out of time" in iso.step.reason and "2 s" in iso.step.reason
+    assert steps == []
+    assert iso.collate.ok and iso.load.ok  # the rest is still timed
+    iso, _, steps = heavy_stages(2.0, end_in=60.0, estimate=2.0)  # with room it runs
+    assert iso.step.ok and iso.step.ms_per_batch == pytest.approx(2000.0)
+    assert len(steps) == isolate.STEP_WARMUP + 1  # at least one timed step, past the 0.4 s share
+
+
+def experiment_at(clock, end, results=None, step=None):
+    spec = loader_mod.describe(make_loader(PlantedDataset(n=16), batch_size=4))
+    caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
+    return Experiment(spec, CPU, None, clock, lambda e: None, None, start=0.0, end=end, deadline=end,
+                      step=step, move=lambda b: to_device(b, CPU), caches=caches, results=results or {})
+
+
+def test_isolation_after_the_end_is_skipped_and_syncs_say_why_on_cpu():
+    clock = FakeClock()
+    iso, syncs = isolate.after_points(experiment_at(clock, end=clock.t - 1.0), max_seconds=60)
+    assert iso.status == "skipped" and "out of time" in iso.reason
+    assert syncs.status == "skipped" and "no CUDA device" in syncs.reason
+
+
+def test_isolation_cut_by_the_watchdog_still_says_syncs_are_not_counted_on_cpu():
+    def step(batch):
+        raise faults.StepTimeout("the run's end passed")  # as the watchdog raises it in the main thread
+
+    iso, syncs = isolate.after_points(experiment_at(time.perf_counter, end=time.perf_counter() + 60, step=step),
+                                      max_seconds=60)
+    assert iso.status == "failed" and "StepTimeout" in iso.reason
+    assert syncs.status == "skipped" and "no CUDA device" in syncs.reason  # not "failed (StepTimeout)"
+
+
+def test_the_step_estimate_is_the_fastest_point_measured():
+    fast = PointResult("device", "ok", throughput=Throughput((Window(10, 1.0),) * 3, batch_size=4))
+    slow = PointResult("full", "ok", throughput=Throughput((Window(10, 3.0),) * 3, batch_size=4))
+    exp = experiment_at(FakeClock(), end=1e9, results={"device": fast, "full": slow})
+    assert isolate._step_estimate(exp) == pytest.approx(0.1)
+    assert isolate._step_estimate(experiment_at(FakeClock(), end=1e9)) is None
 
 
 def test_budget_is_a_small_bounded_share_of_the_run():
