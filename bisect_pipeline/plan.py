@@ -68,6 +68,12 @@ class Plan:
         next ones from the first window's rate)."""
         return max(self.min_window_steps, math.ceil(self.window_seconds / max(sec_per_step, 1e-9)))
 
+    def least_visit_seconds(self, sec_per_step: float, prefetch_depth: int = 0) -> float:
+        """The least time one visit takes at `sec_per_step`: its untimed warm-up (and the
+        batches prefetched meanwhile) and the windows it keeps."""
+        steps = self.min_warmup_steps + prefetch_depth + self.windows_per_visit * self.window_steps(sec_per_step)
+        return steps * sec_per_step
+
     def most_windows(self, keep: Optional[int] = None) -> int:
         """The most windows one visit times: the warm-up ones and those it keeps."""
         return self.max_warmup_windows + 1 + (keep or self.windows_per_visit)

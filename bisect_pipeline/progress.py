@@ -2,9 +2,11 @@
 
 It receives the events `api.bisect(progress=...)` emits ({"event": "cache"},
 {"event": "point", "point", "index", "total"}, {"event": "window", "point", "window",
-"max_windows"}, {"event": "verify", "item", "settings"}; others are ignored) and shows which point is measured, how far along the
-run is, and the time left against --max-seconds (an upper bound: points that settle
-early end sooner). It is on only when asked for and stderr is a terminal.
+"max_windows"}, {"event": "verify", "item", "settings"}, {"event": "warning", "message"};
+others are ignored) and shows which point is measured, how far along the run is, and the
+time left against --max-seconds (an upper bound: points that settle early end sooner).
+The bar is drawn only when stderr is a terminal; a warning (a budget too short for the
+step, a cache cut short) gets a line of its own there and in a log file or a pipe.
 """
 
 from __future__ import annotations
@@ -24,12 +26,43 @@ BAR_WIDTH = 20
 
 def make_progress(max_seconds: float, *, quiet: bool = False, stream: Optional[TextIO] = None,
                   clock: Callable[[], float] = time.monotonic) -> Optional["Progress"]:
-    """A progress callback for `bisect`, or None when quiet or `stream` (stderr by
-    default) is not a terminal: a log file or a pipe gets no control characters."""
+    """A progress callback for `bisect`, or None when quiet. Where `stream` (stderr by
+    default) is not a terminal, a log file or a pipe gets no control characters: only
+    the warnings seen while measuring, a line each (`Warnings`)."""
     stream = sys.stderr if stream is None else stream
-    if quiet or not _isatty(stream):
+    if quiet:
         return None
+    if not _isatty(stream):
+        return Warnings(stream)
     return Progress(max_seconds, stream, clock=clock)
+
+
+def warning_line(event: dict) -> Optional[str]:
+    """The line a warning event gets on stderr (None for other events)."""
+    return f"bisect-pipeline: warning: {event['message']}" if event.get("event") == "warning" else None
+
+
+class Warnings:
+    """Where stderr is not a terminal: the warnings seen while measuring (e.g. a budget
+    too short for the step), a line each, as they come; nothing else."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def __call__(self, event: dict) -> None:
+        line = warning_line(event)
+        if line is not None:
+            _write_line(self.stream, line)
+
+    def done(self) -> None:
+        return None
+
+
+def _write_line(stream: TextIO, line: str) -> None:
+    try:
+        click.echo(line, file=stream)
+    except (ValueError, AttributeError, OSError):  # closed, odd or broken: the report still carries it
+        pass
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -82,6 +115,8 @@ class Progress:
             self.what = f"{event['point']} ({self.index + 1}/{self.total}), window {self.windows}"
         elif kind == "verify":
             self.what = "measuring the advice: " + ", ".join(f"{k}={v}" for k, v in event["settings"].items())
+        elif kind == "warning":  # a line of its own above the bar, which is then drawn again
+            click.echo("\r\033[K" + warning_line(event), file=self.stream)
         else:
             return
         info = f"{self.what}, at most {self.seconds_left():.0f} s left"
@@ -123,6 +158,9 @@ class Lines:
             text = f"measuring {event['point']} ({event['index'] + 1}/{event['total']})"
         elif kind == "verify":
             text = "measuring the advice: " + ", ".join(f"{k}={v}" for k, v in event["settings"].items())
+        elif kind == "warning":
+            click.echo(warning_line(event), file=self.stream or sys.stderr)
+            return
         else:
             return
         if text != self.last:

@@ -8,7 +8,9 @@ stops once it is settled (verdict.settled); otherwise until `plan.max_rounds` or
 deadline, each further round visiting only the points that can still change the verdict
 (verdict.deciding_points: around the two costliest stages, or `full` and the ceiling
 when the question is the gap). A point found inconsistent (slower than one doing more
-work) is measured again once, next to that point, before anything is decided.
+work) is measured again once, next to that point, before anything is decided. Once a
+step's time is known, a budget too short for the minimum rounds is said (a `budget`
+note and a warning event), and what fits is measured.
 
 `Rounds` is a schedule: it yields the visits to make, and whoever drives them (the
 tool's step, visit.drive; or a user's loop, loop.py) hands each back measured when it
@@ -18,6 +20,7 @@ asks for the next one.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Iterator, Optional
 
 from .experiment import MEASURE_ORDER, Experiment
@@ -40,6 +43,7 @@ class Rounds:
         self.exp = exp
         self.selected = selected
         self.info: dict = {"rounds": 0, "settled": False, "remeasured": []}
+        self._budget_checked = False
 
     def __iter__(self) -> Iterator[Visit]:
         exp = self.exp
@@ -53,6 +57,7 @@ class Rounds:
             else:
                 todo.append(name)
         focus, decided = set(todo), False
+        self._budget_check(todo, _step_alone(exp), visited=())
         try:
             for r in range(exp.plan.max_rounds):
                 order = [n for n in (todo if r % 2 == 0 else todo[::-1]) if _live(exp, n) and n in focus]
@@ -110,7 +115,44 @@ class Rounds:
         visit = exp.visit(name, exp.clock() + left * share)
         yield visit
         exp.results[name] = pool(exp.results.get(name), exp.result(visit), exp.batch_size)
+        if not self._budget_checked and exp.results[name].ok:
+            self._budget_check(planned, exp.results[name].throughput.sec_per_batch, visited=(name,))
         return True
+
+    def _budget_check(self, todo: list, sec_per_step: Optional[float], visited: tuple) -> None:
+        """Once a step's time is known (the step timed alone, else the first point
+        measured), say whether the minimum rounds fit in --max-seconds: the least time
+        of the visits they still owe (plan.least_visit_seconds), the time spent, and the
+        isolated timings' share. Measuring goes on either way: what fits is measured."""
+        exp = self.exp
+        if sec_per_step is None or self._budget_checked:
+            return
+        self._budget_checked = True
+        plan, spec = exp.plan, exp.spec
+
+        def least(name: str) -> float:
+            if name in ("host", "device"):
+                return plan.least_visit_seconds(sec_per_step)
+            return plan.for_workers(spec.num_workers).least_visit_seconds(sec_per_step, spec.prefetch_depth)
+
+        owed = plan.min_rounds * sum(least(n) for n in todo) - sum(least(n) for n in visited)
+        needed = (exp.clock() - exp.start) + owed + (exp.end - exp.deadline)
+        max_s = exp.end - exp.start
+        if needed <= max_s:
+            return
+        suggest = int(math.ceil(needed / 10.0) * 10)
+        message = (f"one step takes {sec_per_step:.2g} s: a verdict needs at least about {suggest} s "
+                   f"({plan.min_rounds} rounds over {len(todo)} points), more than --max-seconds {max_s:g}: "
+                   f"rerun with --max-seconds {suggest}; what fits is measured")
+        exp.note("budget", message)
+        exp.emit({"event": "warning", "message": message})
+
+
+def _step_alone(exp: Experiment) -> Optional[float]:
+    """Seconds per step of the step timed alone before the points (the allocator's
+    timing, on the CPU with the tool's step), if it was."""
+    held = getattr(exp.allocator_timing, "held_ms_per_batch", None)
+    return held / 1e3 if held else None
 
 
 def _live(exp: Experiment, name: str) -> bool:

@@ -1,6 +1,6 @@
 """Progress on stderr, driven by the events `bisect` emits, with a fake terminal and a
 fake clock: which point, how far along, how long is left against --max-seconds; nothing
-at all when quiet or when the stream is not a terminal."""
+at all when quiet, and only the warnings when the stream is not a terminal."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 import pytest
 
 from bisect_pipeline import progress as progress_mod
-from bisect_pipeline.progress import Progress, make_progress
+from bisect_pipeline.progress import Progress, Warnings, make_progress
 
 
 class FakeTTY(io.StringIO):
@@ -46,7 +46,7 @@ def run_events(p, clock: FakeClock) -> None:
     clock.t += 2
     p({"event": "point", "point": "collated", "index": 1, "total": 4})
     clock.t += 3
-    p({"event": "warning", "message": "ignored"})
+    p({"event": "warning", "message": "the budget is short"})
     p({"event": "window", "point": "collated", "window": 6, "max_windows": 6})
 
 
@@ -57,16 +57,20 @@ def test_shows_the_point_how_far_and_time_left_against_max_seconds():
     p.columns = 120
     run_events(p, clock)
     shown = frames(stream)
-    assert len(shown) == 5  # one redraw per known event; the warning event is ignored
+    warned = [f for f in shown if f.startswith("bisect-pipeline: warning:")]
+    assert warned == ["bisect-pipeline: warning: the budget is short"]  # a line of its own
+    shown = [f for f in shown if f not in warned]
+    assert len(shown) == 6  # one redraw per event, and the bar again under the warning
     assert "filling the caches" in shown[0] and "at most 20 s left" in shown[0]
     assert "device (1/4)" in shown[1] and "at most 16 s left" in shown[1]  # 4 s of 20 gone
     assert "device (1/4), window 3" in shown[2] and "at most 15 s left" in shown[2]
     assert "collated (2/4)" in shown[3] and "at most 13 s left" in shown[3]
-    assert "collated (2/4), window 6" in shown[4] and "at most 10 s left" in shown[4]
+    assert "collated (2/4)" in shown[4] and "at most 10 s left" in shown[4]
+    assert "collated (2/4), window 6" in shown[5] and "at most 10 s left" in shown[5]
     # how far: points done plus the current point's windows out of the most it may take
-    assert [percent(f) for f in shown] == [0, 0, 12, 25, 50]
+    assert [percent(f) for f in shown] == [0, 0, 12, 25, 25, 50]
     assert all(f.startswith("[") for f in shown)  # click's bar, drawn with fill/empty chars
-    assert "#" * 10 in shown[4] and "-" * 10 in shown[4]
+    assert "#" * 10 in shown[5] and "-" * 10 in shown[5]
 
 
 def test_time_left_never_goes_negative_and_the_bar_never_goes_back():
@@ -102,11 +106,20 @@ def test_long_lines_are_cut_to_the_terminal_width():
     assert len(shown) <= 60 and shown.endswith("...")
 
 
-@pytest.mark.parametrize("quiet,tty", [(True, True), (False, False), (True, False)])
-def test_nothing_is_written_when_quiet_or_not_a_terminal(quiet, tty):
+@pytest.mark.parametrize("tty", [True, False])
+def test_nothing_is_written_when_quiet(tty):
     stream = FakeTTY() if tty else io.StringIO()
-    assert make_progress(20.0, quiet=quiet, stream=stream, clock=FakeClock()) is None
+    assert make_progress(20.0, quiet=True, stream=stream, clock=FakeClock()) is None
     assert stream.getvalue() == ""
+
+
+def test_not_a_terminal_gets_the_warnings_only_as_plain_lines():
+    stream, clock = io.StringIO(), FakeClock()  # a log file or a pipe
+    p = make_progress(20.0, stream=stream, clock=clock)
+    assert isinstance(p, Warnings)
+    run_events(p, clock)
+    p.done()
+    assert stream.getvalue() == "bisect-pipeline: warning: the budget is short\n"  # no control characters
 
 
 def test_stderr_is_the_default_stream(monkeypatch):
@@ -116,11 +129,14 @@ def test_stderr_is_the_default_stream(monkeypatch):
     p({"event": "point", "point": "device", "index": 0, "total": 1})
     assert "device (1/1)" in frames(fake)[0]
     monkeypatch.setattr(progress_mod.sys, "stderr", io.StringIO())  # a pipe or a log file
-    assert make_progress(20.0) is None
+    assert isinstance(make_progress(20.0), Warnings)
 
 
 def test_a_closed_or_odd_stream_counts_as_not_a_terminal():
     closed = io.StringIO()
     closed.close()
-    assert make_progress(20.0, stream=closed) is None
-    assert make_progress(20.0, stream=object()) is None
+    p = make_progress(20.0, stream=closed)
+    assert isinstance(p, Warnings)
+    p({"event": "warning", "message": "nowhere to go"})  # the report still carries it
+    odd = make_progress(20.0, stream=object())  # not a stream at all
+    odd({"event": "warning", "message": "nowhere to go"})

@@ -3,13 +3,15 @@ so what is asserted is the schedule itself: order, pooling, the stop rule, the d
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from bisect_pipeline import rounds
 from bisect_pipeline.experiment import Experiment
 from bisect_pipeline.plan import Plan
-from bisect_pipeline.results import PointResult
+from bisect_pipeline.results import AllocatorTiming, PointResult
 from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.verdict import POINTS
 
@@ -43,7 +45,8 @@ def make_run(monkeypatch, ms: dict, *, seconds_per_visit: float = 1.0, max_secon
     window."""
     clock = FakeClock()
     seen: list = []
-    spec = type("Spec", (), {"batch_size": BS, "num_workers": 2, "pin_memory": False})()  # every point applies
+    spec = type("Spec", (), {"batch_size": BS, "num_workers": 2, "pin_memory": False,  # every point applies
+                             "prefetch_depth": 4})()
     exp = Experiment(spec, torch.device("cpu"), plan, clock, lambda e: None, None, start=0.0, end=max_seconds,
                      deadline=max_seconds, settle_deadline=settle_deadline)
 
@@ -181,3 +184,38 @@ def test_pool_keeps_earlier_windows_on_a_failure_and_on_running_out():
     assert failed.status == "failed" and failed.throughput.n == 3 and failed.visits == 2
     both = rounds.pool(before, PointResult("device", "ok", Throughput(windows(12), BS)), BS)
     assert both.throughput.n == 6 and both.visits == 2
+
+
+def budget_notes(exp) -> list:
+    return [n.message for n in exp.notes if n.kind == "budget"]
+
+
+def test_a_budget_too_short_for_a_heavy_step_says_how_long_a_verdict_needs(monkeypatch):
+    # a 2 s step, --max-seconds 10: said once the first point gives the step's time, and
+    # what fits is still measured
+    heavy = {n: 2000.0 for n in DOWN}
+    run, seen, _ = make_run(monkeypatch, heavy, seconds_per_visit=0.5, max_seconds=10.0)
+    measure(run, POINTS)
+    notes = budget_notes(run)
+    assert len(notes) == 1 and "one step takes 2 s" in notes[0] and "--max-seconds 10" in notes[0], notes
+    needed = int(re.search(r"needs at least about (\d+) s", notes[0]).group(1))
+    assert needed > 10 and needed % 10 == 0
+    assert run.results["device"].ok  # measured regardless
+    again, _, _ = make_run(monkeypatch, heavy, seconds_per_visit=0.5, max_seconds=needed)
+    measure(again, POINTS)
+    assert budget_notes(again) == []  # the budget it names is one it would not complain of
+
+
+def test_a_step_timed_alone_gives_the_budget_check_before_any_point(monkeypatch):
+    run, seen, _ = make_run(monkeypatch, {n: 2000.0 for n in DOWN}, seconds_per_visit=0.5, max_seconds=10.0)
+    run.allocator_timing = AllocatorTiming(status="ok", held_ms_per_batch=2000.0)
+    schedule = iter(rounds.Rounds(run, POINTS))
+    next(schedule)  # the first visit is handed out, not yet driven
+    assert len(budget_notes(run)) == 1 and len(seen) == 1
+
+
+def test_a_light_step_in_the_default_budget_gets_no_budget_note(monkeypatch):
+    run, _, _ = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 60, "full": 61},
+                         max_seconds=30.0)
+    measure(run, POINTS)
+    assert budget_notes(run) == []
