@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import multiprocessing
+import textwrap
 import time
 
 import pytest
@@ -23,6 +24,37 @@ from bisect_pipeline.testing import (CLASSES, FEATURES, PlantedDataset, PlantedI
 # do not need more.
 FAST_PLAN = Plan(window_seconds=0.15)
 
+
+# The planted pipeline of the scripts that e2e tests write and run in processes of their
+# own (torchrun ranks, `bisect-pipeline run SCRIPT`, Lightning and Hugging Face scripts):
+# `Data(n, ms, dicts=False)` holds n samples of 16 features and a class of 4, each through
+# its `transform`, a `Slow(ms)` sleep; `dicts`: {"x", "labels"} samples instead of pairs.
+PLANTED_DATA = textwrap.dedent('''
+    import time
+    import torch
+    from torch.utils.data import Dataset
+
+    class Slow:
+        def __init__(self, ms):
+            self.ms = ms
+        def __call__(self, x):
+            if self.ms:
+                time.sleep(self.ms / 1e3)
+            return x
+
+    class Data(Dataset):
+        def __init__(self, n, ms, dicts=False):
+            g = torch.Generator().manual_seed(0)
+            self.x = torch.randn(n, 16, generator=g)
+            self.y = torch.randint(0, 4, (n,), generator=g)
+            self.transform = Slow(ms)
+            self.dicts = dicts
+        def __len__(self):
+            return len(self.x)
+        def __getitem__(self, i):
+            x = self.transform(self.x[i].clone())
+            return {"x": x, "labels": self.y[i]} if self.dicts else (x, self.y[i])
+''')
 
 @pytest.fixture(autouse=True)
 def one_intra_op_thread():

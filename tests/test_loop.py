@@ -21,7 +21,7 @@ from bisect_pipeline import script as script_mod
 from bisect_pipeline import loop as loop_mod
 from bisect_pipeline.errors import BisectError
 from bisect_pipeline.loop import PausingClock, ScriptStopped, Session, watching
-from conftest import FAST_PLAN, PlantedDataset, Sleep, assert_names, make_loader, tiny_model
+from conftest import FAST_PLAN, PLANTED_DATA, PlantedDataset, Sleep, assert_names, make_loader, tiny_model
 
 
 def test_the_pausing_clock_leaves_out_what_it_is_told():
@@ -134,30 +134,10 @@ def test_the_patches_come_off_when_the_session_closes():
 
 # --- end to end: planted scripts ----------------------------------------------------------------
 
-PLANTED = textwrap.dedent('''
-    import argparse, sys, time
-    import torch
+PLANTED = PLANTED_DATA + textwrap.dedent('''
+    import argparse, sys
     from torch import nn
-    from torch.utils.data import DataLoader, Dataset
-
-    class Slow:
-        def __init__(self, ms):
-            self.ms = ms
-        def __call__(self, x):
-            if self.ms:
-                time.sleep(self.ms / 1e3)
-            return x
-
-    class Data(Dataset):
-        def __init__(self, n, ms):
-            g = torch.Generator().manual_seed(0)
-            self.x = torch.randn(n, 16, generator=g)
-            self.y = torch.randint(0, 4, (n,), generator=g)
-            self.transform = Slow(ms)
-        def __len__(self):
-            return len(self.x)
-        def __getitem__(self, i):
-            return self.transform(self.x[i]), self.y[i]
+    from torch.utils.data import DataLoader
 
     def main():
         ap = argparse.ArgumentParser()

@@ -11,37 +11,14 @@ import textwrap
 
 import pytest
 
-from conftest import assert_names
+from conftest import PLANTED_DATA, assert_names
 
 pytestmark = pytest.mark.e2e
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
-COMMON = textwrap.dedent('''
-    import time
-    import torch
+COMMON = PLANTED_DATA + textwrap.dedent('''
     from torch import nn
-    from torch.utils.data import Dataset
-
-    class Slow:
-        def __init__(self, ms):
-            self.ms = ms
-        def __call__(self, x):
-            time.sleep(self.ms / 1e3)
-            return x
-
-    class Data(Dataset):
-        def __init__(self, n, ms, dicts=False):
-            g = torch.Generator().manual_seed(0)
-            self.x = torch.randn(n, 16, generator=g)
-            self.y = torch.randint(0, 4, (n,), generator=g)
-            self.transform = Slow(ms)
-            self.dicts = dicts
-        def __len__(self):
-            return len(self.x)
-        def __getitem__(self, i):
-            x = self.transform(self.x[i])
-            return {"x": x, "labels": self.y[i]} if self.dicts else (x, self.y[i])
 ''')
 
 LIGHTNING = COMMON + textwrap.dedent('''

@@ -16,31 +16,16 @@ import pytest
 import torch
 
 from bisect_pipeline import BisectError, bisect, outcome, verify
-from bisect_pipeline.advice import Finding
-from bisect_pipeline.results import Measured, Trial, Verification
+from bisect_pipeline.results import Measured
 from bisect_pipeline.report import PointResult, Report, build
 from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.testing import CLASSES, FEATURES, PlantedDataset, Spin, make_loader, tiny_model
 from bisect_pipeline.verdict import POINTS
 from conftest import FAST_PLAN, Sleep
-
-BS = 8
+from test_outcome import BS, item, outcome_of, verified  # the advice items and how their trials read
 
 
 # --- what to try -------------------------------------------------------------------------------
-
-
-def item(recommended: dict, kind: str = "num_workers", headroom: dict = None) -> Finding:
-    return Finding(kind, "augment", "Set it.", {"recommended": recommended, "headroom": headroom or {}})
-
-
-def outcome_of(trial) -> dict:
-    """outcome.outcome of a trial (a Trial, or its document form), in its document form."""
-    return outcome.outcome(Trial.from_dict(trial), BS).to_dict()
-
-
-def verified(finding: Finding, verification) -> outcome.Checked:
-    return outcome.verified(finding, Verification.from_dict({"status": "ok", **dict(verification)}), None, BS)
 
 
 def test_candidates_start_with_the_recommendation_then_vary_the_threads_and_the_workers():
