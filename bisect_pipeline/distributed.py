@@ -114,6 +114,14 @@ class Coordinator:
         dist.all_gather_object(out, obj, group=self.group)
         return out
 
+    def close(self) -> None:
+        """The last agreement: every rank reaches it before any leaves the side group,
+        which is then destroyed (a rank that exits while another still talks to it on
+        that group can abort in gloo's teardown)."""
+        if dist.is_initialized():
+            dist.barrier(group=self.group)
+            dist.destroy_process_group(self.group)
+
     def join(self) -> contextlib.AbstractContextManager:
         if not self.joinables:
             return contextlib.nullcontext()
@@ -199,7 +207,11 @@ class LockstepPoints:
 
 
 def gather_reports(local: Any, coord: Coordinator, waits: dict) -> list:
-    """Every rank's report document and its waits for data (one all_gather_object)."""
+    """Every rank's report document and its waits for data (one all_gather_object): the
+    ranks' last agreement, after which the coordinator is closed (both drivers: bisect()
+    and a user's loop, whose default group is the script's own)."""
     mine = {"rank": coord.rank, "report": local.to_dict(),
             "input_wait_ms_per_batch": {k: round(v * 1e3, 3) for k, v in waits.items()}}
-    return coord.gather(mine)
+    gathered = coord.gather(mine)
+    coord.close()
+    return gathered
