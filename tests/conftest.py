@@ -25,6 +25,16 @@ from bisect_pipeline.testing import (CLASSES, FEATURES, PlantedDataset, PlantedI
 FAST_PLAN = Plan(window_seconds=0.15)
 
 
+
+class FakeClock:
+    """A clock that stands still until a test moves `t`."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
 # The planted pipeline of the scripts that e2e tests write and run in processes of their
 # own (torchrun ranks, `bisect-pipeline run SCRIPT`, Lightning and Hugging Face scripts):
 # `Data(n, ms, dicts=False)` holds n samples of 16 features and a class of 4, each through

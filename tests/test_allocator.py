@@ -9,16 +9,9 @@ import pytest
 
 from bisect_pipeline import allocator
 from bisect_pipeline.allocator import AFTER, HELD, Held, Settings, after_settings
+from conftest import FakeClock
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
-
-
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
 
 
 class FakeGlibc:

@@ -11,19 +11,12 @@ import pytest
 
 from bisect_pipeline import progress as progress_mod
 from bisect_pipeline.progress import Progress, Warnings, make_progress
+from conftest import FakeClock
 
 
 class FakeTTY(io.StringIO):
     def isatty(self) -> bool:
         return True
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def frames(stream: io.StringIO) -> list:
@@ -51,7 +44,7 @@ def run_events(p, clock: FakeClock) -> None:
 
 
 def test_shows_the_point_how_far_and_time_left_against_max_seconds():
-    clock, stream = FakeClock(), FakeTTY()
+    clock, stream = FakeClock(1000.0), FakeTTY()
     p = make_progress(20.0, stream=stream, clock=clock)
     assert isinstance(p, Progress)
     p.columns = 120
@@ -74,7 +67,7 @@ def test_shows_the_point_how_far_and_time_left_against_max_seconds():
 
 
 def test_time_left_never_goes_negative_and_the_bar_never_goes_back():
-    clock, stream = FakeClock(), FakeTTY()
+    clock, stream = FakeClock(1000.0), FakeTTY()
     p = make_progress(5.0, stream=stream, clock=clock)
     p.columns = 120
     p({"event": "point", "point": "raw", "index": 2, "total": 4})
@@ -87,7 +80,7 @@ def test_time_left_never_goes_negative_and_the_bar_never_goes_back():
 
 
 def test_done_clears_the_line_and_shows_the_cursor_again_once():
-    clock, stream = FakeClock(), FakeTTY()
+    clock, stream = FakeClock(1000.0), FakeTTY()
     p = make_progress(20.0, stream=stream, clock=clock)
     p({"event": "point", "point": "device", "index": 0, "total": 2})
     p.done()
@@ -99,7 +92,7 @@ def test_done_clears_the_line_and_shows_the_cursor_again_once():
 
 
 def test_long_lines_are_cut_to_the_terminal_width():
-    clock, stream = FakeClock(), FakeTTY()
+    clock, stream = FakeClock(1000.0), FakeTTY()
     p = Progress(20.0, stream, clock=clock, columns=60)
     p({"event": "point", "point": "full num_workers=4, pin_memory=True, prefetch_factor=8", "index": 0, "total": 9})
     (shown,) = frames(stream)
@@ -109,12 +102,12 @@ def test_long_lines_are_cut_to_the_terminal_width():
 @pytest.mark.parametrize("tty", [True, False])
 def test_nothing_is_written_when_quiet(tty):
     stream = FakeTTY() if tty else io.StringIO()
-    assert make_progress(20.0, quiet=True, stream=stream, clock=FakeClock()) is None
+    assert make_progress(20.0, quiet=True, stream=stream, clock=FakeClock(1000.0)) is None
     assert stream.getvalue() == ""
 
 
 def test_not_a_terminal_gets_the_warnings_only_as_plain_lines():
-    stream, clock = io.StringIO(), FakeClock()  # a log file or a pipe
+    stream, clock = io.StringIO(), FakeClock(1000.0)  # a log file or a pipe
     p = make_progress(20.0, stream=stream, clock=clock)
     assert isinstance(p, Warnings)
     run_events(p, clock)
@@ -125,7 +118,7 @@ def test_not_a_terminal_gets_the_warnings_only_as_plain_lines():
 def test_stderr_is_the_default_stream(monkeypatch):
     fake = FakeTTY()
     monkeypatch.setattr(progress_mod.sys, "stderr", fake)
-    p = make_progress(20.0, clock=FakeClock())
+    p = make_progress(20.0, clock=FakeClock(1000.0))
     p({"event": "point", "point": "device", "index": 0, "total": 1})
     assert "device (1/1)" in frames(fake)[0]
     monkeypatch.setattr(progress_mod.sys, "stderr", io.StringIO())  # a pipe or a log file

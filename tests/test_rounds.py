@@ -14,17 +14,10 @@ from bisect_pipeline.plan import Plan
 from bisect_pipeline.results import AllocatorTiming, PointResult
 from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.verdict import POINTS
+from conftest import FakeClock
 
 BS = 10
 DOWN = ["device", "collated", "augmented", "raw", "full"]  # host is skipped on CPU
-
-
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
 
 
 def windows(ms: float, jitter: float = 0.0) -> tuple:

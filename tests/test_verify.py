@@ -21,7 +21,7 @@ from bisect_pipeline.report import PointResult, Report, build
 from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.testing import CLASSES, FEATURES, PlantedDataset, Spin, make_loader, tiny_model
 from bisect_pipeline.verdict import POINTS
-from conftest import FAST_PLAN, Sleep
+from conftest import FAST_PLAN, FakeClock, Sleep
 from test_outcome import BS, item, outcome_of, verified  # the advice items and how their trials read
 
 
@@ -52,14 +52,6 @@ def test_candidates_start_with_the_recommendation_then_vary_the_threads_and_the_
 
 
 # --- the schedule on a fake clock --------------------------------------------------------------
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class FakeRun:
@@ -112,7 +104,7 @@ USER, W1, W1T1 = (), (("num_workers", 1),), (("num_workers", 1), ("torch_num_thr
 
 
 def test_a_candidate_that_helps_is_measured_in_alternating_visits_and_stops_once_decided(monkeypatch):
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     calls = plant_visits(monkeypatch, clock, {USER: 10.0, W1: 20.0, W1T1: 30.0})
     out = run_trials(FakeRun(clock), [item({"num_workers": 1})], budget_s=60, threads=1, cores=2)
     assert out["status"] == "ok" and len(out["trials"]) == 1
@@ -123,7 +115,7 @@ def test_a_candidate_that_helps_is_measured_in_alternating_visits_and_stops_once
 
 
 def test_a_candidate_that_does_not_help_is_said_so_and_the_next_one_is_tried(monkeypatch):
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     plant_visits(monkeypatch, clock, {USER: 10.0, W1: 10.1, W1T1: 13.0})
     advice = [item({"num_workers": 1}, headroom={"samples_per_sec": 80.0, "samples_per_sec_if_free": 120.0})]
     out = run_trials(FakeRun(clock), advice, budget_s=60, threads=2, cores=2)
@@ -141,7 +133,7 @@ def test_a_candidate_that_does_not_help_is_said_so_and_the_next_one_is_tried(mon
 
 
 def test_slower_everywhere_is_not_presented_as_a_fix(monkeypatch):
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     plant_visits(monkeypatch, clock, {USER: 10.0, W1: 7.0, W1T1: 8.0})
     advice = [item({"num_workers": 1})]
     out = run_trials(FakeRun(clock), advice, budget_s=60, threads=2, cores=2)
@@ -151,7 +143,7 @@ def test_slower_everywhere_is_not_presented_as_a_fix(monkeypatch):
 
 
 def test_a_slower_candidate_stops_after_one_block_and_leaves_the_budget_to_the_next(monkeypatch):
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     # windows +-25%: "slower" is decided after one block, with a figure far wider than
     # TARGET_SPREAD; a slower candidate needs no more precision
     calls = plant_visits(monkeypatch, clock, {USER: 10.0, W1T1: 3.0, W1: 30.0}, jitter=0.25)
@@ -168,7 +160,7 @@ def test_a_slower_candidate_stops_after_one_block_and_leaves_the_budget_to_the_n
 def test_a_first_candidate_that_stays_undecided_cannot_spend_the_next_ones_budget(monkeypatch):
     # every visit takes all of its share: the first candidate (within noise, so measured
     # for every block) may use only what the second's owed block leaves
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     start = clock.t
     calls = plant_visits(monkeypatch, clock, {USER: 10.0, W1T1: 10.05, W1: 20.0}, visit_s=1e9)
     out = run_trials(FakeRun(clock), [item({"num_workers": 1, "torch_num_threads": 1})], budget_s=32,
@@ -182,7 +174,7 @@ def test_a_first_candidate_that_stays_undecided_cannot_spend_the_next_ones_budge
 
 @pytest.mark.parametrize("budget", [0.5, 3.0, 7.0, 20.0])
 def test_the_trials_stay_within_their_budget(monkeypatch, budget):
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     calls = plant_visits(monkeypatch, clock, {USER: 10.0, W1: 10.0, W1T1: 10.0})
     start = clock.t
     out = run_trials(FakeRun(clock), [item({"num_workers": 1})], budget_s=budget, threads=2, cores=2)
@@ -192,7 +184,7 @@ def test_the_trials_stay_within_their_budget(monkeypatch, budget):
 
 
 def test_a_candidate_that_breaks_the_pipeline_is_a_failed_trial(monkeypatch):
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
 
     def visit(exp, settings, deadline, end):
         error = RuntimeError("DataLoader worker (pid 1) is killed by signal: Bus error") if settings else None

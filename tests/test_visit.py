@@ -10,14 +10,7 @@ from bisect_pipeline.faults import StepTimeout
 from bisect_pipeline.plan import Plan
 from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.visit import Pace, Visit, drive, fixed_source
-
-
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
+from conftest import FakeClock
 
 
 def run(step_seconds, plan, deadline=1e9, prefetch=0, first_extra=0.0, keep=None):
