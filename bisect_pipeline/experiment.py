@@ -95,6 +95,22 @@ class Experiment:
     def note(self, kind: str, message: str, point: Optional[str] = None) -> None:
         self.notes.append(Note(kind, message, point))
 
+    def step_estimate(self) -> Optional[float]:
+        """Seconds a training step takes at most, from what was measured so far: the
+        fastest point (its time per batch includes the step), else the step timed alone
+        for the allocator; None before either."""
+        measured = [p.throughput.sec_per_batch for p in self.results.values() if p.ok]
+        if measured:
+            return min(measured)
+        held = getattr(self.allocator_timing, "held_ms_per_batch", None)
+        return held / 1e3 if held else None
+
+    def visit_plan(self, name: str, spec: Optional[LoaderSpec] = None) -> tuple[Plan, int]:
+        """The plan a visit of point `name` follows, and the batches its loader has
+        prefetched when it starts (none where the batches are cached on the host or device)."""
+        spec = spec or self.spec
+        return self.plan.for_workers(spec.num_workers), (0 if name in ("host", "device") else spec.prefetch_depth)
+
     def watchdog(self, what: Callable[[], str], end: Optional[float] = None) -> faults.Watchdog:
         """A watchdog for one phase: --step-timeout without progress, or `end` (the hard
         end by default) plus HANG_GRACE_S."""
@@ -183,12 +199,12 @@ class Experiment:
         windows to keep (plan.windows_per_visit); `end`: the watchdog's hard end (the
         run's by default); `skip`: take part in a lockstep point without steps."""
         spec = spec or self.spec
+        plan, prefetch = self.visit_plan(name, spec)
         self.visits += 1
         return Visit(
             name, None if skip else (lambda: self.open(name, spec, epochs, threads)),
-            batch_size=self.batch_size, plan=self.plan.for_workers(spec.num_workers), deadline=deadline,
-            clock=self.clock, sync=self.sync, keep=keep, pace=pace,
-            prefetch_depth=spec.prefetch_depth if name not in ("host", "device") else 0,
+            batch_size=self.batch_size, plan=plan, deadline=deadline,
+            clock=self.clock, sync=self.sync, keep=keep, pace=pace, prefetch_depth=prefetch,
             watchdog=lambda: self.watchdog(lambda: f"point {name}", end),
             on_window=lambda i, w: self.emit({"event": "window", "point": name, "window": i,
                                               "max_windows": keep or self.plan.windows_per_visit}),

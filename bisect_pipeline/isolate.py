@@ -399,18 +399,9 @@ def after_points(exp: Any, *, max_seconds: float) -> tuple[Isolated, Syncs]:
                 return exp.clock()
             return time_stages(exp.spec, exp.caches, exp.device, exp.move, exp.step, step_sec_per_batch=step,
                                budget_s=min(budget(max_seconds), left), clock=beating_clock, end=exp.end,
-                               step_estimate_s=_step_estimate(exp))
+                               step_estimate_s=exp.step_estimate())
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # never costs the run its verdict
         return Isolated.missing("failed", _reason(exc)), no_cuda or Syncs.missing("failed", _reason(exc))
 
-
-def _step_estimate(exp: Any) -> Optional[float]:
-    """Seconds a training step takes at most, from what was measured: the fastest point
-    (its time per batch includes the step), else the step timed alone for the allocator."""
-    measured = [p.throughput.sec_per_batch for p in exp.results.values() if p.ok and p.throughput is not None]
-    if measured:
-        return min(measured)
-    held = getattr(exp.allocator_timing, "held_ms_per_batch", None)
-    return held / 1e3 if held else None

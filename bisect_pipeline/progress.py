@@ -159,7 +159,7 @@ class Lines:
         elif kind == "verify":
             text = "measuring the advice: " + ", ".join(f"{k}={v}" for k, v in event["settings"].items())
         elif kind == "warning":
-            click.echo(warning_line(event), file=self.stream or sys.stderr)
+            _write_line(self.stream or sys.stderr, warning_line(event))
             return
         else:
             return

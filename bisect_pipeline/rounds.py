@@ -57,7 +57,7 @@ class Rounds:
             else:
                 todo.append(name)
         focus, decided = set(todo), False
-        self._budget_check(todo, _step_alone(exp), visited=())
+        self._budget_check(todo, visited=())
         try:
             for r in range(exp.plan.max_rounds):
                 order = [n for n in (todo if r % 2 == 0 else todo[::-1]) if _live(exp, n) and n in focus]
@@ -115,25 +115,26 @@ class Rounds:
         visit = exp.visit(name, exp.clock() + left * share)
         yield visit
         exp.results[name] = pool(exp.results.get(name), exp.result(visit), exp.batch_size)
-        if not self._budget_checked and exp.results[name].ok:
-            self._budget_check(planned, exp.results[name].throughput.sec_per_batch, visited=(name,))
+        if exp.results[name].ok:
+            self._budget_check(planned, visited=(name,))
         return True
 
-    def _budget_check(self, todo: list, sec_per_step: Optional[float], visited: tuple) -> None:
-        """Once a step's time is known (the step timed alone, else the first point
-        measured), say whether the minimum rounds fit in --max-seconds: the least time
-        of the visits they still owe (plan.least_visit_seconds), the time spent, and the
-        isolated timings' share. Measuring goes on either way: what fits is measured."""
+    def _budget_check(self, todo: list, visited: tuple) -> None:
+        """Once a step's time is known (Experiment.step_estimate: the step timed alone,
+        else the first point measured), say whether the minimum rounds fit in
+        --max-seconds: the least time of the visits they still owe (each as
+        Experiment.visit would plan it), the time spent, and the isolated timings' share.
+        Measuring goes on either way: what fits is measured."""
         exp = self.exp
-        if sec_per_step is None or self._budget_checked:
+        sec_per_step = None if self._budget_checked else exp.step_estimate()
+        if sec_per_step is None:
             return
         self._budget_checked = True
-        plan, spec = exp.plan, exp.spec
+        plan = exp.plan
 
         def least(name: str) -> float:
-            if name in ("host", "device"):
-                return plan.least_visit_seconds(sec_per_step)
-            return plan.for_workers(spec.num_workers).least_visit_seconds(sec_per_step, spec.prefetch_depth)
+            visit_plan, prefetch = exp.visit_plan(name)
+            return visit_plan.least_visit_seconds(sec_per_step, prefetch)
 
         owed = plan.min_rounds * sum(least(n) for n in todo) - sum(least(n) for n in visited)
         needed = (exp.clock() - exp.start) + owed + (exp.end - exp.deadline)
@@ -146,13 +147,6 @@ class Rounds:
                    f"rerun with --max-seconds {suggest}; what fits is measured")
         exp.note("budget", message)
         exp.emit({"event": "warning", "message": message})
-
-
-def _step_alone(exp: Experiment) -> Optional[float]:
-    """Seconds per step of the step timed alone before the points (the allocator's
-    timing, on the CPU with the tool's step), if it was."""
-    held = getattr(exp.allocator_timing, "held_ms_per_batch", None)
-    return held / 1e3 if held else None
 
 
 def _live(exp: Experiment, name: str) -> bool:

@@ -10,8 +10,8 @@ from bisect_pipeline import cache, faults
 from bisect_pipeline.experiment import Experiment, probe_step
 from bisect_pipeline.loader import describe
 from bisect_pipeline.plan import Plan
-from bisect_pipeline.results import AllocatorHold, Measured, PointResult
-from bisect_pipeline.stats import Window
+from bisect_pipeline.results import AllocatorHold, AllocatorTiming, Measured, PointResult
+from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.step import make_step, to_device
 from conftest import PlantedDataset, Sleep, make_loader, tiny_model
 
@@ -100,3 +100,20 @@ def test_in_a_users_loop_the_batches_are_handed_over_as_the_loader_yields_them()
     entry = experiment()
     with entry.open("augmented") as (_, move):
         assert move is not None
+
+
+def test_the_step_estimate_is_the_fastest_point_measured():
+    fast = PointResult("device", "ok", throughput=Throughput((Window(10, 1.0),) * 3, batch_size=4))
+    slow = PointResult("full", "ok", throughput=Throughput((Window(10, 3.0),) * 3, batch_size=4))
+    assert experiment(results={"device": fast, "full": slow}).step_estimate() == pytest.approx(0.1)
+    assert experiment().step_estimate() is None
+    alone = experiment(allocator_timing=AllocatorTiming(status="ok", held_ms_per_batch=2000.0))
+    assert alone.step_estimate() == pytest.approx(2.0)  # before any point: the step timed alone
+
+
+def test_a_visit_is_planned_for_the_loaders_workers_and_prefetch():
+    loader = make_loader(PlantedDataset(n=32), batch_size=8, num_workers=2)
+    exp = experiment(loader)
+    plan, prefetch = exp.visit_plan("full")
+    assert plan == exp.plan.for_workers(2) and prefetch == exp.spec.prefetch_depth > 0
+    assert exp.visit_plan("device") == (plan, 0)  # cached batches: nothing prefetched

@@ -11,11 +11,10 @@ from PIL import Image
 from bisect_pipeline import cache, faults, isolate, loader as loader_mod
 from bisect_pipeline.experiment import Experiment
 from bisect_pipeline.results import Isolated
-from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.step import make_step
 from bisect_pipeline.report import PointResult
 from bisect_pipeline.step import to_device
-from conftest import PlantedDataset, Sleep, SlowCollate, make_loader, tiny_model
+from conftest import FakeClock, PlantedDataset, Sleep, SlowCollate, make_loader, tiny_model
 
 CPU = torch.device("cpu")
 
@@ -147,19 +146,11 @@ def test_unfilled_caches_and_hung_points_skip_isolation():
     assert iso.status == "skipped" and "hung" in iso.reason and syncs.status == "skipped"
 
 
-class FakeClock:
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self):
-        return self.t
-
-
 def heavy_stages(step_s: float, end_in: float, estimate):
     """time_stages on a real cache, on a fake clock where each training step takes step_s."""
     spec = loader_mod.describe(make_loader(PlantedDataset(n=16), batch_size=4))
     caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
-    clock, steps = FakeClock(), []
+    clock, steps = FakeClock(100.0), []
 
     def step(batch):
         steps.append(1)
@@ -189,7 +180,7 @@ def experiment_at(clock, end, results=None, step=None):
 
 
 def test_isolation_after_the_end_is_skipped_and_syncs_say_why_on_cpu():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     iso, syncs = isolate.after_points(experiment_at(clock, end=clock.t - 1.0), max_seconds=60)
     assert iso.status == "skipped" and "out of time" in iso.reason
     assert syncs.status == "skipped" and "no CUDA device" in syncs.reason
@@ -203,14 +194,6 @@ def test_isolation_cut_by_the_watchdog_still_says_syncs_are_not_counted_on_cpu()
                                       max_seconds=60)
     assert iso.status == "failed" and "StepTimeout" in iso.reason
     assert syncs.status == "skipped" and "no CUDA device" in syncs.reason  # not "failed (StepTimeout)"
-
-
-def test_the_step_estimate_is_the_fastest_point_measured():
-    fast = PointResult("device", "ok", throughput=Throughput((Window(10, 1.0),) * 3, batch_size=4))
-    slow = PointResult("full", "ok", throughput=Throughput((Window(10, 3.0),) * 3, batch_size=4))
-    exp = experiment_at(FakeClock(), end=1e9, results={"device": fast, "full": slow})
-    assert isolate._step_estimate(exp) == pytest.approx(0.1)
-    assert isolate._step_estimate(experiment_at(FakeClock(), end=1e9)) is None
 
 
 def test_budget_is_a_small_bounded_share_of_the_run():
