@@ -116,8 +116,11 @@ class Coordinator:
 
     def close(self) -> None:
         """The last agreement: every rank reaches it before any leaves the side group,
-        which is then destroyed (a rank that exits while another still talks to it on
-        that group can abort in gloo's teardown)."""
+        which is then destroyed, and the user's DDP modules are let go. Held here until
+        the interpreter's own teardown, a module's process group was destroyed late, after
+        the script had destroyed it, and gloo could abort ("terminate called without an
+        active exception")."""
+        self.joinables = []
         if dist.is_initialized():
             dist.barrier(group=self.group)
             dist.destroy_process_group(self.group)
