@@ -205,7 +205,7 @@ def _worker_side(c: _Context) -> Optional[tuple]:
     if full is None or name is None:
         return None
     drop = c.t_full - _sec_per_batch(c.r, name)
-    sigma = math.hypot(full.sec_per_batch_sigma, c.r.throughput(name).sec_per_batch_sigma)
+    sigma = math.hypot(c.r.sigma("full"), c.r.sigma(name))
     if not is_real(drop, sigma, c.t_full):
         return None
     costed = [(c.stage_ms(s) or 0.0, s) for s in WORKER_STAGES if c.stage(s) is not None and c.stage(s).status == "ok"]

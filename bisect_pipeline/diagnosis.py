@@ -22,7 +22,7 @@ from typing import Optional
 from . import advice as advice_mod, outcome
 from .advice import Finding
 from .results import NOT_SELECTED, Measurements, Note, PointResult
-from .stats import NOISY_REL_IQR, Throughput
+from .stats import NOISY_REL_IQR, Throughput, point_sigmas
 from .verdict import POINTS, StageCost, Verdict, decide, self_check
 
 
@@ -110,6 +110,12 @@ class Diagnosis:
         """The windows of a point measured ok, else None."""
         p = next((p for p in self.points if p.point == name), None)
         return p.throughput if p is not None and p.status == "ok" else None
+
+    def sigma(self, name: str) -> Optional[float]:
+        """A point's standard error of seconds per batch as the verdict weighs it
+        (stats.point_sigmas over the points measured ok), else None."""
+        ok = {p.point: p.throughput for p in self.points if p.status == "ok" and p.throughput is not None}
+        return point_sigmas(ok).get(name)
 
     def rate(self, name: str) -> Optional[float]:
         """The samples/s the report shows for a point: the verdict's fitted estimate

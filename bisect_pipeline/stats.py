@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 # A point whose windows disagree by more than this (IQR / median of throughput) is
 # flagged as noisy: 10% is where torch.utils.benchmark starts warning too, and
@@ -40,7 +40,11 @@ def small_sample_factor(n: int) -> float:
     """How much a standard error estimated from `n` windows grows so that Z_NOISE of it
     keeps Z_NOISE's false-alarm rate: t(n - 1) / z (Student's t). 1.8 at 6 windows, 1.3
     at 12, 1.1 at 31; infinite for one window (no estimate of the noise at all)."""
-    df = n - 1
+    return t_factor(n - 1)
+
+
+def t_factor(df: int) -> float:
+    """t / z at Z_NOISE's level for a spread estimated with `df` degrees of freedom."""
     if df < 1:
         return math.inf
     if df <= len(_T_AT_Z_NOISE):
@@ -119,6 +123,48 @@ def median_se(values: Sequence[float]) -> float:
     if n < 2:
         return math.inf
     return MEDIAN_SE_FACTOR * (iqr(values) / IQR_PER_SIGMA) / math.sqrt(n) * small_sample_factor(n)
+
+
+def point_sigmas(measured: Mapping[str, "Throughput"]) -> dict:
+    """Each point's standard error of seconds per batch, as every comparison of points
+    of one run uses it: its own (Throughput.sec_per_batch_sigma), or, where smaller, one
+    from the machine's noise pooled over every point's windows. A point of two or three
+    windows has almost no spread estimate of its own (t at one degree of freedom is 78 z),
+    so a long step, measured in few windows, would get bounds many times its batch time
+    however well its windows agree. Pooled: the windows' relative spread is the
+    machine's, alike at every point (the sample variance of log-rates about each point's
+    mean, over sum(n - 1) degrees of freedom); a point whose own windows spread more
+    keeps its own spread; the t factor is the pooled degrees of freedom's."""
+    pooled, df = _pooled_rel_sd(measured.values())
+    out = {}
+    for name, tp in measured.items():
+        own = tp.sec_per_batch_sigma
+        if df >= 1 and tp.n >= 1:
+            rel = max(pooled, _rel_sd(tp)) * MEDIAN_SE_FACTOR / math.sqrt(tp.n) * t_factor(df)
+            own = min(own, tp.sec_per_batch * rel)
+        out[name] = own
+    return out
+
+
+def _log_ss(tp: "Throughput") -> tuple[float, int]:
+    """The sum of squared deviations of a point's log-rates about their mean, and its
+    degrees of freedom (one less than its windows)."""
+    logs = [math.log(r) for r in tp._rates() if 0 < r < math.inf]
+    if len(logs) < 2:
+        return 0.0, 0
+    mean = sum(logs) / len(logs)
+    return sum((x - mean) ** 2 for x in logs), len(logs) - 1
+
+
+def _rel_sd(tp: "Throughput") -> float:
+    ss, df = _log_ss(tp)
+    return math.sqrt(ss / df) if df else 0.0
+
+
+def _pooled_rel_sd(tps: Iterable["Throughput"]) -> tuple[float, int]:
+    parts = [_log_ss(tp) for tp in tps]
+    ss, df = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    return (math.sqrt(ss / df) if df else math.inf), df
 
 
 # Windows are kept to the microsecond, the precision of the JSON document, so a report

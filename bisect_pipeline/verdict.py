@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Mapping, Optional
 
-from .stats import NOISY_REL_IQR, Throughput, decreasing_fit, is_real, noise_threshold
+from .stats import NOISY_REL_IQR, Throughput, decreasing_fit, is_real, noise_threshold, point_sigmas
 
 # Upstream to downstream. A stage sits between the point before it and the point after.
 POINTS = ("full", "raw", "augmented", "collated", "host", "device")
@@ -113,7 +113,7 @@ def decide(
     present = [p for p in POINTS if p in measured]
     if len(present) < 2:
         return Verdict(None, _unmeasured_stages(skipped), reason="no cache point was measured besides the full pipeline")
-    sigma = {p: measured[p].sec_per_batch_sigma for p in present}
+    sigma = point_sigmas(measured)
     inconsistent = find_inconsistent(measured, present, noise_scale)
     left_out = {i.slower for i in inconsistent}
     fitted = _fit(measured, [p for p in present if p not in left_out])
@@ -137,7 +137,7 @@ def _fit(measured: Mapping[str, Throughput], kept: list) -> dict:
     upstream of it (stats.decreasing_fit), each weighted by 1/sigma^2 (its noise, at
     least MIN_REL_SE of it: a few windows that happen to agree are not a 0.1% estimate)."""
     t = {p: measured[p].sec_per_batch for p in kept}
-    sigma = {p: measured[p].sec_per_batch_sigma for p in kept}
+    sigma = point_sigmas(measured)
     weights = [1.0 / max(sigma[p], MIN_REL_SE * t[p], 1e-12) ** 2 if math.isfinite(sigma[p]) else 1e-30
                for p in kept]
     return dict(zip(kept, decreasing_fit([t[p] for p in kept], weights)))
@@ -217,7 +217,7 @@ def find_inconsistent(measured: Mapping[str, Throughput], present: list, noise_s
     """Points slower than a point upstream of them beyond the noise, worst first; each one
     found is left out before looking again (one slow point makes one inconsistency)."""
     t = {p: measured[p].sec_per_batch for p in present}
-    sigma = {p: measured[p].sec_per_batch_sigma for p in present}
+    sigma = point_sigmas(measured)
     kept, found = list(present), []
     while True:
         worst = None

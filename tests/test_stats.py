@@ -3,7 +3,7 @@ import math
 import pytest
 
 from bisect_pipeline.stats import (MIN_REL_DROP, Z_NOISE, Throughput, Window, decreasing_fit, iqr, is_real, median,
-                                   noise_threshold, quantile, small_sample_factor)
+                                   noise_threshold, point_sigmas, quantile, small_sample_factor, t_factor)
 
 
 def test_median_odd_even():
@@ -90,3 +90,34 @@ def test_one_window_has_unknown_noise_and_decides_nothing():
     one = Throughput((Window(10, 1.0),), 1)
     assert one.rel_iqr == 0 and one.rel_se == math.inf
     assert not is_real(10.0, one.sec_per_batch_sigma, 1.0)
+
+
+def two(ms: float, rel: float) -> Throughput:
+    """Two one-step windows `rel` apart (a long step's visit)."""
+    return Throughput((Window(1, ms / 1e3), Window(1, ms / 1e3 * (1 + rel))), 1)
+
+
+def test_few_tight_windows_get_the_noise_pooled_over_the_points_not_an_unbounded_error():
+    # a long step: two windows per point, agreeing within 2-4%; alone each point's error
+    # is t at one degree of freedom (78 z) times its spread
+    m = {"device": two(800, 0.02), "augmented": two(810, 0.03), "raw": two(820, 0.04), "full": two(1000, 0.02)}
+    alone = m["full"].sec_per_batch_sigma
+    pooled = point_sigmas(m)
+    assert alone > 0.5  # over half a second on a 1 s batch: the issue's "+162 ms, error +-3,863 ms"
+    ss = sum((math.log(1 + r) / math.sqrt(2)) ** 2 for r in (0.02, 0.03, 0.04, 0.02))  # 4 points, one df each
+    expect = 1.0 * math.sqrt(ss / 4) * 1.2533 / math.sqrt(2) * t_factor(4)
+    assert pooled["full"] == pytest.approx(expect, rel=0.02) and pooled["full"] < 0.1 * alone
+    assert pooled["full"] * 3 < 0.18  # the 180 ms gap is now beyond the noise
+
+
+def test_a_point_noisier_than_the_rest_keeps_its_own_spread():
+    m = {"device": two(800, 0.01), "augmented": two(800, 0.01), "raw": two(800, 0.01), "full": two(1000, 0.3)}
+    pooled = point_sigmas(m)
+    own_sd = math.log(1.3) / math.sqrt(2)
+    assert pooled["full"] == pytest.approx(m["full"].sec_per_batch * own_sd * 1.2533 / math.sqrt(2) * t_factor(4))
+    assert pooled["device"] < pooled["full"] / 2  # the quiet points: the pooled spread (which the noisy one raises)
+
+
+def test_a_single_window_everywhere_has_no_noise_to_pool():
+    one = Throughput((Window(10, 1.0),), 10)
+    assert point_sigmas({"full": one})["full"] == math.inf  # nothing to pool: no noise known
