@@ -67,6 +67,9 @@ MAX_BLOCK_STEPS = 50
 # Untimed steps before the first block: a step's first calls are slower (lazy set-up,
 # the first optimizer update), which would be charged to the allocator as it was.
 WARMUP_STEPS = 3
+# The fewest steps time_step takes: its warm-up, then per block a transition step and
+# BLOCK_STEPS timed ones.
+LEAST_STEPS = WARMUP_STEPS - 1 + 2 * (1 + BLOCK_STEPS)
 
 
 class Glibc:

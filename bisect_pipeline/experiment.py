@@ -41,6 +41,9 @@ LOOP_GAP_FACTOR = 20.0
 # advice): this share of --max-seconds, at most ALLOCATOR_SECONDS.
 ALLOCATOR_SHARE = 0.02
 ALLOCATOR_SECONDS = 1.0
+# It takes at least allocator.LEAST_STEPS steps: where those would take more than this
+# share of --max-seconds (a step of a second or more), the step is not timed alone.
+ALLOCATOR_MAX_SHARE = 0.1
 
 
 @dataclasses.dataclass
@@ -81,6 +84,7 @@ class Experiment:
     syncs: Optional[Syncs] = None
     verification: Optional[Verification] = None
     waits: dict = dataclasses.field(default_factory=dict)  # lockstep: per point, the wait for data per batch
+    step_alone: Optional[float] = None  # seconds of one step timed alone (hold_allocator), when it was
 
     def __post_init__(self) -> None:
         self.settle_deadline = min(self.settle_deadline or self.deadline, self.deadline)
@@ -98,18 +102,44 @@ class Experiment:
     def step_estimate(self) -> Optional[float]:
         """Seconds a training step takes at most, from what was measured so far: the
         fastest point (its time per batch includes the step), else the step timed alone
-        for the allocator; None before either."""
+        (hold_allocator); None before either."""
         measured = [p.throughput.sec_per_batch for p in self.results.values() if p.ok]
         if measured:
             return min(measured)
-        held = getattr(self.allocator_timing, "held_ms_per_batch", None)
-        return held / 1e3 if held else None
+        return self.step_alone
 
-    def visit_plan(self, name: str, spec: Optional[LoaderSpec] = None) -> tuple[Plan, int]:
-        """The plan a visit of point `name` follows, and the batches its loader has
-        prefetched when it starts (none where the batches are cached on the host or device)."""
+    def least_visit_seconds(self, name: str, spec: Optional[LoaderSpec] = None, *, windows: Optional[int] = None,
+                            spare: int = 0) -> float:
+        """The least time a visit of `name` takes as `visit` would plan it (Plan.
+        least_visit_seconds at step_estimate), with `windows` windows (the plan's by
+        default) and `spare` more; 0 while the step's time is not known."""
+        sec_per_step = self.step_estimate()
+        if sec_per_step is None:
+            return 0.0
+        plan, prefetch = self.visit_plan(name, spec)
+        n = (plan.windows_per_visit if windows is None else windows) + spare
+        return plan.least_visit_seconds(sec_per_step, prefetch, n)
+
+    def visit_plan(self, name: str, spec: Optional[LoaderSpec] = None, fit: bool = True) -> tuple[Plan, int]:
+        """The plan a visit of point `name` follows, fitted to the step as far as it is
+        known (Plan.for_step), and the batches its loader has prefetched when it starts:
+        none where the batches are cached on the host or device; behind a long step, the
+        first batch of each worker at most (workers start together, so only those come
+        out at once: the queue fills beyond them only when the workers outpace the step).
+        `fit=False`: not fitted here (under torchrun each rank knows its own step, and the
+        ranks' warm-ups must be alike: the visit fits the plan to rank 0's estimate)."""
         spec = spec or self.spec
-        return self.plan.for_workers(spec.num_workers), (0 if name in ("host", "device") else spec.prefetch_depth)
+        est = self.step_estimate() if fit else None
+        plan = self.plan.for_workers(spec.num_workers).for_step(est)
+        prefetch = 0 if name in ("host", "device") else spec.prefetch_depth
+        return plan, (min(prefetch, spec.num_workers) if plan.long(est) else prefetch)
+
+    def visit_deadline(self, name: str, share: float, limit: float, spec: Optional[LoaderSpec] = None) -> float:
+        """When a visit of `name` given `share` seconds of a schedule ends: at least its
+        least time with a spare window (for a first pair that disagrees), where that is
+        left before `limit`: a share too short for two windows measures no spread."""
+        now = self.clock()
+        return now + min(limit - now, max(share, self.least_visit_seconds(name, spec, spare=1)))
 
     def watchdog(self, what: Callable[[], str], end: Optional[float] = None) -> faults.Watchdog:
         """A watchdog for one phase: --step-timeout without progress, or `end` (the hard
@@ -199,7 +229,7 @@ class Experiment:
         windows to keep (plan.windows_per_visit); `end`: the watchdog's hard end (the
         run's by default); `skip`: take part in a lockstep point without steps."""
         spec = spec or self.spec
-        plan, prefetch = self.visit_plan(name, spec)
+        plan, prefetch = self.visit_plan(name, spec, fit=not pace.lockstep)
         self.visits += 1
         return Visit(
             name, None if skip else (lambda: self.open(name, spec, epochs, threads)),
@@ -383,8 +413,19 @@ def hold_allocator(exp: Experiment, held: allocator.Held, coord: Any, max_second
     batch = one_device_batch(exp)
     try:
         with exp.watchdog(lambda: "the step timed alone (allocator)"):
-            return held.time_step(lambda: exp.step(batch), min(ALLOCATOR_SECONDS, ALLOCATOR_SHARE * max_seconds),
-                                  exp.clock)
+            t0 = exp.clock()
+            exp.step(batch)  # the first of the timing's warm-up steps, timed: is the step long?
+            exp.step_alone = exp.clock() - t0
+            least = exp.step_alone * allocator.LEAST_STEPS
+            if least > ALLOCATOR_MAX_SHARE * max_seconds:
+                return AllocatorTiming.missing(
+                    "skipped", f"one step takes {exp.step_alone:.2g} s: timing it before and after would take "
+                               f"{least:.0f} s, more than {ALLOCATOR_MAX_SHARE:.0%} of --max-seconds")
+            timing = held.time_step(lambda: exp.step(batch), min(ALLOCATOR_SECONDS, ALLOCATOR_SHARE * max_seconds),
+                                    exp.clock)
+            if timing.held_ms_per_batch:
+                exp.step_alone = timing.held_ms_per_batch / 1e3
+            return timing
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # the points will fail with this error themselves

@@ -45,6 +45,8 @@ class Plan:
     # bounds them; max_rounds only stops a run that nothing could settle.
     min_rounds: int = 2
     max_rounds: int = 24
+    # The loader's workers (for_workers): a window spans at least one batch of each.
+    workers: int = 0
 
     def __post_init__(self) -> None:
         if self.window_seconds <= 0:
@@ -60,7 +62,26 @@ class Plan:
         """This plan for a loader with `num_workers`: a window must span several batches
         per worker, or it times one worker's burst."""
         need = max(self.min_window_steps, 2 * num_workers)
-        return self if need == self.min_window_steps else dataclasses.replace(self, min_window_steps=need)
+        if need == self.min_window_steps and num_workers == self.workers:
+            return self
+        return dataclasses.replace(self, min_window_steps=need, workers=num_workers)
+
+    def long(self, sec_per_step: Optional[float]) -> bool:
+        """Is a step of `sec_per_step` seconds a long one: a whole window or more?"""
+        return sec_per_step is not None and sec_per_step >= self.window_seconds
+
+    def for_step(self, sec_per_step: Optional[float]) -> "Plan":
+        """This plan for a step of `sec_per_step` seconds (None: not known yet). Where one
+        step lasts a window or more, windows of min_window_steps steps and a visit of
+        2 + 3 x 3 steps would take a 2-s step 22 s a visit and a verdict minutes: a long
+        step gets windows of one batch per worker (one step without workers), no warm-up
+        step beyond the first batch's (untimed already; the first windows must still agree
+        before any is kept), and two windows a visit, the fewest that show a spread. The
+        noise of so few windows is pooled over the points (stats.point_sigmas)."""
+        if not self.long(sec_per_step):
+            return self
+        return dataclasses.replace(self, min_window_steps=max(1, self.workers), min_warmup_steps=0,
+                                   windows_per_visit=min(2, self.windows_per_visit))
 
     def window_steps(self, sec_per_step: float) -> int:
         """Steps in a window of `window_seconds` at `sec_per_step`, at least min_window_steps:
@@ -68,10 +89,12 @@ class Plan:
         next ones from the first window's rate)."""
         return max(self.min_window_steps, math.ceil(self.window_seconds / max(sec_per_step, 1e-9)))
 
-    def least_visit_seconds(self, sec_per_step: float, prefetch_depth: int = 0) -> float:
-        """The least time one visit takes at `sec_per_step`: its untimed warm-up (and the
-        batches prefetched meanwhile) and the windows it keeps."""
-        steps = self.min_warmup_steps + prefetch_depth + self.windows_per_visit * self.window_steps(sec_per_step)
+    def least_visit_seconds(self, sec_per_step: float, prefetch_depth: int = 0, windows: Optional[int] = None) -> float:
+        """The least time one visit takes at `sec_per_step`: its first batch, its untimed
+        warm-up (and the batches prefetched meanwhile) and the windows it keeps (or
+        `windows` windows)."""
+        n = self.windows_per_visit if windows is None else windows
+        steps = 1 + self.min_warmup_steps + prefetch_depth + n * self.window_steps(sec_per_step)
         return steps * sec_per_step
 
     def most_windows(self, keep: Optional[int] = None) -> int:

@@ -44,6 +44,7 @@ class Rounds:
         self.selected = selected
         self.info: dict = {"rounds": 0, "settled": False, "remeasured": []}
         self._budget_checked = False
+        self.tight = False  # the minimum rounds do not fit in --max-seconds (_budget_check)
 
     def __iter__(self) -> Iterator[Visit]:
         exp = self.exp
@@ -63,15 +64,25 @@ class Rounds:
                 order = [n for n in (todo if r % 2 == 0 else todo[::-1]) if _live(exp, n) and n in focus]
                 if "full" not in order:
                     break  # no verdict can come of more rounds
-                later = len(order) * max(0, exp.plan.min_rounds - r - 1)  # visits still owed to the minimum rounds
                 # rounds that only settle a verdict already made leave the verification its
                 # share; an undecided verdict has the whole budget (advice checked under a
                 # verdict that is not there is worth less than the verdict)
                 limit = exp.settle_deadline if decided else exp.deadline
-                for i, name in enumerate(order):
-                    if not (yield from self._visit(name, order[i:], later, limit)):
+                visits = len(order)
+                while order:
+                    order = self._tight_order(order, todo[0]) if r == 0 else order
+                    # the visits still owed to the minimum rounds (none once they do not fit)
+                    later = 0 if self.tight else visits * max(0, exp.plan.min_rounds - r - 1)
+                    if not (yield from self._visit(order[0], order, later, limit)):
                         return
+                    order = order[1:]
                 self.info["rounds"] = r + 1
+                if self.tight and r == 0:  # the second round visits only what can change the verdict
+                    v = yield from self._consistent()
+                    if v is None:
+                        return
+                    focus = deciding_points(v) | {"full"}
+                    continue
                 if r + 1 < exp.plan.min_rounds:
                     continue
                 v = yield from self._consistent()
@@ -85,6 +96,15 @@ class Rounds:
         finally:
             self.info["verdict_s"] = round(exp.clock() - exp.start, 3)
             self.info["visits"] = exp.visits
+
+    def _tight_order(self, order: list, ceiling: str) -> list:
+        """The first round's visits still to make, `full` right after the ceiling when the
+        minimum rounds do not fit: those two bound the gap, and with them a verdict (even
+        `none`) is possible before the stages in between are measured."""
+        if not self.tight or "full" not in order:
+            return order
+        head = [n for n in order if n == ceiling]
+        return head + ["full"] + [n for n in order if n not in head and n != "full"]
 
     def _consistent(self):
         """The verdict after each point found inconsistent for the first time is measured
@@ -105,14 +125,14 @@ class Rounds:
         and `later` ones; False (and nothing opened) when not even a window's time is left."""
         exp = self.exp
         left = limit - exp.clock()
-        if left < exp.plan.window_seconds:
+        if left < max(exp.plan.window_seconds, exp.least_visit_seconds(name, windows=1)):  # not even one window fits
             p = exp.results.get(name)
             if p is not None and p.status == "ok":
                 exp.results[name] = dataclasses.replace(p, stopped_by_deadline=True)
             return False
         share = _weight(name) / (sum(_weight(n) for n in planned) + later)
         exp.emit({"event": "point", "point": name, "index": exp.visits, "total": exp.visits + len(planned) + later})
-        visit = exp.visit(name, exp.clock() + left * share)
+        visit = exp.visit(name, exp.visit_deadline(name, left * share, limit))
         yield visit
         exp.results[name] = pool(exp.results.get(name), exp.result(visit), exp.batch_size)
         if exp.results[name].ok:
@@ -131,16 +151,13 @@ class Rounds:
             return
         self._budget_checked = True
         plan = exp.plan
-
-        def least(name: str) -> float:
-            visit_plan, prefetch = exp.visit_plan(name)
-            return visit_plan.least_visit_seconds(sec_per_step, prefetch)
-
+        least = exp.least_visit_seconds
         owed = plan.min_rounds * sum(least(n) for n in todo) - sum(least(n) for n in visited)
         needed = (exp.clock() - exp.start) + owed + (exp.end - exp.deadline)
         max_s = exp.end - exp.start
         if needed <= max_s:
             return
+        self.tight = True
         suggest = int(math.ceil(needed / 10.0) * 10)
         message = (f"one step takes {sec_per_step:.2g} s: a verdict needs at least about {suggest} s "
                    f"({plan.min_rounds} rounds over {len(todo)} points), more than --max-seconds {max_s:g}: "

@@ -108,7 +108,7 @@ class Trials:
         try:
             for i, (finding, cands) in enumerate(self.items):
                 for k, settings in enumerate(cands):
-                    if exp.clock() >= deadline:
+                    if not self._fits(deadline):
                         break
                     exp.emit({"event": "verify", "item": finding.kind, "settings": settings})
                     # the candidates after this one are each owed MIN_BLOCKS blocks
@@ -123,6 +123,11 @@ class Trials:
             self.result = Verification(status=status, budget_s=round(self.budget_s, 3),
                                        elapsed_s=round(exp.clock() - start, 3), trials=tuple(trials))
 
+    def _fits(self, deadline: float) -> bool:
+        """Is there time before `deadline` for a visit of `full` with one window? (Its
+        first step runs whatever is left: a long step would outrun --max-seconds.)"""
+        return deadline - self.exp.clock() >= max(1e-9, self.exp.least_visit_seconds("full", windows=1))
+
     def _trial(self, item: str, settings: dict, deadline: float, owed: int = 0):
         """The user's settings and the candidate in A B B A blocks of full-pipeline visits,
         until a block ends (from MIN_BLOCKS on) with the candidate decided slower, or decided
@@ -134,10 +139,11 @@ class Trials:
         total = len(BLOCK) * MAX_BLOCKS
         for i in range(total):
             now = exp.clock()
-            if now >= deadline:
+            if not self._fits(deadline):
                 break
             candidate = BLOCK[i % len(BLOCK)]
-            visit = _visit(exp, settings if candidate else {}, now + (deadline - now) / (total - i + owed), deadline)
+            visit = _visit(exp, settings if candidate else {},
+                           exp.visit_deadline("full", (deadline - now) / (total - i + owed), deadline), deadline)
             yield visit
             m = visit.measured
             if m.error is not None:  # the candidate's settings break the pipeline: say so

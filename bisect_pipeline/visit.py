@@ -14,6 +14,7 @@ Algorithm (one visit):
     t_first = time of the first batch and its step
     untimed warm-up: min_warmup_steps + prefetch_depth steps; est = time per step of its
                      second half (the batches workers prefetched come out at once)
+    plan = plan.for_step(est)  (a long step: windows of one batch per worker)
     n = plan.window_steps(est)
     repeat: time one window of n steps, syncing the device at both edges only;
             after each window plan.next_window says whether to go on and how long
@@ -283,12 +284,12 @@ class Visit:
             return
         self.warmup_seconds = clock() - w0
         tail = times[len(times) // 2:] or [max(self.first_batch_seconds, 1e-6)]
-        est = sum(tail) / len(tail)
+        est, left = pace.decide([sum(tail) / len(tail), self.deadline - clock()])
+        self.deadline = clock() + left  # the deciding rank's deadline, on this clock
         if self.gap_factor:  # a pause far beyond a step is not the loop's (see the module's docstring)
             self.gap = max(self.gap_factor * est, plan.window_seconds)
-        steps, left = pace.decide([plan.window_steps(est), self.deadline - clock()])
-        self.deadline = clock() + left  # the deciding rank's deadline, on this clock
-        steps = int(steps)
+        self.plan = plan = plan.for_step(est)  # a long step seen first here (a user's loop's first visit)
+        steps = plan.window_steps(est)
         while True:
             if not pace.lockstep and clock() >= self.deadline:
                 self.stopped_by_deadline = True

@@ -6,22 +6,23 @@ import time
 import pytest
 import torch
 
-from bisect_pipeline import cache, faults
+from bisect_pipeline import allocator, cache, faults
+from bisect_pipeline import experiment as experiment_mod
 from bisect_pipeline.experiment import Experiment, probe_step
 from bisect_pipeline.loader import describe
 from bisect_pipeline.plan import Plan
 from bisect_pipeline.results import AllocatorHold, AllocatorTiming, Measured, PointResult
 from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.step import make_step, to_device
-from conftest import PlantedDataset, Sleep, make_loader, tiny_model
+from conftest import FakeClock, PlantedDataset, Sleep, make_loader, tiny_model
 
 CPU = torch.device("cpu")
 
 
-def experiment(loader=None, step_timeout=None, **kw) -> Experiment:
+def experiment(loader=None, step_timeout=None, clock=time.perf_counter, **kw) -> Experiment:
     loader = loader or make_loader(PlantedDataset(n=32, transform=Sleep(0.0)), batch_size=8)
     spec = describe(loader)
-    exp = Experiment(spec, CPU, Plan(), time.perf_counter, lambda e: None, step_timeout, start=0.0, end=1e9,
+    exp = Experiment(spec, CPU, Plan(), clock, lambda e: None, step_timeout, start=0.0, end=1e9,
                      deadline=1e9, **kw)
     exp.caches = cache.fill(spec, cache_mb=64, max_batches=2)
     exp.move = lambda b: to_device(b, CPU)
@@ -107,7 +108,7 @@ def test_the_step_estimate_is_the_fastest_point_measured():
     slow = PointResult("full", "ok", throughput=Throughput((Window(10, 3.0),) * 3, batch_size=4))
     assert experiment(results={"device": fast, "full": slow}).step_estimate() == pytest.approx(0.1)
     assert experiment().step_estimate() is None
-    alone = experiment(allocator_timing=AllocatorTiming(status="ok", held_ms_per_batch=2000.0))
+    alone = experiment(step_alone=2.0)
     assert alone.step_estimate() == pytest.approx(2.0)  # before any point: the step timed alone
 
 
@@ -117,3 +118,19 @@ def test_a_visit_is_planned_for_the_loaders_workers_and_prefetch():
     plan, prefetch = exp.visit_plan("full")
     assert plan == exp.plan.for_workers(2) and prefetch == exp.spec.prefetch_depth > 0
     assert exp.visit_plan("device") == (plan, 0)  # cached batches: nothing prefetched
+
+
+def test_a_long_step_is_not_timed_alone_for_the_allocator_but_its_time_is_kept():
+    # the allocator's timing takes allocator.LEAST_STEPS steps at least: 28 s of a 2 s
+    # step; past a tenth of --max-seconds it is skipped, said, and the one step timed
+    clock = FakeClock()
+    exp = experiment(clock=clock)
+    exp.step = lambda batch: setattr(clock, "t", clock.t + 2.0)
+    held = allocator.Held(True)
+    try:
+        timing = experiment_mod.hold_allocator(exp, held, None, max_seconds=60.0)
+    finally:
+        held.release()
+    assert timing.status == "skipped" and "one step takes 2 s" in timing.reason and "28 s" in timing.reason
+    assert exp.step_alone == pytest.approx(2.0) and clock.t == pytest.approx(2.0)  # one step, no more
+    assert exp.visit_plan("device")[0] == exp.plan.for_step(2.0)  # and the visits are fitted to it

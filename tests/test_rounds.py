@@ -3,6 +3,7 @@ so what is asserted is the schedule itself: order, pooling, the stop rule, the d
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -11,9 +12,10 @@ import torch
 from bisect_pipeline import rounds
 from bisect_pipeline.experiment import Experiment
 from bisect_pipeline.plan import Plan
-from bisect_pipeline.results import AllocatorTiming, PointResult
+from bisect_pipeline.results import PointResult
 from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.verdict import POINTS
+from bisect_pipeline.visit import drive
 from conftest import FakeClock
 
 BS = 10
@@ -201,7 +203,7 @@ def test_a_budget_too_short_for_a_heavy_step_says_how_long_a_verdict_needs(monke
 
 def test_a_step_timed_alone_gives_the_budget_check_before_any_point(monkeypatch):
     run, seen, _ = make_run(monkeypatch, {n: 2000.0 for n in DOWN}, seconds_per_visit=0.5, max_seconds=10.0)
-    run.allocator_timing = AllocatorTiming(status="ok", held_ms_per_batch=2000.0)
+    run.step_alone = 2.0
     schedule = iter(rounds.Rounds(run, POINTS))
     next(schedule)  # the first visit is handed out, not yet driven
     assert len(budget_notes(run)) == 1 and len(seen) == 1
@@ -212,3 +214,56 @@ def test_a_light_step_in_the_default_budget_gets_no_budget_note(monkeypatch):
                          max_seconds=30.0)
     measure(run, POINTS)
     assert budget_notes(run) == []
+
+
+def heavy_run(monkeypatch, ms: dict, max_seconds: float):
+    """Real visits (Experiment.visit, visit.drive) on a fake clock: a 2 s step (a 1% wobble
+    every other step) behind sources whose batches cost what `ms` plants beyond it."""
+    clock = FakeClock()
+    spec = type("Spec", (), {"batch_size": BS, "num_workers": 0, "pin_memory": False, "prefetch_depth": 0})()
+    exp = Experiment(spec, torch.device("cpu"), Plan(), clock, lambda e: None, None, start=0.0, end=max_seconds,
+                     deadline=max_seconds)
+    exp.step_alone = 2.0  # the step timed alone (hold_allocator)
+    opened: list = []
+    steps = {"n": 0}
+
+    @contextlib.contextmanager
+    def source(name, spec=None, epochs=False, threads=None):
+        opened.append(name)
+
+        def next_batch():
+            clock.t += (ms[name] - 2000.0) / 1e3
+            return name
+        yield next_batch, None
+
+    def step(batch):
+        steps["n"] += 1
+        clock.t += 2.0 * (1.01 if steps["n"] % 2 else 1.0)
+
+    monkeypatch.setattr(exp, "open", source)
+    schedule = rounds.Rounds(exp, ("device", "augmented", "raw", "full"))
+    for v in schedule:
+        drive(v, step)
+    return exp, opened, clock, schedule.info
+
+
+def test_a_two_second_step_in_thirty_seconds_measures_full_second_and_gets_a_verdict(monkeypatch):
+    # 15 steps in all: windows of one step, no warm-up beyond the first batch, two
+    # windows a visit, `full` right after the ceiling; the noise pooled over the points
+    exp, opened, clock, info = heavy_run(monkeypatch, {"device": 2000, "augmented": 2000, "raw": 2000,
+                                                       "full": 3000}, max_seconds=30.0)
+    assert opened[:2] == ["device", "full"]
+    assert len(budget_notes(exp)) == 1  # said before measuring, and what fits is measured
+    assert clock.t <= 30.0
+    assert all(exp.results[n].ok and exp.results[n].throughput.n >= 2 for n in ("device", "full"))
+    v = exp.decide()
+    assert v.bottleneck == "load", (v.bottleneck, v.reason)
+    load = next(s for s in v.stages if s.stage == "load")
+    assert load.sec_per_batch == pytest.approx(1.0, rel=0.05) and load.sigma < 0.1
+
+
+def test_the_same_step_with_an_unfitted_plan_would_not_fit_one_round(monkeypatch):
+    # what a 2 s step cost before the plan fitted it: 2 warm-up steps and 3 windows of
+    # 3 steps a visit, 24 s; a budget of 30 s would measure barely one point
+    plan = Plan()
+    assert plan.least_visit_seconds(2.0) > 20 and plan.for_step(2.0).least_visit_seconds(2.0) <= 6.0

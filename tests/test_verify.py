@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from bisect_pipeline import BisectError, bisect, outcome, verify
+from bisect_pipeline.experiment import Experiment
 from bisect_pipeline.results import Measured
 from bisect_pipeline.report import PointResult, Report, build
 from bisect_pipeline.stats import Throughput, Window
@@ -61,6 +62,13 @@ class FakeRun:
         self.clock, self.device, self.batch_size = clock, torch.device("cpu"), BS
         self.events: list = []
         self.emit = self.events.append
+        self.least = 0.0  # the least time of a visit (0: the step's time not known)
+
+    def least_visit_seconds(self, name, spec=None, *, windows=None, spare=0) -> float:
+        return self.least
+
+    def visit_deadline(self, name, share, limit, spec=None) -> float:
+        return Experiment.visit_deadline(self, name, share, limit, spec)
 
 
 class PlantedVisit:
@@ -181,6 +189,19 @@ def test_the_trials_stay_within_their_budget(monkeypatch, budget):
     assert clock.t - start <= budget + 1e-9
     assert all(deadline <= start + budget + 1e-9 for _, _, deadline in calls)
     assert out["elapsed_s"] <= budget + 1e-6 and out["budget_s"] == budget
+
+
+def test_no_visit_starts_where_a_window_of_the_step_would_not_fit(monkeypatch):
+    # a 3 s step behind the full pipeline: a visit's first batch and one window take 6 s,
+    # so 5 s left opens nothing (its first step alone would outrun --max-seconds)
+    clock = FakeClock(1000.0)
+    calls = plant_visits(monkeypatch, clock, {USER: 0.33, W1: 0.33, W1T1: 0.33}, visit_s=6.0)
+    run = FakeRun(clock)
+    run.least = 6.0
+    out = run_trials(run, [item({"num_workers": 1})], budget_s=5.0, threads=2, cores=2)
+    assert calls == [] and out["status"] == "out of time" and clock.t == 1000.0
+    run_trials(run, [item({"num_workers": 1})], budget_s=7.0, threads=2, cores=2)
+    assert len(calls) == 1 and calls[0][2] == 1006.0  # 7 s: one visit fits, given its least time, and no second
 
 
 def test_a_candidate_that_breaks_the_pipeline_is_a_failed_trial(monkeypatch):
