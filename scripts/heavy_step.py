@@ -1,11 +1,13 @@
-"""A heavy training step behind a light pipeline, for the bounds of a run with long steps:
-8 samples of 2 ms per batch (load), a step of HEAVY_STEP_S seconds (1.5 by default,
-time.sleep: the same on any machine). The right verdict is `none`.
+"""A heavy training step behind a light pipeline, for runs with long steps: 8 samples per
+batch, each loaded in HEAVY_LOAD_MS (2 ms by default) and augmented in HEAVY_AUGMENT_MS (0 by
+default), behind a step of HEAVY_STEP_S seconds (1.5 by default). Every cost is a
+time.sleep, the same on any machine. The right verdict is `none`, or `augment` with
+HEAVY_AUGMENT_MS large enough (125 ms a sample: 1 s a batch).
 
     bisect-pipeline --entry scripts/heavy_step.py:make --max-seconds 30 --device cpu --json heavy.json
         # warns "a verdict needs at least about N s"; run.elapsed_s <= 30
-    bisect-pipeline --entry scripts/heavy_step.py:make --max-seconds N --device cpu
-        # with the budget it named: a verdict
+    HEAVY_STEP_S=2 HEAVY_AUGMENT_MS=125 bisect-pipeline --entry scripts/heavy_step.py:make --max-seconds 60 --device cpu
+        # a 2 s step and a 1 s augment: `augment` in 60 s (scripts/bench_heavy_step.py)
 """
 
 from __future__ import annotations
@@ -19,21 +21,38 @@ from torch.utils.data import DataLoader, Dataset
 from bisect_pipeline import Workload
 
 
+class Sleep:
+    """A per-sample transform that takes `ms` milliseconds."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def __call__(self, x):
+        if self.ms:
+            time.sleep(self.ms / 1e3)
+        return x
+
+
 class Samples(Dataset):
+    def __init__(self, load_ms: float, augment_ms: float) -> None:
+        self.load_ms = load_ms
+        self.transform = Sleep(augment_ms)
+
     def __len__(self) -> int:
         return 4096
 
     def __getitem__(self, i: int):
-        time.sleep(0.002)
-        return torch.randn(16), i % 2
+        time.sleep(self.load_ms / 1e3)
+        return self.transform(torch.randn(16)), i % 2
 
 
 def make() -> Workload:
     model = torch.nn.Linear(16, 2)
     seconds = float(os.environ.get("HEAVY_STEP_S", "1.5"))
+    data = Samples(float(os.environ.get("HEAVY_LOAD_MS", "2")), float(os.environ.get("HEAVY_AUGMENT_MS", "0")))
 
     def step(batch):
         time.sleep(seconds)
         model(batch[0]).sum().backward()
 
-    return Workload(model=model, loader=DataLoader(Samples(), batch_size=8), step=step)
+    return Workload(model=model, loader=DataLoader(data, batch_size=8), step=step)

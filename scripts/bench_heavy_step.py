@@ -1,0 +1,70 @@
+"""Long steps (issue 22): a verdict within the budget when the budget holds the steps a
+verdict needs, and "needs N s" said before measuring when it does not.
+
+Runs `bisect-pipeline --entry scripts/heavy_step.py:make --device cpu` on the heavy step
+(HEAVY_STEP_S, a time.sleep) with a planted augment (HEAVY_AUGMENT_MS per sample, 8 samples
+a batch) or none, at several budgets, and prints per case the verdict, the named
+stage's cost against the planted one, the run's elapsed time against --max-seconds, the
+rounds and visits, and the budget warning if any. Each JSON is checked with
+../shared/tools/check-report when it is there.
+
+    python scripts/bench_heavy_step.py                 # the cases below, about 2.5 minutes
+    python scripts/bench_heavy_step.py --cases augment-60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CHECK = ROOT.parent / "shared" / "tools" / "check-report"
+# name: (step seconds, augment ms per sample, --max-seconds, the verdict planted)
+CASES = {
+    "augment-60": (2.0, 125.0, 60, "augment"),   # 1 s of augment a batch behind a 2 s step
+    "none-60": (2.0, 0.0, 60, "none"),
+    "augment-10": (2.0, 125.0, 10, None),        # too short: "needs N s", said before measuring
+}
+
+
+def run(name: str, tmp: str) -> dict:
+    step_s, augment_ms, budget, planted = CASES[name]
+    out = os.path.join(tmp, f"{name}.json")
+    env = dict(os.environ, HEAVY_STEP_S=str(step_s), HEAVY_AUGMENT_MS=str(augment_ms))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "bisect_pipeline", "--entry", str(ROOT / "scripts" / "heavy_step.py") + ":make",
+                           "--device", "cpu", "--max-seconds", str(budget), "--json", out],
+                          env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    doc = json.loads(pathlib.Path(out).read_text()) if os.path.exists(out) else {}
+    verdict = doc.get("verdict", {})
+    stage = next((s for s in doc.get("stages", []) if s.get("stage") == verdict.get("bottleneck")), {})
+    budget_notes = [n["message"] for n in doc.get("notes", []) if n.get("kind") == "budget"]
+    check = ""
+    if CHECK.exists() and doc:
+        check = subprocess.run([str(CHECK), out], capture_output=True, text=True).stdout.strip().split(": ")[-1]
+    return {"case": name, "exit": proc.returncode, "verdict": verdict.get("bottleneck"), "planted": planted,
+            "cost_ms": stage.get("ms_per_batch"), "planted_ms": augment_ms * 8 if planted == "augment" else None,
+            "noise_ms": stage.get("noise_ms"), "elapsed_s": doc.get("run", {}).get("elapsed_s"), "max_s": budget,
+            "process_s": round(wall, 1), "rounds": doc.get("run", {}).get("rounds"),
+            "visits": doc.get("run", {}).get("visits"), "budget_note": budget_notes[0] if budget_notes else "",
+            "check_report": check}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.cases.split(","):
+            print(json.dumps(run(name, tmp)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
