@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import tree
-from ..recording import RecordingTransform
+from ..recording import RecordingTransform, place
 from ._common import by_name
 
 
@@ -75,14 +75,8 @@ def replay_batched(templates: list, calls: list) -> Optional[list]:
         return None
     batch = {k: [v for r in rows for v in r[k]] for k in rows[0]}
     out = transform(batch)
-    samples = []
-    for i, (template, c) in enumerate(zip(templates, calls)):
-        row = {k: v[i] for k, v in out.items()}
-        sample = template
-        for elem, path in c[0].placements:
-            sample = tree.replace(sample, path, row if elem is None else row[elem])
-        samples.append(sample)
-    return samples
+    return [place(template, {k: v[i] for k, v in out.items()}, c[0].placements)
+            for i, (template, c) in enumerate(zip(templates, calls))]
 
 
 class HFRow:
@@ -107,7 +101,7 @@ class HFLocate:
     def __call__(self, sample: Any) -> Optional[list]:
         if not isinstance(sample, Mapping) or not self.keys:
             return None
-        return [(k, (k,)) for k in self.keys if k in sample] or None
+        return [((k,), (k,)) for k in self.keys if k in sample] or None
 
 
 class _FormatTransform:
