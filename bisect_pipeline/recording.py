@@ -4,6 +4,7 @@ sample, then replay the transform alone on the recorded input (the `raw` point).
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Optional
 
 from . import tree
@@ -26,6 +27,7 @@ class Call:
     # dict's value that __getitem__ unpacked.
     placements: list = dataclasses.field(default_factory=list)
     locate: Optional[Callable] = None  # sample -> placements, when identity cannot find them (integrations)
+    tentative: bool = False  # a callable found by the attribute scan: replayed only if it acts as a transform
 
 
 class Recorder:
@@ -34,14 +36,18 @@ class Recorder:
 
 
 class RecordingTransform:
-    """Stands in for a transform on the dataset copy: records its input, then runs it."""
+    """Stands in for a transform on the dataset copy: records its input, then runs it.
 
-    stage = "augment"  # what faults.stage_in_traceback names when it hangs
+    A tentative proxy (a callable attribute that may be loading, not a transform) names
+    no stage until the fill has seen it act as a transform (split.Instrumented.settle):
+    its errors and hangs are not blamed on augment meanwhile."""
 
-    def __init__(self, fn: Callable, name: str, recorder: Recorder) -> None:
+    def __init__(self, fn: Callable, name: str, recorder: Recorder, tentative: bool = False) -> None:
         self.fn = fn
         self.name = name
         self.recorder = recorder
+        self.tentative = tentative
+        self.stage: Optional[str] = None if tentative else "augment"  # what faults.stage_in_traceback names
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         recording = self.recorder.calls is not None
@@ -52,9 +58,12 @@ class RecordingTransform:
         except (StageError, StepTimeout):
             raise
         except Exception as exc:  # name the stage; the message survives a worker
-            raise stage_error("augment", exc) from exc
+            if self.stage is None:
+                raise
+            raise stage_error(self.stage, exc) from exc
         if recording:
-            self.recorder.calls.append(Call(self.fn, self.name, saved_args, saved_kwargs, out))
+            call = Call(self.fn, self.name, saved_args, saved_kwargs, out, tentative=self.tentative)
+            self.recorder.calls.append(call)
         return out
 
 
@@ -64,7 +73,9 @@ class SplitError(Exception):
 
 def record_sample(inst: Any, index: Any) -> tuple[Any, list[Call]]:
     """Build sample `index` through the proxies; return it and the transform calls that
-    produced parts of it, with where each part of their outputs landed."""
+    produced parts of it, with where each part of their outputs landed. A tentative
+    call that does not act as a transform is left on the loading side, with the reason
+    in `inst.dropped`; a declared transform that cannot be replayed refuses the split."""
     inst.recorder.calls = []
     try:
         sample = inst.dataset[index]
@@ -75,7 +86,9 @@ def record_sample(inst: Any, index: Any) -> tuple[Any, list[Call]]:
     for call in calls:
         why = _place(call, sample)
         call.output = None  # not needed any more; do not keep it alive
-        if why is not None:
+        if why is not None and call.tentative:
+            inst.dropped.setdefault(call.name, why)
+        elif why is not None:
             raise SplitError(why)
         elif call.placements:
             placed.append(call)
@@ -85,6 +98,9 @@ def record_sample(inst: Any, index: Any) -> tuple[Any, list[Call]]:
 def _place(call: Call, sample: Any) -> Optional[str]:
     """Find where the parts of the call's output landed in `sample` (call.placements);
     None when the call can be replayed, else why not."""
+    if call.tentative and _names_only((call.args, call.kwargs)):
+        return (f"{call.name} is called with names only (paths, indices, keys, encoded bytes), so it reads or "
+                "decodes data rather than transforming it: it stays with loading")
     if call.locate is not None:
         call.placements = call.locate(sample)
         missing = [()] if call.placements is None else []
@@ -101,6 +117,13 @@ def _place(call: Call, sample: Any) -> Optional[str]:
             "the transform would not rebuild the sample. Do that step inside the transform (append it to the "
             "Compose, e.g. as a Lambda, or ToTensorV2 for albumentations) and return or unpack the transform's "
             "outputs as they are (`image, mask = out['image'], out['mask']` is fine) to make the raw point available")
+
+
+def _names_only(obj: Any) -> bool:
+    """Whether every leaf of a call's arguments names data (a path, an index, a key) or holds
+    it still encoded (bytes): what a loader is called with; a transform gets loaded data."""
+    return all(isinstance(x, _SCALARS) or isinstance(x, os.PathLike) or getattr(x, "ndim", None) == 0
+               for _, x in tree.leaves(obj))
 
 
 def _locate(output: Any, sample: Any) -> tuple[list, list]:

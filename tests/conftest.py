@@ -80,6 +80,15 @@ class _Costs:
         self.sleep = Sleep(ms)
 
 
+class JointFlip(_Costs):
+    """A joint (image, target) transform, as the detection references compose them: flips
+    the image and moves the boxes."""
+
+    def __call__(self, img, target):
+        self.sleep(None)
+        return img.flip(0), dict(target, boxes=target["boxes"].flip(-1))
+
+
 class KeywordFlip(_Costs):
     """An albumentations-style transform: called with keywords, returns a dict."""
 
@@ -109,6 +118,29 @@ class _Loads(Dataset):
     def load(self, i):
         Sleep(self.load_ms)(None)
         return self.images[i].clone()
+
+
+class DetectionRef(_Loads):
+    """torchvision's detection references: `img, target = self._transforms(img, target)`
+    after loading, the joint transforms under a private name; the VisionDataset's public
+    transform, target_transform and transforms stay None."""
+
+    def __init__(self, transforms=None, n: int = 64, load_ms: float = 0.0) -> None:
+        super().__init__(n, load_ms)
+        self.transform = self.target_transform = self.transforms = None
+        self._transforms = transforms
+
+    def __getitem__(self, i):
+        img = self.load(i)
+        target = {"boxes": torch.tensor([[0.0, 1.0, 2.0, 3.0]]) + i, "labels": torch.tensor([i % CLASSES])}
+        if self._transforms is not None:
+            img, target = self._transforms(img, target)
+        return img, target
+
+
+def detection_collate(samples):
+    """Images stacked, the targets' labels concatenated: (inputs, targets) for the default step."""
+    return torch.stack([s[0] for s in samples]), torch.cat([s[1]["labels"] for s in samples])
 
 
 class Segmentation(_Loads):

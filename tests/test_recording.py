@@ -6,6 +6,7 @@ import torch
 from torch.utils.data import Dataset
 
 from bisect_pipeline import recording, split, tree
+from bisect_pipeline.faults import StageError
 from conftest import DictFlip, DictSamples, KeywordFlip, PlantedDataset, Segmentation
 
 
@@ -45,7 +46,7 @@ def test_record_and_replay_rebuild_the_sample_and_leave_the_dataset_alone():
     ds = PlantedDataset(transform=Double())
     original_transform = ds.transform
     inst = split.instrument(ds)
-    assert inst.found == ["dataset.transform (Double)"]
+    assert list(inst.labels.values()) == ["dataset.transform (Double)"]
     assert ds.transform is original_transform  # the user's dataset is not touched
     sample, calls = recording.record_sample(inst, 3)
     assert len(calls) == 1 and calls[0].placements == [((), (0,))]
@@ -103,3 +104,14 @@ def test_a_part_of_the_output_changed_after_the_transform_refuses_saying_what_to
     assert msg.startswith("dataset.transform(...)['mask'] is changed inside __getitem__")
     assert "inside the transform" in msg and "image" not in msg.split("is changed")[0]
 
+
+def test_a_tentative_proxy_blames_no_stage_until_it_is_settled_as_a_transform():
+    def boom(x):
+        raise ValueError("bad input")
+
+    proxy = recording.RecordingTransform(boom, "dataset.aug", recording.Recorder(), tentative=True)
+    with pytest.raises(ValueError):  # untouched: the fill reports it as loading
+        proxy(torch.ones(1))
+    proxy.stage = "augment"
+    with pytest.raises(StageError, match="augment failed: ValueError: bad input"):
+        proxy(torch.ones(1))

@@ -19,7 +19,7 @@ def is_dataset(obj: Any) -> bool:
     return by_name(obj, ("datasets",), ("Dataset",)) and hasattr(obj, "_format_kwargs")
 
 
-def instrument(ds: Any, ds2: Any, where: str, recorder: Any, found: list) -> None:
+def instrument(ds: Any, ds2: Any, where: str, recorder: Any, found: dict) -> None:
     """The copy gets its own format kwargs with a recording proxy; the user's dataset
     keeps its own."""
     kwargs = getattr(ds, "_format_kwargs", None) or {}
@@ -27,8 +27,8 @@ def instrument(ds: Any, ds2: Any, where: str, recorder: Any, found: list) -> Non
     if getattr(ds, "_format_type", None) != "custom" or fn is None or not callable(fn):
         return
     ds2._format_kwargs = dict(kwargs, transform=_FormatTransform(fn, f"{where}.set_transform", recorder))
-    found.append(f"{where} format transform ({getattr(fn, '__qualname__', type(fn).__name__)}, "
-                 "with_transform/set_transform)")
+    found[f"{where}.set_transform"] = (f"{where} format transform ({getattr(fn, '__qualname__', type(fn).__name__)}, "
+                                       "with_transform/set_transform)")
 
 
 def no_transform_reason(ds: Any) -> Optional[str]:
