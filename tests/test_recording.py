@@ -64,6 +64,21 @@ def test_joint_transform_outputs_are_placed_element_by_element():
     assert torch.equal(again[0], torch.full((2, 2), 6.0)) and torch.equal(again[1]["boxes"], torch.ones(4))
 
 
+class Unpacked(Joint):
+    """Returns the joint transform's target dict unpacked into the sample."""
+
+    def __getitem__(self, i):
+        img, tgt = super().__getitem__(i)
+        return img, tgt["boxes"], i
+
+
+def test_the_parts_of_a_nested_output_are_placed_where_getitem_unpacked_them():
+    ds = Unpacked()
+    sample, calls = recording.record_sample(split.instrument(ds), 1)
+    assert calls[0].placements == [((0,), (0,)), ((1, "boxes"), (1,))]
+    assert same(recording.replay_sample(sample, calls), ds[1])
+
+
 def test_output_changed_after_the_transform_refuses_the_split():
     inst = split.instrument(PostProcessed())
     with pytest.raises(recording.SplitError, match="changed inside __getitem__"):
