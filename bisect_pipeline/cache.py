@@ -87,7 +87,7 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
     if not kept.batches:
         raise BisectError("the loader yields no batch: its dataset is empty (or smaller than one batch with "
                           "drop_last=True). Check the dataset your entry function builds.")
-    raw_calls = rec.raw_calls if rec.raw_calls is not None and len(rec.raw_calls) == len(kept.samples) else None
+    raw_calls = rec.finish(len(kept.samples))
     size, source = batch_size_of(spec, kept.positions, kept.batches, batch_size)
     return Caches(batch_size=size, dataset=rec.dataset, samples=kept.samples, raw_calls=raw_calls,
                   raw_reason=rec.raw_reason, raw_found=rec.found, batches=kept.batches, batch_bytes=kept.batch_bytes,
@@ -194,6 +194,7 @@ class _Recording:
         self.spec = spec
         self.inst = None
         self.raw_reason: Optional[str] = None
+        self.replayed: set = set()  # the names of the proxies whose calls are replayed
         if spec.iterable:
             self.raw_reason = ("the dataset is an IterableDataset: its samples come out of one iterator, so its "
                                "transforms cannot be run apart from loading")
@@ -202,14 +203,10 @@ class _Recording:
                 self.inst = split.instrument(spec.dataset)
             except Exception as exc:  # copy.copy refused
                 self.raw_reason = f"the dataset could not be copied to proxy its transforms ({type(exc).__name__}: {exc})"
-            if self.inst is not None and not self.inst.found:
-                self.raw_reason = integrations.no_transform_reason(spec.dataset) or (
-                    f"no per-sample transform was found on {type(spec.dataset).__name__} (looked for "
-                    f"{', '.join(split.TRANSFORM_ATTRS)}, also through Subset and ConcatDataset). Keep the "
-                    "transforms in `self.transform` and apply them in __getitem__, as torchvision datasets do, "
-                    "to separate loading from augmentation")
+            if self.inst is not None and not self.inst.labels:
+                self.raw_reason = self._no_transform()
                 self.inst = None
-        self.found = list(self.inst.found) if self.inst is not None else []
+        self.found: list = []
         self.dataset = self.inst.dataset if self.inst is not None else copy_or_same(spec.dataset)
         self.raw_calls: Optional[list] = [] if self.inst is not None else None
         self.batched_fetch = self.inst is not None and integrations.hf.fetches_batches(spec.dataset)
@@ -223,7 +220,7 @@ class _Recording:
             sample, calls = recording.record_sample(self.inst, index)
             if len(self.raw_calls) < 2:  # check the split on the first samples
                 if not calls:
-                    raise SplitError(f"{', '.join(self.inst.found)} exist(s) but __getitem__ never called them")
+                    raise SplitError(self._not_called())
                 diff = tree.same_structure(recording.replay_sample(sample, calls), sample)
                 if diff:
                     raise SplitError(f"replaying the transforms does not rebuild the sample ({diff})")
@@ -233,7 +230,35 @@ class _Recording:
         if self.batched_fetch:
             integrations.hf.mark_batched(calls)
         self.raw_calls.append(calls)
+        self.replayed.update(c.name for c in calls)
         return tree.clone(sample)
+
+    def finish(self, n_samples: int) -> Optional[list]:
+        """After the fill: the calls to replay per sample (None when `raw` is unavailable);
+        the tentative proxies settled on the dataset copy; `found`, the transforms replayed."""
+        raw_calls = self.raw_calls if self.raw_calls is not None and len(self.raw_calls) == n_samples else None
+        if self.inst is not None:
+            replayed = self.replayed if raw_calls is not None else self.replayed - set(self.inst.tentative)
+            self.inst.settle(replayed)
+            self.found = self.inst.found(replayed)
+        return raw_calls
+
+    def _not_called(self) -> str:
+        """Why `raw` is unavailable when the first sample replays no transform."""
+        declared = [label for name, label in self.inst.labels.items() if name not in self.inst.tentative]
+        if not declared:
+            return self._no_transform()
+        why = "".join(f"; {w}" for w in self.inst.dropped.values())
+        return f"{', '.join(declared)} exist(s) but __getitem__ never called them{why}"
+
+    def _no_transform(self) -> str:
+        dropped = list(self.inst.dropped.values()) if self.inst is not None else []
+        return integrations.no_transform_reason(self.spec.dataset) or (
+            f"no per-sample transform {'could be separated' if dropped else 'was found'} on "
+            f"{type(self.spec.dataset).__name__} (looked for {', '.join(split.TRANSFORM_ATTRS)} and the dataset's "
+            f"other callable attributes, also through Subset and ConcatDataset){': ' if dropped else ''}"
+            f"{'; '.join(dropped)}. Keep the transforms in `self.transform` and apply them in __getitem__, as "
+            "torchvision datasets do, to separate loading from augmentation")
 
 
 def _sample_groups(spec: LoaderSpec, dataset: Any) -> Iterator[list]:

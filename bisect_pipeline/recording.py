@@ -4,6 +4,7 @@ sample, then replay the transform alone on the recorded input (the `raw` point).
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Optional
 
 from . import tree
@@ -21,8 +22,12 @@ class Call:
     args: tuple
     kwargs: dict
     output: Any = None
-    placements: list = dataclasses.field(default_factory=list)  # (element index or None, path)
+    # (path in the output, path in the sample) for each part of the output the sample
+    # holds: () for the whole output, (1,) for a tuple's second element, ("mask",) for a
+    # dict's value that __getitem__ unpacked.
+    placements: list = dataclasses.field(default_factory=list)
     locate: Optional[Callable] = None  # sample -> placements, when identity cannot find them (integrations)
+    tentative: bool = False  # a callable found by the attribute scan: replayed only if it acts as a transform
 
 
 class Recorder:
@@ -31,14 +36,18 @@ class Recorder:
 
 
 class RecordingTransform:
-    """Stands in for a transform on the dataset copy: records its input, then runs it."""
+    """Stands in for a transform on the dataset copy: records its input, then runs it.
 
-    stage = "augment"  # what faults.stage_in_traceback names when it hangs
+    A tentative proxy (a callable attribute that may be loading, not a transform) names
+    no stage until the fill has seen it act as a transform (split.Instrumented.settle):
+    its errors and hangs are not blamed on augment meanwhile."""
 
-    def __init__(self, fn: Callable, name: str, recorder: Recorder) -> None:
+    def __init__(self, fn: Callable, name: str, recorder: Recorder, tentative: bool = False) -> None:
         self.fn = fn
         self.name = name
         self.recorder = recorder
+        self.tentative = tentative
+        self.stage: Optional[str] = None if tentative else "augment"  # what faults.stage_in_traceback names
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         recording = self.recorder.calls is not None
@@ -49,9 +58,12 @@ class RecordingTransform:
         except (StageError, StepTimeout):
             raise
         except Exception as exc:  # name the stage; the message survives a worker
-            raise stage_error("augment", exc) from exc
+            if self.stage is None:
+                raise
+            raise stage_error(self.stage, exc) from exc
         if recording:
-            self.recorder.calls.append(Call(self.fn, self.name, saved_args, saved_kwargs, out))
+            call = Call(self.fn, self.name, saved_args, saved_kwargs, out, tentative=self.tentative)
+            self.recorder.calls.append(call)
         return out
 
 
@@ -61,7 +73,9 @@ class SplitError(Exception):
 
 def record_sample(inst: Any, index: Any) -> tuple[Any, list[Call]]:
     """Build sample `index` through the proxies; return it and the transform calls that
-    produced parts of it, with where each output landed."""
+    produced parts of it, with where each part of their outputs landed. A tentative
+    call that does not act as a transform is left on the loading side, with the reason
+    in `inst.dropped`; a declared transform that cannot be replayed refuses the split."""
     inst.recorder.calls = []
     try:
         sample = inst.dataset[index]
@@ -70,52 +84,83 @@ def record_sample(inst: Any, index: Any) -> tuple[Any, list[Call]]:
         inst.recorder.calls = None
     placed = []
     for call in calls:
-        call.placements = call.locate(sample) if call.locate is not None else _locate(call.output, sample)
-        call.locate = None
-        if call.placements is None:
-            raise SplitError(
-                f"the output of {call.name} is changed inside __getitem__ before it is returned, so replaying "
-                "the transform alone would not rebuild the sample. Apply everything after loading inside the "
-                "transform (e.g. append the extra step to the Compose) to make the raw point available."
-            )
-        if call.placements:
-            placed.append(call)
+        why = _place(call, sample)
         call.output = None  # not needed any more; do not keep it alive
+        if why is not None and call.tentative:
+            inst.dropped.setdefault(call.name, why)
+        elif why is not None:
+            raise SplitError(why)
+        elif call.placements:
+            placed.append(call)
     return sample, placed
 
 
-def _locate(output: Any, sample: Any) -> Optional[list]:
-    """Where `output` (or each element of a tuple output) sits in `sample`, by identity.
+def _place(call: Call, sample: Any) -> Optional[str]:
+    """Find where the parts of the call's output landed in `sample` (call.placements);
+    None when the call can be replayed, else why not."""
+    if call.tentative and _names_only((call.args, call.kwargs)):
+        return (f"{call.name} is called with names only (paths, indices, keys, encoded bytes), so it reads or "
+                "decodes data rather than transforming it: it stays with loading")
+    if call.locate is not None:
+        call.placements = call.locate(sample)
+        missing = [()] if call.placements is None else []
+    else:
+        call.placements, missing = _locate(call.output, sample)
+    call.locate = None
+    if not missing:
+        return None
+    parts = ", ".join(f"{call.name}(...)" + "".join(f"[{k!r}]" for k in path) if path else f"the output of {call.name}"
+                      for path in missing)
+    verb = "is" if len(missing) == 1 else "are"
+    return (f"{parts} {verb} changed inside __getitem__ before it is returned (not in the sample as the transform "
+            "returned it: e.g. converted with .long(), torch.from_numpy or a permute, or left out), so replaying "
+            "the transform would not rebuild the sample. Do that step inside the transform (append it to the "
+            "Compose, e.g. as a Lambda, or ToTensorV2 for albumentations) and return or unpack the transform's "
+            "outputs as they are (`image, mask = out['image'], out['mask']` is fine) to make the raw point available")
 
-    [] means nothing to replay (a scalar output, e.g. an int label: too cheap to matter
-    and ambiguous to find); None means a non-scalar output is nowhere in the sample.
-    """
-    if isinstance(output, _SCALARS):
-        return []
-    path = tree.find(sample, output)
-    if path is not None:
-        return [(None, path)]
-    if isinstance(output, (tuple, list)):
-        placements = []
-        for i, elem in enumerate(output):
-            if isinstance(elem, _SCALARS):
-                continue
-            p = tree.find(sample, elem)
-            if p is None:
-                return None
-            placements.append((i, p))
-        return placements
-    return None
+
+def _names_only(obj: Any) -> bool:
+    """Whether every leaf of a call's arguments names data (a path, an index, a key) or holds
+    it still encoded (bytes): what a loader is called with; a transform gets loaded data."""
+    return all(isinstance(x, _SCALARS) or isinstance(x, os.PathLike) or getattr(x, "ndim", None) == 0
+               for _, x in tree.leaves(obj))
+
+
+def _locate(output: Any, sample: Any) -> tuple[list, list]:
+    """(placements, missing): where `output` sits in `sample` by identity, else where each
+    of its parts does (tuple elements, dict values, nested), and the paths of the parts
+    found nowhere.
+
+    Scalars and empty containers are skipped (an int label is too cheap to matter and
+    ambiguous to find): a scalar output gives ([], []), nothing to replay."""
+    placements: list = []
+    missing: list = []
+    stack = [((), output)]
+    while stack:
+        out_path, node = stack.pop()
+        if isinstance(node, _SCALARS) or (tree.is_container(node) and not tree.children(node)):
+            continue
+        path = tree.find(sample, node)
+        if path is not None:
+            placements.append((out_path, path))
+        elif tree.is_container(node) and len(out_path) < tree.MAX_DEPTH:
+            stack.extend((out_path + (k,), v) for k, v in reversed(tree.children(node)))
+        else:
+            missing.append(out_path)
+    return placements, missing
+
+
+def place(sample: Any, output: Any, placements: list) -> Any:
+    """`sample` with each placed part of a replayed transform's `output` put where it landed."""
+    for out_path, path in placements:
+        sample = tree.replace(sample, path, tree.get(output, out_path))
+    return sample
 
 
 def replay_sample(template: Any, calls: list[Call]) -> Any:
     """Rebuild a sample: run each recorded transform on its cached input and put the
-    output where it landed in the original sample."""
+    parts of its output where they landed in the original sample."""
     sample = template
     for call in calls:
-        out = call.fn(*tree.clone(call.args), **tree.clone(call.kwargs))
-        for elem, path in call.placements:
-            sample = tree.replace(sample, path, out if elem is None else out[elem])
+        sample = place(sample, call.fn(*tree.clone(call.args), **tree.clone(call.kwargs)), call.placements)
     return sample
-
-

@@ -144,6 +144,13 @@ def _paths(obj: Any, path: Path, depth: int = 0) -> Iterator[tuple[Path, Any]]:
         yield from _paths(v, path + (k,), depth + 1)
 
 
+def get(obj: Any, path: Path) -> Any:
+    """The node at `path` inside `obj` (a path from find)."""
+    for key in path:
+        obj = dict(children(obj))[key]
+    return obj
+
+
 def replace(obj: Any, path: Path, value: Any) -> Any:
     """A copy of `obj` with the node at `path` replaced (the containers on the way are rebuilt)."""
     if not path:

@@ -15,6 +15,7 @@ import time
 
 import pytest
 import torch
+from torch.utils.data import Dataset
 
 from bisect_pipeline import Plan
 from bisect_pipeline.testing import (CLASSES, FEATURES, PlantedDataset, PlantedIterable, Sleep,  # noqa: F401
@@ -65,6 +66,116 @@ PLANTED_DATA = textwrap.dedent('''
             x = self.transform(self.x[i].clone())
             return {"x": x, "labels": self.y[i]} if self.dicts else (x, self.y[i])
 ''')
+
+# The shapes of public detection and segmentation datasets whose transforms the raw split
+# must see (issue 22, test_split.py): each loads a sample (`load_ms`, planted) and hands
+# it to a transform (`ms`, planted) in its own way. Deterministic, so that a replayed
+# sample equals the dataset's own.
+
+
+class _Costs:
+    """A transform that first costs `ms`."""
+
+    def __init__(self, ms: float = 0.0) -> None:
+        self.sleep = Sleep(ms)
+
+
+class JointFlip(_Costs):
+    """A joint (image, target) transform, as the detection references compose them: flips
+    the image and moves the boxes."""
+
+    def __call__(self, img, target):
+        self.sleep(None)
+        return img.flip(0), dict(target, boxes=target["boxes"].flip(-1))
+
+
+class KeywordFlip(_Costs):
+    """An albumentations-style transform: called with keywords, returns a dict."""
+
+    def __call__(self, *, image, mask):
+        self.sleep(None)
+        return {"image": image.flip(0) * 2, "mask": mask.flip(0)}
+
+
+class DictFlip(_Costs):
+    """A dictionary transform (MONAI's, torchvision v2 on a dict): a dict in, a new dict out."""
+
+    def __call__(self, data):
+        self.sleep(None)
+        return dict(data, image=data["image"].flip(0) + 1)
+
+
+class _Loads(Dataset):
+    """n images of FEATURES values; loading one costs `load_ms`."""
+
+    def __init__(self, n: int, load_ms: float) -> None:
+        self.images = torch.randn(n, FEATURES, generator=torch.Generator().manual_seed(0))
+        self.load_ms = load_ms
+
+    def __len__(self):
+        return len(self.images)
+
+    def load(self, i):
+        Sleep(self.load_ms)(None)
+        return self.images[i].clone()
+
+
+class DetectionRef(_Loads):
+    """torchvision's detection references: `img, target = self._transforms(img, target)`
+    after loading, the joint transforms under a private name; the VisionDataset's public
+    transform, target_transform and transforms stay None."""
+
+    def __init__(self, transforms=None, n: int = 64, load_ms: float = 0.0) -> None:
+        super().__init__(n, load_ms)
+        self.transform = self.target_transform = self.transforms = None
+        self._transforms = transforms
+
+    def __getitem__(self, i):
+        img = self.load(i)
+        target = {"boxes": torch.tensor([[0.0, 1.0, 2.0, 3.0]]) + i, "labels": torch.tensor([i % CLASSES])}
+        if self._transforms is not None:
+            img, target = self._transforms(img, target)
+        return img, target
+
+
+def detection_collate(samples):
+    """Images stacked, the targets' labels concatenated: (inputs, targets) for the default step."""
+    return torch.stack([s[0] for s in samples]), torch.cat([s[1]["labels"] for s in samples])
+
+
+class Segmentation(_Loads):
+    """Segmentation code: `out = self.transform(image=image, mask=mask)`, then
+    `image, mask = out["image"], out["mask"]` (a uint8 mask); `long_mask`: then
+    `mask = mask.long()`, a change after the transform."""
+
+    def __init__(self, transform, n: int = 64, load_ms: float = 0.0, long_mask: bool = False) -> None:
+        super().__init__(n, load_ms)
+        self.transform = transform
+        self.long_mask = long_mask
+
+    def __getitem__(self, i):
+        image = self.load(i)
+        mask = ((torch.arange(FEATURES) + i) % CLASSES).to(torch.uint8)
+        out = self.transform(image=image, mask=mask)
+        image, mask = out["image"], out["mask"]
+        if self.long_mask:
+            mask = mask.long()
+        return image, mask
+
+
+class DictSamples(_Loads):
+    """`data = self.transform({"image": image, "label": label})`, returned as
+    `data["image"], data["label"]`."""
+
+    def __init__(self, transform, n: int = 64, load_ms: float = 0.0) -> None:
+        super().__init__(n, load_ms)
+        self.labels = torch.arange(n) % CLASSES
+        self.transform = transform
+
+    def __getitem__(self, i):
+        data = self.transform({"image": self.load(i), "label": self.labels[i]})
+        return data["image"], data["label"]
+
 
 @pytest.fixture(autouse=True)
 def one_intra_op_thread():

@@ -3,11 +3,14 @@ each point replays, where the fill stops, and what a failing pipeline leaves."""
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
-from bisect_pipeline import cache
+from bisect_pipeline import cache, sources
 from bisect_pipeline.loader import describe
-from conftest import PlantedDataset, Sleep, make_loader
+from conftest import (DetectionRef, DictFlip, DictSamples, JointFlip, KeywordFlip, PlantedDataset, Segmentation, Sleep,
+                      detection_collate, make_loader)
+from test_recording import Double, same
+from test_split import FolderLike
 
 
 class RaisesFrom(Dataset):
@@ -73,3 +76,43 @@ def test_an_error_after_the_first_batch_keeps_what_was_built_and_before_it_names
 def test_without_a_transform_to_proxy_raw_is_unavailable_with_what_to_do():
     c = fill(DataLoader(PlantedDataset(n=16, transform=None), batch_size=8), max_batches=1)
     assert c.raw_calls is None and "self.transform" in c.raw_reason
+
+
+SHAPES = {  # issue 22: the shapes of public detection and segmentation datasets
+    "joint transforms in self._transforms, in a Subset": (
+        lambda: Subset(DetectionRef(JointFlip()), list(range(64))), detection_collate,
+        ["dataset.dataset._transforms (JointFlip)"]),
+    "keywords in, a dict out that __getitem__ unpacks": (
+        lambda: Segmentation(KeywordFlip()), None, ["dataset.transform (KeywordFlip)"]),
+    "a dict in, a dict out": (lambda: DictSamples(DictFlip()), None, ["dataset.transform (DictFlip)"]),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_raw_replays_the_same_samples_as_the_dataset_in_each_shape(shape):
+    make, collate, found = SHAPES[shape]
+    ds = make()
+    c = fill(DataLoader(ds, batch_size=8, collate_fn=collate), max_batches=2)
+    assert c.raw_reason is None and c.raw_found == found
+    replay = sources.RawReplay(c.samples, c.raw_calls)
+    for i in range(len(c.samples)):  # unshuffled: sample i is the dataset's sample i
+        assert same(replay[i], ds[i]), i
+
+
+def test_a_loader_alone_is_no_transform_and_is_taken_off_the_copy_that_runs_full():
+    ds = FolderLike()
+    ds._aug = None
+    c = fill(DataLoader(ds, batch_size=2), max_batches=1)
+    assert c.raw_calls is None and c.raw_found == []
+    assert c.raw_reason.startswith("no per-sample transform could be separated on FolderLike")
+    assert "dataset.loader is called with names only" in c.raw_reason and "self.transform" in c.raw_reason
+    assert c.dataset.loader is ds.loader
+
+
+def test_a_changed_output_says_which_part_and_what_to_move_and_a_declared_transform_never_called_is_not_found():
+    c = fill(DataLoader(Segmentation(KeywordFlip(), long_mask=True), batch_size=8), max_batches=1)
+    assert c.raw_calls is None and c.raw_reason.startswith("dataset.transform(...)['mask'] is changed inside")
+    ds = PlantedDataset(n=16, transform=Sleep(0.0))
+    ds.transforms = Double()  # as a VisionDataset's StandardTransform that __getitem__ does not call
+    c = fill(DataLoader(ds, batch_size=8), max_batches=1)
+    assert c.raw_found == ["dataset.transform (Sleep)"]

@@ -6,7 +6,8 @@ import torch
 from torch.utils.data import Dataset
 
 from bisect_pipeline import recording, split, tree
-from conftest import PlantedDataset
+from bisect_pipeline.faults import StageError
+from conftest import DictFlip, DictSamples, KeywordFlip, PlantedDataset, Segmentation
 
 
 class Double:
@@ -45,10 +46,10 @@ def test_record_and_replay_rebuild_the_sample_and_leave_the_dataset_alone():
     ds = PlantedDataset(transform=Double())
     original_transform = ds.transform
     inst = split.instrument(ds)
-    assert inst.found == ["dataset.transform (Double)"]
+    assert list(inst.labels.values()) == ["dataset.transform (Double)"]
     assert ds.transform is original_transform  # the user's dataset is not touched
     sample, calls = recording.record_sample(inst, 3)
-    assert len(calls) == 1 and calls[0].placements == [(None, (0,))]
+    assert len(calls) == 1 and calls[0].placements == [((), (0,))]
     assert torch.equal(calls[0].args[0], ds.data[3])  # the transform's input is cached
     replayed = recording.replay_sample(sample, calls)
     assert torch.equal(replayed[0], ds.data[3] * 2) and replayed[1] == sample[1]
@@ -58,12 +59,74 @@ def test_record_and_replay_rebuild_the_sample_and_leave_the_dataset_alone():
 def test_joint_transform_outputs_are_placed_element_by_element():
     inst = split.instrument(Joint())
     sample, calls = recording.record_sample(inst, 2)
-    assert calls[0].placements == [(0, (0,)), (1, (1,))]
+    assert calls[0].placements == [((0,), (0,)), ((1,), (1,))]
     again = recording.replay_sample(sample, calls)
     assert torch.equal(again[0], torch.full((2, 2), 6.0)) and torch.equal(again[1]["boxes"], torch.ones(4))
+
+
+class Unpacked(Joint):
+    """Returns the joint transform's target dict unpacked into the sample."""
+
+    def __getitem__(self, i):
+        img, tgt = super().__getitem__(i)
+        return img, tgt["boxes"], i
+
+
+def test_the_parts_of_a_nested_output_are_placed_where_getitem_unpacked_them():
+    ds = Unpacked()
+    sample, calls = recording.record_sample(split.instrument(ds), 1)
+    assert calls[0].placements == [((0,), (0,)), ((1, "boxes"), (1,))]
+    assert same(recording.replay_sample(sample, calls), ds[1])
 
 
 def test_output_changed_after_the_transform_refuses_the_split():
     inst = split.instrument(PostProcessed())
     with pytest.raises(recording.SplitError, match="changed inside __getitem__"):
         recording.record_sample(inst, 0)
+
+
+def same(a, b):
+    """The same nesting and equal tensors (and other leaves)."""
+    la, lb = list(tree.leaves(a)), list(tree.leaves(b))
+    return [p for p, _ in la] == [p for p, _ in lb] and all(
+        torch.equal(x, y) and x.dtype == y.dtype if isinstance(x, torch.Tensor) else x == y
+        for (_, x), (_, y) in zip(la, lb))
+
+
+def test_a_keyword_called_transform_returning_a_dict_that_getitem_unpacks_is_replayed():
+    ds = Segmentation(KeywordFlip())
+    inst = split.instrument(ds)
+    sample, calls = recording.record_sample(inst, 3)
+    assert calls[0].args == () and set(calls[0].kwargs) == {"image", "mask"}
+    assert torch.equal(calls[0].kwargs["image"], ds.images[3])  # the transform's input is cached, by keyword
+    assert calls[0].placements == [(("image",), (0,)), (("mask",), (1,))]
+    assert same(recording.replay_sample(sample, calls), ds[3])
+
+
+def test_a_dict_in_dict_out_transform_is_replayed_into_the_values_getitem_returns():
+    ds = DictSamples(DictFlip())
+    sample, calls = recording.record_sample(split.instrument(ds), 5)
+    assert torch.equal(calls[0].args[0]["image"], ds.images[5])
+    assert calls[0].placements == [(("image",), (0,)), (("label",), (1,))]
+    assert same(recording.replay_sample(sample, calls), ds[5])
+
+
+def test_a_part_of_the_output_changed_after_the_transform_refuses_saying_what_to_move():
+    inst = split.instrument(Segmentation(KeywordFlip(), long_mask=True))
+    with pytest.raises(recording.SplitError) as err:
+        recording.record_sample(inst, 0)
+    msg = str(err.value)
+    assert msg.startswith("dataset.transform(...)['mask'] is changed inside __getitem__")
+    assert "inside the transform" in msg and "image" not in msg.split("is changed")[0]
+
+
+def test_a_tentative_proxy_blames_no_stage_until_it_is_settled_as_a_transform():
+    def boom(x):
+        raise ValueError("bad input")
+
+    proxy = recording.RecordingTransform(boom, "dataset.aug", recording.Recorder(), tentative=True)
+    with pytest.raises(ValueError):  # untouched: the fill reports it as loading
+        proxy(torch.ones(1))
+    proxy.stage = "augment"
+    with pytest.raises(StageError, match="augment failed: ValueError: bad input"):
+        proxy(torch.ones(1))

@@ -31,9 +31,10 @@ def adapt_workload(wl: Any, where: str) -> None:
         timm.adapt(wl, where)
 
 
-def instrument_leaf(ds: Any, ds2: Any, where: str, recorder: Any, found: list) -> bool:
-    """Proxy the transform of a library dataset on `ds2` (a shallow copy of `ds`).
-    True when handled here (the generic attribute scan is then skipped)."""
+def instrument_leaf(ds: Any, ds2: Any, where: str, recorder: Any, found: dict) -> bool:
+    """Proxy the transform of a library dataset on `ds2` (a shallow copy of `ds`), adding
+    its name and label to `found`. True when handled here (the generic attribute scan is
+    then skipped)."""
     if hf.is_dataset(ds):
         hf.instrument(ds, ds2, where, recorder, found)
         return True

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import tree
-from ..recording import RecordingTransform
+from ..recording import RecordingTransform, place
 from ._common import by_name
 
 
@@ -19,7 +19,7 @@ def is_dataset(obj: Any) -> bool:
     return by_name(obj, ("datasets",), ("Dataset",)) and hasattr(obj, "_format_kwargs")
 
 
-def instrument(ds: Any, ds2: Any, where: str, recorder: Any, found: list) -> None:
+def instrument(ds: Any, ds2: Any, where: str, recorder: Any, found: dict) -> None:
     """The copy gets its own format kwargs with a recording proxy; the user's dataset
     keeps its own."""
     kwargs = getattr(ds, "_format_kwargs", None) or {}
@@ -27,8 +27,8 @@ def instrument(ds: Any, ds2: Any, where: str, recorder: Any, found: list) -> Non
     if getattr(ds, "_format_type", None) != "custom" or fn is None or not callable(fn):
         return
     ds2._format_kwargs = dict(kwargs, transform=_FormatTransform(fn, f"{where}.set_transform", recorder))
-    found.append(f"{where} format transform ({getattr(fn, '__qualname__', type(fn).__name__)}, "
-                 "with_transform/set_transform)")
+    found[f"{where}.set_transform"] = (f"{where} format transform ({getattr(fn, '__qualname__', type(fn).__name__)}, "
+                                       "with_transform/set_transform)")
 
 
 def no_transform_reason(ds: Any) -> Optional[str]:
@@ -75,14 +75,8 @@ def replay_batched(templates: list, calls: list) -> Optional[list]:
         return None
     batch = {k: [v for r in rows for v in r[k]] for k in rows[0]}
     out = transform(batch)
-    samples = []
-    for i, (template, c) in enumerate(zip(templates, calls)):
-        row = {k: v[i] for k, v in out.items()}
-        sample = template
-        for elem, path in c[0].placements:
-            sample = tree.replace(sample, path, row if elem is None else row[elem])
-        samples.append(sample)
-    return samples
+    return [place(template, {k: v[i] for k, v in out.items()}, c[0].placements)
+            for i, (template, c) in enumerate(zip(templates, calls))]
 
 
 class HFRow:
@@ -107,7 +101,7 @@ class HFLocate:
     def __call__(self, sample: Any) -> Optional[list]:
         if not isinstance(sample, Mapping) or not self.keys:
             return None
-        return [(k, (k,)) for k in self.keys if k in sample] or None
+        return [((k,), (k,)) for k in self.keys if k in sample] or None
 
 
 class _FormatTransform:
