@@ -130,8 +130,9 @@ class Experiment:
         ranks' warm-ups must be alike: the visit fits the plan to rank 0's estimate)."""
         spec = spec or self.spec
         est = self.step_estimate() if fit else None
-        plan = self.plan.for_workers(spec.num_workers).for_step(est)
-        prefetch = 0 if name in ("host", "device") else spec.prefetch_depth
+        cached = name in ("host", "device")  # no worker hands these batches over
+        plan = self.plan.for_workers(0 if cached else spec.num_workers).for_step(est)
+        prefetch = 0 if cached else spec.prefetch_depth
         return plan, (min(prefetch, spec.num_workers) if plan.long(est) else prefetch)
 
     def visit_deadline(self, name: str, share: float, limit: float, spec: Optional[LoaderSpec] = None) -> float:

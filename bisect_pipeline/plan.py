@@ -61,7 +61,7 @@ class Plan:
     def for_workers(self, num_workers: int) -> "Plan":
         """This plan for a loader with `num_workers`: a window must span several batches
         per worker, or it times one worker's burst."""
-        need = max(self.min_window_steps, 2 * num_workers)
+        need = max(self.min_window_steps, 2 * num_workers)  # (a plan already for more workers keeps its windows)
         if need == self.min_window_steps and num_workers == self.workers:
             return self
         return dataclasses.replace(self, min_window_steps=need, workers=num_workers)

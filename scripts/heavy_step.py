@@ -55,4 +55,5 @@ def make() -> Workload:
         time.sleep(seconds)
         model(batch[0]).sum().backward()
 
-    return Workload(model=model, loader=DataLoader(data, batch_size=8), step=step)
+    workers = int(os.environ.get("HEAVY_WORKERS", "0"))
+    return Workload(model=model, loader=DataLoader(data, batch_size=8, num_workers=workers), step=step)

@@ -117,7 +117,7 @@ def test_a_visit_is_planned_for_the_loaders_workers_and_prefetch():
     exp = experiment(loader)
     plan, prefetch = exp.visit_plan("full")
     assert plan == exp.plan.for_workers(2) and prefetch == exp.spec.prefetch_depth > 0
-    assert exp.visit_plan("device") == (plan, 0)  # cached batches: nothing prefetched
+    assert exp.visit_plan("device") == (exp.plan.for_workers(0), 0)  # cached batches: no worker, nothing prefetched
 
 
 def test_a_long_step_is_not_timed_alone_for_the_allocator_but_its_time_is_kept():
@@ -134,3 +134,12 @@ def test_a_long_step_is_not_timed_alone_for_the_allocator_but_its_time_is_kept()
     assert timing.status == "skipped" and "one step takes 2 s" in timing.reason and "28 s" in timing.reason
     assert exp.step_alone == pytest.approx(2.0) and clock.t == pytest.approx(2.0)  # one step, no more
     assert exp.visit_plan("device")[0] == exp.plan.for_step(2.0)  # and the visits are fitted to it
+
+
+def test_behind_a_long_step_cached_points_get_one_step_windows_and_workers_points_one_batch_each():
+    loader = make_loader(PlantedDataset(n=32), batch_size=8, num_workers=2)
+    exp = experiment(loader, step_alone=2.0)
+    device, full = exp.visit_plan("device"), exp.visit_plan("full")
+    assert device[0].min_window_steps == 1 and device[1] == 0
+    assert full[0].min_window_steps == 2 and full[1] == 2  # the two workers' first batches, not the whole prefetch
+    assert exp.least_visit_seconds("device") == pytest.approx(3 * 2.0)  # first batch + 2 one-step windows
