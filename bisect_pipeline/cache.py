@@ -18,9 +18,14 @@ from .recording import SplitError
 # Distinct batches kept per cache point: enough that a replay loader with a few workers
 # and prefetching cycles through different data, few enough to fill in seconds.
 DEFAULT_CACHE_BATCHES = 8
-# Copies of each batch the caches hold at once (raw inputs, samples, collated, host,
-# device): used to turn the memory budget into a number of batches.
-_COPIES = 5
+# What the memory budget (--cache-mb) counts: everything the caches hold at once, each
+# part by its own size (tree.nbytes), per cached batch: the transforms' recorded inputs
+# (`raw`: a decoded image, or a file name, or a whole volume before a crop), the samples
+# (`augmented`), the collated batch (`collated`), and the copy of it that the point being
+# visited makes while its visit lasts (`host`: pinned; `device`: on the CPU its own copy,
+# on an accelerator a host copy while it is moved). The host and device points are never
+# open together, so one such copy counts.
+HELD_PARTS = ("raw_inputs", "samples", "collated", "point_copy")
 
 
 @dataclasses.dataclass
@@ -35,6 +40,8 @@ class Caches:
     batch_bytes: int
     fill_seconds: float
     limited_by: Optional[str] = None  # "memory budget" or "time" when fewer batches were kept
+    held: dict = dataclasses.field(default_factory=dict)  # bytes held at once, per part (HELD_PARTS), all batches
+    budget_bytes: Optional[int] = None  # --cache-mb, in bytes
     stopped_by: Optional[str] = None  # an error that ended the fill after the first batch
     warnings: list = dataclasses.field(default_factory=list)  # problems seen while filling (for the report)
     # Positions in `samples` of each batch's samples, as the user's sampler (or batch
@@ -76,11 +83,11 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
         except Exception as exc:  # a hang (the watchdog's StepTimeout) or an error: kept what was built
             stopped_by = _stopped(exc, at, first=not kept.batches)
             break
-        kept.add(group_samples, batch)
+        kept.add(group_samples, batch, rec.raw_calls)
         on_batch(len(kept.batches))
         if len(kept.batches) >= max_batches:
             break
-        if (len(kept.batches) + 1) * kept.batch_bytes * _COPIES > cache_mb * 2**20:
+        if kept.held_bytes + kept.largest > cache_mb * 2**20:  # the next batch, as large as the largest, would not fit
             limited_by = "memory budget"
         elif clock() - start > time_budget:
             limited_by = "time"
@@ -92,23 +99,49 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
     return Caches(batch_size=size, dataset=rec.dataset, samples=kept.samples, raw_calls=raw_calls,
                   raw_reason=rec.raw_reason, raw_found=rec.found, batches=kept.batches, batch_bytes=kept.batch_bytes,
                   fill_seconds=clock() - start, limited_by=limited_by, stopped_by=stopped_by,
-                  warnings=found_warnings, groups=kept.positions, batch_size_source=source)
+                  warnings=found_warnings, groups=kept.positions, batch_size_source=source,
+                  held=kept.held(raw_calls is not None), budget_bytes=int(cache_mb * 2**20))
 
 
 @dataclasses.dataclass
 class _Kept:
-    """What the fill has built so far."""
+    """What the fill has built so far, and the bytes it holds (HELD_PARTS)."""
 
     samples: list = dataclasses.field(default_factory=list)
     batches: list = dataclasses.field(default_factory=list)
     positions: list = dataclasses.field(default_factory=list)  # per batch, its samples' positions in `samples`
-    batch_bytes: int = 0
+    batch_bytes: int = 0  # the largest collated batch
+    raw_bytes: int = 0
+    sample_bytes: int = 0
+    collated_bytes: int = 0
+    largest: int = 0  # the most one batch holds, all parts together
 
-    def add(self, group_samples: list, batch: Any) -> None:
+    def add(self, group_samples: list, batch: Any, raw_calls: Optional[list]) -> None:
         self.positions.append(list(range(len(self.samples), len(self.samples) + len(group_samples))))
         self.samples.extend(group_samples)
         self.batches.append(tree.clone(batch))
-        self.batch_bytes = max(self.batch_bytes, tree.nbytes(batch))
+        nbytes = tree.nbytes(batch)
+        self.batch_bytes = max(self.batch_bytes, nbytes)
+        # the raw inputs of this batch's samples, while the split holds (once it is given
+        # up, _Recording drops every recorded call: none is held any more)
+        raw = 0
+        if raw_calls:
+            raw = sum(tree.nbytes((c.args, c.kwargs)) for calls in raw_calls[-len(group_samples):] for c in calls)
+            self.raw_bytes += raw
+        else:
+            self.raw_bytes = 0
+        samples = tree.nbytes(group_samples)
+        self.sample_bytes += samples
+        self.collated_bytes += nbytes
+        self.largest = max(self.largest, raw + samples + 2 * nbytes)
+
+    @property
+    def held_bytes(self) -> int:
+        return self.raw_bytes + self.sample_bytes + 2 * self.collated_bytes
+
+    def held(self, raw_kept: bool) -> dict:
+        return {"raw_inputs": self.raw_bytes if raw_kept else 0, "samples": self.sample_bytes,
+                "collated": self.collated_bytes, "point_copy": self.collated_bytes}
 
 
 def _build(group: list, rec: "_Recording", spec: LoaderSpec, at: dict) -> tuple:

@@ -284,7 +284,7 @@ class Experiment:
             return CacheInfo()
         return CacheInfo(batches=c.n_batches, samples=len(c.samples), batch_bytes=c.batch_bytes,
                          fill_seconds=round(c.fill_seconds, 4), limited_by=c.limited_by,
-                         raw_transforms=tuple(c.raw_found))
+                         raw_transforms=tuple(c.raw_found), held=dict(c.held) or None, budget_bytes=c.budget_bytes)
 
 
 def _versions() -> dict:

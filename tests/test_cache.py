@@ -53,6 +53,56 @@ def test_the_fill_stops_at_the_memory_budget_or_the_time_budget_and_says_so():
     assert c.limited_by == "time" and 1 <= c.n_batches < 8
 
 
+class Reshape:
+    """A transform whose output is `ratio` times its input's size (a crop: ratio < 1)."""
+
+    def __init__(self, features: int) -> None:
+        self.features = features
+
+    def __call__(self, x):
+        return x[:self.features].clone() if len(x) >= self.features else x.repeat(self.features // len(x))
+
+
+class Reshaped(Dataset):
+    """Samples of `features` float32 made by the transform from inputs of `raw` float32."""
+
+    def __init__(self, raw: int, features: int, n: int = 96):
+        self.data = torch.zeros(n, raw)
+        self.transform = Reshape(features)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.transform(self.data[i].clone()), 0
+
+
+def held_bytes(c) -> int:
+    """What the caches hold at once, counted here apart from cache.py: the transforms'
+    recorded inputs, the samples, the collated batches and one copy of them (the host or
+    device point's, while it is visited)."""
+    from bisect_pipeline import tree
+
+    raw = sum(tree.nbytes((call.args, call.kwargs)) for calls in c.raw_calls for call in calls)
+    return raw + tree.nbytes(c.samples) + 2 * tree.nbytes(c.batches)
+
+
+@pytest.mark.parametrize("raw_quarters, kept", [(16, 2), (1, 6)])
+def test_the_memory_budget_counts_what_the_caches_hold_at_once_each_part_by_its_size(raw_quarters, kept):
+    # samples of 64 Ki float32 (256 KiB), batches of 8 (2 MiB); the transforms' inputs 4x
+    # the samples (a crop: 8 MiB a batch, 14 MiB held in all) or a quarter of them (0.5 MiB
+    # a batch, 6.5 MiB held). A budget of 40 MiB holds 2 batches of the first (a third
+    # makes 42), 6 of the second (a seventh makes 45.5). Counted as five copies of the
+    # batch, 10 MiB each, both kept 4: 56 MiB held for the crops, over the budget.
+    features = 64 * 1024
+    loader = DataLoader(Reshaped(features * raw_quarters // 4, features), batch_size=8)
+    c = fill(loader, cache_mb=40, max_batches=8)
+    assert c.limited_by == "memory budget" and c.n_batches == kept
+    assert held_bytes(c) <= 40 * 2**20 < held_bytes(c) * (kept + 1) / kept
+    assert sum(c.held.values()) == held_bytes(c) and c.budget_bytes == 40 * 2**20
+    assert c.held["collated"] == c.held["point_copy"] == pytest.approx(kept * 2 * 2**20, rel=1e-3)  # and labels
+
+
 def test_a_batch_sampler_of_uneven_groups_gives_their_mean_size():
     groups = [[0, 1, 2], [3], [4, 5]]
     loader = DataLoader(PlantedDataset(n=8), batch_sampler=groups)

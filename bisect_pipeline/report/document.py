@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
 #       added keys only: isolated, syncs, verification; mode and source (who drove the
 #       loop); notes (the warnings with their kind, measured or derived); per point
 #       wait_seconds, input_wait_ms_per_batch, and in a user's loop discarded_windows,
-#       pauses and paused_seconds.
+#       pauses and paused_seconds; cache.held and cache.budget_bytes (what --cache-mb
+#       counted).
 SCHEMA_VERSION = 1
 
 
