@@ -398,10 +398,13 @@ def _storage(c: _Context):
                "dataset": c.lo.get("dataset"), "num_workers": c.workers, "cache": c.r.cache.to_dict() if c.r.cache.batches is not None else None}
     cap = ""
     if per_sample:
-        rate = max(1, c.workers) * 1e3 / per_sample
+        items = c.r.isolated.items_per_batch if c.r.isolated is not None else None
+        several = bs / items if items else 1.0  # the samples the step gets of each item loaded
+        rate = max(1, c.workers) * 1e3 / per_sample * several
         numbers["load_cap_samples_per_sec"] = _r(rate, 1)
-        cap = (f" Alone a sample takes {per_sample:.2f} ms to load, so {max(1, c.workers)} process(es) cap input at "
-               f"{rate:,.0f} samples/s.")
+        each = f" (each becomes {several:g} samples)" if abs(several - 1) > 1e-9 else ""
+        cap = (f" Alone a sample takes {per_sample:.2f} ms to load{each}, so {max(1, c.workers)} process(es) cap "
+               f"input at {rate:,.0f} samples/s.")
     head = numbers["headroom"] = headroom(c, "load")
     includes = c.stage("load").includes if c.stage("load") else ()
     merged = " (measured together with augment: the transforms could not be split)" if "augment" in includes else ""

@@ -50,6 +50,13 @@ class Caches:
     batch_size_source: str = ""
 
     @property
+    def items_per_batch(self) -> float:
+        """The dataset's items (its __getitem__ calls) in a batch, as the sampler grouped
+        them: what per-sample costs measured alone multiply by (batch_size counts what the
+        step receives: more when one item becomes several)."""
+        return sum(len(g) for g in self.groups) / len(self.groups) if self.groups else self.batch_size
+
+    @property
     def n_batches(self) -> int:
         return len(self.batches)
 
@@ -95,7 +102,7 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
         raise BisectError("the loader yields no batch: its dataset is empty (or smaller than one batch with "
                           "drop_last=True). Check the dataset your entry function builds.")
     raw_calls = rec.raw_calls if rec.raw_calls is not None and len(rec.raw_calls) == len(kept.samples) else None
-    size, source = batch_size_of(spec, kept.positions, kept.batches, batch_size)
+    size, source = batch_size_of(spec, kept.positions, kept.batches, batch_size, samples=kept.samples)
     return Caches(batch_size=size, dataset=rec.dataset, samples=kept.samples, raw_calls=raw_calls,
                   raw_reason=rec.raw_reason, raw_found=rec.found, batches=kept.batches, batch_bytes=kept.batch_bytes,
                   fill_seconds=clock() - start, limited_by=limited_by, stopped_by=stopped_by,
@@ -171,17 +178,25 @@ def _stopped(exc: Exception, at: dict, first: bool) -> str:
     return reason  # the batches already cached are kept
 
 
-def batch_size_of(spec: LoaderSpec, groups: list, batches: list, override: Any = None) -> tuple[float, str]:
+def batch_size_of(spec: LoaderSpec, groups: list, batches: list, override: Any = None, *,
+                  samples: Optional[list] = None) -> tuple[float, str]:
     """(samples per step, where that number comes from), in this order: the workload's
     own (a number, or a function of a collated batch, averaged over the cached ones); the
-    loader's batch_size; the batch sampler's batches (the mean of their lengths); else,
-    without automatic batching (the dataset returns whole batches), the first dimension
-    of the batch's first tensor, which is the batch only for batch-first tensors."""
+    collated batch's own count when each item of the dataset became several samples
+    (several_per_item); the loader's batch_size; the batch sampler's batches (the mean of
+    their lengths); else, without automatic batching (the dataset returns whole batches),
+    the first dimension of the batch's first tensor, which is the batch only for
+    batch-first tensors."""
     if override is not None:
         if callable(override):
             sizes = [float(override(b)) for b in batches]
             return _mean(sizes), f"Workload.batch_size (a function; the mean over {len(sizes)} cached batches)"
         return _mean([override]), "Workload.batch_size"
+    several = several_per_item(groups, batches, samples) if spec.auto_collation and samples else None
+    if several is not None:
+        items = spec.batch_size if spec.batch_size is not None else _mean([len(g) for g in groups])
+        by = "loader batch_size" if spec.batch_size is not None else "the batch sampler's batches of"
+        return items * several, f"counted in the collated batch: {by} {items} \u00d7 {several} per sample"
     if spec.batch_size is not None:
         return spec.batch_size, "DataLoader.batch_size"
     if spec.batch_sampler is not None:
@@ -189,6 +204,32 @@ def batch_size_of(spec: LoaderSpec, groups: list, batches: list, override: Any =
         return _mean(sizes), f"the batch sampler's batches (the mean over {len(sizes)})"
     return tree.leading_dim(batches[0]) or 1, ("the first dimension of the batch's first tensor (no automatic "
                                                       "batching; give Workload(batch_size=...) if it is not the batch)")
+
+
+def several_per_item(groups: list, batches: list, samples: list) -> Optional[int]:
+    """k when each item of the dataset is a list of k >= 2 samples alike (a transform that
+    makes several crops of one image, as MONAI's RandCropByPosNegLabeld(num_samples=k))
+    and collate_fn flattened them: every tensor of each cached batch has k times the
+    batch's items as its first dimension (tree.shared_leading_dim). Else None: the loader's
+    count stands (a batch whose tensors disagree is not counted from them)."""
+    ks = set()
+    for group, batch in zip(groups, batches):
+        k = _list_length(samples[i] for i in group)
+        if k is None or tree.shared_leading_dim(batch) != k * len(group):
+            return None
+        ks.add(k)
+    return ks.pop() if len(ks) == 1 else None
+
+
+def _list_length(items: Iterator) -> Optional[int]:
+    """k when every item is a list of k >= 2 containers of one structure, else None."""
+    lengths = set()
+    for item in items:
+        if not (isinstance(item, list) and len(item) >= 2 and all(tree.is_container(x) for x in item)
+                and all(tree.same_structure(x, item[0]) is None for x in item[1:])):
+            return None
+        lengths.add(len(item))
+    return lengths.pop() if len(lengths) == 1 else None
 
 
 def _mean(sizes: list) -> float:

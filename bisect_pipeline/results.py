@@ -286,6 +286,7 @@ class Isolated(Part):
                                "memory": Memory, "workers": Workers, "allocator": AllocatorTiming}
     budget_s: Optional[float] = None
     batch_size: Optional[float] = None
+    items_per_batch: Optional[float] = None  # the dataset's items per batch (cache.Caches.items_per_batch)
     augment: Optional[PerSample] = None
     load: Optional[PerSample] = None
     collate: Optional[Collate] = None

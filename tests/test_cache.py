@@ -7,7 +7,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from bisect_pipeline import cache
 from bisect_pipeline.loader import describe
-from conftest import PlantedDataset, Sleep, make_loader
+from bisect_pipeline.testing import SeveralPerItem, flatten_collate
+from conftest import FEATURES, PlantedDataset, Sleep, make_loader
 
 
 class RaisesFrom(Dataset):
@@ -110,6 +111,36 @@ def test_a_batch_sampler_of_uneven_groups_gives_their_mean_size():
     assert c.groups == [[0, 1, 2], [3], [4, 5]] and c.batch_size == 2
     assert c.batch_size_source.startswith("the batch sampler's batches")
     assert fill(loader, max_batches=3, batch_size=lambda b: len(b[1])).batch_size == 2  # the workload says so
+
+
+def test_an_item_that_becomes_several_samples_is_counted_in_the_collated_batch():
+    # each item a list of 4 {"image", "label"} samples (MONAI's RandCropByPosNegLabeld(num_samples=4)),
+    # flattened by the collate (MONAI's list_data_collate): the step trains on 8 per batch of 2 items
+    loader = DataLoader(SeveralPerItem(n=16, k=4), batch_size=2, collate_fn=flatten_collate)
+    c = fill(loader, max_batches=3)
+    assert c.batch_size == 8 and c.items_per_batch == 2
+    assert c.batch_size_source == "counted in the collated batch: loader batch_size 2 \u00d7 4 per sample"
+    assert c.batches[0]["image"].shape == (8, FEATURES)
+    sampled = DataLoader(SeveralPerItem(n=16, k=3), batch_sampler=[[0, 1, 2], [3, 4, 5]], collate_fn=flatten_collate)
+    c = fill(sampled, max_batches=2)
+    assert c.batch_size == 9 and c.batch_size_source.endswith("the batch sampler's batches of 3 \u00d7 3 per sample")
+    # the workload's own count still comes first
+    assert fill(loader, max_batches=1, batch_size=2).batch_size == 2
+
+
+def test_the_loaders_count_stands_unless_every_tensor_of_the_batch_says_otherwise():
+    # the lists collated as they are (default_collate: a list of 4 dicts of 2 each): 2 per batch
+    c = fill(DataLoader(SeveralPerItem(n=16, k=4), batch_size=2), max_batches=2)
+    assert c.batch_size == 2 and c.batch_size_source == "DataLoader.batch_size"
+    # items that are lists of tensors (not of samples), or samples of another structure
+    groups, batches = [[0, 1]], [{"x": torch.zeros(4, 3), "y": torch.zeros(4)}]
+    assert cache.several_per_item(groups, batches, [[torch.zeros(3)] * 2] * 2) is None
+    pairs = [[{"x": torch.zeros(3)}, {"x": torch.zeros(3), "y": 1}]] * 2
+    assert cache.several_per_item(groups, batches, pairs) is None
+    alike = [[{"x": torch.zeros(3)}, {"x": torch.zeros(3)}]] * 2
+    assert cache.several_per_item(groups, batches, alike) == 2
+    # tensors that disagree on their first dimension (a sequence-first input beside its labels)
+    assert cache.several_per_item(groups, [{"x": torch.zeros(5, 4), "y": torch.zeros(4)}], alike) is None
 
 
 def test_an_error_after_the_first_batch_keeps_what_was_built_and_before_it_names_the_stage():

@@ -29,7 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
 #       loop); notes (the warnings with their kind, measured or derived); per point
 #       wait_seconds, input_wait_ms_per_batch, and in a user's loop discarded_windows,
 #       pauses and paused_seconds; cache.held and cache.budget_bytes (what --cache-mb
-#       counted).
+#       counted); isolated.items_per_batch, and batch_size_source "counted in the
+#       collated batch: ..." (items that become several samples).
 SCHEMA_VERSION = 1
 
 
