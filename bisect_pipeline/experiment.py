@@ -105,11 +105,16 @@ class Experiment:
         held = getattr(self.allocator_timing, "held_ms_per_batch", None)
         return held / 1e3 if held else None
 
-    def visit_plan(self, name: str, spec: Optional[LoaderSpec] = None) -> tuple[Plan, int]:
+    def visit_plan(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False) -> tuple[Plan, int]:
         """The plan a visit of point `name` follows, and the batches its loader has
-        prefetched when it starts (none where the batches are cached on the host or device)."""
+        prefetched when it starts (none where the batches are cached on the host or device).
+        With `epochs` (the loader ends its epochs: open), windows of whole epochs
+        (Plan.for_epochs); not in a user's loop, whose own epoch ends void its windows."""
         spec = spec or self.spec
-        return self.plan.for_workers(spec.num_workers), (0 if name in ("host", "device") else spec.prefetch_depth)
+        plan = self.plan.for_workers(spec.num_workers)
+        if epochs and not self.loop:
+            plan = plan.for_epochs(spec.batches_per_epoch)
+        return plan, (0 if name in ("host", "device") else spec.prefetch_depth)
 
     def watchdog(self, what: Callable[[], str], end: Optional[float] = None) -> faults.Watchdog:
         """A watchdog for one phase: --step-timeout without progress, or `end` (the hard
@@ -199,7 +204,7 @@ class Experiment:
         windows to keep (plan.windows_per_visit); `end`: the watchdog's hard end (the
         run's by default); `skip`: take part in a lockstep point without steps."""
         spec = spec or self.spec
-        plan, prefetch = self.visit_plan(name, spec)
+        plan, prefetch = self.visit_plan(name, spec, epochs)
         self.visits += 1
         return Visit(
             name, None if skip else (lambda: self.open(name, spec, epochs, threads)),

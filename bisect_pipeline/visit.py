@@ -14,7 +14,7 @@ Algorithm (one visit):
     t_first = time of the first batch and its step
     untimed warm-up: min_warmup_steps + prefetch_depth steps; est = time per step of its
                      second half (the batches workers prefetched come out at once)
-    n = plan.window_steps(est)
+    n = plan.window_steps(est)   (whole epochs, for a loader that ends short ones: plan.at_step)
     repeat: time one window of n steps, syncing the device at both edges only;
             after each window plan.next_window says whether to go on and how long
             (re-sized from the first window's rate, shortened to the time left)
@@ -284,6 +284,7 @@ class Visit:
         self.warmup_seconds = clock() - w0
         tail = times[len(times) // 2:] or [max(self.first_batch_seconds, 1e-6)]
         est = sum(tail) / len(tail)
+        plan = self.plan = plan.at_step(est)  # whole-epoch windows, where the loader ends short epochs
         if self.gap_factor:  # a pause far beyond a step is not the loop's (see the module's docstring)
             self.gap = max(self.gap_factor * est, plan.window_seconds)
         steps, left = pace.decide([plan.window_steps(est), self.deadline - clock()])
@@ -310,9 +311,10 @@ class Visit:
                 if not (yield from self._warm(plan.min_warmup_steps + self.prefetch_depth)):
                     return
                 continue
-            if u.steps == 0 or (self.windows and u.steps < plan.min_window_steps):
-                # cut by the deadline below the plan's minimum: it times a fraction of one
-                # worker's burst; the windows before it are the measurement
+            if u.steps == 0 or (self.windows and u.steps < plan.min_window_steps) or not plan.whole(u.steps):
+                # cut by the deadline below the plan's minimum (it times a fraction of one
+                # worker's burst) or inside an epoch (it holds a share of the epoch ends
+                # that is not its own): the windows before it are the measurement
                 self.stopped_by_deadline = True
                 break
             self.windows.append(Window(u.steps, u.seconds))

@@ -117,3 +117,8 @@ def test_a_visit_is_planned_for_the_loaders_workers_and_prefetch():
     plan, prefetch = exp.visit_plan("full")
     assert plan == exp.plan.for_workers(2) and prefetch == exp.spec.prefetch_depth > 0
     assert exp.visit_plan("device") == (plan, 0)  # cached batches: nothing prefetched
+    # a full pipeline that ends its epochs (the advice's check): windows of whole epochs,
+    # 4 batches each here; not in a user's loop, whose own epoch ends void its windows
+    assert exp.visit_plan("full", epochs=True)[0] == plan.for_epochs(4)
+    exp.loop = True
+    assert exp.visit_plan("full", epochs=True)[0] == plan
