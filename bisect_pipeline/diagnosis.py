@@ -130,7 +130,7 @@ def diagnose(m: Measurements) -> Diagnosis:
     """The final report's content (see the module's docstring)."""
     d = _judged(m)
     d = dataclasses.replace(d, notes=m.notes + tuple(derived_notes(d)))
-    checked = tuple(_checked(f, m) for f in advice_mod.findings(d))
+    checked = advice_mod.ranked(tuple(_checked(f, m) for f in advice_mod.findings(d)))
     d = dataclasses.replace(d, advice=checked)
     return dataclasses.replace(d, summary=summary(d))
 
