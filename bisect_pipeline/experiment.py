@@ -109,10 +109,14 @@ class Experiment:
         """The plan a visit of point `name` follows, and the batches its loader has
         prefetched when it starts (none where the batches are cached on the host or device).
         With `epochs` (the loader ends its epochs: open), windows of whole epochs
-        (Plan.for_epochs); not in a user's loop, whose own epoch ends void its windows."""
+        (Plan.for_epochs) where the user's loader starts its workers again every epoch, a
+        cost the check must count at its rate, on both sides of a trial alike (elsewhere an
+        epoch's end costs little, and windows stay short); not in a user's loop, whose own
+        epoch ends void its windows."""
         spec = spec or self.spec
         plan = self.plan.for_workers(spec.num_workers)
-        if epochs and not self.loop:
+        restarts = self.spec.num_workers > 0 and not self.spec.persistent_workers
+        if epochs and restarts and not self.loop:
             plan = plan.for_epochs(spec.batches_per_epoch)
         return plan, (0 if name in ("host", "device") else spec.prefetch_depth)
 
