@@ -115,8 +115,7 @@ class Experiment:
         epoch ends void its windows."""
         spec = spec or self.spec
         plan = self.plan.for_workers(spec.num_workers)
-        restarts = self.spec.num_workers > 0 and not self.spec.persistent_workers
-        if epochs and restarts and not self.loop:
+        if epochs and not self.loop and self.spec.num_workers > 0 and not self.spec.persistent_workers:
             plan = plan.for_epochs(spec.batches_per_epoch)
         return plan, (0 if name in ("host", "device") else spec.prefetch_depth)
 
