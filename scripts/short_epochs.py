@@ -104,7 +104,7 @@ def main() -> None:
         print(f"hand loop, persistent_workers={persistent}: {hand_loop(persistent, args.epochs):.1f} ms/batch "
               f"({args.epochs} epochs of {ITEMS // BATCH} batches)", flush=True)
     r = bisect(model(), loader(), device="cpu", max_seconds=args.max_seconds, verify_seconds=args.verify_seconds)
-    print(str(r).splitlines()[0])
+    print(" ".join(str(r).split("\n\n")[0].split()))  # the head line, unwrapped
     print(f"verdict: {r.bottleneck}; advice: {[a.kind for a in r.advice]}")
     for a in r.advice:
         if a.kind == "persistent_workers":
