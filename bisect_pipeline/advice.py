@@ -16,7 +16,8 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, ClassVar, Optional
 
-from .outcome import Checked
+from .outcome import Checked, predicted
+from .plan import EPOCH_WINDOW_S
 from .results import BatchShape, Collate, Part, Record, SampleStructure
 from .stats import MIN_REL_DROP, is_real
 
@@ -51,14 +52,23 @@ MANY_TENSORS = 8
 _FLOAT_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
 
 WORKER_STAGES = ("load", "augment", "collate")
+# Items that blame the batch's payload for a cost of moving it (the restart item ranks
+# before them when its measured gain is the bigger: ranked).
+PAYLOAD_KINDS = ("uint8_payload", "handoff")
+# In a user's loop the check's windows end before each of the loop's epoch ends (visit.py),
+# so a cost paid once per epoch cannot be measured there.
+LOOP_EPOCHS = ("the check cannot measure it in your own loop: the loop's epoch ends are pauses it leaves out of its "
+               "windows, and the workers start again in them; check it with --entry, or with compare (a run before "
+               "and after)")
 
 
 @dataclasses.dataclass(frozen=True)
 class Finding(Record):
-    """One thing to change: `kind` (num_workers, cores, pin_memory, uint8_payload, collate,
-    storage, augment, handoff, batch_size, syncs, allocator), the stage it is about (or
-    "step"), the message, the measured numbers and settings it rests on, and what the
-    advice's check measured of it (outcome.verified), once checked."""
+    """One thing to change: `kind` (num_workers, cores, pin_memory, persistent_workers,
+    uint8_payload, collate, storage, augment, handoff, batch_size, syncs, allocator), the
+    stage it is about (or "step", or "epoch" for the workers started again every epoch),
+    the message, the measured numbers and settings it rests on, and what the advice's
+    check measured of it (outcome.verified), once checked."""
 
     _nested: ClassVar[dict] = {"verified": Checked}
     kind: str
@@ -92,8 +102,8 @@ def findings(r: "Report") -> list:
     """Every rule whose measured condition holds, in the report's order."""
     ctx = _Context(r)
     out: list = []
-    for rule in (_workers, _pin_memory, _uint8_payload, _collate, _storage, _augment, _handoff, _batch_size, _syncs,
-                 _allocator):
+    for rule in (_workers, _pin_memory, _restart, _uint8_payload, _collate, _storage, _augment, _handoff, _batch_size,
+                 _syncs, _allocator):
         found = rule(ctx)
         if found:
             out.extend(found if isinstance(found, list) else [found])
@@ -273,6 +283,69 @@ def _workers(c: _Context):
         f"Set num_workers={recommended}{keep}." + _headroom_text(head, stage if one else "that work") + on_cpu), numbers)
 
 
+def _restart(c: _Context):
+    """Workers that are not persistent, in short epochs -> persistent_workers=True.
+
+    Each epoch a loop with such workers shuts them down and starts new ones, which build
+    their first batches while the loop waits; the bisection's points run one endless
+    epoch and never pay it, the advice's check pays it as the loop does (verify.py). Fires
+    when an epoch lasts at most EPOCH_WINDOW_S (the check then times whole epochs) and the
+    start measured at `full` (its first batch, less one batch's work and the step) spread
+    over an epoch is worth acting on (MIN_ACTIONABLE_SHARE of t(full)); the check says
+    whether it is a gain."""
+    epoch = c.lo.get("batches_per_epoch")
+    if not c.workers or c.lo.get("persistent_workers") or not epoch or not c.t_full or epoch * c.t_full > EPOCH_WINDOW_S:
+        return None
+    full = next((p for p in c.r.points if p.point == "full"), None)
+    first = full.first_batch_seconds if full is not None else None
+    w = c.part("workers")
+    work = w.worker_ms_per_batch / 1e3 if w is not None and w.worker_ms_per_batch else c.workers * c.t_full
+    start = (first or 0.0) - work - (c.t_ceiling or 0.0)
+    per_batch = start / epoch
+    if per_batch < MIN_ACTIONABLE_SHARE * c.t_full:
+        return None
+    # the points never pay the restart: the loop runs at t(full) plus the restart per batch
+    bs, loop = c.r.batch_size, c.t_full + per_batch
+    head = {"samples_per_sec": _r(bs / loop, 1), "samples_per_sec_if_free": _r(bs / c.t_full, 1),
+            "gain_if_free": _r(loop / c.t_full - 1, 4)}
+    numbers = {"num_workers": c.workers, "persistent_workers": False, "batches_per_epoch": epoch,
+               "epoch_s": _r(epoch * c.t_full), "first_batch_s": first, "batch_work_ms": _r(work * 1e3),
+               "start_ms": _r(start * 1e3), "start_ms_per_batch": _r(per_batch * 1e3), "headroom": head,
+               "recommended": {"persistent_workers": True}}
+    if c.r.measurements.mode == "loop":
+        numbers["not_checked"] = LOOP_EPOCHS
+    return Finding("persistent_workers", "epoch", (
+        f"num_workers={c.workers} with persistent_workers=False: the workers are shut down and started again at every "
+        f"epoch, every {epoch} batches ({epoch * c.t_full:.2g} s at the full pipeline's {c.t_full * 1e3:.3g} ms a "
+        f"batch, which never ends an epoch). Starting them took about {start * 1e3:.0f} ms at the full point (its "
+        f"first batch, {first:.2f} s, less one batch's work and the step): about {per_batch * 1e3:.1f} ms more per "
+        "batch in a loop that ends its epochs. Set persistent_workers=True to start them once."
+        + _headroom_text(head, "the restart")), numbers)
+
+
+def ranked(advice: tuple) -> tuple:
+    """The advice in the report's order, but the restart item (persistent_workers) before
+    the payload items when its measured gain is the bigger: its check's speed-up against
+    theirs (measured when checked, else the gain if their stage were free, which no payload
+    change can beat); after them otherwise."""
+    restart = next((f for f in advice if f.kind == "persistent_workers"), None)
+    payload = [f for f in advice if f.kind in PAYLOAD_KINDS]
+    if restart is None or not payload:
+        return advice
+    mine = restart.verified.speedup if restart.verified is not None and restart.verified.status == "helps" else None
+    theirs = max(_gain(f) for f in payload)
+    rest = [f for f in advice if f is not restart]
+    at = rest.index(payload[0]) if mine is not None and mine >= theirs else rest.index(payload[-1]) + 1
+    return tuple(rest[:at] + [restart] + rest[at:])
+
+
+def _gain(f: Finding) -> float:
+    v = f.verified
+    if v is not None and v.status == "helps" and v.speedup:
+        return v.speedup
+    return predicted(f) or 1.0
+
+
 def _transfer_ms(c: _Context) -> tuple[Optional[float], str]:
     """The transfer cost worth acting on: the bisection's when significant, else the
     isolated one when it is at least MIN_ACTIONABLE_SHARE of t(full)."""
@@ -320,6 +393,7 @@ def _uint8_payload(c: _Context):
         ms, source, stage = c.stage_ms("handoff"), "bisection (collated -> host points)", "handoff"
     if ms is None:
         return None
+    head = headroom(c, stage)  # the most a smaller payload can give: the stage free
     img = max(images, key=lambda t: t.bytes)
     factor = _FLOAT_BYTES[img.dtype]
     saved = img.bytes - img.bytes // factor
@@ -331,7 +405,7 @@ def _uint8_payload(c: _Context):
         f"transforms, e.g. PILToTensor) and convert and normalize on the device inside the step: {factor}x less "
         f"payload ({saved / 2**20:.1f} MB less per batch)."),
         {"tensor": img.path, "dtype": img.dtype, "shape": shape, "bytes": img.bytes,
-         "bytes_saved": saved, "stage_ms_per_batch": _r(ms), "source": source})
+         "bytes_saved": saved, "stage_ms_per_batch": _r(ms), "source": source, "headroom": head})
 
 
 def _collate(c: _Context):
@@ -398,10 +472,13 @@ def _storage(c: _Context):
                "dataset": c.lo.get("dataset"), "num_workers": c.workers, "cache": c.r.cache.to_dict() if c.r.cache.batches is not None else None}
     cap = ""
     if per_sample:
-        rate = max(1, c.workers) * 1e3 / per_sample
+        items = c.r.isolated.items_per_batch if c.r.isolated is not None else None
+        several = bs / items if items else 1.0  # the samples the step gets of each item loaded
+        rate = max(1, c.workers) * 1e3 / per_sample * several
         numbers["load_cap_samples_per_sec"] = _r(rate, 1)
-        cap = (f" Alone a sample takes {per_sample:.2f} ms to load, so {max(1, c.workers)} process(es) cap input at "
-               f"{rate:,.0f} samples/s.")
+        each = f" (each becomes {several:g} samples)" if abs(several - 1) > 1e-9 else ""
+        cap = (f" Alone a sample takes {per_sample:.2f} ms to load{each}, so {max(1, c.workers)} process(es) cap "
+               f"input at {rate:,.0f} samples/s.")
     head = numbers["headroom"] = headroom(c, "load")
     includes = c.stage("load").includes if c.stage("load") else ()
     merged = " (measured together with augment: the transforms could not be split)" if "augment" in includes else ""

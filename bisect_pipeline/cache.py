@@ -18,9 +18,14 @@ from .recording import SplitError
 # Distinct batches kept per cache point: enough that a replay loader with a few workers
 # and prefetching cycles through different data, few enough to fill in seconds.
 DEFAULT_CACHE_BATCHES = 8
-# Copies of each batch the caches hold at once (raw inputs, samples, collated, host,
-# device): used to turn the memory budget into a number of batches.
-_COPIES = 5
+# What the memory budget (--cache-mb) counts: everything the caches hold at once, each
+# part by its own size (tree.nbytes), per cached batch: the transforms' recorded inputs
+# (`raw`: a decoded image, or a file name, or a whole volume before a crop), the samples
+# (`augmented`), the collated batch (`collated`), and the copy of it that the point being
+# visited makes while its visit lasts (`host`: pinned; `device`: on the CPU its own copy,
+# on an accelerator a host copy while it is moved). The host and device points are never
+# open together, so one such copy counts.
+HELD_PARTS = ("raw_inputs", "samples", "collated", "point_copy")
 
 
 @dataclasses.dataclass
@@ -35,12 +40,21 @@ class Caches:
     batch_bytes: int
     fill_seconds: float
     limited_by: Optional[str] = None  # "memory budget" or "time" when fewer batches were kept
+    held: dict = dataclasses.field(default_factory=dict)  # bytes held at once, per part (HELD_PARTS), all batches
+    budget_bytes: Optional[int] = None  # --cache-mb, in bytes
     stopped_by: Optional[str] = None  # an error that ended the fill after the first batch
     warnings: list = dataclasses.field(default_factory=list)  # problems seen while filling (for the report)
     # Positions in `samples` of each batch's samples, as the user's sampler (or batch
     # sampler) grouped them: `raw` and `augmented` replay these same groups.
     groups: list = dataclasses.field(default_factory=list)
     batch_size_source: str = ""
+
+    @property
+    def items_per_batch(self) -> float:
+        """The dataset's items (its __getitem__ calls) in a batch, as the sampler grouped
+        them: what per-sample costs measured alone multiply by (batch_size counts what the
+        step receives: more when one item becomes several)."""
+        return sum(len(g) for g in self.groups) / len(self.groups) if self.groups else self.batch_size
 
     @property
     def n_batches(self) -> int:
@@ -76,11 +90,11 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
         except Exception as exc:  # a hang (the watchdog's StepTimeout) or an error: kept what was built
             stopped_by = _stopped(exc, at, first=not kept.batches)
             break
-        kept.add(group_samples, batch)
+        kept.add(group_samples, batch, rec.raw_calls)
         on_batch(len(kept.batches))
         if len(kept.batches) >= max_batches:
             break
-        if (len(kept.batches) + 1) * kept.batch_bytes * _COPIES > cache_mb * 2**20:
+        if kept.held_bytes + kept.largest > cache_mb * 2**20:  # the next batch, as large as the largest, would not fit
             limited_by = "memory budget"
         elif clock() - start > time_budget:
             limited_by = "time"
@@ -88,27 +102,53 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
         raise BisectError("the loader yields no batch: its dataset is empty (or smaller than one batch with "
                           "drop_last=True). Check the dataset your entry function builds.")
     raw_calls = rec.finish(len(kept.samples))
-    size, source = batch_size_of(spec, kept.positions, kept.batches, batch_size)
+    size, source = batch_size_of(spec, kept.positions, kept.batches, batch_size, samples=kept.samples)
     return Caches(batch_size=size, dataset=rec.dataset, samples=kept.samples, raw_calls=raw_calls,
                   raw_reason=rec.raw_reason, raw_found=rec.found, batches=kept.batches, batch_bytes=kept.batch_bytes,
                   fill_seconds=clock() - start, limited_by=limited_by, stopped_by=stopped_by,
-                  warnings=found_warnings, groups=kept.positions, batch_size_source=source)
+                  warnings=found_warnings, groups=kept.positions, batch_size_source=source,
+                  held=kept.held(raw_calls is not None), budget_bytes=int(cache_mb * 2**20))
 
 
 @dataclasses.dataclass
 class _Kept:
-    """What the fill has built so far."""
+    """What the fill has built so far, and the bytes it holds (HELD_PARTS)."""
 
     samples: list = dataclasses.field(default_factory=list)
     batches: list = dataclasses.field(default_factory=list)
     positions: list = dataclasses.field(default_factory=list)  # per batch, its samples' positions in `samples`
-    batch_bytes: int = 0
+    batch_bytes: int = 0  # the largest collated batch
+    raw_bytes: int = 0
+    sample_bytes: int = 0
+    collated_bytes: int = 0
+    largest: int = 0  # the most one batch holds, all parts together
 
-    def add(self, group_samples: list, batch: Any) -> None:
+    def add(self, group_samples: list, batch: Any, raw_calls: Optional[list]) -> None:
         self.positions.append(list(range(len(self.samples), len(self.samples) + len(group_samples))))
         self.samples.extend(group_samples)
         self.batches.append(tree.clone(batch))
-        self.batch_bytes = max(self.batch_bytes, tree.nbytes(batch))
+        nbytes = tree.nbytes(batch)
+        self.batch_bytes = max(self.batch_bytes, nbytes)
+        # the raw inputs of this batch's samples, while the split holds (once it is given
+        # up, _Recording drops every recorded call: none is held any more)
+        raw = 0
+        if raw_calls:
+            raw = sum(tree.nbytes((c.args, c.kwargs)) for calls in raw_calls[-len(group_samples):] for c in calls)
+            self.raw_bytes += raw
+        else:
+            self.raw_bytes = 0
+        samples = tree.nbytes(group_samples)
+        self.sample_bytes += samples
+        self.collated_bytes += nbytes
+        self.largest = max(self.largest, raw + samples + 2 * nbytes)
+
+    @property
+    def held_bytes(self) -> int:
+        return self.raw_bytes + self.sample_bytes + 2 * self.collated_bytes
+
+    def held(self, raw_kept: bool) -> dict:
+        return {"raw_inputs": self.raw_bytes if raw_kept else 0, "samples": self.sample_bytes,
+                "collated": self.collated_bytes, "point_copy": self.collated_bytes}
 
 
 def _build(group: list, rec: "_Recording", spec: LoaderSpec, at: dict) -> tuple:
@@ -138,17 +178,25 @@ def _stopped(exc: Exception, at: dict, first: bool) -> str:
     return reason  # the batches already cached are kept
 
 
-def batch_size_of(spec: LoaderSpec, groups: list, batches: list, override: Any = None) -> tuple[float, str]:
+def batch_size_of(spec: LoaderSpec, groups: list, batches: list, override: Any = None, *,
+                  samples: Optional[list] = None) -> tuple[float, str]:
     """(samples per step, where that number comes from), in this order: the workload's
     own (a number, or a function of a collated batch, averaged over the cached ones); the
-    loader's batch_size; the batch sampler's batches (the mean of their lengths); else,
-    without automatic batching (the dataset returns whole batches), the first dimension
-    of the batch's first tensor, which is the batch only for batch-first tensors."""
+    collated batch's own count when each item of the dataset became several samples
+    (several_per_item); the loader's batch_size; the batch sampler's batches (the mean of
+    their lengths); else, without automatic batching (the dataset returns whole batches),
+    the first dimension of the batch's first tensor, which is the batch only for
+    batch-first tensors."""
     if override is not None:
         if callable(override):
             sizes = [float(override(b)) for b in batches]
             return _mean(sizes), f"Workload.batch_size (a function; the mean over {len(sizes)} cached batches)"
         return _mean([override]), "Workload.batch_size"
+    several = several_per_item(groups, batches, samples) if spec.auto_collation and samples else None
+    if several is not None:
+        items = spec.batch_size if spec.batch_size is not None else _mean([len(g) for g in groups])
+        by = "loader batch_size" if spec.batch_size is not None else "the batch sampler's batches of"
+        return items * several, f"counted in the collated batch: {by} {items} \u00d7 {several} per sample"
     if spec.batch_size is not None:
         return spec.batch_size, "DataLoader.batch_size"
     if spec.batch_sampler is not None:
@@ -156,6 +204,32 @@ def batch_size_of(spec: LoaderSpec, groups: list, batches: list, override: Any =
         return _mean(sizes), f"the batch sampler's batches (the mean over {len(sizes)})"
     return tree.leading_dim(batches[0]) or 1, ("the first dimension of the batch's first tensor (no automatic "
                                                       "batching; give Workload(batch_size=...) if it is not the batch)")
+
+
+def several_per_item(groups: list, batches: list, samples: list) -> Optional[int]:
+    """k when each item of the dataset is a list of k >= 2 samples alike (a transform that
+    makes several crops of one image, as MONAI's RandCropByPosNegLabeld(num_samples=k))
+    and collate_fn flattened them: every tensor of each cached batch has k times the
+    batch's items as its first dimension (tree.shared_leading_dim). Else None: the loader's
+    count stands (a batch whose tensors disagree is not counted from them)."""
+    ks = set()
+    for group, batch in zip(groups, batches):
+        k = _list_length(samples[i] for i in group)
+        if k is None or tree.shared_leading_dim(batch) != k * len(group):
+            return None
+        ks.add(k)
+    return ks.pop() if len(ks) == 1 else None
+
+
+def _list_length(items: Iterator) -> Optional[int]:
+    """k when every item is a list of k >= 2 containers of one structure, else None."""
+    lengths = set()
+    for item in items:
+        if not (isinstance(item, list) and len(item) >= 2 and all(tree.is_container(x) for x in item)
+                and all(tree.same_structure(x, item[0]) is None for x in item[1:])):
+            return None
+        lengths.add(len(item))
+    return lengths.pop() if len(lengths) == 1 else None
 
 
 def _mean(sizes: list) -> float:

@@ -21,7 +21,7 @@ from typing import Optional
 
 from . import advice as advice_mod, outcome
 from .advice import Finding
-from .results import NOT_SELECTED, Measurements, Note, PointResult
+from .results import NOT_SELECTED, CacheInfo, Measurements, Note, PointResult
 from .stats import NOISY_REL_IQR, Throughput, point_sigmas
 from .verdict import POINTS, StageCost, Verdict, decide, self_check
 
@@ -136,7 +136,7 @@ def diagnose(m: Measurements) -> Diagnosis:
     """The final report's content (see the module's docstring)."""
     d = _judged(m)
     d = dataclasses.replace(d, notes=m.notes + tuple(derived_notes(d)))
-    checked = tuple(_checked(f, m) for f in advice_mod.findings(d))
+    checked = advice_mod.ranked(tuple(_checked(f, m) for f in advice_mod.findings(d)))
     d = dataclasses.replace(d, advice=checked)
     return dataclasses.replace(d, summary=summary(d))
 
@@ -197,9 +197,7 @@ def derived_notes(d: Diagnosis) -> list:
     for p in d.points:
         out.extend(_point_notes(p))
     if d.cache.limited_by:
-        out.append(Note("cache", f"the caches hold {d.cache.batches} batch(es), limited by {d.cache.limited_by}; "
-                                 "cached points cycle over fewer distinct batches (raise --cache-mb or --max-seconds).",
-                        derived=True))
+        out.append(Note("cache", cache_note(d.cache), derived=True))
     workers, cores = d.loader.get("num_workers") or 0, d.run.cpu_count
     if cores and workers > cores:
         out.append(Note("workers", f"num_workers={workers} is more than this machine's {cores} cores: workers compete "
@@ -213,6 +211,28 @@ def derived_notes(d: Diagnosis) -> list:
     out.extend(Note("rules", w, derived=True)
                for w in self_check(shown, v, d.loader.get("num_workers"), pinned_transfer=loader_pins))
     return out
+
+
+# What the caches hold at once, per part (cache.HELD_PARTS), as the cache note names them.
+_HELD = (("collated", "collated"), ("samples", "as samples"), ("raw_inputs", "of the transforms' inputs"),
+         ("point_copy", "for the copy the host or device point makes while it is measured"))
+
+
+def cache_note(c: CacheInfo) -> str:
+    """Why the caches hold fewer batches than asked; for the memory budget, its arithmetic:
+    what one batch holds in every part at once, and the budget it fills."""
+    text = f"the caches hold {c.batches} batch(es), limited by {c.limited_by}"
+    held, n = c.held or {}, c.batches or 0
+    if c.limited_by == "memory budget" and held and n and c.budget_bytes:
+        parts = " + ".join(f"{_mb(held[k] / n)} {label}" for k, label in _HELD if k in held)
+        total = sum(held.values())
+        text += (f" (--cache-mb counts everything cached at once: per batch {parts} = {_mb(total / n)}; "
+                 f"{n} batch(es) hold {_mb(total)} of {_mb(c.budget_bytes)}, and one more would not fit)")
+    return text + "; cached points cycle over fewer distinct batches (raise --cache-mb or --max-seconds)."
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.1f} MB"
 
 
 def _point_notes(p: PointResult) -> list:

@@ -120,18 +120,27 @@ class Experiment:
         n = (plan.windows_per_visit if windows is None else windows) + spare
         return plan.least_visit_seconds(sec_per_step, prefetch, n)
 
-    def visit_plan(self, name: str, spec: Optional[LoaderSpec] = None, fit: bool = True) -> tuple[Plan, int]:
+    def visit_plan(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False,
+                   fit: bool = True) -> tuple[Plan, int]:
         """The plan a visit of point `name` follows, fitted to the step as far as it is
         known (Plan.for_step), and the batches its loader has prefetched when it starts:
         none where the batches are cached on the host or device; behind a long step, the
         first batch of each worker at most (workers start together, so only those come
         out at once: the queue fills beyond them only when the workers outpace the step).
         `fit=False`: not fitted here (under torchrun each rank knows its own step, and the
-        ranks' warm-ups must be alike: the visit fits the plan to rank 0's estimate)."""
+        ranks' warm-ups must be alike: the visit fits the plan to rank 0's estimate).
+        With `epochs` (the loader ends its epochs: open), windows of whole epochs
+        (Plan.for_epochs) where the user's loader starts its workers again every epoch, a
+        cost the check must count at its rate, on both sides of a trial alike (elsewhere an
+        epoch's end costs little, and windows stay short); not in a user's loop, whose own
+        epoch ends void its windows."""
         spec = spec or self.spec
         est = self.step_estimate() if fit else None
         cached = name in ("host", "device")  # no worker hands these batches over
-        plan = self.plan.for_workers(0 if cached else spec.num_workers).for_step(est)
+        plan = self.plan.for_workers(0 if cached else spec.num_workers)
+        if epochs and not self.loop and self.spec.num_workers > 0 and not self.spec.persistent_workers:
+            plan = plan.for_epochs(spec.batches_per_epoch)
+        plan = plan.for_step(est)
         prefetch = 0 if cached else spec.prefetch_depth
         return plan, (min(prefetch, spec.num_workers) if plan.long(est) else prefetch)
 
@@ -230,7 +239,7 @@ class Experiment:
         windows to keep (plan.windows_per_visit); `end`: the watchdog's hard end (the
         run's by default); `skip`: take part in a lockstep point without steps."""
         spec = spec or self.spec
-        plan, prefetch = self.visit_plan(name, spec, fit=not pace.lockstep)
+        plan, prefetch = self.visit_plan(name, spec, epochs, fit=not pace.lockstep)
         self.visits += 1
         return Visit(
             name, None if skip else (lambda: self.open(name, spec, epochs, threads)),
@@ -315,7 +324,7 @@ class Experiment:
             return CacheInfo()
         return CacheInfo(batches=c.n_batches, samples=len(c.samples), batch_bytes=c.batch_bytes,
                          fill_seconds=round(c.fill_seconds, 4), limited_by=c.limited_by,
-                         raw_transforms=tuple(c.raw_found))
+                         raw_transforms=tuple(c.raw_found), held=dict(c.held) or None, budget_bytes=c.budget_bytes)
 
 
 def _versions() -> dict:

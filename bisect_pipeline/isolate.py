@@ -106,8 +106,9 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
             syncs = Syncs.missing("skipped", out_of_time(SYNC_STEPS))
         if device.type == "cuda":
             parts["memory"] = _guard(Memory, lambda: _memory(device))
-    out = Isolated(budget_s=round(budget_s, 3), batch_size=bs, **parts)
-    workers = workers_needed(out, bs, cores(), step_threads=torch.get_num_threads() if device.type == "cpu" else 0)
+    items = caches.items_per_batch
+    out = Isolated(budget_s=round(budget_s, 3), batch_size=bs, items_per_batch=round(items, 4), **parts)
+    workers = workers_needed(out, items, cores(), step_threads=torch.get_num_threads() if device.type == "cpu" else 0)
     return dataclasses.replace(out, workers=workers, elapsed_s=round(clock() - start, 4)), syncs
 
 
@@ -301,11 +302,13 @@ def _memory(device: torch.device) -> Memory:
                   note="peak since the process started (includes the tool's cached batches): an upper bound")
 
 
-def workers_needed(iso: Isolated, batch_size: float, n_cores: int, step_threads: int = 0) -> Workers:
+def workers_needed(iso: Isolated, items_per_batch: float, n_cores: int, step_threads: int = 0) -> Workers:
     """Workers that would produce batches as fast as the step consumes them.
 
-    worker work per batch = (load + augment) ms per sample * batch size + collate ms per
-    batch; needed = ceil(work / step ms). The training loop's process keeps one core, so
+    worker work per batch = (load + augment) ms per sample * items per batch + collate ms
+    per batch; needed = ceil(work / step ms). A "sample" here is one item of the dataset
+    (one __getitem__, as load and augment are timed), so items per batch is the sampler's
+    count (cache.Caches.items_per_batch), not the batch size when an item becomes several. The training loop's process keeps one core, so
     the machine can supply at most n_cores - 1 workers. `step_threads` is the number of
     intra-op threads a CPU step runs on (torch.get_num_threads(); 0 on an accelerator):
     workers beyond n_cores - step_threads compete with the step for cores.
@@ -316,7 +319,7 @@ def workers_needed(iso: Isolated, batch_size: float, n_cores: int, step_threads:
     # When the transforms could not be split from loading, load's time already holds them.
     merged = "augment" in (load.includes or ())
     per_sample = load.ms_per_sample + (aug.ms_per_sample if aug is not None and not merged else 0.0)
-    work = per_sample * batch_size + col.ms_per_batch
+    work = per_sample * items_per_batch + col.ms_per_batch
     step_ms = step.ms_per_batch
     needed = max(1, math.ceil(work / step_ms)) if step_ms > 0 else None
     available = max(0, n_cores - 1)

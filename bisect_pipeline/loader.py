@@ -54,6 +54,22 @@ class LoaderSpec:
             return 0
         return self.num_workers * (self.prefetch_factor or 2)
 
+    @property
+    def batches_per_epoch(self) -> Optional[int]:
+        """Batches in one epoch of the loader (len(loader)), or None when its sampler or
+        dataset has no length (an IterableDataset's epochs end where its iterator does)."""
+        try:
+            if self.batch_sampler is not None:
+                return len(self.batch_sampler)
+            if self.iterable:
+                return None
+            n = len(self.sampler)
+        except TypeError:
+            return None
+        if self.batch_size is None:
+            return n
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
     def worker_kwargs(self, **overrides: Any) -> dict:
         """Everything downstream of the dataset and sampler, as the user set it."""
         kw = dict(
@@ -100,6 +116,7 @@ class LoaderSpec:
             "drop_last": self.drop_last,
             "prefetch_factor": self.prefetch_factor if self.num_workers else None,
             "persistent_workers": self.persistent_workers,
+            "batches_per_epoch": self.batches_per_epoch,
             "multiprocessing_context": None if ctx is None else getattr(ctx, "_name", None) or str(ctx),
             "timeout": self.timeout,
             "in_order": self.in_order,

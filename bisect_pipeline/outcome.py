@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from .results import AllocatorTiming, Isolated, Record, Trial, Verification
 from .stats import Throughput, Window, is_real, noise_threshold
@@ -30,15 +30,16 @@ ALLOCATOR_SOURCE = "the training step alone, paired: this process's malloc setti
 @dataclasses.dataclass(frozen=True)
 class Outcome(Record):
     """One candidate against the user's settings: status helps, no gain, slower, failed or
-    not measured; the speed-up (candidate over user, total steps over total time) and
-    the spread the noise alone could make (Z_NOISE combined standard errors, at least the
-    5% floor)."""
+    not measured; the speed-up (candidate over user, total steps over total time), the
+    spread the noise alone could make (Z_NOISE combined standard errors, at least the 5%
+    floor), and the time per batch of each side, the user's first (the same totals)."""
 
     settings: dict = dataclasses.field(default_factory=dict)
     status: str = "not measured"
     speedup: Optional[float] = None
     spread: Optional[float] = None
     reason: Optional[str] = None
+    ms_per_batch: Optional[tuple] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Checked(Record):
     tried: tuple = ()
     source: Optional[str] = None
     reason: Optional[str] = None
+    ms_per_batch: Optional[tuple] = None
 
 
 def outcome(trial: Trial, batch_size: float) -> Outcome:
@@ -75,7 +77,9 @@ def outcome(trial: Trial, batch_size: float) -> Outcome:
     spread = math.expm1(noise_threshold(se, 1.0)) if math.isfinite(se) else None
     real = math.isfinite(se) and is_real(abs(math.log(ratio)), se, 1.0)
     status = "no gain" if not real else ("helps" if ratio > 1 else "slower")
-    return Outcome(trial.settings, status, round(ratio, 4), None if spread is None else round(spread, 4))
+    per_batch = tuple(round(1e3 / _rate(tp), 3) for tp in (a, b))
+    return Outcome(trial.settings, status, round(ratio, 4), None if spread is None else round(spread, 4),
+                   ms_per_batch=per_batch)
 
 
 def _rate(tp: Throughput) -> float:
@@ -121,15 +125,16 @@ def verified(finding: "Finding", verification: Optional[Verification], isolated:
     if not tried:
         if not recommended:
             return None
-        reason = (verification.reason if verification is not None else None) or \
-            "out of time: the bisection used the verification's budget"
+        reason = finding.numbers.get("not_checked") or (verification.reason if verification is not None else None) \
+            or "out of time: the bisection used the verification's budget"
         if not any(k in APPLICABLE for k in recommended):
             reason = "not a setting this tool can apply to your loop; check it with compare (before/after runs)"
         return Checked("not measured", predicted=predicted(finding), reason=reason)
     measured = [t for t in tried if t.status in ("no gain", "slower")]
     best = next((t for t in tried if t.status == "helps"), measured[-1] if measured else tried[-1])
     return Checked(best.status, best.speedup, best.spread, best.settings, predicted(finding), tried,
-                   "the full pipeline with your settings and with these, in alternating visits", best.reason)
+                   "the full pipeline with your settings and with these, in alternating visits", best.reason,
+                   best.ms_per_batch)
 
 
 def predicted(finding: "Finding") -> Optional[float]:
@@ -156,7 +161,7 @@ def sentence(v: Checked) -> str:
         return ""  # the allocator message gives its measured numbers itself
     if v.status == "helps":
         pred = f", predicted up to {v.predicted:.2f}\u00d7" if v.predicted else ""
-        text = f" Measured before printing: {_fig(v)} with {settings_text(v.settings)}{pred}."
+        text = f" Measured before printing: {_fig(v)} with {settings_text(v.settings)}{_ms(v)}{pred}."
         others = [t for t in v.tried if t.settings != v.settings]
         if others:
             text += " Tried first: " + "; ".join(_tried_text(t) for t in others) + "."
@@ -168,6 +173,14 @@ def sentence(v: Checked) -> str:
         return (" Measured before printing, and no gain beyond the noise on this machine as it is, so not "
                 "presented as a fix: " + "; ".join(_tried_text(t) for t in v.tried) + ".")
     return " Not measured before printing: " + "; ".join(_tried_text(t) for t in v.tried) + "."
+
+
+def _ms(t: Any) -> str:
+    """": 128 → 110 ms/batch", yours then the candidate's, when measured."""
+    if not t.ms_per_batch:
+        return ""
+    mine, theirs = t.ms_per_batch
+    return f": {mine:.3g} \u2192 {theirs:.3g} ms/batch"
 
 
 def _fig(t: Outcome) -> str:

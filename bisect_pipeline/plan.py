@@ -14,6 +14,15 @@ from .stats import Window
 # inconclusive, rather than spend a minute (--max-seconds buys more rounds).
 DEFAULT_MAX_SECONDS = 30.0
 DEFAULT_CACHE_MB = 1024.0
+# A visit whose loader ends its epochs as the user's loop does (verify.py) times windows of
+# whole epochs while an epoch lasts at most this long: each window then holds exactly as
+# many epoch ends as epochs, so a cost paid once per epoch (workers started again, the
+# prefetch refilled) is counted at its rate. Windows of another length hold one end more
+# or fewer than their share depending on where they fall, and the steady pair picks
+# windows that agree: with 10-batch epochs and 8-step windows, 3 restarts in the 24 steps
+# kept instead of 2.4. Longer epochs spread that cost over more than this, and their
+# windows stay as they are.
+EPOCH_WINDOW_S = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +56,9 @@ class Plan:
     max_rounds: int = 24
     # The loader's workers (for_workers): a window spans at least one batch of each.
     workers: int = 0
+    # The visit's loader ends an epoch every this many batches (0: never, or too long for
+    # whole-epoch windows; see EPOCH_WINDOW_S and at_step).
+    epoch_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.window_seconds <= 0:
@@ -83,11 +95,34 @@ class Plan:
         return dataclasses.replace(self, min_window_steps=max(1, self.workers), min_warmup_steps=0,
                                    windows_per_visit=min(2, self.windows_per_visit))
 
+    def for_epochs(self, batches_per_epoch: Optional[int]) -> "Plan":
+        """This plan for a visit whose loader ends an epoch every `batches_per_epoch`
+        batches (None: unknown, windows as usual)."""
+        return dataclasses.replace(self, epoch_steps=max(0, int(batches_per_epoch or 0)))
+
+    def at_step(self, sec_per_step: float) -> "Plan":
+        """This plan once a visit knows its step: fitted to a long step (for_step), and
+        windows of whole epochs (at least one) when an epoch lasts at most
+        EPOCH_WINDOW_S, else windows as usual."""
+        plan = self.for_step(sec_per_step)
+        e = plan.epoch_steps
+        if not e:
+            return plan
+        if e * sec_per_step > EPOCH_WINDOW_S:
+            return dataclasses.replace(plan, epoch_steps=0)
+        return dataclasses.replace(plan, min_window_steps=math.ceil(plan.min_window_steps / e) * e)
+
+    def whole(self, steps: int) -> bool:
+        """A window of `steps` holds whole epochs, or this plan has no epochs to hold."""
+        return not self.epoch_steps or steps % self.epoch_steps == 0
+
     def window_steps(self, sec_per_step: float) -> int:
-        """Steps in a window of `window_seconds` at `sec_per_step`, at least min_window_steps:
-        the one window sizing rule (the first window from the warm-up's estimate, the
-        next ones from the first window's rate)."""
-        return max(self.min_window_steps, math.ceil(self.window_seconds / max(sec_per_step, 1e-9)))
+        """Steps in a window of `window_seconds` at `sec_per_step`, at least min_window_steps,
+        rounded up to whole epochs (at_step): the one window sizing rule (the first window
+        from the warm-up's estimate, the next ones from the first window's rate)."""
+        steps = max(self.min_window_steps, math.ceil(self.window_seconds / max(sec_per_step, 1e-9)))
+        e = self.epoch_steps
+        return math.ceil(steps / e) * e if e else steps
 
     def least_visit_seconds(self, sec_per_step: float, prefetch_depth: int = 0, windows: Optional[int] = None) -> float:
         """The least time one visit takes at `sec_per_step`: its first batch, its untimed
@@ -166,4 +201,7 @@ def next_window(windows: list, steps: int, plan: Plan, seconds_left: float, keep
     per_step = windows[-1].seconds / max(windows[-1].steps, 1)
     if seconds_left < plan.min_window_steps * per_step:
         return Next(False, steps, True)
-    return Next(True, max(plan.min_window_steps, min(steps, int(seconds_left / max(per_step, 1e-9)))), False)
+    fits = max(plan.min_window_steps, min(steps, int(seconds_left / max(per_step, 1e-9))))
+    if plan.epoch_steps:  # whole epochs: min_window_steps is one or more of them (at_step)
+        fits = max(plan.min_window_steps, fits // plan.epoch_steps * plan.epoch_steps)
+    return Next(True, fits, False)

@@ -286,6 +286,7 @@ class Isolated(Part):
                                "memory": Memory, "workers": Workers, "allocator": AllocatorTiming}
     budget_s: Optional[float] = None
     batch_size: Optional[float] = None
+    items_per_batch: Optional[float] = None  # the dataset's items per batch (cache.Caches.items_per_batch)
     augment: Optional[PerSample] = None
     load: Optional[PerSample] = None
     collate: Optional[Collate] = None
@@ -365,7 +366,8 @@ class Verification(Part):
 
 @dataclasses.dataclass(frozen=True)
 class CacheInfo(Record):
-    """What the caches hold (cache.Caches); `limited_by` says why fewer batches than asked."""
+    """What the caches hold (cache.Caches); `limited_by` says why fewer batches than asked;
+    `held` the bytes they hold at once, per part (cache.HELD_PARTS), against `budget_bytes`."""
 
     _keep_none: ClassVar[tuple] = ("limited_by",)
     batches: Optional[int] = None
@@ -374,6 +376,8 @@ class CacheInfo(Record):
     fill_seconds: Optional[float] = None
     limited_by: Optional[str] = None
     raw_transforms: Optional[tuple] = None
+    held: Optional[dict] = None
+    budget_bytes: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)

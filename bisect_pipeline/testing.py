@@ -111,6 +111,43 @@ class PlantedDataset(Dataset):
         return x, y
 
 
+class Crops:
+    """A picklable transform that makes `k` samples of one, as MONAI's
+    RandCropByPosNegLabeld(num_samples=k) does: a list of k {"image", "label"} dicts.
+    Costs `ms` per item."""
+
+    def __init__(self, k: int, ms: float = 0.0) -> None:
+        self.k = k
+        self.ms = ms
+
+    def __call__(self, sample: dict) -> list:
+        if self.ms:
+            time.sleep(self.ms / 1e3)
+        return [{"image": sample["image"] + i, "label": sample["label"]} for i in range(self.k)]
+
+
+class SeveralPerItem(Dataset):
+    """Map-style: each item is {"image", "label"} through `self.transform`, a Crops(k)
+    that makes k samples of it (a list); flatten_collate batches them all."""
+
+    def __init__(self, n: int = 64, k: int = 4, ms: float = 0.0) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.data = torch.randn(n, FEATURES, generator=g)
+        self.transform = Crops(k, ms)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> list:
+        return self.transform({"image": self.data[i].clone(), "label": i % CLASSES})
+
+
+def flatten_collate(items: list) -> Any:
+    """default_collate of the samples of every item, each item a list of samples: the
+    step gets them all, as MONAI's list_data_collate gives them."""
+    return default_collate([s for item in items for s in item])
+
+
 class PlantedIterable(IterableDataset):
     """An IterableDataset that shards by worker; loading costs `load_ms` per sample."""
 

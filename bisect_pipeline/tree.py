@@ -219,6 +219,13 @@ def leading_dim(obj: Any) -> Optional[int]:
     return next((x.shape[0] for _, x in tensors(obj) if x.dim()), None)
 
 
+def shared_leading_dim(obj: Any) -> Optional[int]:
+    """The first dimension every tensor with one shares (a batch's samples), or None when
+    they disagree or there is none."""
+    dims = {x.shape[0] for _, x in tensors(obj) if x.dim()}
+    return dims.pop() if len(dims) == 1 else None
+
+
 def same_values(a: Any, b: Any) -> bool:
     """Equal tensors (values, shapes, dtypes) and equal everything else, node by node."""
     import torch

@@ -62,7 +62,7 @@ def candidates(finding: Finding, *, threads: int, cores: int, on_cpu: bool) -> l
     persistent_workers=True, advice._workers, and every candidate keeps it)."""
     rec = dict(finding.numbers.get("recommended") or {})
     first = {k: v for k, v in rec.items() if k in APPLICABLE}
-    if not first:
+    if not first or finding.numbers.get("not_checked"):  # an item this check cannot measure says why itself
         return []
     out = [first]
     workers = first.get("num_workers")

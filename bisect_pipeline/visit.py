@@ -14,7 +14,8 @@ Algorithm (one visit):
     t_first = time of the first batch and its step
     untimed warm-up: min_warmup_steps + prefetch_depth steps; est = time per step of its
                      second half (the batches workers prefetched come out at once)
-    plan = plan.for_step(est)  (a long step: windows of one batch per worker)
+    plan = plan.at_step(est)  (a long step: windows of one batch per worker; a loader
+                               that ends short epochs: windows of whole epochs)
     n = plan.window_steps(est)
     repeat: time one window of n steps, syncing the device at both edges only;
             after each window plan.next_window says whether to go on and how long
@@ -271,25 +272,35 @@ class Visit:
             if per_step is not None:
                 per_step.clear()
 
-    def _steps(self):
+    def _start(self):
+        """The first batch apart, the untimed warm-up, and the plan fitted to the step it
+        showed: returns the first window's length, or None when a unit failed."""
         plan, clock, pace = self.plan, self.clock, self.pace
         t0 = clock()
         first = yield from self._unit(1)
         if first.failed:
-            return
+            return None
         self.first_batch_seconds = clock() - t0
         times: list = []
         w0 = clock()
         if not (yield from self._warm(plan.min_warmup_steps + self.prefetch_depth, times)):
-            return
+            return None
         self.warmup_seconds = clock() - w0
         tail = times[len(times) // 2:] or [max(self.first_batch_seconds, 1e-6)]
         est, left = pace.decide([sum(tail) / len(tail), self.deadline - clock()])
         self.deadline = clock() + left  # the deciding rank's deadline, on this clock
         if self.gap_factor:  # a pause far beyond a step is not the loop's (see the module's docstring)
             self.gap = max(self.gap_factor * est, plan.window_seconds)
-        self.plan = plan = plan.for_step(est)  # a long step seen first here (a user's loop's first visit)
-        steps = plan.window_steps(est)
+        # fitted to the step: a long one (seen first here in a user's loop's first visit),
+        # and whole-epoch windows where the loader ends short epochs
+        self.plan = plan.at_step(est)
+        return self.plan.window_steps(est)
+
+    def _steps(self):
+        steps = yield from self._start()
+        if steps is None:
+            return
+        plan, clock, pace = self.plan, self.clock, self.pace
         while True:
             if not pace.lockstep and clock() >= self.deadline:
                 self.stopped_by_deadline = True
@@ -311,9 +322,10 @@ class Visit:
                 if not (yield from self._warm(plan.min_warmup_steps + self.prefetch_depth)):
                     return
                 continue
-            if u.steps == 0 or (self.windows and u.steps < plan.min_window_steps):
-                # cut by the deadline below the plan's minimum: it times a fraction of one
-                # worker's burst; the windows before it are the measurement
+            if u.steps == 0 or (self.windows and u.steps < plan.min_window_steps) or not plan.whole(u.steps):
+                # cut by the deadline below the plan's minimum (it times a fraction of one
+                # worker's burst) or inside an epoch (it holds a share of the epoch ends
+                # that is not its own): the windows before it are the measurement
                 self.stopped_by_deadline = True
                 break
             self.windows.append(Window(u.steps, u.seconds))

@@ -252,6 +252,78 @@ def test_uint8_payload_silent_when_moving_the_batch_costs_nothing():
     assert "uint8_payload" not in kinds(r)
 
 
+# --- workers started again every epoch (persistent_workers) -----------------------------------------
+
+# A MONAI-like pipeline (issue 22): 4 workers, 10-batch epochs, a real handoff of 8.3 ms and
+# a float image batch, so the payload items fire too. The bisection's points run one
+# endless epoch: full is 110 ms a batch there; its first batch (workers started, one batch
+# of 300 ms of work, a 100 ms step) took 0.58 s: 180 ms of start, 18 ms a batch over an epoch.
+RESTART_BOUND = {"device": 100, "collated": 108.3, "augmented": 108.8, "raw": 109.3, "full": 110}
+
+
+def restart_report(*, epoch=10, first=0.58, persistent=False, workers=4, mode="entry", trial=None) -> Report:
+    import dataclasses
+
+    points = [PointResult(n, "ok", tp(RESTART_BOUND[n]), first_batch_seconds=first if n == "full" else 0.2)
+              if n in RESTART_BOUND else PointResult(n, "skipped", reason=CPU_SKIP[n]) for n in POINTS]
+    iso = batch_iso(shape=(16, 1, 96, 96), **iso_workers(needed=3, cores=8, work=300.0, step=100.0))
+    lo = {"num_workers": workers, "persistent_workers": persistent, "batches_per_epoch": epoch, "pin_memory": False}
+    verification = {"status": "ok", "trials": [trial] if trial else []}
+    r = build(points, BS, "cpu", loader=lo, run={"cpu_count": 8}, isolated=iso, verification=verification)
+    return Report.of(dataclasses.replace(r.measurements, mode=mode)) if mode != "entry" else r
+
+
+def restart_trial(user_ms: float, candidate_ms: float) -> dict:
+    def side(ms):
+        return [{"steps": 10, "seconds": round(10 * ms / 1e3 * (1 + 0.01 * (i % 3 - 1)), 6), "visit": i // 3}
+                for i in range(12)]
+    return {"item": "persistent_workers", "settings": {"persistent_workers": True}, "user_windows": side(user_ms),
+            "candidate_windows": side(candidate_ms), "error": None}
+
+
+def test_workers_started_again_every_short_epoch_are_named_with_the_measured_gain_before_the_payload():
+    r = restart_report(trial=restart_trial(128.0, 110.0))
+    assert r.bottleneck == "handoff"
+    f = finding(r, "persistent_workers")
+    assert f.numbers["recommended"] == {"persistent_workers": True} and f.stage == "epoch"
+    assert f.numbers["start_ms"] == pytest.approx(180.0) and f.numbers["start_ms_per_batch"] == pytest.approx(18.0)
+    assert "every 10 batches" in f.message and "Set persistent_workers=True" in f.message
+    assert f.verified.status == "helps" and f.verified.speedup == pytest.approx(128 / 110, rel=1e-3)
+    assert "with persistent_workers=True: 128 \u2192 110 ms/batch" in f.message
+    # measured 1.16x, more than the payload could give (the handoff free: 110 / 101.7, 1.08x): it comes first
+    assert kinds(r).index("persistent_workers") < kinds(r).index("uint8_payload") < kinds(r).index("handoff")
+    assert " ".join(str(r).split()).index("persistent_workers=True: 128") < " ".join(str(r).split()).index("uint8")
+
+
+def test_a_restart_within_the_noise_is_not_presented_as_a_fix_and_comes_after_the_payload():
+    r = restart_report(trial=restart_trial(128.0, 127.0))
+    f = finding(r, "persistent_workers")
+    assert f.verified.status == "no gain" and "no gain beyond the noise" in f.message and "\u2192" not in f.message
+    assert kinds(r).index("handoff") < kinds(r).index("persistent_workers")
+    # and so does one the check could not measure
+    r = restart_report()
+    assert finding(r, "persistent_workers").verified.status == "not measured"
+    assert kinds(r).index("handoff") < kinds(r).index("persistent_workers")
+
+
+@pytest.mark.parametrize("kw", [
+    {"epoch": 1000},  # long epochs: 110 s of batches, the restart spread over all of them
+    {"persistent": True}, {"workers": 0}, {"epoch": None},
+    {"first": 0.45},  # a start of 50 ms, 5 ms a batch: under 5% of the 110 ms batch
+])
+def test_no_restart_advice_where_the_epochs_are_long_or_the_workers_persistent_or_the_start_cheap(kw):
+    assert "persistent_workers" not in kinds(restart_report(**kw))
+
+
+def test_in_a_users_loop_the_restart_is_not_checked_and_says_why():
+    from bisect_pipeline import verify
+
+    r = restart_report(mode="loop")
+    f = finding(r, "persistent_workers")
+    assert f.verified.status == "not measured" and "cannot measure it in your own loop" in f.message
+    assert verify.candidates(f, threads=1, cores=8, on_cpu=True) == []
+
+
 # --- collate -------------------------------------------------------------------------------------
 
 

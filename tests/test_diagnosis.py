@@ -77,3 +77,20 @@ def test_no_verdict_without_the_full_pipeline_says_why():
                    else PointResult(n, "skipped", reason="x") for n in POINTS)
     d = diagnose(Measurements("cpu", BS, points))
     assert d.bottleneck is None and "failed: boom" in d.verdict.reason and summary(d).startswith("No verdict")
+
+
+def test_a_cache_limited_by_the_memory_budget_says_the_arithmetic():
+    mb = 2**20
+    c = CacheInfo(batches=5, limited_by="memory budget", budget_bytes=1024 * mb,
+                  held={"raw_inputs": 0, "samples": 5 * 39 * mb, "collated": 5 * 39 * mb, "point_copy": 5 * 39 * mb})
+    d = diagnose(measurements(AUGMENT, cache=c))
+    (note,) = [n.message for n in d.notes if n.kind == "cache"]
+    assert note.startswith("the caches hold 5 batch(es), limited by memory budget (--cache-mb counts everything "
+                           "cached at once: per batch 39.0 MB collated + 39.0 MB as samples + 0.0 MB of the "
+                           "transforms' inputs + 39.0 MB for the copy the host or device point makes while it is "
+                           "measured = 117.0 MB; 5 batch(es) hold 585.0 MB of 1,024.0 MB, and one more would not fit)")
+    # a document written before the parts were counted: the note without its arithmetic
+    old = diagnose(measurements(AUGMENT, cache=CacheInfo(batches=5, limited_by="memory budget")))
+    assert [n.message for n in old.notes if n.kind == "cache"] == [
+        "the caches hold 5 batch(es), limited by memory budget; cached points cycle over fewer distinct batches "
+        "(raise --cache-mb or --max-seconds)."]

@@ -118,6 +118,19 @@ def test_a_visit_is_planned_for_the_loaders_workers_and_prefetch():
     plan, prefetch = exp.visit_plan("full")
     assert plan == exp.plan.for_workers(2) and prefetch == exp.spec.prefetch_depth > 0
     assert exp.visit_plan("device") == (exp.plan.for_workers(0), 0)  # cached batches: no worker, nothing prefetched
+    # a full pipeline that ends its epochs (the advice's check), where the user's workers
+    # start again every epoch: windows of whole epochs, 4 batches each here, for the user's
+    # settings and a candidate's alike; not in a user's loop, whose own epoch ends void its windows
+    assert exp.visit_plan("full", epochs=True)[0] == plan.for_epochs(4)
+    persistent = exp.spec.with_settings({"persistent_workers": True})
+    assert exp.visit_plan("full", persistent, epochs=True)[0] == plan.for_epochs(4)
+    exp.loop = True
+    assert exp.visit_plan("full", epochs=True)[0] == plan
+    # workers that persist, or none: an epoch's end costs little, windows as usual
+    for kw in ({"num_workers": 2, "persistent_workers": True}, {"num_workers": 0}):
+        kept = experiment(make_loader(PlantedDataset(n=32), batch_size=8, **kw))
+        assert kept.visit_plan("full", epochs=True)[0] == kept.plan.for_workers(kw["num_workers"])
+
 
 
 def test_a_long_step_is_not_timed_alone_for_the_allocator_but_its_time_is_kept():

@@ -95,12 +95,12 @@ def test_workers_needed_arithmetic():
            "augment": {"status": "ok", "ms_per_sample": 3.0},
            "collate": {"status": "ok", "ms_per_batch": 4.0},
            "step": {"status": "ok", "ms_per_batch": 10.0}}
-    w = workers_needed(iso, batch_size=8, n_cores=4)
+    w = workers_needed(iso, items_per_batch=8, n_cores=4)
     # (2 + 3) x 8 + 4 = 44 ms per batch / 10 ms step -> ceil(4.4) = 5 workers; 3 cores for workers
     assert w == {"status": "ok", "worker_ms_per_batch": 44.0, "step_ms_per_batch": 10.0, "needed": 5, "cores": 4,
                  "available": 3, "step_threads": 0, "fits": False}
-    assert workers_needed(iso, batch_size=8, n_cores=4, step_threads=4)["step_threads"] == 4
-    assert workers_needed(iso, batch_size=8, n_cores=8)["fits"] is True
+    assert workers_needed(iso, items_per_batch=8, n_cores=4, step_threads=4)["step_threads"] == 4
+    assert workers_needed(iso, items_per_batch=8, n_cores=8)["fits"] is True
     # exactly one step's worth of work: one worker
     iso["step"]["ms_per_batch"] = 44.0
     assert workers_needed(iso, 8, 2)["needed"] == 1

@@ -46,3 +46,16 @@ def test_a_sampler_that_yields_nothing_is_an_error_not_a_hang():
     spec = loader_mod.describe(torch.utils.data.DataLoader(PlantedDataset(n=0)))
     with pytest.raises(RuntimeError, match="yields nothing"):
         next(loader_mod.index_order(spec))
+
+
+def test_batches_per_epoch_is_the_loaders_length_where_it_has_one():
+    from torch.utils.data import DataLoader
+
+    from conftest import PlantedIterable
+
+    for kw in ({"batch_size": 8}, {"batch_size": 5}, {"batch_size": 5, "drop_last": True}, {"batch_size": None},
+               {"batch_sampler": [[0, 1, 2], [3]]}):
+        loader = DataLoader(PlantedDataset(n=22), **kw)
+        assert loader_mod.describe(loader).batches_per_epoch == len(loader), kw
+    assert loader_mod.describe(make_loader(PlantedDataset(n=22), batch_size=5)).settings()["batches_per_epoch"] == 5
+    assert loader_mod.describe(DataLoader(PlantedIterable(n=8), batch_size=2)).batches_per_epoch is None

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from bisect_pipeline import Workload, bisect
+from bisect_pipeline.testing import SeveralPerItem, flatten_collate
 from conftest import FAST_PLAN, PlantedDataset, Sleep, SleepLayer, assert_names, tiny_model
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
@@ -120,6 +121,24 @@ def test_sequence_first_batches_count_samples_not_time_steps():
         statistics.median(x.steps / x.seconds * 8 for x in device.throughput.windows))
     assert w.steps > 0
     assert report.to_dict()["batch_size_source"] == report.batch_size_source
+
+
+def test_items_that_become_several_samples_count_what_the_step_gets():
+    # each item makes 4 samples (MONAI's RandCropByPosNegLabeld(num_samples=4)) that the
+    # collate flattens (list_data_collate): batch_size=2 items, 8 samples a step
+    loader = DataLoader(SeveralPerItem(n=32, k=4, ms=2.0), batch_size=2, shuffle=True, collate_fn=flatten_collate)
+    report = bisect(tiny_model(2.0), loader, device="cpu", max_seconds=8, plan=FAST_PLAN, verify_seconds=0)
+    assert report.batch_size == 8, str(report)
+    assert report.batch_size_source == "counted in the collated batch: loader batch_size 2 \u00d7 4 per sample"
+    assert "batch size 8 (counted in the collated batch: loader batch_size 2 \u00d7 4 per sample)" in " ".join(str(report).split())
+    full = report.point("full").throughput
+    assert full.samples_per_sec == pytest.approx(statistics.median(w.steps / w.seconds * 8 for w in full.windows))
+    # the costs timed alone are per item: the worker work of a batch holds 2 of them, not 8
+    iso = report.to_dict()["isolated"]
+    assert iso["items_per_batch"] == 2 and iso["batch_size"] == 8
+    per_item = iso["load"]["ms_per_sample"] + iso["augment"]["ms_per_sample"]
+    assert iso["workers"]["worker_ms_per_batch"] == pytest.approx(per_item * 2 + iso["collate"]["ms_per_batch"],
+                                                                  abs=2e-3)
 
 
 def test_the_entry_can_say_how_many_samples_a_batch_holds():

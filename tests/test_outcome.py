@@ -65,7 +65,9 @@ def test_a_candidate_that_helps_gets_its_figure_and_the_prediction_beside_it():
                  {"trials": [trial]})
     assert (v.status, v.settings, v.predicted) == ("helps", {"num_workers": 1}, 3.0)
     assert outcome.sentence(v).startswith(" Measured before printing: 2.50\u00d7 (\u00b1")
-    assert "predicted up to 3.00\u00d7" in outcome.sentence(v)
+    # each side's time per batch, from the same totals: 16 and 40 batches/s
+    assert o["ms_per_batch"] == pytest.approx([62.5, 25.0], rel=1e-3) and v.ms_per_batch == tuple(o["ms_per_batch"])
+    assert "with num_workers=1: 62.5 \u2192 25 ms/batch, predicted up to 3.00\u00d7." in outcome.sentence(v)
 
 
 def test_nothing_measured_says_why_and_settings_the_tool_cannot_apply_say_so():
@@ -74,6 +76,10 @@ def test_nothing_measured_says_why_and_settings_the_tool_cannot_apply_say_so():
     v = outcome.verified(item({"env": {"X": "1"}}), Verification(status="ok"), None, BS)
     assert "not a setting this tool can apply" in v.reason
     assert outcome.verified(item({}), Verification(status="ok"), None, BS) is None  # nothing recommended
+    # an item that says itself why the check cannot measure it (advice: the restart in a user's loop)
+    mine = Finding("persistent_workers", "epoch", "Set it.", {"recommended": {"persistent_workers": True},
+                                                             "not_checked": "not in your loop"})
+    assert outcome.verified(mine, Verification(status="ok"), None, BS).reason == "not in your loop"
 
 
 def test_the_allocator_item_is_checked_by_the_step_timed_alone():

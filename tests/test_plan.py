@@ -62,3 +62,20 @@ def test_a_long_step_gets_one_batch_per_worker_windows_no_warmup_and_two_windows
     # the first batch), 6 s fitted (the first batch and two one-step windows)
     assert plan.least_visit_seconds(2.0) == pytest.approx(24.0)
     assert long.least_visit_seconds(2.0) == pytest.approx(6.0)
+
+
+def test_a_loader_that_ends_short_epochs_gets_windows_of_whole_epochs():
+    plan = Plan(window_seconds=0.25, min_window_steps=8).for_epochs(10)
+    short = plan.at_step(0.01)  # 10 batches: 0.1 s an epoch
+    assert short.min_window_steps == 10 and short.window_steps(0.01) == 30 and short.window_steps(0.1) == 10
+    assert short.whole(20) and not short.whole(25)
+    # the time left holds 2.5 epochs: 2 of them, never a part of one
+    nxt = next_window([Window(30, 0.3)], 30, short, seconds_left=0.25)
+    assert nxt.go_on and nxt.steps == 20
+    assert next_window([Window(30, 0.3)], 30, short, seconds_left=0.09).out_of_time  # not one epoch left
+    # epochs longer than EPOCH_WINDOW_S: windows as usual, the per-epoch cost spread over them
+    from bisect_pipeline.plan import EPOCH_WINDOW_S
+
+    long = plan.at_step(1.01 * EPOCH_WINDOW_S / 10)
+    assert long.epoch_steps == 0 and long.min_window_steps == 8 and long.whole(7)
+    assert Plan().for_epochs(None).at_step(0.01) == Plan()  # no length: no epochs to fit

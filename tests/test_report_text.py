@@ -178,3 +178,13 @@ def test_input_bound_line_of_a_none_verdict_says_the_loss_is_within_noise():
     text = " ".join(to_text(r).split())
     assert "Input-bound: not (the full pipeline's loss to input, 1% of the ceiling's throughput, is within noise)." in text
     assert "lost to input; not <" not in text
+
+
+def test_the_head_says_where_the_batch_size_comes_from_unless_it_is_the_loaders():
+    counted = "counted in the collated batch: loader batch_size 8 \u00d7 4 per sample"
+    r = planted_report(AUGMENT, batch_size_source=counted)
+    assert " ".join(to_text(r).split()).startswith(f"bisect-pipeline: device cpu, batch size 32 ({counted})")
+    assert f"32 ({counted})" in r._repr_html_()
+    plain = planted_report(AUGMENT, batch_size_source="DataLoader.batch_size")
+    assert to_text(plain).splitlines()[0].startswith("bisect-pipeline: device cpu, batch size 32, num_workers")
+    assert Report.from_dict(r.to_dict()).batch_size_source == counted  # the document keeps it

@@ -153,3 +153,6 @@ def test_nbytes_and_leading_dim():
     batch = {"x": torch.zeros(8, 4), "y": torch.zeros(8, dtype=torch.int64)}
     assert tree.nbytes(batch) == 8 * 4 * 4 + 8 * 8
     assert tree.leading_dim(batch) == 8
+    assert tree.shared_leading_dim(batch) == 8
+    assert tree.shared_leading_dim({**batch, "lengths": torch.zeros(5)}) is None  # the tensors disagree
+    assert tree.shared_leading_dim({"n": 3, "s": torch.tensor(1.0)}) is None  # no tensor with a dimension

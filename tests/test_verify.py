@@ -43,6 +43,9 @@ def test_candidates_start_with_the_recommendation_then_vary_the_threads_and_the_
     assert verify.candidates(item({"pin_memory": True, "non_blocking": True}), threads=1, cores=2,
                              on_cpu=False) == [{"pin_memory": True}]
     assert verify.candidates(item({"env": {"MALLOC_TRIM_THRESHOLD_": "-1"}}), threads=1, cores=2, on_cpu=True) == []
+    # workers started again every epoch: persistent ones, alone
+    restart = item({"persistent_workers": True}, kind="persistent_workers")
+    assert verify.candidates(restart, threads=2, cores=2, on_cpu=True) == [{"persistent_workers": True}]
     # workers recommended persistent (advice._workers, for a loader whose workers are not) stay
     # persistent in every candidate: the measured loop ends its epochs and would fork them again
     kept = item({"num_workers": 2, "torch_num_threads": 2, "persistent_workers": True})
@@ -335,6 +338,32 @@ def test_planted_workers_that_cannot_help_are_reported_as_not_helping(monkeypatc
     assert all(t.status in ("no gain", "slower") for t in v.tried), v
     assert ("not a fix on this machine" in f.message or "no gain beyond the noise" in f.message), f.message
     assert math.isfinite(v.speedup) and v.speedup < 1.1
+
+
+def slow_start(worker_id: int) -> None:
+    """A worker that takes 0.2 s to start (imports, files opened, MONAI's transforms set up)."""
+    import time
+
+    time.sleep(0.2)
+
+
+@pytest.mark.e2e
+def test_workers_started_again_every_short_epoch_are_measured_and_named(no_leftover_workers):
+    # 4 batches an epoch (32 samples of 8), 2 workers that take 0.2 s to start, a 10 ms
+    # step: a loop that ends its epochs waits about 0.2 s every 4 batches (60 ms a batch),
+    # persistent workers start once (about 12 ms a batch). The bisection's points never end
+    # an epoch; the check does, as the loop would.
+    loader = make_loader(PlantedDataset(n=32, transform=Sleep(0.5)), batch_size=8, num_workers=2,
+                         worker_init_fn=slow_start)
+    r = bisect(tiny_model(10.0), loader, max_seconds=10, verify_seconds=12, plan=FAST_PLAN, points=["full", "device"])
+    f = next((a for a in r.advice if a.kind == "persistent_workers"), None)
+    assert f is not None, str(r)
+    v = f.verified
+    assert v.status == "helps" and v.speedup > 2.0, v
+    mine, theirs = v.ms_per_batch
+    assert mine > 2 * theirs and f"persistent_workers=True: {mine:.3g} \u2192 {theirs:.3g} ms/batch" in f.message
+    assert r.to_dict()["verification"]["trials"][0]["settings"] == {"persistent_workers": True}
+    assert loader.persistent_workers is False  # the user's loader as it was
 
 
 # --- the same figure in compare and the sweep ----------------------------------------------------

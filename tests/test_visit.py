@@ -40,6 +40,32 @@ def rate(m) -> float:
 PLAN = Plan(window_seconds=0.1, windows_per_visit=3, min_warmup_steps=2, max_warmup_windows=4)
 
 
+def test_a_cost_paid_once_an_epoch_is_counted_at_its_rate_in_windows_of_whole_epochs():
+    # 10-batch epochs whose first batch waits 50 ms more (workers forked again), 10 ms a
+    # step, 4 workers (8 steps a window at least, 8 batches prefetched): 15 ms a batch
+    def visit(plan):
+        clock, batches = FakeClock(), [0]
+
+        def next_batch():
+            batches[0] += 1
+            clock.t += 0.05 if batches[0] % 10 == 1 else 0.0
+            return batches[0]
+
+        def step(batch):
+            clock.t += 0.01
+
+        return drive(Visit("full", lambda: fixed_source(next_batch), batch_size=1, plan=plan, deadline=1e9,
+                           clock=clock, prefetch_depth=8), step)
+
+    plan = Plan(window_seconds=0.08).for_workers(4)
+    m = visit(plan.for_epochs(10))
+    assert all(w.steps == 10 for w in m.windows) and m.steady
+    assert sum(w.seconds for w in m.windows) / m.steps == pytest.approx(0.015)
+    # windows of 8 steps: the steady pair keeps three that hold a restart each, 16.25 ms
+    m = visit(plan)
+    assert sum(w.seconds for w in m.windows) / m.steps == pytest.approx(0.01625)
+
+
 def test_steady_step_gives_exact_throughput_and_keeps_the_visit_windows():
     m, calls, _ = run(lambda i: 0.01, PLAN, first_extra=0.5)
     assert rate(m) == pytest.approx(400.0)  # 4 samples per 10 ms

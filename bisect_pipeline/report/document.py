@@ -28,7 +28,11 @@ if TYPE_CHECKING:  # pragma: no cover
 #       added keys only: isolated, syncs, verification; mode and source (who drove the
 #       loop); notes (the warnings with their kind, measured or derived); per point
 #       wait_seconds, input_wait_ms_per_batch, and in a user's loop discarded_windows,
-#       pauses and paused_seconds.
+#       pauses and paused_seconds; cache.held and cache.budget_bytes (what --cache-mb
+#       counted); isolated.items_per_batch, and batch_size_source "counted in the
+#       collated batch: ..." (items that become several samples); loader.batches_per_epoch,
+#       the advice kind persistent_workers (numbers.not_checked in a user's loop), and
+#       ms_per_batch in each verified block and its tried entries.
 SCHEMA_VERSION = 1
 
 

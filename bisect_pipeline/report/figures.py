@@ -19,6 +19,15 @@ POINT_MEANING = {
 }
 
 
+def batch_size_text(batch_size: float, source: str) -> str:
+    """The batch size and, unless it is the loader's batch_size, where it comes from (the
+    source's first clause: "8 (counted in the collated batch: loader batch_size 2 × 4 per
+    sample)")."""
+    if source and source != "DataLoader.batch_size":
+        return f"{batch_size} ({source.split(' (')[0]})"
+    return str(batch_size)
+
+
 def gain_if_free(s: StageCost, full: Optional[float]) -> Optional[float]:
     """Relative throughput gain if the stage were free: if_free / full - 1 (0.33 = +33%);
     `full` is the full pipeline's samples/s as the report shows it."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..verdict import STAGES
 from . import plot as plot_mod
-from .figures import POINT_MEANING
+from .figures import POINT_MEANING, batch_size_text
 from .text import noise_text
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -309,7 +309,7 @@ def point_table(r: "Report") -> str:
 
 
 def _context(r: "Report") -> str:
-    items = [("device", r.device), ("batch size", str(r.batch_size))]
+    items = [("device", r.device), ("batch size", batch_size_text(r.batch_size, r.batch_size_source))]
     if r.loader:
         items.append(("loader", ", ".join(f"{k}={v}" for k, v in r.loader.items() if v is not None)))
     spread = [f"{p.point} ±{p.throughput.rel_iqr * 100:.1f}%" for p in r.points

@@ -11,7 +11,7 @@ from tabulate import tabulate
 
 from .. import advice as advice_mod
 from ..verdict import POINTS
-from .figures import gain_if_free
+from .figures import batch_size_text, gain_if_free
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Report
@@ -79,9 +79,7 @@ def to_text(r: "Report") -> str:
 
 
 def _head(r: "Report") -> list:
-    head = f"bisect-pipeline: device {r.device}, batch size {r.batch_size}"
-    if r.batch_size_source and r.batch_size_source != "DataLoader.batch_size":
-        head += f" ({r.batch_size_source.split(' (')[0]})"
+    head = f"bisect-pipeline: device {r.device}, batch size {batch_size_text(r.batch_size, r.batch_size_source)}"
     lw = r.loader.get("num_workers")
     if lw is not None:
         head += f", num_workers {lw}, pin_memory {r.loader.get('pin_memory')}"
