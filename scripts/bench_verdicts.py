@@ -91,7 +91,7 @@ def run_workload(name: str, make, expected: str, runs: int, max_seconds: float, 
         costs.append(None if s is None or s.sec_per_batch is None else s.sec_per_batch * 1e3)
         cost = "" if costs[-1] is None else f" {stage} {costs[-1]:.1f} ms"
         print(f"  {name:12s} run {i + 1}: {report.bottleneck!s:12s} ({grades[-1]}){cost}  wall {walls[-1]:.1f} s  "
-              f"rounds {report.run.get('rounds')}  {checks[-1]}", flush=True)
+              f"rounds {report.run.rounds}  {checks[-1]}", flush=True)
     return {"workload": name, "expected": expected, "verdicts": verdicts, "grades": grades, "costs_ms": costs,
             "walls_s": walls, "checks": checks}
 
