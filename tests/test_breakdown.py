@@ -127,6 +127,7 @@ class PILImages(torch.utils.data.Dataset):
         return self.transform(image), i % 3
 
 
+@pytest.mark.e2e
 def test_real_torchvision_transforms_give_their_sizes_and_add_up_to_the_whole(tmp_path):
     rng = np.random.default_rng(0)
     paths = []

@@ -63,6 +63,9 @@ def to_text(r: "Report") -> str:
                           _point_rows(r), "lrrrrl")]
     lines += ["", *_table("What each stage costs (times in ms per batch)",
                           ["stage", "added", "of gap", "samples/s if free", "gain", "note"], _stage_rows(r), "lrrrrl")]
+    parts = _breakdown_lines(r)
+    if parts:
+        lines += ["", *parts]
     extra = _isolated_lines(r)
     if extra or r.warnings:
         lines.append("")
@@ -217,3 +220,37 @@ def _isolated_lines(r: "Report") -> list:
     elif s is not None:
         out.append(f"Host-device syncs in the step: {s.status} ({s.reason or ''}).")
     return out
+
+
+def _breakdown_lines(r: "Report") -> list:
+    """When augment is the bottleneck: its transforms one by one (breakdown.py), as a
+    table, and whether they add up to the stage timed whole."""
+    iso = r.isolated
+    aug = iso.part("augment") if iso is not None and r.verdict.bottleneck == "augment" else None
+    b = aug.breakdown if aug is not None else None
+    if b is None or not b.ok or not b.rows:
+        return []
+    rows = []
+    for row in b.rows:
+        if not row.ok:
+            rows.append([row.name, "-", "-", f"{row.status}: {row.reason}" if row.reason else row.status])
+            continue
+        ran = f"{row.input} -> {row.output}" + (f"; {row.note}" if row.note else "")
+        rows.append([row.name, f"{row.ms_per_sample:.2f}", "-" if row.share is None else f"{row.share * 100:.0f}%",
+                     ran])
+    lines = _table("The augment stage transform by transform (isolated, times in ms per sample)",
+                   ["transform", "ms", "share", "ran on -> returned"], rows, "lrrl")
+    return lines + _wrap(_breakdown_sum(b), rest="  ")
+
+
+def _breakdown_sum(b) -> str:
+    if b.sum_ms_per_sample is None:
+        return "Not every transform was timed within the budget: the parts have no sum."
+    head = f"Sum {b.sum_ms_per_sample:.2f} over {b.samples} sample{'s' if b.samples != 1 else ''}"
+    if b.agrees is None:
+        return head + "."
+    whole = f"the stage timed whole {b.augment_ms_per_sample:.2f}"
+    if b.agrees:
+        return f"{head}; {whole}: they agree (within ±{b.tolerance_ms:.2f})."
+    return (f"{head}; {whole}: they disagree by more than the noise (±{b.tolerance_ms:.2f}): a transform's cost may "
+            "depend on what ran with it, or the machine was busy.")
