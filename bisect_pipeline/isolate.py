@@ -195,7 +195,7 @@ def _collate(spec, caches, share, clock) -> Collate:
         # The same samples through torch's default_collate: tells the function's own work
         # apart from what the batch structure costs.
         try:
-            n2, sec2 = _timed_loop(groups, default_collate, share / 2, clock)
+            n2, sec2 = _timed_loop(groups[:n + 1], default_collate, share / 2, clock)  # the batches timed above
             info = dataclasses.replace(info, default_collate_ms_per_batch=round(sec2 / n2 * 1e3, 4))
         except Exception as exc:
             info = dataclasses.replace(info, default_collate_reason=_reason(exc))

@@ -232,3 +232,20 @@ def test_the_breakdown_says_when_its_parts_disagree_with_the_whole_or_were_cut()
     cut = table(to_text(_with_breakdown(AUGMENT, cut=True)), "The augment stage transform by transform")
     assert row(cut, "Normalize").split()[1:5] == ["-", "-", "not", "run:"]
     assert "the parts have no sum" in " ".join(cut)
+
+
+def _isolated_line(collate: dict) -> str:
+    from bisect_pipeline.results import Isolated
+    text = to_text(planted_report(AUGMENT, isolated=Isolated.from_dict({"status": "ok", "collate": collate}).to_dict()))
+    (line,) = [b for b in blocks(text) if b[0].startswith("Isolated")]
+    return " ".join(" ".join(line).split())
+
+
+def test_a_custom_collate_is_split_into_stacking_and_its_own_work():
+    own = {"status": "ok", "ms_per_batch": 12.4, "batches": 5, "collate_fn": "mixup"}
+    assert "collate 12.40 ms/batch (stacking 5.10 + your collate 7.30)" in _isolated_line(
+        dict(own, default_collate_ms_per_batch=5.1))
+    assert "collate 3.00 ms/batch (default_collate on the same samples: 5.10)" in _isolated_line(
+        dict(own, ms_per_batch=3.0, default_collate_ms_per_batch=5.1))
+    # default_collate itself, or one that default_collate cannot stack: the figure alone
+    assert "collate 12.40 ms/batch." in _isolated_line(dict(own, default_collate_reason="TypeError: no"))

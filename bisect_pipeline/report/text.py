@@ -193,6 +193,17 @@ _ISOLATED = (("load", "ms/sample"), ("augment", "ms/sample"), ("collate", "ms/ba
              ("step", "ms/batch"))
 
 
+def _stacking(d) -> str:
+    """A custom collate_fn against torch's default_collate on the same samples: how much
+    of it is the stacking any collate does, and how much is the function's own work."""
+    dflt = getattr(d, "default_collate_ms_per_batch", None)
+    if dflt is None:
+        return ""
+    if d.ms_per_batch >= dflt:
+        return f" (stacking {dflt:.2f} + your collate {d.ms_per_batch - dflt:.2f})"
+    return f" (default_collate on the same samples: {dflt:.2f})"
+
+
 def _isolated_lines(r: "Report") -> list:
     """One line of isolated costs (isolate.py) and one of the step's syncs, when measured."""
     iso, out = r.isolated, []
@@ -203,7 +214,7 @@ def _isolated_lines(r: "Report") -> list:
             val = None if d is None else d.ms_per_sample if unit == "ms/sample" else d.ms_per_batch
             if d is not None and d.ok and val is not None:
                 gbs = getattr(d, "gb_per_s", None)
-                parts.append(f"{key} {val:.2f} {unit}" + (f" at {gbs:.1f} GB/s" if gbs else ""))
+                parts.append(f"{key} {val:.2f} {unit}" + (f" at {gbs:.1f} GB/s" if gbs else "") + _stacking(d))
             elif d is not None:
                 parts.append(f"{key} {d.status}")
         w = iso.workers
