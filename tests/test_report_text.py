@@ -222,6 +222,10 @@ def test_the_augment_breakdown_is_a_table_under_the_stages_only_when_augment_is_
                                   "full": 320.0})
     assert load_bound.bottleneck == "load"
     assert "transform by transform" not in to_text(load_bound)
+    # unless asked for always (--breakdown all): the same table
+    every = load_bound.text(breakdown="all")
+    assert table(every, "The augment stage transform by transform")[3:] == block[3:]
+    assert str(r) == r.text() == r.text(breakdown="all")
     # and a report loaded from its JSON renders it the same
     assert to_text(Report.from_dict(json.loads(json.dumps(r.to_dict())))) == text
 

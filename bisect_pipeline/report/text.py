@@ -54,16 +54,18 @@ def _table(title: str, headers: list, rows: list, align: str) -> list:
     return [title] + [line.rstrip() for line in table.splitlines()]
 
 
-def to_text(r: "Report") -> str:
-    """The report for a terminal: header, the two tables (times in ms), warnings, then the
-    verdict and the advice last, where they stay on screen; wrapped at WIDTH columns."""
+def to_text(r: "Report", *, breakdown: str = "bottleneck") -> str:
+    """The report for a terminal: header, the two tables (times in ms), the augment stage
+    transform by transform (when augment is the bottleneck, or always with `breakdown`
+    "all"), warnings, then the verdict and the advice last, where they stay on screen;
+    wrapped at WIDTH columns."""
     lines = _head(r)
     lines += ["", *_table("Throughput at each point, the ceiling first (times in ms)",
                           ["point", "samples/s", "spread", "per batch", "first batch", "what runs / why not"],
                           _point_rows(r), "lrrrrl")]
     lines += ["", *_table("What each stage costs (times in ms per batch)",
                           ["stage", "added", "of gap", "samples/s if free", "gain", "note"], _stage_rows(r), "lrrrrl")]
-    parts = _breakdown_lines(r)
+    parts = _breakdown_lines(r, every=breakdown == "all")
     if parts:
         lines += ["", *parts]
     extra = _isolated_lines(r)
@@ -233,11 +235,12 @@ def _isolated_lines(r: "Report") -> list:
     return out
 
 
-def _breakdown_lines(r: "Report") -> list:
-    """When augment is the bottleneck: its transforms one by one (breakdown.py), as a
-    table, and whether they add up to the stage timed whole."""
+def _breakdown_lines(r: "Report", every: bool = False) -> list:
+    """When augment is the bottleneck (or `every` time): its transforms one by one
+    (breakdown.py), as a table, and whether they add up to the stage timed whole."""
     iso = r.isolated
-    aug = iso.part("augment") if iso is not None and r.verdict.bottleneck == "augment" else None
+    shown = every or r.verdict.bottleneck == "augment"
+    aug = iso.part("augment") if iso is not None and shown else None
     b = aug.breakdown if aug is not None else None
     if b is None or not b.ok or not b.rows:
         return []
