@@ -130,24 +130,22 @@ def _run_call(call: Any, rows: _Rows, clock: Callable[[], float], out_of_time: C
     """Time the rows of one call on its cached input; False when the budget ran out
     before its last row (the rest are planned, not measured)."""
     parts, unpack = parts_of(call)
-    args = tree.clone(call.args)
-    if len(parts) == 1 and parts[0].fn is call.fn:
-        inputs, run = args, (lambda p, xs: p.fn(*xs, **tree.clone(call.kwargs)))
-    else:
-        inputs, run = args, (lambda p, xs: p.fn(*xs))
+    inputs, kwargs = tree.clone(call.args), tree.clone(call.kwargs)  # keywords only where the call is one row
     for i, part in enumerate(parts):
-        key = (call.name, part.where)
         t = clock()
-        out = run(part, inputs)
+        out = part.fn(*inputs, **kwargs)
         sec = clock() - t
-        rows.add(key, part, sec, lambda: (_shown(inputs, unpack, call.kwargs if part.fn is call.fn else {}),
-                                          describe(out)))
+        rows.add((call.name, part.where), part, sec, lambda: (_shown(inputs, unpack, kwargs), describe(out)))
         inputs = tuple(out) if unpack else (out,)
         if out_of_time() and i + 1 < len(parts):
-            for rest in parts[i + 1:]:
-                rows.plan((call.name, rest.where), rest)
+            _plan(rows, call.name, parts[i + 1:])
             return False
     return True
+
+
+def _plan(rows: _Rows, name: str, parts: list) -> None:
+    for part in parts:
+        rows.plan((name, part.where), part)
 
 
 def measure(calls_per_sample: list, share: float, clock: Callable[[], float], augment: PerSample) -> Breakdown:
@@ -159,8 +157,11 @@ def measure(calls_per_sample: list, share: float, clock: Callable[[], float], au
     for calls in calls_per_sample:
         before = sum(rows.seconds.values())
         first = not totals
-        for call in calls:
-            if not _run_call(call, rows, clock, out_of_time if first else (lambda: False)):
+        for j, call in enumerate(calls):
+            cut = first and j > 0 and out_of_time()
+            if cut or not _run_call(call, rows, clock, out_of_time if first else (lambda: False)):
+                for later in calls[j if cut else j + 1:]:
+                    _plan(rows, later.name, parts_of(later)[0])
                 break
         totals.append(sum(rows.seconds.values()) - before)
         if out_of_time():

@@ -150,3 +150,18 @@ def test_real_torchvision_transforms_give_their_sizes_and_add_up_to_the_whole(tm
     # tolerance is theirs (noise); the parts are the whole's own work, so far apart only
     # by the clones and placements of a replay, never by a factor of two.
     assert 0.5 * aug.ms_per_sample <= aug.breakdown.sum_ms_per_sample <= 2.0 * aug.ms_per_sample, aug
+
+
+def test_each_recorded_transform_gets_its_rows_and_a_cut_between_them_plans_the_rest():
+    clock = FakeClock()
+    image, target = torch.zeros(3, 8, 8, dtype=torch.uint8), torch.zeros(4)
+    calls = [Call(v2.Compose([Planted(clock, 1.0), Planted(clock, 2.0)]), "dataset.transform", (image,), {}),
+             Call(Planted(clock, 4.0), "dataset.target_transform", (target,), {})]
+    b = breakdown.measure([calls] * 3, 1.0, clock, whole(7.0))
+    assert [(r.where, r.ms_per_sample, r.samples) for r in b.rows] == [
+        ("dataset.transform[0]", 1.0, 3), ("dataset.transform[1]", 2.0, 3), ("dataset.target_transform", 4.0, 3)]
+    assert b.rows[2].input == "4 float32" and b.sum_ms_per_sample == 7.0 and b.agrees is True
+    # the budget runs out with the first transform: the second is planned, not run
+    cut = breakdown.measure([calls] * 3, 0.002, clock, whole(7.0))
+    assert [(r.where, r.status) for r in cut.rows] == [("dataset.transform[0]", "ok"), ("dataset.transform[1]", "ok"),
+                                                      ("dataset.target_transform", "not run")]
