@@ -47,6 +47,9 @@ def run_options(f: Callable) -> Callable:
                      help="Time to measure the settings the advice recommends (num_workers, threads, pin_memory, ...) "
                           "against yours before printing them. 0 turns it off; a number is a budget of its own, on "
                           "top of --max-seconds.  [default: what the bisection leaves of --max-seconds; at least 25% once a verdict is made]"),
+        click.option("--breakdown", type=click.Choice(["bottleneck", "all"]), default="bottleneck", show_default=True,
+                     help="When the text report shows the augment stage transform by transform: when augment is "
+                          "the bottleneck, or always (the JSON always holds it)."),
         click.option("--quiet", "-q", is_flag=True, help="No progress; print only the verdict line."),
         click.option("--debug", is_flag=True, help="Show tracebacks of errors."),
         click.option("--sweep", "sweep", multiple=True, metavar="NAME=V1,V2,...",
@@ -153,7 +156,8 @@ def _interrupt_code() -> int:
 
 
 def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, points, cache_mb, quiet, debug,
-         step_timeout=faults.DEFAULT_STEP_TIMEOUT, sweep=(), hold_allocator=True, verify_seconds=None) -> None:
+         step_timeout=faults.DEFAULT_STEP_TIMEOUT, sweep=(), hold_allocator=True, verify_seconds=None,
+         breakdown="bottleneck") -> None:
     # Under torchrun: start the process group before the entry builds its DDP model.
     started = distributed.init_from_env(device)
     rank0 = distributed.rank() == 0
@@ -195,7 +199,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
             _fail(f"the run failed: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", EXIT_FAILED)
         if rank0:  # only rank 0 writes files and prints the report
             _write_outputs(report, json_path, html_path)
-            click.echo(report.summary if quiet else str(report))
+            click.echo(report.summary if quiet else report.text(breakdown=breakdown))
         if code == EXIT_OK and _signals_seen:  # interrupted, though the run got to its end
             code = _interrupt_code()
         if code == EXIT_OK and report.bottleneck is None:
@@ -211,7 +215,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
 
 
 def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_path, max_seconds, device, points,
-                cache_mb, quiet, debug, step_timeout, hold_allocator, verify_seconds) -> None:
+                cache_mb, quiet, debug, step_timeout, hold_allocator, verify_seconds, breakdown="bottleneck") -> None:
     from . import script as script_mod
     from .progress import Lines
     from .loop import Session
@@ -221,7 +225,7 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
     def on_report(report: Report) -> None:  # once: at the verdict, or partial at the end
         if rank0:
             _write_outputs(report, json_path, html_path)
-            click.echo(report.summary if quiet else str(report), err=True)
+            click.echo(report.summary if quiet else report.text(breakdown=breakdown), err=True)
 
     _signals_seen.clear()
     faults.INTERRUPT_REQUESTED[0] = False

@@ -25,10 +25,10 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils.data import default_collate
 
-from . import devices, faults, recording, sources, tree
+from . import breakdown, devices, faults, recording, sources, tree
 from .loader import LoaderSpec, copy_or_same, index_order
-from .results import (BatchShape, Collate, Isolated, Memory, Part, PerSample, SampleStructure, StepTime, SyncSite,
-                      Syncs, TensorInfo, Transfer, Workers)
+from .results import (BatchShape, Breakdown, Collate, Isolated, Memory, Part, PerSample, SampleStructure, StepTime,
+                      SyncSite, Syncs, TensorInfo, Transfer, Workers)
 from .stats import median
 
 # The isolation measurements take at most this share of --max-seconds, and never more
@@ -168,8 +168,15 @@ def _augment(caches, share, clock) -> PerSample:
     if caches.raw_calls is None:
         return PerSample.missing("unavailable", caches.raw_reason or "the transforms could not be split from loading")
     pairs = list(zip(caches.samples, caches.raw_calls))
-    n, sec = _timed_loop(pairs, lambda p: recording.replay_sample(p[0], p[1]), share, clock)
-    return PerSample(ms_per_sample=round(sec / n * 1e3, 4), samples=n)
+    # Half the share for the stage whole, the rest for it transform by transform on the
+    # same samples (the first, untimed here, is the warm-up of both).
+    start = clock()
+    n, sec = _timed_loop(pairs, lambda p: recording.replay_sample(p[0], p[1]), share / 2, clock)
+    whole = PerSample(ms_per_sample=round(sec / n * 1e3, 4), samples=n)
+    same = caches.raw_calls[1:1 + n] if len(pairs) > 1 else caches.raw_calls[:1]
+    left = max(0.0, share - (clock() - start))
+    parts = _guard(Breakdown, lambda: breakdown.measure(same, left, clock, whole))
+    return dataclasses.replace(whole, breakdown=parts)
 
 
 def _groups(spec, caches) -> list:
@@ -188,7 +195,7 @@ def _collate(spec, caches, share, clock) -> Collate:
         # The same samples through torch's default_collate: tells the function's own work
         # apart from what the batch structure costs.
         try:
-            n2, sec2 = _timed_loop(groups, default_collate, share / 2, clock)
+            n2, sec2 = _timed_loop(groups[:n + 1], default_collate, share / 2, clock)  # the batches timed above
             info = dataclasses.replace(info, default_collate_ms_per_batch=round(sec2 / n2 * 1e3, 4))
         except Exception as exc:
             info = dataclasses.replace(info, default_collate_reason=_reason(exc))

@@ -173,14 +173,47 @@ class Note(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class BreakdownRow(Part):
+    """One transform of the augment stage timed alone on the cached inputs (breakdown.py):
+    `status` ok, or "not run" when the budget ran out before it; `note` says why a
+    transform is one row (not a Compose, or called with several arguments)."""
+
+    name: str = ""
+    where: str = ""  # e.g. dataset.transform[1][0]
+    ms_per_sample: Optional[float] = None
+    share: Optional[float] = None  # of the rows' sum
+    input: Optional[str] = None  # e.g. "500x375 RGB", "3x224x224 uint8"
+    output: Optional[str] = None
+    samples: Optional[int] = None
+    note: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Breakdown(Part):
+    """The augment stage transform by transform, and whether the parts add up to the
+    stage timed whole on the same samples."""
+
+    _nested: ClassVar[dict] = {"rows": BreakdownRow}
+    rows: Optional[tuple] = None
+    samples: Optional[int] = None
+    sum_ms_per_sample: Optional[float] = None  # None unless every row was measured
+    augment_ms_per_sample: Optional[float] = None
+    tolerance_ms: Optional[float] = None
+    tolerance: Optional[str] = None  # how tolerance_ms was set: the noise, or a plain 20%
+    agrees: Optional[bool] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class PerSample(Part):
     """load or augment, one sample at a time in this process."""
 
+    _nested: ClassVar[dict] = {"breakdown": Breakdown}
     ms_per_sample: Optional[float] = None
     samples: Optional[int] = None
     getitem_ms_per_sample: Optional[float] = None  # load: the whole __getitem__
     includes: Optional[tuple] = None  # load: the stages its figure holds
     note: Optional[str] = None
+    breakdown: Optional[Breakdown] = None  # augment: transform by transform
 
 
 @dataclasses.dataclass(frozen=True)

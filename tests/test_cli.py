@@ -134,3 +134,22 @@ def test_demo_runs_and_names_augment(tmp_path):
     doc = json.loads(out.read_text())
     assert_names(doc, "augment", r.stdout)
     assert doc["run"]["elapsed_s"] < 45 * 1.1
+
+
+def test_breakdown_takes_bottleneck_or_all_only(tmp_path):
+    ran = cli_in_process("demo", "--breakdown", "some", cwd=tmp_path)
+    assert ran.returncode == 2 and "'bottleneck', 'all'" in ran.stderr
+    assert "--breakdown [bottleneck|all]" in cli_in_process("demo", "--help", cwd=tmp_path).stdout
+
+
+def test_breakdown_all_shows_the_augment_table_whatever_the_bottleneck(tmp_path, monkeypatch):
+    from bisect_pipeline import api
+    from test_report_text import _with_breakdown
+    load_bound = _with_breakdown({"device": 950.0, "collated": 930.0, "augmented": 920.0, "raw": 910.0, "full": 320.0})
+    monkeypatch.setattr(api, "bisect", lambda **kw: load_bound)  # no run: the report as measured
+    assert load_bound.bottleneck == "load"
+    every = cli_in_process("demo", "--breakdown", "all", cwd=tmp_path)
+    assert every.returncode == 0 and "The augment stage transform by transform" in every.stdout
+    default = cli_in_process("demo", cwd=tmp_path)
+    assert default.returncode == 0 and "transform by transform" not in default.stdout
+    assert "Bottleneck: load" in default.stdout

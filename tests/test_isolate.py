@@ -241,3 +241,25 @@ def test_cuda_counts_a_planted_item_sync_per_step():
     assert s["sites"] and "test_isolate.py" in s["sites"][0]["where"]
     assert isolate.count_syncs(clean, batch, dev, steps=3).per_step == 0
     assert torch.cuda.get_sync_debug_mode() == 0  # restored
+
+
+def test_default_collate_runs_beside_a_custom_collate_on_the_same_batches(monkeypatch):
+    from types import SimpleNamespace
+    clock, seen = FakeClock(), []
+
+    def mixup(samples):  # 10 ms a batch on the fake clock
+        clock.t += 0.010
+        return torch.stack([s * 0.5 for s in samples])
+
+    def stacking(samples):  # torch's default_collate, recorded
+        seen.append(len(samples))
+        return torch.stack(samples)
+    monkeypatch.setattr(isolate, "default_collate", stacking)
+    samples = [torch.full((2,), float(i)) for i in range(16)]
+    spec = SimpleNamespace(auto_collation=True, collate_fn=mixup)
+    caches = SimpleNamespace(samples=samples, groups=[list(range(i, i + 2)) for i in range(0, 16, 2)])
+    col = isolate._collate(spec, caches, 0.06, clock)  # 30 ms for mixup: 3 timed batches after the warm-up
+    assert col.batches == 3 and col.ms_per_batch == 10.0 and col.collate_fn == "test_default_collate_runs_" \
+        "beside_a_custom_collate_on_the_same_batches.<locals>.mixup"
+    assert seen == [2] * 4  # the warm-up and the 3 batches mixup was timed on, not the 8 cached
+    assert col.default_collate_ms_per_batch == 0.0

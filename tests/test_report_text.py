@@ -188,3 +188,68 @@ def test_the_head_says_where_the_batch_size_comes_from_unless_it_is_the_loaders(
     plain = planted_report(AUGMENT, batch_size_source="DataLoader.batch_size")
     assert to_text(plain).splitlines()[0].startswith("bisect-pipeline: device cpu, batch size 32, num_workers")
     assert Report.from_dict(r.to_dict()).batch_size_source == counted  # the document keeps it
+
+
+def _with_breakdown(rates: dict, agrees=True, cut=False) -> Report:
+    from bisect_pipeline.results import Breakdown, BreakdownRow, Isolated, PerSample
+    rows = (BreakdownRow(name="RandomResizedCrop", where="dataset.transform[0]", ms_per_sample=5.0, share=0.2,
+                         input="500x375 RGB", output="224x224 RGB", samples=4),
+            BreakdownRow(name="ToTensor", where="dataset.transform[1]", ms_per_sample=20.0, share=0.8,
+                         input="224x224 RGB", output="3x224x224 float32", samples=4))
+    if cut:
+        rows += (BreakdownRow(status="not run", reason="out of time: the budget ran out before it",
+                              name="Normalize", where="dataset.transform[2]"),)
+    b = Breakdown(rows=rows, samples=4, sum_ms_per_sample=None if cut else 25.0, augment_ms_per_sample=26.0 if agrees
+                  else 40.0, tolerance_ms=5.2, tolerance="20%", agrees=None if cut else agrees)
+    iso = Isolated(augment=PerSample(ms_per_sample=26.0, samples=4, breakdown=b))
+    return planted_report(rates, isolated=iso.to_dict())
+
+
+def test_the_augment_breakdown_is_a_table_under_the_stages_only_when_augment_is_the_bottleneck():
+    r = _with_breakdown(AUGMENT)
+    text = to_text(r)
+    block = table(text, "The augment stage transform by transform")
+    assert block[0].endswith("times in ms per sample)")
+    assert row(block, "RandomResizedCrop").split() == ["RandomResizedCrop", "5.00", "20%", "500x375", "RGB", "->",
+                                                       "224x224", "RGB"]
+    assert row(block, "ToTensor").split()[1:3] == ["20.00", "80%"]
+    assert " ".join(block[-2:]).startswith("Sum 25.00 over 4 samples; the stage timed whole 26.00: they agree")
+    stages_at = text.index("What each stage costs")
+    assert stages_at < text.index("The augment stage transform by transform") < text.index("Isolated (this process")
+    assert all(len(line) <= WIDTH for line in text.splitlines())
+    # the same measurements, another bottleneck: no table
+    load_bound = _with_breakdown({"device": 950.0, "collated": 930.0, "augmented": 920.0, "raw": 910.0,
+                                  "full": 320.0})
+    assert load_bound.bottleneck == "load"
+    assert "transform by transform" not in to_text(load_bound)
+    # unless asked for always (--breakdown all): the same table
+    every = load_bound.text(breakdown="all")
+    assert table(every, "The augment stage transform by transform")[3:] == block[3:]
+    assert str(r) == r.text() == r.text(breakdown="all")
+    # and a report loaded from its JSON renders it the same
+    assert to_text(Report.from_dict(json.loads(json.dumps(r.to_dict())))) == text
+
+
+def test_the_breakdown_says_when_its_parts_disagree_with_the_whole_or_were_cut():
+    text = " ".join(to_text(_with_breakdown(AUGMENT, agrees=False)).split())
+    assert "they disagree by more than the noise (±5.20)" in text
+    cut = table(to_text(_with_breakdown(AUGMENT, cut=True)), "The augment stage transform by transform")
+    assert row(cut, "Normalize").split()[1:5] == ["-", "-", "not", "run:"]
+    assert "the parts have no sum" in " ".join(cut)
+
+
+def _isolated_line(collate: dict) -> str:
+    from bisect_pipeline.results import Isolated
+    text = to_text(planted_report(AUGMENT, isolated=Isolated.from_dict({"status": "ok", "collate": collate}).to_dict()))
+    (line,) = [b for b in blocks(text) if b[0].startswith("Isolated")]
+    return " ".join(" ".join(line).split())
+
+
+def test_a_custom_collate_is_split_into_stacking_and_its_own_work():
+    own = {"status": "ok", "ms_per_batch": 12.4, "batches": 5, "collate_fn": "mixup"}
+    assert "collate 12.40 ms/batch (stacking 5.10 + your collate 7.30)" in _isolated_line(
+        dict(own, default_collate_ms_per_batch=5.1))
+    assert "collate 3.00 ms/batch (default_collate on the same samples: 5.10)" in _isolated_line(
+        dict(own, ms_per_batch=3.0, default_collate_ms_per_batch=5.1))
+    # default_collate itself, or one that default_collate cannot stack: the figure alone
+    assert "collate 12.40 ms/batch." in _isolated_line(dict(own, default_collate_reason="TypeError: no"))

@@ -32,7 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
 #       counted); isolated.items_per_batch, and batch_size_source "counted in the
 #       collated batch: ..." (items that become several samples); loader.batches_per_epoch,
 #       the advice kind persistent_workers (numbers.not_checked in a user's loop), and
-#       ms_per_batch in each verified block and its tried entries.
+#       ms_per_batch in each verified block and its tried entries; isolated.augment.breakdown
+#       (the transforms one by one, their sum against the whole).
 SCHEMA_VERSION = 1
 
 

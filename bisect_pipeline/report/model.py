@@ -40,7 +40,12 @@ class Report(Diagnosis):
         write_atomic(path, self.to_json() + "\n")
 
     def __str__(self) -> str:
-        return text.to_text(self)
+        return self.text()
+
+    def text(self, *, breakdown: str = "bottleneck") -> str:
+        """The text report; `breakdown` "all" shows the augment stage transform by
+        transform whatever the bottleneck (by default only when it is augment)."""
+        return text.to_text(self, breakdown=breakdown)
 
     def _repr_html_(self) -> str:
         return html.to_html(self)

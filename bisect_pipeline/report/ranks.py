@@ -109,7 +109,7 @@ class DistributedReport(Report):
         return (f"[{self.world_size} ranks] no rank waits for its data at full; verdict of rank "
                 f"{self.pace_rank} (the slowest at full).")
 
-    def __str__(self) -> str:
+    def text(self, *, breakdown: str = "bottleneck") -> str:
         rows = []
         for r in _point_table(self.ranks):
             rows.append([r["point"], _fmt(r["median_samples_per_sec"]), _fmt(r["slowest_samples_per_sec"]),
@@ -125,7 +125,7 @@ class DistributedReport(Report):
             tabulate(waits, headers=["rank", "waits for data at full (ms/batch)", "own verdict"],
                      disable_numparse=True, colalign=("right", "right", "left")),
             "",
-            Report.__str__(self),
+            Report.text(self, breakdown=breakdown),
         ])
 
 

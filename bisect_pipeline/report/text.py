@@ -54,15 +54,20 @@ def _table(title: str, headers: list, rows: list, align: str) -> list:
     return [title] + [line.rstrip() for line in table.splitlines()]
 
 
-def to_text(r: "Report") -> str:
-    """The report for a terminal: header, the two tables (times in ms), warnings, then the
-    verdict and the advice last, where they stay on screen; wrapped at WIDTH columns."""
+def to_text(r: "Report", *, breakdown: str = "bottleneck") -> str:
+    """The report for a terminal: header, the two tables (times in ms), the augment stage
+    transform by transform (when augment is the bottleneck, or always with `breakdown`
+    "all"), warnings, then the verdict and the advice last, where they stay on screen;
+    wrapped at WIDTH columns."""
     lines = _head(r)
     lines += ["", *_table("Throughput at each point, the ceiling first (times in ms)",
                           ["point", "samples/s", "spread", "per batch", "first batch", "what runs / why not"],
                           _point_rows(r), "lrrrrl")]
     lines += ["", *_table("What each stage costs (times in ms per batch)",
                           ["stage", "added", "of gap", "samples/s if free", "gain", "note"], _stage_rows(r), "lrrrrl")]
+    parts = _breakdown_lines(r, every=breakdown == "all")
+    if parts:
+        lines += ["", *parts]
     extra = _isolated_lines(r)
     if extra or r.warnings:
         lines.append("")
@@ -190,6 +195,17 @@ _ISOLATED = (("load", "ms/sample"), ("augment", "ms/sample"), ("collate", "ms/ba
              ("step", "ms/batch"))
 
 
+def _stacking(d) -> str:
+    """A custom collate_fn against torch's default_collate on the same samples: how much
+    of it is the stacking any collate does, and how much is the function's own work."""
+    dflt = getattr(d, "default_collate_ms_per_batch", None)
+    if dflt is None:
+        return ""
+    if d.ms_per_batch >= dflt:
+        return f" (stacking {dflt:.2f} + your collate {d.ms_per_batch - dflt:.2f})"
+    return f" (default_collate on the same samples: {dflt:.2f})"
+
+
 def _isolated_lines(r: "Report") -> list:
     """One line of isolated costs (isolate.py) and one of the step's syncs, when measured."""
     iso, out = r.isolated, []
@@ -200,7 +216,7 @@ def _isolated_lines(r: "Report") -> list:
             val = None if d is None else d.ms_per_sample if unit == "ms/sample" else d.ms_per_batch
             if d is not None and d.ok and val is not None:
                 gbs = getattr(d, "gb_per_s", None)
-                parts.append(f"{key} {val:.2f} {unit}" + (f" at {gbs:.1f} GB/s" if gbs else ""))
+                parts.append(f"{key} {val:.2f} {unit}" + (f" at {gbs:.1f} GB/s" if gbs else "") + _stacking(d))
             elif d is not None:
                 parts.append(f"{key} {d.status}")
         w = iso.workers
@@ -217,3 +233,38 @@ def _isolated_lines(r: "Report") -> list:
     elif s is not None:
         out.append(f"Host-device syncs in the step: {s.status} ({s.reason or ''}).")
     return out
+
+
+def _breakdown_lines(r: "Report", every: bool = False) -> list:
+    """When augment is the bottleneck (or `every` time): its transforms one by one
+    (breakdown.py), as a table, and whether they add up to the stage timed whole."""
+    iso = r.isolated
+    shown = every or r.verdict.bottleneck == "augment"
+    aug = iso.part("augment") if iso is not None and shown else None
+    b = aug.breakdown if aug is not None else None
+    if b is None or not b.ok or not b.rows:
+        return []
+    rows = []
+    for row in b.rows:
+        if not row.ok:
+            rows.append([row.name, "-", "-", f"{row.status}: {row.reason}" if row.reason else row.status])
+            continue
+        ran = f"{row.input} -> {row.output}" + (f"; {row.note}" if row.note else "")
+        rows.append([row.name, f"{row.ms_per_sample:.2f}", "-" if row.share is None else f"{row.share * 100:.0f}%",
+                     ran])
+    lines = _table("The augment stage transform by transform (isolated, times in ms per sample)",
+                   ["transform", "ms", "share", "ran on -> returned"], rows, "lrrl")
+    return lines + _wrap(_breakdown_sum(b), rest="  ")
+
+
+def _breakdown_sum(b) -> str:
+    if b.sum_ms_per_sample is None:
+        return "Not every transform was timed within the budget: the parts have no sum."
+    head = f"Sum {b.sum_ms_per_sample:.2f} over {b.samples} sample{'s' if b.samples != 1 else ''}"
+    if b.agrees is None:
+        return head + "."
+    whole = f"the stage timed whole {b.augment_ms_per_sample:.2f}"
+    if b.agrees:
+        return f"{head}; {whole}: they agree (within ±{b.tolerance_ms:.2f})."
+    return (f"{head}; {whole}: they disagree by more than the noise (±{b.tolerance_ms:.2f}): a transform's cost may "
+            "depend on what ran with it, or the machine was busy.")
