@@ -17,12 +17,12 @@ from typing import Any, Callable, Optional
 
 from . import tree
 from .results import Breakdown, BreakdownRow, PerSample
+from .stats import noise_threshold, small_sample_factor
 
 # Where the noise of the parts' sum is unknown (fewer samples), they agree with the
-# whole within this share of it; else within 3 combined standard errors (the sum's and,
-# as large, the whole's) and never less than 5% of the whole (the noise rule's floor).
+# whole within this share of it; else by the one noise rule (stats.noise_threshold: the
+# sum's standard error and, as large, the whole's, and 5% of the whole at least).
 PLAIN_TOLERANCE = 0.2
-NOISE_FLOOR = 0.05
 NOISE_MIN_SAMPLES = 3
 MAX_ROWS = 32  # a Compose longer than this: the rest is one row
 
@@ -195,8 +195,9 @@ def agreement(sum_ms: float, whole_ms: float, totals: list) -> dict:
     standard errors (from the spread of the per-sample sums, counted twice: the whole's
     noise is as large) and at least 5% of the whole; a plain 20% with fewer samples."""
     if len(totals) >= NOISE_MIN_SAMPLES:
-        se = statistics.stdev(totals) * 1e3 / math.sqrt(len(totals))
-        tol, how = max(3 * math.sqrt(2) * se, NOISE_FLOOR * whole_ms), "3 combined standard errors, at least 5%"
+        n = len(totals)
+        se = statistics.stdev(totals) * 1e3 / math.sqrt(n) * small_sample_factor(n)
+        tol, how = noise_threshold(math.sqrt(2) * se, whole_ms), "3 combined standard errors, at least 5%"
     else:
         tol, how = PLAIN_TOLERANCE * whole_ms, "20% (too few samples for the noise)"
     return dict(augment_ms_per_sample=round(whole_ms, 4), tolerance_ms=round(tol, 4), tolerance=how,
