@@ -81,7 +81,7 @@ class Rounds:
                     v = yield from self._consistent()
                     if v is None:
                         return
-                    focus = deciding_points(v) | {"full"}
+                    focus = deciding_points(v)
                     continue
                 if r + 1 < exp.plan.min_rounds:
                     continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 # A point whose windows disagree by more than this (IQR / median of throughput) is
 # flagged as noisy: 10% is where torch.utils.benchmark starts warning too, and
@@ -135,13 +135,16 @@ def point_sigmas(measured: Mapping[str, "Throughput"]) -> dict:
     machine's, alike at every point (the sample variance of log-rates about each point's
     mean, over sum(n - 1) degrees of freedom); a point whose own windows spread more
     keeps its own spread; the t factor is the pooled degrees of freedom's."""
-    pooled, df = _pooled_rel_sd(measured.values())
+    parts = {name: _log_ss(tp) for name, tp in measured.items()}
+    ss, df = sum(p[0] for p in parts.values()), sum(p[1] for p in parts.values())
+    pooled = math.sqrt(ss / df) if df else math.inf
     out = {}
     for name, tp in measured.items():
         own = tp.sec_per_batch_sigma
         if df >= 1 and tp.n >= 1:
-            rel = max(pooled, _rel_sd(tp)) * MEDIAN_SE_FACTOR / math.sqrt(tp.n) * t_factor(df)
-            own = min(own, tp.sec_per_batch * rel)
+            own_ss, own_df = parts[name]
+            spread = max(pooled, math.sqrt(own_ss / own_df) if own_df else 0.0)
+            own = min(own, tp.sec_per_batch * spread * MEDIAN_SE_FACTOR / math.sqrt(tp.n) * t_factor(df))
         out[name] = own
     return out
 
@@ -154,17 +157,6 @@ def _log_ss(tp: "Throughput") -> tuple[float, int]:
         return 0.0, 0
     mean = sum(logs) / len(logs)
     return sum((x - mean) ** 2 for x in logs), len(logs) - 1
-
-
-def _rel_sd(tp: "Throughput") -> float:
-    ss, df = _log_ss(tp)
-    return math.sqrt(ss / df) if df else 0.0
-
-
-def _pooled_rel_sd(tps: Iterable["Throughput"]) -> tuple[float, int]:
-    parts = [_log_ss(tp) for tp in tps]
-    ss, df = sum(p[0] for p in parts), sum(p[1] for p in parts)
-    return (math.sqrt(ss / df) if df else math.inf), df
 
 
 # Windows are kept to the microsecond, the precision of the JSON document, so a report

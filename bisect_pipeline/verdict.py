@@ -114,9 +114,9 @@ def decide(
     if len(present) < 2:
         return Verdict(None, _unmeasured_stages(skipped), reason="no cache point was measured besides the full pipeline")
     sigma = point_sigmas(measured)
-    inconsistent = find_inconsistent(measured, present, noise_scale)
+    inconsistent = find_inconsistent(measured, present, sigma, noise_scale)
     left_out = {i.slower for i in inconsistent}
-    fitted = _fit(measured, [p for p in present if p not in left_out])
+    fitted = _fit(measured, [p for p in present if p not in left_out], sigma)
     if len(fitted) < 2:
         return Verdict(None, _unmeasured_stages(skipped), reason="no cache point was consistent with the full pipeline",
                        inconsistent=inconsistent, fitted=fitted)
@@ -132,12 +132,11 @@ def decide(
                    ceiling=ceiling, fitted=fitted, inconsistent=inconsistent, gap_sigma=gap_sigma)
 
 
-def _fit(measured: Mapping[str, Throughput], kept: list) -> dict:
+def _fit(measured: Mapping[str, Throughput], kept: list, sigma: Mapping[str, float]) -> dict:
     """The kept points' times per batch, fitted so that none costs more than a point
     upstream of it (stats.decreasing_fit), each weighted by 1/sigma^2 (its noise, at
     least MIN_REL_SE of it: a few windows that happen to agree are not a 0.1% estimate)."""
     t = {p: measured[p].sec_per_batch for p in kept}
-    sigma = point_sigmas(measured)
     weights = [1.0 / max(sigma[p], MIN_REL_SE * t[p], 1e-12) ** 2 if math.isfinite(sigma[p]) else 1e-30
                for p in kept]
     return dict(zip(kept, decreasing_fit([t[p] for p in kept], weights)))
@@ -213,11 +212,12 @@ def _lead_sigma(top: StageCost, second: StageCost, sigma: Mapping[str, float]) -
     return math.sqrt(sum((c * sigma[p]) ** 2 for p, c in coef.items()))
 
 
-def find_inconsistent(measured: Mapping[str, Throughput], present: list, noise_scale: float = 1.0) -> tuple:
-    """Points slower than a point upstream of them beyond the noise, worst first; each one
-    found is left out before looking again (one slow point makes one inconsistency)."""
+def find_inconsistent(measured: Mapping[str, Throughput], present: list, sigma: Mapping[str, float],
+                      noise_scale: float = 1.0) -> tuple:
+    """Points slower than a point upstream of them beyond the noise (`sigma`: each
+    point's standard error, stats.point_sigmas), worst first; each one found is left out
+    before looking again (one slow point makes one inconsistency)."""
     t = {p: measured[p].sec_per_batch for p in present}
-    sigma = point_sigmas(measured)
     kept, found = list(present), []
     while True:
         worst = None

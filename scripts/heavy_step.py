@@ -19,18 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from bisect_pipeline import Workload
-
-
-class Sleep:
-    """A per-sample transform that takes `ms` milliseconds."""
-
-    def __init__(self, ms: float) -> None:
-        self.ms = ms
-
-    def __call__(self, x):
-        if self.ms:
-            time.sleep(self.ms / 1e3)
-        return x
+from bisect_pipeline.testing import Sleep
 
 
 class Samples(Dataset):
