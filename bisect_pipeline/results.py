@@ -189,11 +189,50 @@ class BreakdownRow(Part):
 
 
 @dataclasses.dataclass(frozen=True)
+class Reorder(Record):
+    """A photometric transform that runs on more pixels than a later crop or resize keeps
+    (the seed slides' "blur then crop"), moved to just after that crop and timed on the
+    same cached inputs both ways (reorder.py): `real` when the saving is beyond the noise."""
+
+    transform: str = ""  # e.g. ColorJitter
+    where: str = ""  # dataset.transform[0]
+    after: str = ""  # the crop or resize it moves after, e.g. RandomResizedCrop
+    after_where: str = ""
+    order: Optional[tuple] = None  # the reordered transforms' names, in their new order
+    pixels_before: Optional[int] = None  # what the transform ran on, and what the crop keeps
+    pixels_after: Optional[int] = None
+    ms_per_sample: Optional[float] = None  # the transforms as they are
+    reordered_ms_per_sample: Optional[float] = None
+    saving_ms_per_sample: Optional[float] = None
+    tolerance_ms: Optional[float] = None
+    samples: Optional[int] = None
+    real: Optional[bool] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Confirmation(Part):
+    """The costliest transform measured in the pipeline (under the user's workers): the
+    full pipeline replayed from its cached input, and from its cached output, in
+    alternating visits; the difference is its cost as the loop sees it."""
+
+    transform: str = ""
+    where: str = ""
+    predicted_ms_per_batch: Optional[float] = None  # isolated ms/sample x items per batch / workers
+    measured_ms_per_batch: Optional[float] = None  # with it - without it, per batch
+    tolerance_ms: Optional[float] = None
+    real: Optional[bool] = None
+    with_ms_per_batch: Optional[float] = None
+    without_ms_per_batch: Optional[float] = None
+    windows: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Breakdown(Part):
     """The augment stage transform by transform, and whether the parts add up to the
-    stage timed whole on the same samples."""
+    stage timed whole on the same samples; a reorder found cheaper (reorder.py), and the
+    costliest transform measured in the pipeline (`confirmed`)."""
 
-    _nested: ClassVar[dict] = {"rows": BreakdownRow}
+    _nested: ClassVar[dict] = {"rows": BreakdownRow, "reorders": Reorder, "confirmed": Confirmation}
     rows: Optional[tuple] = None
     samples: Optional[int] = None
     sum_ms_per_sample: Optional[float] = None  # None unless every row was measured
@@ -201,19 +240,37 @@ class Breakdown(Part):
     tolerance_ms: Optional[float] = None
     tolerance: Optional[str] = None  # how tolerance_ms was set: the noise, or a plain 20%
     agrees: Optional[bool] = None
+    reorders: Optional[tuple] = None  # Reorder, one per candidate timed
+    confirmed: Optional[Confirmation] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadSplit(Part):
+    """load split into reading bytes from storage and the rest (decoding, the dataset's
+    own work), measured on the same samples (reads.py); `bound` names the larger."""
+
+    read_ms_per_sample: Optional[float] = None
+    decode_ms_per_sample: Optional[float] = None  # loading minus reading: decode and the dataset's other work
+    bytes_per_sample: Optional[float] = None
+    read_mb_per_s: Optional[float] = None
+    files_per_sample: Optional[float] = None
+    samples: Optional[int] = None
+    bound: Optional[str] = None  # "read" or "decode"
+    how: Optional[str] = None  # how reads were seen, e.g. "file reads through open()"
 
 
 @dataclasses.dataclass(frozen=True)
 class PerSample(Part):
     """load or augment, one sample at a time in this process."""
 
-    _nested: ClassVar[dict] = {"breakdown": Breakdown}
+    _nested: ClassVar[dict] = {"breakdown": Breakdown, "split": LoadSplit}
     ms_per_sample: Optional[float] = None
     samples: Optional[int] = None
     getitem_ms_per_sample: Optional[float] = None  # load: the whole __getitem__
     includes: Optional[tuple] = None  # load: the stages its figure holds
     note: Optional[str] = None
     breakdown: Optional[Breakdown] = None  # augment: transform by transform
+    split: Optional[LoadSplit] = None  # load: read and decode
 
 
 @dataclasses.dataclass(frozen=True)
