@@ -3,6 +3,12 @@ or v2, nested Composes flattened) timed one after the other on the cached inputs
 `raw` point, each fed what the one before returned, and their sum held against the
 stage timed whole on the same samples (isolate.py).
 
+torchvision's RandomApply, RandomChoice and RandomOrder (v1 and v2) are walked as they
+run: a draw like theirs decides which children run for each sample (the children of a
+RandomApply only with its p, one child of a RandomChoice by its weights, every child of a
+RandomOrder in a shuffled order), so a child's ms per sample is its mean over all the
+samples, zero where it did not run, and the rows still add up to the whole.
+
 A transform the tool cannot see into (a function, a lambda, an object that is not a
 Compose), or one called with several arguments or keywords unless it is a torchvision v2
 Compose (whose children take the same structure), is one row, with the reason.
@@ -14,6 +20,8 @@ import dataclasses
 import math
 import statistics
 from typing import Any, Callable, Optional
+
+import torch
 
 from . import tree
 from .results import Breakdown, BreakdownRow, PerSample
@@ -27,20 +35,48 @@ NOISE_MIN_SAMPLES = 3
 MAX_ROWS = 32  # a Compose longer than this: the rest is one row
 
 
+# torchvision's random containers, walked as they run (see the module's docstring).
+RANDOM_CONTAINERS = ("RandomApply", "RandomChoice", "RandomOrder")
+
+
 @dataclasses.dataclass
 class _Part:
-    """A row to time: `fn` called as the Compose would call it, or the whole call."""
+    """A step to time: `fn` called as the Compose would call it, or the whole call. A
+    random container (`kind` one of RANDOM_CONTAINERS) is no row itself: `children` holds
+    the steps of each of its children, drawn as the container draws them."""
 
     name: str
     where: str
     fn: Callable
     note: Optional[str] = None
+    kind: Optional[str] = None
+    children: Optional[list] = None
+
+    def leaves(self) -> list:
+        """The rows under this step, in order (the step itself when it is a row)."""
+        if self.children is None:
+            return [self]
+        return [leaf for steps in self.children for step in steps for leaf in step.leaves()]
+
+
+def _torchvision_class(fn: Any, names: tuple) -> Optional[str]:
+    """The first of `names` that is a torchvision.transforms class in fn's MRO (by name,
+    so torchvision need not be imported)."""
+    for c in type(fn).__mro__:
+        if c.__name__ in names and (c.__module__ or "").startswith("torchvision.transforms"):
+            return c.__name__
+    return None
 
 
 def is_compose(fn: Any) -> bool:
-    """torchvision's Compose, v1 or v2 (by its class, so torchvision need not be imported)."""
-    return any(c.__name__ == "Compose" and (c.__module__ or "").startswith("torchvision.transforms")
-               for c in type(fn).__mro__)
+    """torchvision's Compose, v1 or v2."""
+    return _torchvision_class(fn, ("Compose",)) is not None
+
+
+def random_kind(fn: Any) -> Optional[str]:
+    """RandomApply, RandomChoice or RandomOrder (v1 or v2), else None."""
+    kind = _torchvision_class(fn, RANDOM_CONTAINERS)
+    return kind if kind is not None and isinstance(getattr(fn, "transforms", None), (list, tuple)) else None
 
 
 def _is_v2(fn: Any) -> bool:
@@ -51,32 +87,41 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__  # a function's own name, else its class
 
 
-def _flatten(fn: Any, where: str) -> list:
-    """The leaves of nested Composes, in the order they run, as (where, transform)."""
-    if not is_compose(fn):
-        return [(where, fn)]
-    out = []
-    for i, child in enumerate(fn.transforms):
-        out.extend(_flatten(child, f"{where}[{i}]"))
-    return out
+def _steps(fn: Any, where: str) -> list:
+    """The steps of `fn` in the order they run: nested Composes flattened, a random
+    container one step holding its children's steps, anything else one row."""
+    if is_compose(fn):
+        return [step for i, child in enumerate(fn.transforms) for step in _steps(child, f"{where}[{i}]")]
+    kind = random_kind(fn)
+    if kind is not None:
+        return [_Part(_name(fn), where, fn, kind=kind,
+                      children=[_steps(child, f"{where}[{i}]") for i, child in enumerate(fn.transforms)])]
+    return [_Part(_name(fn), where, fn)]
 
 
 def parts_of(call: Any) -> tuple[list, bool]:
-    """(the rows of one recorded call, whether its inputs are passed unpacked)."""
+    """(the steps of one recorded call, whether its inputs are passed unpacked). A step
+    is a row, or a random container whose rows are `_Part.leaves()`."""
     fn, n_args, kwargs = call.fn, len(call.args), call.kwargs
     whole = _Part(_name(fn), call.name, fn)
-    if not is_compose(fn):
+    if not is_compose(fn) and random_kind(fn) is None:
         whole.note = "not a Compose: cannot be seen into"
         return [whole], n_args > 1
     if kwargs or (n_args != 1 and not _is_v2(fn)):
         how = f"{n_args} arguments" + (f" and keywords ({', '.join(kwargs)})" if kwargs else "")
         whole.note = f"called with {how}: not broken down (only a v2 Compose passes them on to its transforms)"
         return [whole], n_args > 1
-    leaves = _flatten(fn, call.name)
-    if len(leaves) > MAX_ROWS:
-        whole.note = f"{len(leaves)} transforms: more than {MAX_ROWS}, not broken down"
+    steps = _steps(fn, call.name)
+    n = sum(len(step.leaves()) for step in steps)
+    if n > MAX_ROWS:
+        whole.note = f"{n} transforms: more than {MAX_ROWS}, not broken down"
         return [whole], n_args > 1
-    return [_Part(_name(f), w, f) for w, f in leaves], n_args > 1
+    return steps, n_args > 1
+
+
+def leaves_of(call: Any) -> list:
+    """The rows of one recorded call, in order."""
+    return [leaf for step in parts_of(call)[0] for leaf in step.leaves()]
 
 
 def describe(x: Any) -> str:
@@ -102,16 +147,22 @@ class _Rows:
         self.seconds: dict = {}
         self.samples: dict = {}
         self.sizes: dict = {}
+        self.ran: dict = {}  # samples a row ran on (fewer than `samples` under a random container)
 
-    def add(self, key: tuple, part: _Part, sec: float, sizes: Callable[[], tuple]) -> None:
-        if key not in self.parts:
-            self.order.append(key)
-            self.parts[key] = part
-            self.seconds[key], self.samples[key] = 0.0, 0
+    def add(self, key: tuple, part: _Part, sec: float, sizes: Optional[Callable[[], tuple]]) -> None:
+        """One sample's time of a row; `sizes` None: a random container did not run it
+        for this sample (it counts, at zero)."""
+        if key not in self.parts or key not in self.seconds:
+            if key not in self.parts:
+                self.order.append(key)
+                self.parts[key] = part
+            self.seconds[key], self.samples[key], self.ran[key] = 0.0, 0, 0
         self.seconds[key] += sec
         self.samples[key] += 1
-        if key not in self.sizes:
-            self.sizes[key] = sizes()
+        if sizes is not None:
+            self.ran[key] += 1
+            if key not in self.sizes:
+                self.sizes[key] = sizes()
 
     def plan(self, key: tuple, part: _Part) -> None:
         """A row not measured yet (the budget ran out before it)."""
@@ -126,26 +177,66 @@ def _shown(inputs: tuple, unpack: bool, kwargs: dict) -> str:
     return ", ".join(shown + ([describe(kwargs)] if kwargs else []))
 
 
+@dataclasses.dataclass
+class _Run:
+    """What the steps of one call are timed with."""
+
+    name: str  # the recorded call's
+    rows: _Rows
+    clock: Callable[[], float]
+    unpack: bool
+    kwargs: dict
+
+
 def _run_call(call: Any, rows: _Rows, clock: Callable[[], float], out_of_time: Callable[[], bool]) -> bool:
     """Time the rows of one call on its cached input; False when the budget ran out
-    before its last row (the rest are planned, not measured)."""
+    before its last step (the rest are planned, not measured)."""
     parts, unpack = parts_of(call)
-    inputs, kwargs = tree.clone(call.args), tree.clone(call.kwargs)  # keywords only where the call is one row
+    run = _Run(call.name, rows, clock, unpack, tree.clone(call.kwargs))  # keywords only where the call is one row
+    inputs = tree.clone(call.args)
     for i, part in enumerate(parts):
-        t = clock()
-        out = part.fn(*inputs, **kwargs)
-        sec = clock() - t
-        rows.add((call.name, part.where), part, sec, lambda: (_shown(inputs, unpack, kwargs), describe(out)))
-        inputs = tuple(out) if unpack else (out,)
+        inputs = _step(run, part, inputs)
         if out_of_time() and i + 1 < len(parts):
             _plan(rows, call.name, parts[i + 1:])
             return False
     return True
 
 
+def _step(run: _Run, part: _Part, inputs: tuple) -> tuple:
+    """Run one step on `inputs`, timing its rows; the next step's inputs."""
+    if part.kind is not None:
+        return _random_step(run, part, inputs)
+    t = run.clock()
+    out = part.fn(*inputs, **run.kwargs)
+    sec = run.clock() - t
+    run.rows.add((run.name, part.where), part, sec, lambda: (_shown(inputs, run.unpack, run.kwargs), describe(out)))
+    return tuple(out) if run.unpack else (out,)
+
+
+def _random_step(run: _Run, part: _Part, inputs: tuple) -> tuple:
+    """A random container as it runs: its children drawn as it draws them (torch's
+    generator, as torchvision's v2 containers draw), the rows not run counted at zero."""
+    _plan(run.rows, run.name, [part])  # its rows in the order they are written, whatever the draw
+    n = len(part.children)
+    if part.kind == "RandomApply":
+        chosen = list(range(n)) if float(torch.rand(1)) < float(getattr(part.fn, "p", 0.5)) else []
+    elif part.kind == "RandomChoice":
+        weights = getattr(part.fn, "p", None) or [1.0] * n
+        chosen = [int(torch.multinomial(torch.tensor(weights, dtype=torch.float), 1))]
+    else:  # RandomOrder
+        chosen = torch.randperm(n).tolist()
+    for i in chosen:
+        for step in part.children[i]:
+            inputs = _step(run, step, inputs)
+    for i in set(range(n)) - set(chosen):
+        for leaf in (leaf for step in part.children[i] for leaf in step.leaves()):
+            run.rows.add((run.name, leaf.where), leaf, 0.0, None)
+    return inputs
+
+
 def _plan(rows: _Rows, name: str, parts: list) -> None:
-    for part in parts:
-        rows.plan((name, part.where), part)
+    for leaf in (leaf for part in parts for leaf in part.leaves()):
+        rows.plan((name, leaf.where), leaf)
 
 
 def measure(calls_per_sample: list, share: float, clock: Callable[[], float], augment: PerSample) -> Breakdown:
@@ -179,10 +270,10 @@ def _summary(rows: _Rows, totals: list, augment: PerSample) -> Breakdown:
             out.append(BreakdownRow(status="not run", reason="out of time: the budget ran out before it",
                                     name=p.name, where=p.where, note=p.note))
             continue
-        inp, outp = rows.sizes[k]
+        inp, outp = rows.sizes.get(k, (None, None))
         out.append(BreakdownRow(name=p.name, where=p.where, ms_per_sample=round(measured[k], 4),
                                 share=round(measured[k] / whole, 4) if whole > 0 else None, input=inp, output=outp,
-                                samples=rows.samples[k], note=p.note))
+                                samples=rows.samples[k], ran=rows.ran[k], note=p.note))
     complete = len(measured) == len(rows.order)
     result = Breakdown(rows=tuple(out), samples=len(totals), sum_ms_per_sample=round(whole, 4) if complete else None)
     if not complete or augment is None or not augment.ok or augment.ms_per_sample is None:

@@ -186,6 +186,7 @@ class BreakdownRow(Part):
     output: Optional[str] = None
     samples: Optional[int] = None
     note: Optional[str] = None
+    ran: Optional[int] = None  # samples it ran on: fewer than `samples` under RandomApply/RandomChoice
 
 
 @dataclasses.dataclass(frozen=True)

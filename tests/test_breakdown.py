@@ -165,3 +165,37 @@ def test_each_recorded_transform_gets_its_rows_and_a_cut_between_them_plans_the_
     cut = breakdown.measure([calls] * 3, 0.002, clock, whole(7.0))
     assert [(r.where, r.status) for r in cut.rows] == [("dataset.transform[0]", "ok"), ("dataset.transform[1]", "ok"),
                                                       ("dataset.target_transform", "not run")]
+
+
+def test_random_containers_are_walked_as_they_draw_and_their_rows_still_add_up():
+    clock = FakeClock()
+    torch.manual_seed(0)
+    compose = v2.Compose([v2.RandomApply([Planted(clock, 10.0)], p=0.5),
+                          v2.RandomChoice([Planted(clock, 2.0), Planted(clock, 4.0)], p=[0.75, 0.25]),
+                          v2.RandomOrder([Planted(clock, 1.0), Planted(clock, 3.0)])])
+    n = 400
+    b = breakdown.measure(samples(compose, n), 100.0, clock, whole(12.5))
+    rows = {r.where: r for r in b.rows}
+    assert list(rows) == ["dataset.transform[0][0]", "dataset.transform[1][0]", "dataset.transform[1][1]",
+                          "dataset.transform[2][0]", "dataset.transform[2][1]"]
+    assert all(r.samples == n for r in b.rows)  # every sample counts, at zero where a row did not run
+    applied = rows["dataset.transform[0][0]"]
+    assert applied.ms_per_sample == pytest.approx(10.0 * applied.ran / n) and 0.4 < applied.ran / n < 0.6
+    two, four = rows["dataset.transform[1][0]"], rows["dataset.transform[1][1]"]
+    assert two.ran + four.ran == n and 0.68 < two.ran / n < 0.82  # one child per sample, by the weights
+    assert [rows[w].ran for w in ("dataset.transform[2][0]", "dataset.transform[2][1]")] == [n, n]
+    assert b.sum_ms_per_sample == pytest.approx(sum(r.ms_per_sample for r in b.rows), abs=1e-3)
+    assert b.sum_ms_per_sample == pytest.approx(5.0 + 2.5 + 4.0, abs=1.0)  # the expected cost of one sample
+
+
+def test_a_random_container_inside_a_v1_compose_and_one_never_applied():
+    clock = FakeClock()
+    compose = v1.Compose([v1.RandomApply([v1.Compose([Planted(clock, 1.0), Planted(clock, 2.0)])], p=0.0),
+                          Planted(clock, 5.0)])
+    b = breakdown.measure(samples(compose, 3), 1.0, clock, whole(5.0))
+    assert [(r.where, r.ms_per_sample, r.ran) for r in b.rows] == [
+        ("dataset.transform[0][0][0]", 0.0, 0), ("dataset.transform[0][0][1]", 0.0, 0), ("dataset.transform[1]", 5.0, 3)]
+    assert b.rows[0].input is None  # never ran: no size is invented
+    order = breakdown.measure(samples(v1.RandomOrder([Planted(clock, 1.0), Planted(clock, 2.0)]), 2), 1.0, clock,
+                              whole(3.0))
+    assert [r.ms_per_sample for r in order.rows] == [1.0, 2.0]  # a container called alone is seen into too

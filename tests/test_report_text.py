@@ -253,3 +253,19 @@ def test_a_custom_collate_is_split_into_stacking_and_its_own_work():
         dict(own, ms_per_batch=3.0, default_collate_ms_per_batch=5.1))
     # default_collate itself, or one that default_collate cannot stack: the figure alone
     assert "collate 12.40 ms/batch." in _isolated_line(dict(own, default_collate_reason="TypeError: no"))
+
+
+def test_a_row_under_a_random_container_says_on_how_many_samples_it_ran():
+    from bisect_pipeline.results import Breakdown, BreakdownRow, Isolated, PerSample
+    rows = (BreakdownRow(name="GaussianBlur", where="dataset.transform[0][0]", ms_per_sample=1.0, share=0.5,
+                         input="3x8x8 uint8", output="3x8x8 uint8", samples=20, ran=9),
+            BreakdownRow(name="Solarize", where="dataset.transform[0][1]", ms_per_sample=0.0, share=0.0,
+                         samples=20, ran=0),
+            BreakdownRow(name="Normalize", where="dataset.transform[1]", ms_per_sample=1.0, share=0.5,
+                         input="3x8x8 float32", output="3x8x8 float32", samples=20, ran=20))
+    iso = Isolated(augment=PerSample(ms_per_sample=2.0, samples=20,
+                                     breakdown=Breakdown(rows=rows, samples=20, sum_ms_per_sample=2.0)))
+    body = " ".join(to_text(planted_report(AUGMENT, isolated=iso.to_dict())).split())
+    assert "3x8x8 uint8 -> 3x8x8 uint8; ran on 9 of 20 samples" in body
+    assert "Solarize" in body and "ran on 0 of 20 samples" in body and "None" not in body
+    assert "float32; ran on" not in body  # a row that ran on every sample says nothing more

@@ -249,7 +249,9 @@ def _breakdown_lines(r: "Report", every: bool = False) -> list:
         if not row.ok:
             rows.append([row.name, "-", "-", f"{row.status}: {row.reason}" if row.reason else row.status])
             continue
-        ran = f"{row.input} -> {row.output}" + (f"; {row.note}" if row.note else "")
+        ran = f"{row.input} -> {row.output}" if row.input is not None else "-"
+        ran += f"; ran on {row.ran} of {row.samples} samples" if row.ran is not None and row.ran < row.samples else ""
+        ran += f"; {row.note}" if row.note else ""
         rows.append([row.name, f"{row.ms_per_sample:.2f}", "-" if row.share is None else f"{row.share * 100:.0f}%",
                      ran])
     lines = _table("The augment stage transform by transform (isolated, times in ms per sample)",
