@@ -185,24 +185,26 @@ class Experiment:
 
     @contextlib.contextmanager
     def open(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False,
-             threads: Optional[int] = None) -> Iterator[tuple]:
+             threads: Optional[int] = None, calls: Optional[list] = None) -> Iterator[tuple]:
         """The point's batch source, open: (next_batch, the transfer applied to each batch
         or None when the batches are already on the device). `spec`: other loader settings
         for `full` (verify.py, sweep.py); the user's own by default. `epochs`: `full` ends
         its epochs as the user's loop does (sources.full_loader). `threads`: the step's
-        intra-op threads while the source is open, restored after."""
+        intra-op threads while the source is open, restored after. `calls`: the transform
+        calls `raw` replays, one list per cached sample (the recorded ones by default;
+        confirm.py replays part of a Compose from a cached intermediate)."""
         before = torch.get_num_threads()
         if threads:
             torch.set_num_threads(int(threads))
         try:
-            source, move = self._source(name, spec or self.spec, epochs)
+            source, move = self._source(name, spec or self.spec, epochs, calls)
             with source as next_batch:
                 yield next_batch, move
         finally:
             if threads:
                 torch.set_num_threads(before)
 
-    def _source(self, name: str, spec: LoaderSpec, epochs: bool) -> tuple:
+    def _source(self, name: str, spec: LoaderSpec, epochs: bool, calls: Optional[list] = None) -> tuple:
         caches = self.caches
         if name == "device":
             host = sources.host_batches(caches, spec, self.device)
@@ -210,7 +212,8 @@ class Experiment:
         if name == "full":
             source = sources.full_loader(spec, caches.dataset if caches else _tagged_copy(spec), epochs)
         elif name == "raw":
-            source = sources.sample_loader(spec, sources.RawReplay(caches.samples, caches.raw_calls), caches.groups)
+            source = sources.sample_loader(spec, sources.RawReplay(caches.samples, calls or caches.raw_calls),
+                                           caches.groups)
         elif name == "augmented":
             source = sources.sample_loader(spec, sources.SampleCache(caches.samples), caches.groups)
         elif name == "collated":
@@ -233,16 +236,16 @@ class Experiment:
 
     def visit(self, name: str, deadline: float, *, spec: Optional[LoaderSpec] = None, epochs: bool = False,
               threads: Optional[int] = None, keep: Optional[int] = None, pace: Pace = LOCAL,
-              end: Optional[float] = None, skip: bool = False) -> Visit:
+              end: Optional[float] = None, skip: bool = False, calls: Optional[list] = None) -> Visit:
         """One visit of point `name` until `deadline`, for a schedule to hand to its driver
-        (visit.drive, or a user's loop). `spec`, `epochs`, `threads`: see `open`; `keep`:
+        (visit.drive, or a user's loop). `spec`, `epochs`, `threads`, `calls`: see `open`; `keep`:
         windows to keep (plan.windows_per_visit); `end`: the watchdog's hard end (the
         run's by default); `skip`: take part in a lockstep point without steps."""
         spec = spec or self.spec
         plan, prefetch = self.visit_plan(name, spec, epochs, fit=not pace.lockstep)
         self.visits += 1
         return Visit(
-            name, None if skip else (lambda: self.open(name, spec, epochs, threads)),
+            name, None if skip else (lambda: self.open(name, spec, epochs, threads, calls)),
             batch_size=self.batch_size, plan=plan, deadline=deadline,
             clock=self.clock, sync=self.sync, keep=keep, pace=pace, prefetch_depth=prefetch,
             watchdog=lambda: self.watchdog(lambda: f"point {name}", end),

@@ -5,7 +5,8 @@
     hold the allocator still (timing the step alone first, when the tool owns the step)
     the points: rounds.Rounds (one process) or distributed.LockstepPoints (torchrun)
     the stage costs timed alone (isolate.py); a user's loop on CUDA: its syncs counted
-    the advice's check: verify.Trials of the advice as it stands (diagnosis.to_check)
+    the check: the costliest transform in the pipeline (confirm.Confirm, when augment is
+        the bottleneck); verify.Trials of the advice as it stands (diagnosis.to_check)
 
 `measure` yields visits: visit.Visit, and in a user's loop two small ones of the same
 shape (a context manager handing out batches: the probe and the sync count). The tool's
@@ -23,7 +24,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from . import allocator, distributed, experiment, isolate, sources, tree
+from . import allocator, confirm, distributed, experiment, isolate, sources, tree
 from .cache import DEFAULT_CACHE_BATCHES
 from .diagnosis import to_check
 from .experiment import Experiment
@@ -80,17 +81,28 @@ def measure(exp: Experiment, options: Options, *, coord: Any, held: allocator.He
 
 
 def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float]):
-    """The advice's recommended settings measured against the user's (verify.Trials).
+    """The check: when augment is the bottleneck, its costliest transform measured in
+    the pipeline first (confirm.Confirm, CONFIRM_SHARE of the budget); then the advice's
+    recommended settings measured against the user's (verify.Trials) in the rest.
     verify_seconds None: in what the bisection leaves of max_seconds (the rounds that
     only settle a verdict already made stop VERIFY_SHARE of it early; an undecided
     verdict may use it all); 0: off; a number: a budget of its own, on top of max_seconds."""
+    bottleneck = exp.decide().bottleneck
     if verify_seconds == 0:
+        exp.isolated = confirm.skipped(exp.isolated, bottleneck, "the check is off (verify_seconds=0)")
         return Verification(status="off", reason="verification turned off (verify_seconds=0)")
-    budget = max(0.0, exp.end - exp.clock()) if verify_seconds is None else float(verify_seconds)
+    start = exp.clock()
+    budget = max(0.0, exp.end - start) if verify_seconds is None else float(verify_seconds)
     if budget < 2 * exp.plan.window_seconds:
+        exp.isolated = confirm.skipped(exp.isolated, bottleneck, "out of time: the bisection used --max-seconds")
         return Verification(status="out of time", budget_s=round(budget, 3),
                             reason="the bisection used --max-seconds; give the check a budget of its own with "
                                    "--verify-seconds")
+    if bottleneck == "augment" and exp.caches is not None and exp.caches.raw_calls is not None:
+        confirming = confirm.Confirm(exp, budget_s=confirm.CONFIRM_SHARE * budget)
+        yield from confirming
+        exp.isolated = confirm.with_confirmation(exp.isolated, confirming.result)
+        budget = max(0.0, budget - (exp.clock() - start))
     trials = Trials(exp, list(advice), budget_s=budget, threads=torch.get_num_threads(), cores=isolate.cores())
     yield from trials
     return trials.result

@@ -2,7 +2,8 @@
 
 It receives the events `api.bisect(progress=...)` emits ({"event": "cache"},
 {"event": "point", "point", "index", "total"}, {"event": "window", "point", "window",
-"max_windows"}, {"event": "verify", "item", "settings"}, {"event": "warning", "message"};
+"max_windows"}, {"event": "confirm", "transform", "where"}, {"event": "verify", "item",
+"settings"}, {"event": "warning", "message"};
 others are ignored) and shows which point is measured, how far along the run is, and the
 time left against --max-seconds (an upper bound: points that settle early end sooner).
 The bar is drawn only when stderr is a terminal; a warning (a budget too short for the
@@ -113,6 +114,8 @@ class Progress:
             self.windows = event["window"]
             self.max_windows = event.get("max_windows") or self.max_windows
             self.what = f"{event['point']} ({self.index + 1}/{self.total}), window {self.windows}"
+        elif kind == "confirm":
+            self.what = f"measuring {event['transform']} ({event['where']}) in the pipeline"
         elif kind == "verify":
             self.what = "measuring the advice: " + ", ".join(f"{k}={v}" for k, v in event["settings"].items())
         elif kind == "warning":  # a line of its own above the bar, which is then drawn again
@@ -156,6 +159,8 @@ class Lines:
             text = "filling the caches"
         elif kind == "point":
             text = f"measuring {event['point']} ({event['index'] + 1}/{event['total']})"
+        elif kind == "confirm":
+            self.what = f"measuring {event['transform']} ({event['where']}) in the pipeline"
         elif kind == "verify":
             text = "measuring the advice: " + ", ".join(f"{k}={v}" for k, v in event["settings"].items())
         elif kind == "warning":

@@ -225,6 +225,7 @@ class Confirmation(Part):
     with_ms_per_batch: Optional[float] = None
     without_ms_per_batch: Optional[float] = None
     windows: Optional[int] = None
+    trial: Optional[Any] = None  # the raw windows: Trial ("with" as the user's side), nested once Trial is defined
 
 
 @dataclasses.dataclass(frozen=True)
@@ -440,6 +441,9 @@ class Trial(Record):
     user_windows: tuple = ()
     candidate_windows: tuple = ()
     error: Optional[str] = None
+
+
+Confirmation._nested = {"trial": Trial}
 
 
 @dataclasses.dataclass(frozen=True)

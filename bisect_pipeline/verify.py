@@ -20,7 +20,7 @@ copy of the LoaderSpec, and the thread count is set for the candidate's visits o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from .experiment import Experiment
 from .outcome import APPLICABLE, THREADS, outcome
@@ -124,38 +124,56 @@ class Trials:
                                        elapsed_s=round(exp.clock() - start, 3), trials=tuple(trials))
 
     def _fits(self, deadline: float) -> bool:
-        """Is there time before `deadline` for a visit of `full` with one window? (Its
-        first step runs whatever is left: a long step would outrun --max-seconds.)"""
-        return deadline - self.exp.clock() >= max(1e-9, self.exp.least_visit_seconds("full", windows=1))
+        return fits(self.exp, "full", deadline)
 
     def _trial(self, item: str, settings: dict, deadline: float, owed: int = 0):
-        """The user's settings and the candidate in A B B A blocks of full-pipeline visits,
-        until a block ends (from MIN_BLOCKS on) with the candidate decided slower, or decided
-        helping within TARGET_SPREAD; MAX_BLOCKS blocks; or the deadline. Each visit gets an
-        equal share of what is left, counting the `owed` visits of the candidates after it."""
+        """The user's settings and the candidate in A B B A blocks of full-pipeline visits
+        (`alternate`), until a block ends with the candidate decided slower, or decided
+        helping within TARGET_SPREAD."""
         exp = self.exp
-        sides: dict = {False: [], True: []}  # per side, one list of windows per visit
-        error = None
-        total = len(BLOCK) * MAX_BLOCKS
-        for i in range(total):
-            now = exp.clock()
-            if not self._fits(deadline):
-                break
-            candidate = BLOCK[i % len(BLOCK)]
-            visit = _visit(exp, settings if candidate else {},
-                           exp.visit_deadline("full", (deadline - now) / (total - i + owed), deadline), deadline)
-            yield visit
-            m = visit.measured
-            if m.error is not None:  # the candidate's settings break the pipeline: say so
-                error = f"{type(m.error).__name__}: {m.error}"[:300]
-                break
-            if m.windows:
-                sides[candidate].append(list(m.windows))
-            if (i + 1) % len(BLOCK) == 0 and (i + 1) // len(BLOCK) >= MIN_BLOCKS:
-                o = outcome(Trial(item, dict(settings), _dump(sides[False]), _dump(sides[True])), exp.batch_size)
-                if o.status == "slower" or (o.status == "helps" and (o.spread or float("inf")) <= TARGET_SPREAD):
-                    break
-        return Trial(item, dict(settings), _dump(sides[False]), _dump(sides[True]), error)
+
+        def decided(sides: dict) -> bool:
+            o = outcome(Trial(item, dict(settings), dump(sides[False]), dump(sides[True])), exp.batch_size)
+            return o.status == "slower" or (o.status == "helps" and (o.spread or float("inf")) <= TARGET_SPREAD)
+        sides, error = yield from alternate(
+            exp, "full", lambda candidate, visit_deadline: _visit(exp, settings if candidate else {}, visit_deadline,
+                                                                  deadline),
+            deadline, owed=owed, decided=decided)
+        return Trial(item, dict(settings), dump(sides[False]), dump(sides[True]), error)
+
+
+def fits(exp: Experiment, point: str, deadline: float) -> bool:
+    """Is there time before `deadline` for a visit of `point` with one window? (Its first
+    step runs whatever is left: a long step would outrun --max-seconds.)"""
+    return deadline - exp.clock() >= max(1e-9, exp.least_visit_seconds(point, windows=1))
+
+
+def alternate(exp: Experiment, point: str, visit_of: Callable[[bool, float], Visit], deadline: float, *,
+              owed: int = 0, decided: Callable[[dict], bool] = lambda sides: False, blocks: int = MAX_BLOCKS):
+    """Two sides of a comparison in A B B A blocks of visits of `point` (a machine drifting
+    over them weighs on both alike): `visit_of(side, visit_deadline)` builds a side's visit
+    (False: the reference, True: the other). Until a block ends, from MIN_BLOCKS on, with
+    `decided(sides)`; `blocks` blocks; the deadline; or a visit's error. Each visit gets
+    an equal share of what is left, counting `owed` visits of later comparisons. Returns
+    (the windows of each side, one list per visit; the error, or None). The advice's check
+    (Trials) and the confirmation in the pipeline (confirm.py) are its two users."""
+    sides: dict = {False: [], True: []}
+    total = len(BLOCK) * blocks
+    for i in range(total):
+        now = exp.clock()
+        if not fits(exp, point, deadline):
+            break
+        side = BLOCK[i % len(BLOCK)]
+        visit = visit_of(side, exp.visit_deadline(point, (deadline - now) / (total - i + owed), deadline))
+        yield visit
+        m = visit.measured
+        if m.error is not None:  # this side breaks the pipeline: say so
+            return sides, f"{type(m.error).__name__}: {m.error}"[:300]
+        if m.windows:
+            sides[side].append(list(m.windows))
+        if (i + 1) % len(BLOCK) == 0 and (i + 1) // len(BLOCK) >= MIN_BLOCKS and decided(sides):
+            break
+    return sides, None
 
 
 def _visit(exp: Experiment, settings: dict, deadline: float, end: float) -> Visit:
@@ -167,5 +185,6 @@ def _visit(exp: Experiment, settings: dict, deadline: float, end: float) -> Visi
                      threads=settings.get(THREADS), end=end)
 
 
-def _dump(visits: list) -> tuple:
+def dump(visits: list) -> tuple:
+    """The windows of a side's visits as the document keeps them, each with its visit."""
     return tuple(VisitWindow(w.steps, w.seconds, v) for v, windows in enumerate(visits) for w in windows)

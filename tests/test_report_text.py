@@ -4,6 +4,7 @@ verdict and the advice come last, readable as whole sentences."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -269,3 +270,25 @@ def test_a_row_under_a_random_container_says_on_how_many_samples_it_ran():
     assert "3x8x8 uint8 -> 3x8x8 uint8; ran on 9 of 20 samples" in body
     assert "Solarize" in body and "ran on 0 of 20 samples" in body and "None" not in body
     assert "float32; ran on" not in body  # a row that ran on every sample says nothing more
+
+
+def test_the_costliest_transform_measured_in_the_pipeline_is_printed_beside_its_prediction():
+    from bisect_pipeline.results import Breakdown, BreakdownRow, Confirmation, Isolated, PerSample
+    rows = (BreakdownRow(name="GaussianBlur", where="dataset.transform[1]", ms_per_sample=4.0, share=1.0,
+                         input="3x8x8 uint8", output="3x8x8 uint8", samples=8),)
+
+    def text_with(c):
+        b = Breakdown(rows=rows, samples=8, sum_ms_per_sample=4.0, confirmed=c)
+        iso = Isolated(augment=PerSample(ms_per_sample=4.0, samples=8, breakdown=b))
+        return " ".join(to_text(planted_report(AUGMENT, isolated=iso.to_dict())).split())
+    ok = Confirmation(transform="GaussianBlur", where="dataset.transform[1]", predicted_ms_per_batch=32.0,
+                      measured_ms_per_batch=29.5, tolerance_ms=2.25, real=True, with_ms_per_batch=40.1,
+                      without_ms_per_batch=10.6, windows=12)
+    assert ("In the pipeline with num_workers=0: GaussianBlur (dataset.transform[1]) costs the loop 29.5 ± 2.2 ms per "
+            "batch (40.1 with it, 10.6 from its cached output, 12 windows); predicted from its isolated cost: 32.0."
+            in text_with(ok))
+    noise = text_with(dataclasses.replace(ok, real=False, measured_ms_per_batch=0.4))
+    assert "costs the loop 0.4 ± 2.2 ms per batch (within the noise: no real cost)" in noise
+    off = text_with(Confirmation.missing("skipped", "the check is off (verify_seconds=0)"))
+    assert "In the pipeline with num_workers=0: the costliest transform not measured (skipped: the check is off" in off
+    assert "In the pipeline" not in text_with(None)

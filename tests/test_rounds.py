@@ -228,7 +228,7 @@ def heavy_run(monkeypatch, ms: dict, max_seconds: float):
     steps = {"n": 0}
 
     @contextlib.contextmanager
-    def source(name, spec=None, epochs=False, threads=None):
+    def source(name, spec=None, epochs=False, threads=None, calls=None):
         opened.append(name)
 
         def next_batch():

@@ -256,7 +256,26 @@ def _breakdown_lines(r: "Report", every: bool = False) -> list:
                      ran])
     lines = _table("The augment stage transform by transform (isolated, times in ms per sample)",
                    ["transform", "ms", "share", "ran on -> returned"], rows, "lrrl")
-    return lines + _wrap(_breakdown_sum(b), rest="  ")
+    confirmed = _confirmed(r, b.confirmed)
+    return lines + _wrap(_breakdown_sum(b), rest="  ") + (_wrap(confirmed, rest="  ") if confirmed else [])
+
+
+def _confirmed(r: "Report", c) -> str:
+    """The costliest transform measured in the pipeline (confirm.py), beside its prediction."""
+    if c is None:
+        return ""
+    workers = (r.loader or {}).get("num_workers")
+    where = f" with num_workers={workers}" if workers is not None else ""
+    if not c.ok:
+        what = f"{c.transform} ({c.where})" if c.transform else "the costliest transform"
+        return f"In the pipeline{where}: {what} not measured ({c.status}: {c.reason or ''})."
+    pm = f" ± {c.tolerance_ms:.1f}" if c.tolerance_ms is not None else ""
+    verdict = "" if c.real else " (within the noise: no real cost)"
+    predicted = (f"; predicted from its isolated cost: {c.predicted_ms_per_batch:.1f}"
+                 if c.predicted_ms_per_batch is not None else "")
+    return (f"In the pipeline{where}: {c.transform} ({c.where}) costs the loop {c.measured_ms_per_batch:.1f}{pm} ms "
+            f"per batch{verdict} ({c.with_ms_per_batch:.1f} with it, {c.without_ms_per_batch:.1f} from its cached "
+            f"output, {c.windows} windows){predicted}.")
 
 
 def _breakdown_sum(b) -> str:
