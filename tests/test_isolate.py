@@ -263,3 +263,21 @@ def test_default_collate_runs_beside_a_custom_collate_on_the_same_batches(monkey
         "beside_a_custom_collate_on_the_same_batches.<locals>.mixup"
     assert seen == [2] * 4  # the warm-up and the 3 batches mixup was timed on, not the 8 cached
     assert col.default_collate_ms_per_batch == 0.0
+
+
+def test_the_workers_work_is_timed_on_one_thread_as_a_worker_has_and_the_threads_are_restored():
+    from types import SimpleNamespace
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        with isolate.worker_threads(SimpleNamespace(num_workers=2)):
+            seen.append(torch.get_num_threads())
+        with isolate.worker_threads(SimpleNamespace(num_workers=0)):  # in this process: its own threads
+            seen.append(torch.get_num_threads())
+        with pytest.raises(RuntimeError):
+            with isolate.worker_threads(SimpleNamespace(num_workers=1)):
+                raise RuntimeError("a transform failed")
+        assert seen == [1, 2] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
