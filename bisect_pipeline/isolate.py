@@ -183,17 +183,22 @@ def _load(spec, caches, augment: PerSample, share, clock) -> PerSample:
 
 
 def _augment(caches, share, clock) -> PerSample:
+    """The stage replayed whole and transform by transform on the same samples, in turn
+    (breakdown.measure_with_whole); the first sample, untimed, is the warm-up of both."""
     if caches.raw_calls is None:
         return PerSample.missing("unavailable", caches.raw_reason or "the transforms could not be split from loading")
     pairs = list(zip(caches.samples, caches.raw_calls))
-    # Half the share for the stage whole, the rest for it transform by transform on the
-    # same samples (the first, untimed here, is the warm-up of both).
-    start = clock()
-    n, sec = _timed_loop(pairs, lambda p: recording.replay_sample(p[0], p[1]), share / 2, clock)
-    whole = PerSample(ms_per_sample=round(sec / n * 1e3, 4), samples=n)
-    same = caches.raw_calls[1:1 + n] if len(pairs) > 1 else caches.raw_calls[:1]
-    left = max(0.0, share - (clock() - start))
-    parts = _guard(Breakdown, lambda: breakdown.measure(same, left, clock, whole))
+    if len(pairs) > 1:
+        recording.replay_sample(*pairs[0])
+        pairs = pairs[1:]
+    try:
+        whole, parts = breakdown.measure_with_whole([calls for _, calls in pairs], share, clock,
+                                                    lambda i: recording.replay_sample(*pairs[i]))
+    except (KeyboardInterrupt, faults.StepTimeout):
+        raise
+    except Exception as exc:  # a transform that fails alone: the stage is still timed whole
+        n, sec = _timed_loop(pairs, lambda p: recording.replay_sample(*p), share / 2, clock)
+        whole, parts = PerSample(ms_per_sample=round(sec / n * 1e3, 4), samples=n), Breakdown.missing("failed", _reason(exc))
     return dataclasses.replace(whole, breakdown=parts)
 
 

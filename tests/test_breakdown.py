@@ -199,3 +199,46 @@ def test_a_random_container_inside_a_v1_compose_and_one_never_applied():
     order = breakdown.measure(samples(v1.RandomOrder([Planted(clock, 1.0), Planted(clock, 2.0)]), 2), 1.0, clock,
                               whole(3.0))
     assert [r.ms_per_sample for r in order.rows] == [1.0, 2.0]  # a container called alone is seen into too
+
+
+def test_the_whole_is_timed_in_turn_with_the_rows_and_held_against_them_sample_by_sample():
+    clock = FakeClock()
+    order = []
+
+    class Logged(Planted):
+        def __call__(self, *xs):
+            order.append(f"part{len([o for o in order if o.startswith('whole')]) - 1}")
+            return super().__call__(*xs)
+    compose = v1.Compose([Logged(clock, 2.0), Logged(clock, 3.0)])
+
+    def whole(i, ms=5.0):
+        order.append(f"whole{i}")
+        clock.t += ms / 1e3
+    stage, b = breakdown.measure_with_whole(samples(compose, 4), 1.0, clock, whole)
+    assert order[:6] == ["whole0", "part0", "part0", "whole1", "part1", "part1"]
+    assert stage.ms_per_sample == 5.0 and stage.samples == 4 and b.samples == 4
+    assert b.agrees is True and b.tolerance.startswith("3 standard errors of the per-sample differences")
+    assert b.tolerance_ms == pytest.approx(0.25)  # no spread in the differences: the 5% floor
+    _, slow = breakdown.measure_with_whole(samples(compose, 4), 1.0, clock, lambda i: whole(i, 8.0))
+    assert slow.agrees is False and slow.augment_ms_per_sample == 8.0 and slow.sum_ms_per_sample == 5.0
+
+
+def test_a_transform_that_fails_alone_leaves_the_stage_timed_whole(tmp_path):
+    class NeedsTwo:  # a transform a Compose can call but that fails called alone here
+        def __call__(self, x):
+            raise TypeError("needs its partner")
+    caches = type("C", (), {})()
+    x = torch.zeros(3, 4, 4)
+    caches.samples = [x.clone() for _ in range(4)]
+    caches.raw_calls = [[Call(v1.Compose([NeedsTwo()]), "dataset.transform", (x,), {}, placements=[])]
+                        for _ in range(4)]
+    caches.raw_reason = None
+    import bisect_pipeline.recording as rec
+    real = rec.replay_sample
+    try:
+        rec.replay_sample = lambda template, calls: template  # the whole replays fine
+        aug = isolate._augment(caches, 0.05, isolate.time.perf_counter)
+    finally:
+        rec.replay_sample = real
+    assert aug.ok and aug.samples >= 1 and aug.breakdown.status == "failed"
+    assert "needs its partner" in aug.breakdown.reason
