@@ -3,6 +3,7 @@ everything from user code escaped, one bar per measured point, the bottleneck sh
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import xml.etree.ElementTree as ET
@@ -456,7 +457,11 @@ def test_the_reorders_and_the_confirmation_in_the_pipeline():
     assert ("Moving ColorJitter after RandomResizedCrop saves 5.00 ms per sample over 16 samples: beyond the noise "
             "(\u00b10.60); ColorJitter ran on 187,500 pixels, RandomResizedCrop keeps 50,176.") in text
     assert "RandomResizedCrop \u2192 ColorJitter" in text and "1100.00 \u2212 620.00" in text
-    assert "As the loop sees it, ToTensor costs 480.00 ms per batch over 8 windows, beyond the noise (\u00b140.00)." in text
+    assert "As the loop sees it, ToTensor costs 480.00 ms per batch over 8 windows: beyond the noise (\u00b140.00)." in text
+    # a reorder that costs more, not decided against the noise: said as it is
+    worse = dataclasses.replace(reorder, reordered_ms_per_sample=8.5, saving_ms_per_sample=-0.5, real=None)
+    assert ("Moving ColorJitter after RandomResizedCrop costs 0.50 more ms per sample over 16 samples; ColorJitter"
+            in " ".join("".join(parse(to_html(parts_report(reorders=(worse,)))).text).split()))
     # a confirmation that could not be made says why
     failed = to_html(parts_report(confirmed=Confirmation.missing("failed", "RuntimeError: <boom>")))
     assert "Not measured in the pipeline: failed: RuntimeError: &lt;boom&gt;." in failed

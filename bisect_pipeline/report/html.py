@@ -421,13 +421,21 @@ def _reorder_block(x: Any) -> _Block:
                  color=SAVED_COLOR if x.real else plot_mod.DROP_COLOR))
     notes = []
     if x.saving_ms_per_sample is not None:
-        noise = "" if x.tolerance_ms is None else f" (\u00b1{x.tolerance_ms:.2f})"
-        verdict = ("beyond the noise" if x.real else "within the noise") + noise
         on = f" over {x.samples} samples" if x.samples else ""
-        notes.append(f"Moving {x.transform} after {x.after} saves {x.saving_ms_per_sample:.2f} ms per sample{on}: "
-                     f"{verdict}{pixels}.")
+        saving = x.saving_ms_per_sample
+        what = f"saves {saving:.2f}" if saving >= 0 else f"costs {-saving:.2f} more"
+        notes.append(f"Moving {x.transform} after {x.after} {what} ms per sample{on}"
+                     f"{_against_noise(x.real, x.tolerance_ms)}{pixels}.")
     return _Block("augment", f"reordered: {x.transform} after {x.after} (isolated, ms per sample)", "ms per sample",
                   bars, tuple(notes), "new order")
+
+
+def _against_noise(real: Optional[bool], tolerance_ms: Optional[float]) -> str:
+    """': beyond the noise (±0.60)', or within it; nothing when it was not decided."""
+    if real is None:
+        return ""
+    noise = "" if tolerance_ms is None else f" (\u00b1{tolerance_ms:.2f})"
+    return (": beyond the noise" if real else ": within the noise") + noise
 
 
 def _confirmation_block(c: Any) -> _Block:
@@ -445,11 +453,9 @@ def _confirmation_block(c: Any) -> _Block:
                  f"{c.with_ms_per_batch:.2f} \u2212 {c.without_ms_per_batch:.2f}"))
     notes = []
     if c.measured_ms_per_batch is not None:
-        noise = "" if c.tolerance_ms is None else f" (\u00b1{c.tolerance_ms:.2f})"
         over = f" over {c.windows} windows" if c.windows else ""
-        how = "beyond the noise" if c.real else "within the noise"
-        notes.append(f"As the loop sees it, {c.transform} costs {c.measured_ms_per_batch:.2f} ms per batch{over}, "
-                     f"{how}{noise}.")
+        notes.append(f"As the loop sees it, {c.transform} costs {c.measured_ms_per_batch:.2f} ms per batch{over}"
+                     f"{_against_noise(c.real, c.tolerance_ms)}.")
     return _Block("augment", title, "ms per batch", bars, tuple(notes))
 
 
