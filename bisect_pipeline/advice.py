@@ -43,6 +43,13 @@ MEMORY_UNUSED_FRACTION = 0.5
 # A custom collate_fn costing this many times default_collate on the same samples does
 # work of its own beyond the batch structure.
 OWN_COLLATE_WORK_RATIO = 2.0
+# The augment finding names the costliest transforms (isolated.augment.breakdown): the
+# fewest that make up this share of the parts' sum, at most PARTS_NAMED of them.
+PARTS_NAMED_SHARE = 0.5
+PARTS_NAMED = 3
+# A resize or crop that keeps at most 1 / this of its input's pixels works on images
+# larger than the step needs: storing them smaller (or decoding them smaller) saves it.
+SHRINK_RATIO = 2.0
 # Per-sample structure that makes default_collate slow: Python numbers and lists become
 # one tensor per position, numpy arrays are converted one by one, many small tensors are
 # stacked one by one.
@@ -425,9 +432,11 @@ def _collate(c: _Context):
     causes = []
     own, dflt = col.ms_per_batch, col.default_collate_ms_per_batch
     if own is not None and dflt is not None and own >= OWN_COLLATE_WORK_RATIO * max(dflt, 1e-3):
-        causes.append(f"{name} costs {own:.1f} ms per batch alone against {dflt:.2f} ms for torch's default_collate "
-                      "on the same samples: the cost is the function's own work (per-sample Python, padding, copies), "
-                      "not the batch structure; vectorize it or move it into the dataset's transforms (in the workers)")
+        numbers["own_work_ms_per_batch"], numbers["stacking_ms_per_batch"] = _r(own - dflt), dflt
+        causes.append(f"{name}'s own work is {own - dflt:.1f} of the {own:.1f} ms per batch it costs alone; stacking "
+                      f"(torch's default_collate on the same samples) {dflt:.2f}: the cost is the function's own work "
+                      "(per-sample Python, padding, copies), not the batch structure; vectorize it or move it into "
+                      "the dataset's transforms (in the workers)")
     causes.extend(_structure_causes(st or SampleStructure()))
     if not causes and batch.bytes:
         causes.append(f"the batch is {batch.n_tensors} tensor(s), {batch.bytes / 2**20:.1f} MB: collate "
@@ -489,7 +498,9 @@ def _storage(c: _Context):
 
 
 def _augment(c: _Context):
-    """An augment bottleneck -> the transforms found, with their isolated cost."""
+    """An augment bottleneck -> the transforms found, with their isolated cost, and the
+    costliest of them by name (isolated.augment.breakdown) with a remedy where one is
+    known for its kind."""
     if c.b != "augment" or not c.significant("augment"):
         return None
     ms = c.stage_ms("augment")
@@ -500,11 +511,105 @@ def _augment(c: _Context):
                "transforms": found, "num_workers": c.workers}
     alone = f" ({per_sample:.2f} ms per sample alone)" if per_sample is not None else ""
     which = ", ".join(found) or "the dataset's transforms"
+    parts, named = _costliest_parts(aug.breakdown if aug is not None else None)
+    if parts:
+        numbers["parts"] = parts
+    generic = ("" if any(p["remedy"] for p in parts) else
+               " Move work that is the same every epoch (decode, resize) to data preparation, crop before expensive "
+               "ops, and run tensor transforms batched on the device inside the step.")
     head = numbers["headroom"] = headroom(c, "augment")
     return Finding("augment", "augment", (
-        f"{which} add {ms:.1f} ms per batch{alone} with num_workers={c.workers}. Move work that is the same every "
-        "epoch (decode, resize) to data preparation, crop before expensive ops, and run tensor transforms batched on "
-        "the device inside the step." + _headroom_text(head, "augment")), numbers)
+        f"{which} add {ms:.1f} ms per batch{alone} with num_workers={c.workers}.{named}{generic}"
+        + _headroom_text(head, "augment")), numbers)
+
+
+def _costliest_parts(b) -> tuple[list, str]:
+    """The costliest transforms of the breakdown (the fewest making up PARTS_NAMED_SHARE
+    of the timed sum, at most PARTS_NAMED), as numbers and as sentences naming each with
+    its cost, share and remedy; nothing with fewer than two transforms timed."""
+    timed = [row for row in (b.rows or ()) if row.ok and row.ms_per_sample is not None] if b is not None and b.ok else []
+    total = sum(row.ms_per_sample for row in timed)
+    if len(timed) < 2 or total <= 0:
+        return [], ""
+    chosen, share = [], 0.0
+    for row in sorted(timed, key=lambda x: -x.ms_per_sample)[:PARTS_NAMED]:
+        chosen.append(row)
+        share += row.ms_per_sample / total
+        if share >= PARTS_NAMED_SHARE:
+            break
+    of = f"{total:.2f} ms/sample" + ("" if len(timed) == len(b.rows) else " timed (not every transform was)")
+    parts, text = [], []
+    for row in chosen:
+        remedy = _part_remedy(row, b.rows, b.reorders)
+        parts.append({"name": row.name, "where": row.where, "ms_per_sample": row.ms_per_sample,
+                      "share": _r(row.ms_per_sample / total, 4), "input": row.input, "output": row.output,
+                      "remedy": remedy})
+        text.append(f" {row.name} ({row.where}) costs {row.ms_per_sample:.2f} of {of} "
+                    f"({row.ms_per_sample / total * 100:.0f}%)" + (f": {remedy}." if remedy else "."))
+    return parts, "".join(text)
+
+
+# What makes a transform of each kind cheaper, by class name (torchvision v1 and v2).
+RESIZES = frozenset({"Resize", "RandomResizedCrop", "RandomResize", "RandomShortestSize", "ScaleJitter"})
+CROPS = RESIZES | {"RandomCrop", "CenterCrop", "FiveCrop", "TenCrop", "RandomIoUCrop"}
+AUTO_AUGMENTS = frozenset({"AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix"})
+# per pixel (or a small neighbourhood): the same after a crop, on fewer pixels
+PIXELWISE = frozenset({"ColorJitter", "RandomPhotometricDistort", "RandomAdjustSharpness", "RandomAutocontrast",
+                       "RandomEqualize", "RandomPosterize", "RandomSolarize", "RandomGrayscale", "Grayscale",
+                       "RandomInvert", "GaussianBlur", "GaussianNoise"})
+# warps: after a crop they would bring the borders in, so only batched on the device
+WARPS = frozenset({"RandomRotation", "RandomAffine", "RandomPerspective", "ElasticTransform"})
+TO_FLOAT = frozenset({"Normalize", "ToDtype", "ConvertImageDtype"})
+ON_DEVICE = ("run it batched on the device inside the step (torchvision v2 transforms take batched tensors; "
+             "one random draw per batch)")
+
+
+def _part_remedy(row, rows: tuple, reorders: Optional[tuple] = None) -> Optional[str]:
+    """What makes this transform cheaper, by its class name, or None when nothing
+    specific is known (the finding then says what to do in general); a move after a crop
+    that was timed (`reorders`, reorder.py) is said with what it saved, or not offered."""
+    name = row.name
+    if name in RESIZES:
+        before, after = _pixels(row.input), _pixels(row.output)
+        if before and after and before >= SHRINK_RATIO * after:
+            return (f"it shrinks {row.input} to {row.output}, so store the images pre-resized near that size, or "
+                    "decode them at a reduced size (PIL's Image.draft for JPEG)")
+        return None
+    if name in AUTO_AUGMENTS:
+        return "use fewer ops or a lower magnitude (num_ops, magnitude), or " + ON_DEVICE
+    if name in WARPS:
+        return ON_DEVICE
+    if name in PIXELWISE:
+        later = next((r for r in rows[rows.index(row) + 1:] if r.name in CROPS), None)
+        blur = "use a smaller kernel_size, " if name == "GaussianBlur" else ""
+        timed = next((x for x in reorders or () if name in (x.transform or "").split(", ")
+                      and row.where in (x.where or "")), None)
+        if timed is not None and timed.real is not None and timed.saving_ms_per_sample is not None:
+            if timed.real:  # the move was timed (reorder.py): its saving, not a guess
+                return (f"{blur}move it after {timed.after} ({timed.after_where}): on the same inputs that saved "
+                        f"{timed.saving_ms_per_sample:.2f} ms per sample; or " + ON_DEVICE)
+            return f"{blur}{ON_DEVICE}; moved after {timed.after} it saved nothing beyond the noise"
+        if later is not None:
+            return f"{blur}move it after {later.name} ({later.where}), on the fewer pixels it keeps, or " + ON_DEVICE
+        return f"{blur}{ON_DEVICE}"
+    if name in TO_FLOAT:
+        return ("do it on the device inside the step: keep the batch uint8 through the loader (less to copy), then "
+                "convert and normalize it there")
+    if name == "ToTensor":
+        return ("use PILToTensor (uint8) instead, and convert to float and normalize on the device inside the "
+                "step")
+    return None
+
+
+def _pixels(described: Optional[str]) -> Optional[int]:
+    """Pixels of an image as breakdown.describe wrote it: "500x375 RGB" (a PIL image, W x
+    H) or "3x224x224 uint8" (a tensor, the last two dimensions); None when not an image."""
+    head = (described or "").split(",")[0].split(" ")[0]
+    try:
+        dims = [int(d) for d in head.split("x")]
+    except ValueError:
+        return None
+    return dims[-1] * dims[-2] if len(dims) >= 2 else None
 
 
 def _handoff(c: _Context):

@@ -48,8 +48,9 @@ def run_options(f: Callable) -> Callable:
                           "against yours before printing them. 0 turns it off; a number is a budget of its own, on "
                           "top of --max-seconds.  [default: what the bisection leaves of --max-seconds; at least 25% once a verdict is made]"),
         click.option("--breakdown", type=click.Choice(["bottleneck", "all"]), default="bottleneck", show_default=True,
-                     help="When the text report shows the augment stage transform by transform: when augment is "
-                          "the bottleneck, or always (the JSON always holds it)."),
+                     help="Which stages the text and HTML reports show part by part (the augment stage transform "
+                          "by transform; load's reading and decoding; collate's stacking and your collate_fn's own "
+                          "work): the bottleneck only, or every stage measured by parts (the JSON always holds them)."),
         click.option("--quiet", "-q", is_flag=True, help="No progress; print only the verdict line."),
         click.option("--debug", is_flag=True, help="Show tracebacks of errors."),
         click.option("--sweep", "sweep", multiple=True, metavar="NAME=V1,V2,...",
@@ -198,7 +199,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
                 traceback.print_exc()
             _fail(f"the run failed: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", EXIT_FAILED)
         if rank0:  # only rank 0 writes files and prints the report
-            _write_outputs(report, json_path, html_path)
+            _write_outputs(report, json_path, html_path, breakdown)
             click.echo(report.summary if quiet else report.text(breakdown=breakdown))
         if code == EXIT_OK and _signals_seen:  # interrupted, though the run got to its end
             code = _interrupt_code()
@@ -224,7 +225,7 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
 
     def on_report(report: Report) -> None:  # once: at the verdict, or partial at the end
         if rank0:
-            _write_outputs(report, json_path, html_path)
+            _write_outputs(report, json_path, html_path, breakdown)
             click.echo(report.summary if quiet else report.text(breakdown=breakdown), err=True)
 
     _signals_seen.clear()
@@ -254,14 +255,15 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
     sys.exit(code)
 
 
-def _write_outputs(report: Report, json_path: Optional[str], html_path: Optional[str]) -> None:
+def _write_outputs(report: Report, json_path: Optional[str], html_path: Optional[str],
+                   breakdown: str = "bottleneck") -> None:
     if json_path:
         report.save_json(json_path)
     if html_path:
         from .report import write_atomic
         from .report.html import to_document
 
-        write_atomic(html_path, to_document(report))
+        write_atomic(html_path, to_document(report, breakdown=breakdown))
 
 
 def _fail(message: str, code: int) -> None:

@@ -1,11 +1,14 @@
 """`bisect-pipeline compare before.json after.json`: what changed, with the noise.
 
 Reads the two JSON documents only (json.load, never pickle), rebuilds them with
-`Report.from_dict`, and compares per point (throughput) and per stage (ms per batch).
+`Report.from_dict`, and compares per point (throughput), per stage (ms per batch) and per
+part inside a stage, as each run measured it alone (the augment stage's transforms,
+load's reading and decoding, collate's stacking and the collate_fn's own work).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Optional
@@ -139,10 +142,98 @@ def compare(before: Report, after: Report) -> dict:
         "points": points,
         "stages": stages,
         "advice_checked": advice_checked(before, after, full),
+        "parts": part_changes(before, after),
         "rule": (f"a change is real when it exceeds {Z_NOISE:g} combined standard errors of the two runs and "
                  f"{MIN_REL_CHANGE * 100:.0f}% (of throughput for points, of the full pipeline's time per batch "
                  "for stages)"),
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    """A part inside a stage as one run measured it alone: `ms` None when it was not
+    timed (a transform the budget did not reach)."""
+
+    name: str
+    ms: Optional[float]
+    where: Optional[str] = None
+
+
+PART_UNITS = {"load": "ms/sample", "augment": "ms/sample", "collate": "ms/batch"}
+
+
+def _parts(r: Report, stage: str) -> list:
+    """The parts of `stage` in the run's isolated costs (isolate.py), in their order."""
+    iso = r.isolated
+    part = iso.part(stage) if iso is not None else None
+    if part is None:
+        return []
+    if stage == "augment":
+        b = part.breakdown
+        if b is None or not b.ok:
+            return []
+        return [_Part(row.name, row.ms_per_sample if row.ok else None, row.where) for row in b.rows or ()]
+    if stage == "load":
+        sp = part.split
+        if sp is None or not sp.ok:
+            return []
+        return [_Part("read", sp.read_ms_per_sample), _Part("decode", sp.decode_ms_per_sample)]
+    dflt = part.default_collate_ms_per_batch
+    if dflt is None or part.ms_per_batch is None:
+        return []
+    return [_Part("stacking", dflt), _Part("your collate's own work", max(0.0, part.ms_per_batch - dflt))]
+
+
+def _pair(before: list, after: list) -> list:
+    """(before, after) parts: matched by `where` and name, then by name alone (a
+    transform that moved), in the first run's order; the second run's unmatched last.
+    A part of one run only is paired with None."""
+    left, match = list(range(len(after))), {}
+    for same_place in (True, False):
+        for i, p in enumerate(before):
+            if i in match:
+                continue
+            j = next((j for j in left if after[j].name == p.name and (after[j].where == p.where or not same_place)),
+                     None)
+            if j is not None:
+                match[i] = j
+                left.remove(j)
+    return [(p, after[match[i]] if i in match else None) for i, p in enumerate(before)] + [(None, after[j]) for j in left]
+
+
+def part_changes(before: Report, after: Report) -> list:
+    """Per part inside load, augment and collate, as each run timed it alone: before and
+    after, the difference, or on which run's side only it is. Each part is timed once per
+    run, in this process: there is no noise rule for these, only the figures."""
+    out = []
+    for stage, unit in PART_UNITS.items():
+        for b, a in _pair(_parts(before, stage), _parts(after, stage)):
+            out.append(_part_row(stage, unit, b, a))
+    return out
+
+
+def _part_row(stage: str, unit: str, b: Optional[_Part], a: Optional[_Part]) -> dict:
+    row = {"stage": stage, "part": (b or a).name, "unit": unit,
+           "before_ms": None if b is None else _r(b.ms), "after_ms": None if a is None else _r(a.ms)}
+    if (b or a).where is not None:
+        row["where"] = [None if b is None else b.where, None if a is None else a.where]
+    row["in"] = "both" if b and a else "first run only" if b else "second run only"
+    if b is None or a is None:
+        row["label"] = f"only in the {'first' if b else 'second'} run"
+        return row
+    moved = f"; moved from {b.where} to {a.where}" if b.where != a.where else ""
+    if b.ms is None or a.ms is None:
+        row["label"] = "not timed in both runs" + moved
+        return row
+    diff = a.ms - b.ms
+    row["diff_ms"] = _r(diff)
+    rel = f" ({diff / b.ms * 100:+.0f}%)" if b.ms > 0 else ""
+    row["label"] = f"{diff:+.2f} {unit}{rel}" + moved
+    return row
+
+
+def _r(x: Optional[float]) -> Optional[float]:
+    return None if x is None else round(float(x), 4)
 
 
 def advice_checked(before: Report, after: Report, full: dict) -> list:
@@ -208,6 +299,7 @@ def to_text(c: dict) -> str:
               _f(s["after_ms_per_batch"], 2, s["after_significant"]), s["label"]] for s in c["stages"]]
     lines += ["", tabulate(srows, headers=["stage", "before ms/batch", "after ms/batch", "change"],
                            colalign=("left", "right", "right", "left"), disable_numparse=True)]
+    lines += _parts_text(c.get("parts") or [])
     full = c["full"]
     lines.append("")
     if full["ratio"] is None:
@@ -236,6 +328,18 @@ def to_text(c: dict) -> str:
         lines.append(f"Warning: {c['warning']}.")
     lines.append(f"Rule: {c['rule']}.")
     return "\n".join(lines)
+
+
+def _parts_text(parts: list) -> list:
+    """The parts inside the stages, before and after (none: no lines)."""
+    from tabulate import tabulate
+
+    if not parts:
+        return []
+    rows = [[p["stage"], p["part"], p["unit"], _f(p["before_ms"], 2), _f(p["after_ms"], 2), p["label"]] for p in parts]
+    return ["", "Inside the stages (timed alone in each run; these changes have no noise estimate)",
+            tabulate(rows, headers=["stage", "part", "unit", "before", "after", "change"],
+                     colalign=("left", "left", "left", "right", "right", "left"), disable_numparse=True)]
 
 
 def _f(x: Optional[float], nd: int = 1, significant: Optional[bool] = None) -> str:

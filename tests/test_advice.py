@@ -341,8 +341,10 @@ def test_collate_names_a_custom_functions_own_work():
     r = make_report(COLLATE_BOUND, loader={"collate_fn": "pad_collate"}, isolated=collate_iso(own=38.0, default=0.4))
     assert r.bottleneck == "collate"
     f = finding(r, "collate")
-    assert "pad_collate" in f.message and "38.0 ms per batch alone" in f.message
-    assert "0.40 ms for torch's default_collate" in f.message
+    # the split named: the function's own work against the stacking any collate does
+    assert "pad_collate's own work is 37.6 of the 38.0 ms per batch it costs alone" in f.message
+    assert "stacking (torch's default_collate on the same samples) 0.40" in f.message
+    assert f.numbers["own_work_ms_per_batch"] == pytest.approx(37.6) and f.numbers["stacking_ms_per_batch"] == 0.4
     assert f.numbers["collate_ms_per_batch"] == pytest.approx(39.5)  # 50 - 10.5
 
 
@@ -357,6 +359,128 @@ def test_collate_names_the_batch_structure_that_makes_it_slow():
 def test_collate_silent_when_collate_is_not_the_bottleneck():
     r = make_report(AUGMENT_BOUND, isolated=collate_iso(own=38.0, default=0.4, numbers=300))
     assert "collate" not in kinds(r)
+
+
+def test_collate_does_not_blame_the_function_when_stacking_is_most_of_it():
+    r = make_report(COLLATE_BOUND, isolated=collate_iso(own=0.7, default=0.4, numbers=300))
+    f = finding(r, "collate")
+    assert "own work" not in f.message and "own_work_ms_per_batch" not in f.numbers
+    assert "300 Python numbers" in f.message
+
+
+# --- augment, by its parts -----------------------------------------------------------------------
+
+
+def aug_iso(*rows, whole: float = None) -> dict:
+    """Isolated costs whose augment breakdown has `rows`: (name, where, ms per sample or
+    None for a row not run, input, output)."""
+    out, timed = [], sum(r[2] for r in rows if r[2] is not None)
+    for name, where, ms, inp, outp in rows:
+        if ms is None:
+            out.append({"status": "not run", "reason": "out of time", "name": name, "where": where})
+        else:
+            out.append({"status": "ok", "name": name, "where": where, "ms_per_sample": ms,
+                        "share": round(ms / timed, 4), "input": inp, "output": outp, "samples": 8})
+    complete = all(r[2] is not None for r in rows)
+    b = {"status": "ok", "rows": out, "samples": 8, "sum_ms_per_sample": timed if complete else None}
+    return {"status": "ok", "augment": {"status": "ok", "ms_per_sample": whole or timed, "samples": 8,
+                                        "breakdown": b}}
+
+
+T = "dataset.transform"
+SEED = (("RandomResizedCrop", f"{T}[0]", 0.41, "500x375 RGB", "224x224 RGB"),
+        ("ColorJitter", f"{T}[1]", 0.22, "224x224 RGB", "224x224 RGB"),
+        ("ToTensor", f"{T}[2]", 0.15, "224x224 RGB", "3x224x224 float32"),
+        ("Normalize", f"{T}[3]", 0.07, "3x224x224 float32", "3x224x224 float32"))
+
+
+def test_augment_names_the_costliest_transform_with_its_share_and_remedy():
+    r = make_report(AUGMENT_BOUND, isolated=aug_iso(*SEED))
+    f = finding(r, "augment")
+    msg = " ".join(f.message.split())
+    # 0.41 is 48% of 0.85: not yet half, so the next costliest is named too (74%)
+    assert ("RandomResizedCrop (dataset.transform[0]) costs 0.41 of 0.85 ms/sample (48%): it shrinks 500x375 RGB to "
+            "224x224 RGB, so store the images pre-resized near that size, or decode them at a reduced size") in msg
+    assert "ColorJitter (dataset.transform[1]) costs 0.22 of 0.85 ms/sample (26%): " in msg
+    assert "ToTensor (" not in msg and "Normalize (" not in msg
+    assert msg.index("RandomResizedCrop (") < msg.index("ColorJitter (")  # the costliest first
+    assert "Move work that is the same every epoch" not in msg  # a specific remedy replaces the general one
+    parts = f.numbers["parts"]
+    assert [(p["name"], p["where"], p["ms_per_sample"], p["share"]) for p in parts] == [
+        ("RandomResizedCrop", f"{T}[0]", 0.41, pytest.approx(0.4824, abs=1e-4)),
+        ("ColorJitter", f"{T}[1]", 0.22, pytest.approx(0.2588, abs=1e-4))]
+    assert parts[0]["input"] == "500x375 RGB" and "pre-resized" in parts[0]["remedy"]
+    json.dumps(r.to_dict())  # the numbers stay JSON
+
+
+@pytest.mark.parametrize("row,remedy", [
+    (("RandAugment", f"{T}[1]", 3.0, "224x224 RGB", "224x224 RGB"), "fewer ops or a lower magnitude"),
+    (("TrivialAugmentWide", f"{T}[1]", 3.0, "224x224 RGB", "224x224 RGB"), "on the device inside the step"),
+    (("Normalize", f"{T}[1]", 3.0, "3x224x224 float32", "3x224x224 float32"), "keep the batch uint8"),
+    (("ToDtype", f"{T}[1]", 3.0, "3x224x224 uint8", "3x224x224 float32"), "convert and normalize it there"),
+    (("ToTensor", f"{T}[1]", 3.0, "224x224 RGB", "3x224x224 float32"), "PILToTensor"),
+    # already after the crop: on the device (blur: a smaller kernel too)
+    (("ColorJitter", f"{T}[1]", 3.0, "224x224 RGB", "224x224 RGB"), "run it batched on the device"),
+    (("GaussianBlur", f"{T}[1]", 3.0, "224x224 RGB", "224x224 RGB"), "use a smaller kernel_size, run it batched"),
+    (("RandomRotation", f"{T}[1]", 3.0, "224x224 RGB", "224x224 RGB"), "run it batched on the device"),
+])
+def test_augment_remedy_by_the_transforms_kind(row, remedy):
+    crop = ("RandomResizedCrop", f"{T}[0]", 0.1, "256x256 RGB", "224x224 RGB")  # not a shrink: no remedy of its own
+    f = finding(make_report(AUGMENT_BOUND, isolated=aug_iso(crop, row)), "augment")
+    assert f.numbers["parts"][0]["name"] == row[0] and remedy in f.numbers["parts"][0]["remedy"]
+    assert len(f.numbers["parts"]) == 1  # 97% of the sum: one is enough
+    assert remedy in f.message and "move it after" not in f.message
+
+
+def test_augment_says_to_move_a_pixel_op_after_a_later_crop():
+    blur = ("GaussianBlur", f"{T}[0]", 6.0, "500x375 RGB", "500x375 RGB")
+    crop = ("RandomCrop", f"{T}[1]", 0.2, "500x375 RGB", "224x224 RGB")
+    f = finding(make_report(AUGMENT_BOUND, isolated=aug_iso(blur, crop)), "augment")
+    assert ("GaussianBlur (dataset.transform[0]) costs 6.00 of 6.20 ms/sample (97%): use a smaller kernel_size, "
+            "move it after RandomCrop (dataset.transform[1]), on the fewer pixels it keeps") in f.message
+    # the move timed (reorder.py): its saving said, or the move not offered when it saved nothing
+    for real, said in ((True, "move it after RandomCrop (dataset.transform[1]): on the same inputs that saved 4.10 ms "
+                              "per sample; or run it batched"),
+                       (False, "run it batched on the device inside the step (torchvision v2 transforms take batched "
+                               "tensors; one random draw per batch); moved after RandomCrop it saved nothing beyond the noise.")):
+        iso = aug_iso(blur, crop)
+        iso["augment"]["breakdown"]["reorders"] = [{
+            "transform": "GaussianBlur", "where": f"{T}[0]", "after": "RandomCrop", "after_where": f"{T}[1]",
+            "ms_per_sample": 6.0, "reordered_ms_per_sample": 1.9, "saving_ms_per_sample": 4.1, "tolerance_ms": 0.3,
+            "real": real}]
+        f = finding(make_report(AUGMENT_BOUND, isolated=iso), "augment")
+        assert said in f.message and "on the fewer pixels it keeps" not in f.message
+    # a warp before a crop is not moved after it (the crop would then show its borders)
+    warp = ("RandomRotation", f"{T}[0]", 6.0, "500x375 RGB", "500x375 RGB")
+    f = finding(make_report(AUGMENT_BOUND, isolated=aug_iso(warp, crop)), "augment")
+    assert "move it after" not in f.message and "run it batched on the device" in f.message
+
+
+def test_augment_without_a_known_remedy_keeps_the_general_advice():
+    rows = (("my_warp", f"{T}[0]", 4.0, "3x64x64 uint8", "3x64x64 uint8"),
+            ("Resize", f"{T}[1]", 1.0, "3x64x64 uint8", "3x56x56 uint8"))  # a resize that hardly shrinks
+    f = finding(make_report(AUGMENT_BOUND, isolated=aug_iso(*rows)), "augment")
+    assert "my_warp (dataset.transform[0]) costs 4.00 of 5.00 ms/sample (80%)." in f.message
+    assert f.numbers["parts"][0]["remedy"] is None
+    assert "Move work that is the same every epoch" in f.message
+
+
+def test_augment_with_transforms_not_timed_says_of_what_the_share_is():
+    rows = SEED[:2] + (("ToTensor", f"{T}[2]", None, None, None),)
+    f = finding(make_report(AUGMENT_BOUND, isolated=aug_iso(*rows)), "augment")
+    assert "RandomResizedCrop (dataset.transform[0]) costs 0.41 of 0.63 ms/sample timed (not every transform was) " \
+           "(65%)" in f.message
+    assert [p["name"] for p in f.numbers["parts"]] == ["RandomResizedCrop"]
+
+
+def test_augment_names_no_part_without_two_transforms_timed():
+    one = (("Compose", "dataset.transform", 3.0, "224x224 RGB", "3x224x224 float32"),)
+    for iso in (aug_iso(*one), {}):
+        f = finding(make_report(AUGMENT_BOUND, isolated=iso), "augment")
+        assert "parts" not in f.numbers and "costs" not in f.message
+        assert "Move work that is the same every epoch" in f.message
+    # and when augment is not the bottleneck, no augment finding at all
+    assert "augment" not in kinds(make_report(LOAD_BOUND, isolated=aug_iso(*SEED)))
 
 
 # --- storage (load) --------------------------------------------------------------------------------

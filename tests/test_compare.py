@@ -163,3 +163,104 @@ def test_compare_warns_when_the_ceiling_itself_moved():
     c = compare.compare(make_report(BEFORE), make_report(AFTER, num_workers=2))
     assert c["warning"] is None and c["ceiling"]["label"] == "within noise"
     assert c["share_of_ceiling"][1] == pytest.approx(10 / 30.5, abs=1e-3)
+
+
+# --------------------------------------------------------------------------------------
+# Per part inside a stage, from hand-built isolated records
+# --------------------------------------------------------------------------------------
+
+def with_parts(ms: dict, rows=(), split=None, collate=None, num_workers: int = 0) -> Report:
+    """make_report, its isolated costs holding the augment rows (name, where, ms or None
+    for a row not run), load's split and collate's."""
+    from bisect_pipeline.results import Breakdown, BreakdownRow, Isolated, PerSample
+    brows = tuple(BreakdownRow(name=n, where=w, ms_per_sample=x, share=None, input="a", output="b", samples=4)
+                  if x is not None else BreakdownRow(status="not run", reason="out of time", name=n, where=w)
+                  for n, w, x in rows)
+    iso = Isolated(augment=PerSample(ms_per_sample=5.0, samples=4, breakdown=Breakdown(rows=brows, samples=4))
+                   if rows else None,
+                   load=PerSample(ms_per_sample=4.0, samples=4, split=split), collate=collate)
+    skipped = {"host": "no accelerator: host and device coincide"}
+    points = tuple(PointResult(p, "ok", tp(ms[p])) if p in ms else PointResult(p, "skipped", reason=skipped["host"])
+                   for p in POINTS)
+    return build(points, BS, "cpu", loader={"num_workers": num_workers, "pin_memory": False}, isolated=iso.to_dict())
+
+
+T = "dataset.transform"
+
+
+def test_augment_parts_matched_by_where_then_by_name_and_one_sided_parts_listed():
+    before = with_parts(BEFORE, rows=[("ColorJitter", f"{T}[0]", 3.0), ("RandomResizedCrop", f"{T}[1]", 1.0),
+                                      ("GaussianBlur", f"{T}[2]", 2.0), ("Normalize", f"{T}[3]", 0.5)])
+    # ColorJitter moved after the crop, GaussianBlur dropped, ToDtype added, Normalize not reached this time
+    after = with_parts(AFTER, rows=[("RandomResizedCrop", f"{T}[0]", 1.2), ("ColorJitter", f"{T}[1]", 0.75),
+                                    ("ToDtype", f"{T}[2]", 0.1), ("Normalize", f"{T}[3]", None)])
+    c = compare.compare(before, after)
+    parts = c["parts"]
+    assert [(p["part"], p["in"]) for p in parts] == [
+        ("ColorJitter", "both"), ("RandomResizedCrop", "both"), ("GaussianBlur", "first run only"),
+        ("Normalize", "both"), ("ToDtype", "second run only")]
+    cj, rrc, blur, norm, dtype = parts
+    assert cj["before_ms"] == 3.0 and cj["after_ms"] == 0.75 and cj["diff_ms"] == pytest.approx(-2.25)
+    assert cj["where"] == [f"{T}[0]", f"{T}[1]"] and cj["unit"] == "ms/sample"
+    assert cj["label"] == f"-2.25 ms/sample (-75%); moved from {T}[0] to {T}[1]"
+    assert rrc["label"] == "+0.20 ms/sample (+20%); moved from dataset.transform[1] to dataset.transform[0]"
+    assert blur["label"] == "only in the first run" and blur["after_ms"] is None
+    assert norm["label"] == "not timed in both runs" and "diff_ms" not in norm
+    assert dtype["label"] == "only in the second run" and dtype["before_ms"] is None
+    text = compare.to_text(c)
+    assert "Inside the stages (timed alone in each run" in text
+    line = next(x for x in text.splitlines() if x.startswith("augment  ColorJitter"))
+    assert line.split()[:5] == ["augment", "ColorJitter", "ms/sample", "3.00", "0.75"]
+    json.dumps(c)  # the document stays JSON
+
+
+def test_a_transform_in_place_is_matched_by_where_before_its_namesake_elsewhere():
+    # two Normalize in the second run: the one at the same place is the same part
+    before = with_parts(BEFORE, rows=[("Normalize", f"{T}[1]", 1.0)])
+    after = with_parts(AFTER, rows=[("Normalize", f"{T}[0]", 9.0), ("Normalize", f"{T}[1]", 2.0)])
+    parts = compare.compare(before, after)["parts"]
+    assert [(p["where"], p["in"]) for p in parts] == [([f"{T}[1]", f"{T}[1]"], "both"), ([None, f"{T}[0]"],
+                                                                                        "second run only")]
+    assert parts[0]["diff_ms"] == pytest.approx(1.0)
+
+
+def test_load_split_and_collate_split_before_and_after():
+    from bisect_pipeline.results import Collate, LoadSplit
+    split = LoadSplit(read_ms_per_sample=3.0, decode_ms_per_sample=1.0, read_mb_per_s=80.0, bound="read")
+    faster = LoadSplit(read_ms_per_sample=0.5, decode_ms_per_sample=1.1, read_mb_per_s=480.0, bound="decode")
+    col = Collate(ms_per_batch=12.4, collate_fn="pad", default_collate_ms_per_batch=5.1)
+    vectorized = Collate(ms_per_batch=5.5, collate_fn="pad", default_collate_ms_per_batch=5.0)
+    c = compare.compare(with_parts(BEFORE, split=split, collate=col), with_parts(AFTER, split=faster,
+                                                                                collate=vectorized))
+    got = {(p["stage"], p["part"]): p for p in c["parts"]}
+    assert list(got) == [("load", "read"), ("load", "decode"), ("collate", "stacking"),
+                         ("collate", "your collate's own work")]
+    assert got["load", "read"]["label"] == "-2.50 ms/sample (-83%)"
+    assert got["load", "decode"]["diff_ms"] == pytest.approx(0.1)
+    assert got["collate", "stacking"]["unit"] == "ms/batch" and got["collate", "stacking"]["before_ms"] == 5.1
+    own = got["collate", "your collate's own work"]
+    assert own["before_ms"] == pytest.approx(7.3) and own["after_ms"] == pytest.approx(0.5)
+    assert "where" not in own
+    # a split measured in one run only: its parts are listed as such
+    one = compare.compare(with_parts(BEFORE, split=split), with_parts(AFTER))["parts"]
+    assert [(p["part"], p["label"]) for p in one] == [("read", "only in the first run"),
+                                                      ("decode", "only in the first run")]
+    # a split that failed is no part
+    failed = LoadSplit.missing("failed", "no /proc")
+    assert compare.compare(with_parts(BEFORE, split=failed), with_parts(AFTER, split=failed))["parts"] == []
+
+
+def test_without_parts_the_output_is_as_before():
+    c = compare.compare(make_report(BEFORE), make_report(AFTER, num_workers=2))
+    assert c["parts"] == []
+    assert "Inside the stages" not in compare.to_text(c)
+
+
+def test_compare_cli_reads_the_parts_from_the_documents(tmp_path):
+    before = write(tmp_path, "before.json", with_parts(BEFORE, rows=[("GaussianBlur", f"{T}[0]", 2.0)]))
+    after = write(tmp_path, "after.json", with_parts(AFTER, rows=[("GaussianBlur", f"{T}[0]", 0.5)]))
+    out = tmp_path / "cmp.json"
+    r = CliRunner().invoke(main, ["compare", before, after, "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "-1.50 ms/sample (-75%)" in r.output
+    assert json.loads(out.read_text())["parts"][0]["diff_ms"] == pytest.approx(-1.5)

@@ -3,6 +3,8 @@ everything from user code escaped, one bar per measured point, the bottleneck sh
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
@@ -284,3 +286,194 @@ def test_losses_are_labelled_with_their_cost_and_the_ceiling_line_is_behind_the_
     svg = markup[markup.index("<svg"):markup.index("</svg>")]
     assert svg.index('class="ceiling"') < svg.index('class="bar"')  # drawn first: never over a label
     assert "within the measurement noise (±" in markup and "(noise) within" not in markup
+
+
+# --------------------------------------------------------------------------------------
+# Inside the stage: the parts of a stage, from hand-built records
+# --------------------------------------------------------------------------------------
+
+LOAD_BOUND = {"device": 950.0, "collated": 930.0, "augmented": 920.0, "raw": 910.0, "full": 320.0}
+COLLATE_BOUND = {"device": 950.0, "collated": 930.0, "augmented": 330.0, "raw": 325.0, "full": 320.0}
+
+
+def parts_report(rates: dict = AUGMENT, *, rows=None, cut: bool = False, reorders=None, confirmed=None, split=None,
+                 collate=None) -> Report:
+    """A report whose isolated costs hold the parts given (the augment rows by default)."""
+    from bisect_pipeline.results import Breakdown, BreakdownRow, Isolated, PerSample
+    if rows is None:
+        rows = (BreakdownRow(name="RandomResizedCrop", where="dataset.transform[0]", ms_per_sample=5.0, share=0.2,
+                             input="500x375 RGB", output="224x224 RGB", samples=4),
+                BreakdownRow(name="ToTensor", where="dataset.transform[1]", ms_per_sample=20.0, share=0.8,
+                             input="224x224 RGB", output="3x224x224 float32", samples=4))
+    if cut:
+        rows += (BreakdownRow(status="not run", reason="out of time: the budget ran out before it", name="Normalize",
+                              where="dataset.transform[2]"),)
+    total = None if cut else sum(r.ms_per_sample for r in rows if r.ok)
+    b = Breakdown(rows=rows, samples=4, sum_ms_per_sample=total, augment_ms_per_sample=None if cut else 26.0,
+                  tolerance_ms=5.2, tolerance="20%", agrees=None if cut else True, reorders=reorders,
+                  confirmed=confirmed)
+    iso = Isolated(augment=PerSample(ms_per_sample=26.0, samples=4, breakdown=b),
+                   load=PerSample(ms_per_sample=4.0, samples=8, split=split), collate=collate)
+    return planted_report(rates, isolated=iso.to_dict())
+
+
+def part_bars(markup: str) -> dict:
+    """The bars of the section, by the part they draw: {label: (width, fill, class)}."""
+    return {a["data-part"]: (float(a["width"]), a["fill"], a["class"]) for a in find(parse(markup), "rect", "part-bar")}
+
+
+def section(markup: str) -> str:
+    at = markup.index("<h3>Inside the stage</h3>")
+    return markup[at:markup.index("<h3>", at + 1)]
+
+
+def test_inside_the_stage_draws_one_bar_per_part_proportional_to_its_cost():
+    from bisect_pipeline.report import html as html_mod
+    from bisect_pipeline.report import plot as plot_mod
+    r = parts_report()
+    markup = to_html(r)
+    ET.fromstring(markup)  # still well-formed XML, the bars' SVGs included
+    # under the stage table, before the advice
+    assert markup.index("ms per batch added") < markup.index("Inside the stage") < markup.index("What to do")
+    bars = part_bars(markup)
+    assert list(bars) == ["RandomResizedCrop", "ToTensor", "sum of the parts", "the stage timed whole"]
+    widths = {k: v[0] for k, v in bars.items()}
+    # one scale: the longest (the stage timed whole, 26.0) spans PART_BAR_W
+    assert widths["the stage timed whole"] == pytest.approx(html_mod.PART_BAR_W)
+    assert widths["ToTensor"] == pytest.approx(html_mod.PART_BAR_W * 20 / 26, abs=0.1)
+    assert widths["RandomResizedCrop"] / widths["ToTensor"] == pytest.approx(5 / 20, rel=0.01)
+    assert widths["sum of the parts"] == pytest.approx(html_mod.PART_BAR_W * 25 / 26, abs=0.1)
+    # the costliest part of the bottleneck stage in the bottleneck's colour
+    assert bars["ToTensor"][1] == plot_mod.BOTTLENECK_COLOR and "top" in bars["ToTensor"][2]
+    assert bars["RandomResizedCrop"][1] == plot_mod.BAR_COLOR
+    text = "".join(parse(section(markup)).text)
+    for s in ("RandomResizedCrop", "dataset.transform[0]", "5.00", "20%", "500x375 RGB \u2192 224x224 RGB", "80%",
+              "Sum 25.00 over 4 samples; the stage timed whole 26.00: they agree (within \u00b15.20)."):
+        assert s in text
+    assert r._repr_html_() == r.html() == markup
+
+
+def test_a_part_not_run_is_a_grey_row_with_its_reason_and_no_bar():
+    markup = to_html(parts_report(cut=True))
+    assert list(part_bars(markup)) == ["RandomResizedCrop", "ToTensor"]  # no sum, no whole: not every part ran
+    rows = re.findall(r'<tr class="not-run"><td>([^<]*)<span class="where">([^<]*)</span></td>(.*?)</tr>', markup)
+    assert [(name, where) for name, where, _ in rows] == [("Normalize", "dataset.transform[2]")]
+    assert "<rect" not in rows[0][2] and "not run: out of time: the budget ran out before it" in rows[0][2]
+    assert "the parts have no sum" in section(markup)
+
+
+def test_part_names_and_shapes_from_user_code_are_escaped():
+    from bisect_pipeline.results import BreakdownRow
+    evil, img = "<script>alert(1)</script>", '<img src=x onerror="alert(2)">'
+    rows = (BreakdownRow(name=evil, where=f"dataset.transform[{img}]", ms_per_sample=3.0, share=1.0, input=img,
+                         output="x & y", note=evil),)
+    markup = to_html(parts_report(rows=rows))
+    p = parse(markup)
+    ET.fromstring(markup)
+    assert find(p, "script") == [] and find(p, "img") == [] and "<script" not in markup and "<img" not in markup
+    text = "".join(p.text)
+    assert evil in text and f"dataset.transform[{img}]" in text and f"{img} \u2192 x & y; {evil}" in text
+    assert list(part_bars(markup))[0] == evil  # the attribute, unescaped by the parser, is the name
+
+
+def test_no_section_without_parts_nor_for_a_stage_other_than_the_bottleneck_unless_all():
+    plain = planted_report(AUGMENT)
+    assert "Inside the stage" not in to_html(plain) and "Inside the stage" not in to_html(plain, breakdown="all")
+    load_bound = parts_report(LOAD_BOUND)  # augment measured by parts, load not: nothing to show by default
+    assert load_bound.bottleneck == "load"
+    assert "Inside the stage" not in to_html(load_bound) and part_bars(to_html(load_bound)) == {}
+    every = load_bound.html(breakdown="all")
+    assert list(part_bars(every))[:2] == ["RandomResizedCrop", "ToTensor"]
+    assert "Inside the stage" in to_document(load_bound, breakdown="all")
+    assert "Inside the stage" not in to_document(load_bound)
+    # a report rebuilt from its JSON document renders the same
+    again = Report.from_dict(json.loads(json.dumps(load_bound.to_dict())))
+    assert again.html(breakdown="all") == every
+
+
+def test_the_load_split_reading_and_decoding():
+    from bisect_pipeline.report import plot as plot_mod
+    from bisect_pipeline.results import LoadSplit
+    split = LoadSplit(read_ms_per_sample=3.0, decode_ms_per_sample=1.0, bytes_per_sample=262144, read_mb_per_s=85.3,
+                      files_per_sample=1.0, samples=12, bound="read", how="file reads through open()")
+    r = parts_report(LOAD_BOUND, split=split)
+    markup = to_html(r)
+    bars = part_bars(markup)
+    assert list(bars) == ["read from storage", "decode and the rest"]  # the bottleneck's only: not augment's
+    assert bars["read from storage"][0] / bars["decode and the rest"][0] == pytest.approx(3.0, rel=0.01)
+    assert bars["read from storage"][1] == plot_mod.BOTTLENECK_COLOR  # the larger part, `bound`
+    text = "".join(parse(section(markup)).text)
+    for s in ("3.00", "75%", "1.00", "25%", "85.3 MB/s", "256 KiB per sample", "file reads through open()",
+              "Reading the bytes is the larger part (over 12 samples)."):
+        assert s in text
+    # a split that failed says why, without bars
+    failed = to_html(parts_report(LOAD_BOUND, split=LoadSplit.missing("failed", "OSError: <no /proc>")))
+    assert part_bars(failed) == {} and "Not split: failed: OSError: <no /proc>." in "".join(parse(failed).text)
+
+
+def test_the_collate_split_stacking_against_your_collate_fn():
+    from bisect_pipeline.results import Collate
+    col = Collate(ms_per_batch=12.4, batches=6, collate_fn="pad_collate", default_collate_ms_per_batch=5.1)
+    r = parts_report(COLLATE_BOUND, collate=col)
+    assert r.bottleneck == "collate"
+    markup = to_html(r)
+    bars = part_bars(markup)
+    assert list(bars) == ["stacking", "pad_collate's own work", "pad_collate"]
+    assert bars["pad_collate's own work"][0] / bars["stacking"][0] == pytest.approx(7.3 / 5.1, rel=0.01)
+    assert "top" in bars["pad_collate's own work"][2]
+    text = "".join(parse(section(markup)).text)
+    for s in ("5.10", "41%", "7.30", "59%", "12.40", "over 6 batches", "ms per batch"):
+        assert s in text
+    # with --breakdown all: every stage with parts, in the pipeline's order
+    every = to_html(r, breakdown="all")
+    stages = re.findall(r'<h4 class="parts" data-stage="(\w+)">', every)
+    assert stages == ["augment", "collate"]
+    # a collate_fn cheaper than default_collate: the two side by side, no negative part
+    cheap = to_html(parts_report(COLLATE_BOUND, collate=Collate(ms_per_batch=3.0, collate_fn="fast",
+                                                               default_collate_ms_per_batch=5.0)))
+    assert list(part_bars(cheap)) == ["fast", "default_collate"]
+    assert "fast costs no more than torch's default_collate" in "".join(parse(cheap).text)
+
+
+def test_the_reorders_and_the_confirmation_in_the_pipeline():
+    from bisect_pipeline.results import Confirmation, Reorder
+    reorder = Reorder(transform="ColorJitter", where="dataset.transform[0]", after="RandomResizedCrop",
+                      after_where="dataset.transform[1]", order=("RandomResizedCrop", "ColorJitter"),
+                      pixels_before=187500, pixels_after=50176, ms_per_sample=8.0, reordered_ms_per_sample=3.0,
+                      saving_ms_per_sample=5.0, tolerance_ms=0.6, samples=16, real=True)
+    confirmed = Confirmation(transform="ToTensor", where="dataset.transform[1]", predicted_ms_per_batch=640.0,
+                             measured_ms_per_batch=480.0, tolerance_ms=40.0, real=True, with_ms_per_batch=1100.0,
+                             without_ms_per_batch=620.0, windows=8)
+    markup = to_html(parts_report(reorders=(reorder,), confirmed=confirmed))
+    titles = re.findall(r'<h4 class="parts" data-stage="augment">([^<]*)</h4>', markup)
+    assert titles == ["augment, transform by transform (isolated, ms per sample)",
+                      "reordered: ColorJitter after RandomResizedCrop (isolated, ms per sample)",
+                      "ToTensor (dataset.transform[1]) in the pipeline, as the loop sees it (ms per batch)"]
+    bars = part_bars(markup)
+    assert bars["ColorJitter after RandomResizedCrop"][0] / bars["as they are"][0] == pytest.approx(3 / 8, rel=0.01)
+    measured = bars["measured: with it \u2212 without it"][0]
+    assert measured / bars["predicted from its isolated cost"][0] == pytest.approx(480 / 640, rel=0.01)
+    text = " ".join("".join(parse(section(markup)).text).split())
+    assert ("Moving ColorJitter after RandomResizedCrop saves 5.00 ms per sample over 16 samples: beyond the noise "
+            "(\u00b10.60); ColorJitter ran on 187,500 pixels, RandomResizedCrop keeps 50,176.") in text
+    assert "RandomResizedCrop \u2192 ColorJitter" in text and "1100.00 \u2212 620.00" in text
+    assert "As the loop sees it, ToTensor costs 480.00 ms per batch over 8 windows: beyond the noise (\u00b140.00)." in text
+    # a reorder that costs more, not decided against the noise: said as it is
+    worse = dataclasses.replace(reorder, reordered_ms_per_sample=8.5, saving_ms_per_sample=-0.5, real=None)
+    assert ("Moving ColorJitter after RandomResizedCrop costs 0.50 more ms per sample over 16 samples; ColorJitter"
+            in " ".join("".join(parse(to_html(parts_report(reorders=(worse,)))).text).split()))
+    # a confirmation that could not be made says why
+    failed = to_html(parts_report(confirmed=Confirmation.missing("failed", "RuntimeError: <boom>")))
+    assert "Not measured in the pipeline: failed: RuntimeError: &lt;boom&gt;." in failed
+
+
+def test_cli_breakdown_all_reaches_the_html_file(tmp_path, monkeypatch):
+    from conftest import cli_in_process
+
+    from bisect_pipeline import api
+    load_bound = parts_report(LOAD_BOUND)
+    monkeypatch.setattr(api, "bisect", lambda **kw: load_bound)  # no run: the report as measured
+    every, default = tmp_path / "every.html", tmp_path / "default.html"
+    assert cli_in_process("demo", "--html", str(every), "--breakdown", "all", cwd=tmp_path).returncode == 0
+    assert cli_in_process("demo", "--html", str(default), cwd=tmp_path).returncode == 0
+    assert "Inside the stage" in every.read_text() and "Inside the stage" not in default.read_text()

@@ -47,8 +47,13 @@ class Report(Diagnosis):
         transform whatever the bottleneck (by default only when it is augment)."""
         return text.to_text(self, breakdown=breakdown)
 
+    def html(self, *, breakdown: str = "bottleneck") -> str:
+        """The HTML fragment a notebook shows; `breakdown` "all" shows the parts inside
+        every stage measured by parts (by default only inside the bottleneck)."""
+        return html.to_html(self, breakdown=breakdown)
+
     def _repr_html_(self) -> str:
-        return html.to_html(self)
+        return self.html()
 
     def plot(self, ax: Any = None) -> Any:
         """A matplotlib figure of samples/s per point, the bottleneck's drop highlighted
