@@ -101,9 +101,13 @@ def _steps(fn: Any, where: str) -> list:
 
 def parts_of(call: Any) -> tuple[list, bool]:
     """(the steps of one recorded call, whether its inputs are passed unpacked). A step
-    is a row, or a random container whose rows are `_Part.leaves()`."""
+    is a row, or a random container whose rows are `_Part.leaves()`. The steps take the
+    inputs `call_inputs` gives."""
     fn, n_args, kwargs = call.fn, len(call.args), call.kwargs
     whole = _Part(_name(fn), call.name, fn)
+    library = _library_compose(fn)
+    if library is not None:
+        return _library_parts(library, call, whole)
     if not is_compose(fn) and random_kind(fn) is None:
         whole.note = "not a Compose: cannot be seen into"
         return [whole], n_args > 1
@@ -117,6 +121,15 @@ def parts_of(call: Any) -> tuple[list, bool]:
         whole.note = f"{n} transforms: more than {MAX_ROWS}, not broken down"
         return [whole], n_args > 1
     return steps, n_args > 1
+
+
+def call_inputs(call: Any, steps: list) -> tuple[tuple, dict]:
+    """(positional inputs, keywords) the first of `steps` (parts_of) is called with, copied:
+    the call's own, except for a broken-down albumentations Compose, whose steps pass the
+    keywords on as one dict (as the Compose does)."""
+    if steps and isinstance(steps[0].fn, _AlbumentationsPre):
+        return (tree.clone(dict(call.kwargs)),), {}
+    return tree.clone(call.args), tree.clone(call.kwargs)
 
 
 def leaves_of(call: Any) -> list:
@@ -192,8 +205,8 @@ def _run_call(call: Any, rows: _Rows, clock: Callable[[], float], out_of_time: C
     """Time the rows of one call on its cached input; False when the budget ran out
     before its last step (the rest are planned, not measured)."""
     parts, unpack = parts_of(call)
-    run = _Run(call.name, rows, clock, unpack, tree.clone(call.kwargs))  # keywords only where the call is one row
-    inputs = tree.clone(call.args)
+    inputs, kwargs = call_inputs(call, parts)
+    run = _Run(call.name, rows, clock, unpack, kwargs)  # keywords only where the call is one row
     for i, part in enumerate(parts):
         inputs = _step(run, part, inputs)
         if out_of_time() and i + 1 < len(parts):
@@ -328,3 +341,93 @@ def agreement(sum_ms: float, whole_ms: float, totals: list, wholes: Optional[lis
         tol, how = PLAIN_TOLERANCE * whole_ms, "20% (too few samples for the noise)"
     return dict(augment_ms_per_sample=round(whole_ms, 4), tolerance_ms=round(tol, 4), tolerance=how,
                 agrees=abs(sum_ms - whole_ms) <= tol)
+
+
+# --------------------------------------------------------------------------------------
+# albumentations and MONAI Composes: their children called as the Compose calls them
+# --------------------------------------------------------------------------------------
+
+
+def _library_compose(fn: Any) -> Optional[str]:
+    """"albumentations" or "monai" for those libraries' plain Compose (not their OneOf,
+    SomeOf or RandomOrder, which derive from it in MONAI: those are one row)."""
+    cls = type(fn)
+    module = cls.__module__ or ""
+    if cls.__name__ != "Compose":
+        return None
+    if module.startswith("albumentations"):
+        return "albumentations"
+    if module.startswith("monai.transforms"):
+        return "monai"
+    return None
+
+
+class _AlbumentationsPre:
+    """The Compose's preprocessing (shape checks, bbox/keypoint conversion) on the data dict."""
+
+    def __init__(self, compose: Any) -> None:
+        self.compose = compose
+
+    def __call__(self, data: dict) -> dict:
+        self.compose.preprocess(data)
+        return data
+
+
+class _AlbumentationsStep:
+    """One child, `t(**data)`, and the Compose's check after it."""
+
+    def __init__(self, compose: Any, t: Any) -> None:
+        self.compose, self.t = compose, t
+
+    def __call__(self, data: dict) -> dict:
+        return self.compose.check_data_post_transform(self.t(**data))
+
+
+class _AlbumentationsPost(_AlbumentationsPre):
+    def __call__(self, data: dict) -> dict:
+        return self.compose.postprocess(data)
+
+
+class _MonaiStep:
+    """One child through monai.transforms.apply_transform with its Compose's settings."""
+
+    def __init__(self, compose: Any, t: Any) -> None:
+        self.compose, self.t = compose, t
+
+    def __call__(self, data: Any) -> Any:
+        from monai.transforms import apply_transform  # only ever called on a MONAI Compose
+        c = self.compose
+        return apply_transform(self.t, data, c.map_items, c.unpack_items, lazy=c.lazy, overrides=c.overrides,
+                               log_stats=c.log_stats)
+
+
+def _monai_steps(compose: Any, where: str) -> list:
+    out = []
+    for i, t in enumerate(compose.transforms):
+        if _library_compose(t) == "monai" and not getattr(t, "lazy", False):
+            out.extend(_monai_steps(t, f"{where}[{i}]"))
+        else:
+            out.append(_Part(_name(t), f"{where}[{i}]", _MonaiStep(compose, t)))
+    return out
+
+
+def _library_parts(library: str, call: Any, whole: _Part) -> tuple[list, bool]:
+    fn, n_args, kwargs = call.fn, len(call.args), call.kwargs
+    if library == "albumentations":
+        why = ("called without keywords" if n_args or not kwargs else
+               f"applied with p={fn.p}" if getattr(fn, "p", 1.0) < 1.0 else
+               "saves the applied parameters" if getattr(fn, "save_applied_params", False) else None)
+        steps = ([_Part("preprocess", f"{call.name}.preprocess", _AlbumentationsPre(fn))]
+                 + [_Part(_name(t), f"{call.name}[{i}]", _AlbumentationsStep(fn, t)) for i, t in enumerate(fn.transforms)]
+                 + [_Part("postprocess", f"{call.name}.postprocess", _AlbumentationsPost(fn))])
+    else:
+        why = ("called with keywords or several arguments" if kwargs or n_args != 1 else
+               "lazy resampling: the transforms' work is done at the end, together" if getattr(fn, "lazy", False)
+               else None)
+        steps = _monai_steps(fn, call.name)
+    if why is None and len(steps) > MAX_ROWS:
+        why = f"{len(steps)} transforms: more than {MAX_ROWS}"
+    if why is not None:
+        whole.note = f"{library} Compose {why}: not broken down"
+        return [whole], n_args > 1
+    return steps, False

@@ -121,10 +121,9 @@ def _around(call: Call, k: int) -> tuple[Call, Call]:
     """One call as two: from step k's input, and from its output."""
     steps, unpack = breakdown.parts_of(call)
     fns = [s.fn for s in steps]
-    kwargs = tree.clone(call.kwargs)
-    inputs = tree.clone(call.args)
+    inputs, kwargs = breakdown.call_inputs(call, steps)
     if k:
-        inputs = Rest(fns[:k], True if unpack else False, kwargs)(*inputs)
+        inputs = Rest(fns[:k], unpack, kwargs)(*inputs)
         inputs, kwargs = (tuple(inputs) if unpack else (inputs,)), {}
     out = Rest(fns[k:k + 1], unpack, kwargs)(*tree.clone(inputs))
     outputs = tuple(out) if unpack else (out,)

@@ -242,3 +242,52 @@ def test_a_transform_that_fails_alone_leaves_the_stage_timed_whole(tmp_path):
         rec.replay_sample = real
     assert aug.ok and aug.samples >= 1 and aug.breakdown.status == "failed"
     assert "needs its partner" in aug.breakdown.reason
+
+
+def test_an_albumentations_compose_is_broken_down_as_it_calls_its_children():
+    A = pytest.importorskip("albumentations")
+    clock = FakeClock()
+
+    class PlantedA(A.ImageOnlyTransform):  # a real albumentations transform costing `ms`
+        def __init__(self, ms):
+            super().__init__(p=1.0)
+            self.ms = ms
+
+        def apply(self, img, **params):
+            clock.t += self.ms / 1e3
+            return img
+    image = np.zeros((16, 16, 3), dtype=np.uint8)
+    mask = np.zeros((16, 16), dtype=np.uint8)
+    compose = A.Compose([A.HorizontalFlip(p=1.0), PlantedA(4.0), A.Resize(8, 8), PlantedA(1.0)])
+    b = breakdown.measure([[Call(compose, "dataset.transform", (), {"image": image, "mask": mask})]] * 3, 1.0, clock,
+                          whole(5.0))
+    assert [r.name for r in b.rows] == ["preprocess", "HorizontalFlip", "PlantedA", "Resize", "PlantedA", "postprocess"]
+    assert [r.where for r in b.rows][1:3] == ["dataset.transform[0]", "dataset.transform[1]"]
+    assert [r.ms_per_sample for r in b.rows if r.name == "PlantedA"] == [4.0, 1.0]
+    resize = next(r for r in b.rows if r.name == "Resize")
+    assert resize.input == "image: 16x16x3 uint8, mask: 16x16 uint8" and resize.output == "image: 8x8x3 uint8, mask: 8x8 uint8"
+    assert b.sum_ms_per_sample == pytest.approx(5.0) and b.agrees is True
+    # positional data, or p < 1: one row with the reason
+    rows, _ = breakdown.parts_of(Call(A.Compose([A.HorizontalFlip()], p=0.5), "t", (), {"image": image}))
+    assert len(rows) == 1 and rows[0].note == "albumentations Compose applied with p=0.5: not broken down"
+
+
+def test_a_monai_compose_is_broken_down_through_apply_transform_and_its_random_compositions_are_one_row():
+    mt = pytest.importorskip("monai.transforms")
+    clock = FakeClock()
+    image = torch.zeros(1, 8, 8)
+    inner = mt.Compose([mt.ScaleIntensity(), Planted(clock, 3.0)])
+    compose = mt.Compose([mt.EnsureType(), Planted(clock, 2.0), inner, mt.OneOf([Planted(clock, 7.0)])])
+    b = breakdown.measure(samples(compose, 3, image), 1.0, clock, whole(12.0))
+    assert [(r.name, r.where) for r in b.rows] == [
+        ("EnsureType", "dataset.transform[0]"), ("Planted", "dataset.transform[1]"),
+        ("ScaleIntensity", "dataset.transform[2][0]"), ("Planted", "dataset.transform[2][1]"),
+        ("OneOf", "dataset.transform[3]")]
+    assert [r.ms_per_sample for r in b.rows][1::2] == [2.0, 3.0] and b.rows[4].ms_per_sample == pytest.approx(7.0)
+    # a dict of arrays through dictionary transforms, mapped as MONAI maps them
+    d = mt.Compose([mt.ScaleIntensityd(keys="image"), Planted(clock, 1.0)])
+    bd = breakdown.measure(samples(d, 2, {"image": image, "label": 1}), 1.0, clock, whole(1.0))
+    assert [r.name for r in bd.rows] == ["ScaleIntensityd", "Planted"] and bd.rows[0].input.startswith("image: 1x8x8")
+    lazy = mt.Compose([mt.ScaleIntensity()], lazy=True)
+    rows, _ = breakdown.parts_of(samples(lazy, 1, image)[0][0])
+    assert len(rows) == 1 and "lazy resampling" in rows[0].note

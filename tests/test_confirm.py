@@ -120,3 +120,18 @@ def test_the_planted_costliest_transform_is_measured_under_the_loaders_workers()
     assert c.predicted_ms_per_batch == pytest.approx(48.0, rel=0.25)
     assert 0.5 * 48 <= c.measured_ms_per_batch <= 1.5 * 48, c
     assert c.real and c.windows >= 4
+
+
+def test_an_albumentations_compose_is_cut_on_its_data_dict():
+    A = pytest.importorskip("albumentations")
+    import numpy as np
+    image = np.arange(4 * 4 * 3, dtype=np.uint8).reshape(4, 4, 3)
+    compose = A.Compose([A.HorizontalFlip(p=1.0), A.Resize(2, 2)])
+    call = Call(compose, "dataset.transform", (), {"image": image}, placements=[(("image",), (0,))])
+    t = confirm.Target("dataset.transform", 1, "HorizontalFlip", "dataset.transform[0]", 1.0)  # steps: pre, flip, ...
+    with_, without = confirm.sub_calls([[call]], t)
+    want = recording.replay_sample((image, 0), [call])[0]
+    for side in (with_, without):
+        got = recording.replay_sample((image, 0), side[0])[0]
+        assert got.shape == (2, 2, 3) and (got == want).all()
+    assert without[0][0].args[0]["image"].tolist() == image[:, ::-1].tolist()  # the flip's output, cached
