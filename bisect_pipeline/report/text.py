@@ -284,7 +284,7 @@ def _split_lines(r: "Report", every: bool = False) -> list:
     share = (lambda ms: "-" if total <= 0 else f"{ms / total * 100:.0f}%")
     rate = "-" if s.read_mb_per_s is None else f"{s.read_mb_per_s:,.1f} MB/s"
     rows = [["read", f"{s.read_ms_per_sample:.2f}", share(s.read_ms_per_sample),
-             f"{rate}, {s.bytes_per_sample / 1e3:,.0f} KB per sample, {s.files_per_sample:g} file(s)"],
+             f"{rate}, {advice_mod.size_text(s.bytes_per_sample)} per sample, {s.files_per_sample:g} file(s)"],
             ["decode", f"{s.decode_ms_per_sample:.2f}", share(s.decode_ms_per_sample),
              "decoding and the dataset's other work" + (", the transforms too" if "augment" in (load.includes or ())
                                                         else "")]]
