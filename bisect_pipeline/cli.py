@@ -48,8 +48,9 @@ def run_options(f: Callable) -> Callable:
                           "against yours before printing them. 0 turns it off; a number is a budget of its own, on "
                           "top of --max-seconds.  [default: what the bisection leaves of --max-seconds; at least 25% once a verdict is made]"),
         click.option("--breakdown", type=click.Choice(["bottleneck", "all"]), default="bottleneck", show_default=True,
-                     help="When the text report shows the augment stage transform by transform: when augment is "
-                          "the bottleneck, or always (the JSON always holds it)."),
+                     help="When the text report shows the augment stage transform by transform and load split into "
+                          "read and decode: when that stage is the bottleneck, or always (the JSON always holds "
+                          "them)."),
         click.option("--quiet", "-q", is_flag=True, help="No progress; print only the verdict line."),
         click.option("--debug", is_flag=True, help="Show tracebacks of errors."),
         click.option("--sweep", "sweep", multiple=True, metavar="NAME=V1,V2,...",

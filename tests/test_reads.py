@@ -315,3 +315,40 @@ def test_an_image_folder_is_read_bound_on_a_slow_file_system_and_decode_bound_on
     assert on_disk.decode_ms_per_sample > 2 * on_disk.read_ms_per_sample
     for s in (on_disk, slow):
         assert s.files_per_sample == 1 and 1e6 < s.bytes_per_sample < 4e6  # each file read once, whole
+
+
+@pytest.mark.e2e
+def test_a_webdataset_shard_read_while_timed_is_split_with_the_transforms_in_decode(tmp_path):
+    import tarfile
+
+    wds = pytest.importorskip("webdataset")
+    rng = np.random.default_rng(0)
+    with tarfile.open(tmp_path / "shard-0.tar", "w") as tar:
+        for i in range(12):
+            b = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (200, 200, 3), dtype=np.uint8)).save(b, format="JPEG")
+            for name, data in ((f"{i:04d}.jpg", b.getvalue()), (f"{i:04d}.cls", str(i % 2).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    ds = wds.WebDataset(str(tmp_path / "shard-0.tar"), shardshuffle=False).decode("torchrgb").to_tuple("jpg", "cls")
+    spec = loader_mod.describe(torch.utils.data.DataLoader(ds, batch_size=4))
+    caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
+    load = isolate._load(spec, caches, PerSample.missing("unavailable", "iterable"), 0.5, time.perf_counter)
+    s = load.split
+    assert s.ok and s.bytes_per_sample > 1000 and "the transforms" in s.how  # the shard, read through open()
+    assert s.read_ms_per_sample + s.decode_ms_per_sample == pytest.approx(load.ms_per_sample, abs=1e-3)
+
+
+@pytest.mark.e2e
+def test_hugging_face_images_decoded_from_arrow_bytes_get_no_split():
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)) for _ in range(8)]
+    hf = datasets.Dataset.from_dict({"image": images, "label": [0] * 8}).cast_column("image", datasets.Image())
+    hf.set_transform(lambda b: {"pixel_values": [torch.tensor(np.asarray(im)) for im in b["image"]],
+                                "label": b["label"]})
+    spec = loader_mod.describe(torch.utils.data.DataLoader(hf, batch_size=2))
+    caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
+    load = isolate._load(spec, caches, PerSample.missing("unavailable", "x"), 0.2, time.perf_counter)
+    assert load.ok and load.split.status == "unavailable" and "already in memory" in load.split.reason

@@ -33,7 +33,8 @@ if TYPE_CHECKING:  # pragma: no cover
 #       collated batch: ..." (items that become several samples); loader.batches_per_epoch,
 #       the advice kind persistent_workers (numbers.not_checked in a user's loop), and
 #       ms_per_batch in each verified block and its tried entries; isolated.augment.breakdown
-#       (the transforms one by one, their sum against the whole).
+#       (the transforms one by one, their sum against the whole); isolated.load.split (load
+#       split into reading files and decoding on the same samples, reads.py).
 SCHEMA_VERSION = 1
 
 
