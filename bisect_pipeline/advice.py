@@ -470,7 +470,8 @@ def _structure_causes(st: SampleStructure) -> list:
 
 
 def _storage(c: _Context):
-    """A load bottleneck -> storage, file format, decoding, caching, with its numbers."""
+    """A load bottleneck -> storage, file format, decoding, caching, with its numbers;
+    reading or decoding named when load was split (reads.py)."""
     if c.b != "load" or not c.significant("load"):
         return None
     ms = c.stage_ms("load")
@@ -491,10 +492,39 @@ def _storage(c: _Context):
     head = numbers["headroom"] = headroom(c, "load")
     includes = c.stage("load").includes if c.stage("load") else ()
     merged = " (measured together with augment: the transforms could not be split)" if "augment" in includes else ""
+    split = load.split if load is not None and load.split is not None and load.split.ok else None
+    if split is not None:
+        numbers["split"] = split.to_dict()
+    what = _split_advice(split, per_sample, c.cuda) if split is not None else (
+        " Read fewer, larger files (sharded tar/record formats) from local or faster storage, store pre-resized or "
+        "cheaper-to-decode data, or cache decoded samples in memory when they fit.")
     return Finding("storage", "load", (
-        f"Loading {c.lo.get('dataset') or 'the dataset'}'s samples adds {ms:.1f} ms per batch{merged}.{cap} Read "
-        "fewer, larger files (sharded tar/record formats) from local or faster storage, store pre-resized or "
-        "cheaper-to-decode data, or cache decoded samples in memory when they fit." + _headroom_text(head, "load")), numbers)
+        f"Loading {c.lo.get('dataset') or 'the dataset'}'s samples adds {ms:.1f} ms per batch{merged}.{cap}" + what
+        + _headroom_text(head, "load")), numbers)
+
+
+def size_text(nbytes: float) -> str:
+    """'2.0 MB', '150 KB', '512 bytes' (powers of ten, as MB/s is)."""
+    if nbytes >= 1e6:
+        return f"{nbytes / 1e6:,.1f} MB"
+    return f"{nbytes / 1e3:,.0f} KB" if nbytes >= 1e3 else f"{nbytes:.0f} bytes"
+
+
+def _split_advice(s, per_sample: Optional[float], cuda: bool) -> str:
+    """What to attack, reading or decoding, from load's split with its figures."""
+    rate = f" at {s.read_mb_per_s:,.1f} MB/s" if s.read_mb_per_s is not None else ""
+    size = f"{size_text(s.bytes_per_sample)} in {s.files_per_sample:g} file(s) per sample"
+    read = f"reading its files takes {s.read_ms_per_sample:.2f} ms ({size}{rate})"
+    decode = f"decoding and the dataset's other work {s.decode_ms_per_sample:.2f} ms"
+    of = f" Of a sample's {per_sample:.2f} ms alone," if per_sample else " Of a sample's loading,"
+    if s.bound == "read":
+        return (f"{of} {read} and {decode}: storage is the larger part. Group small files into shards "
+                "(tar/record formats) so that each read is large, read from local or faster storage, store fewer "
+                "bytes (pre-resized images), or cache the samples in memory when they fit.")
+    gpu = ", on the GPU in the step with device='cuda'" if cuda else ""
+    return (f"{of} {decode} and {read}: decoding is the larger part. Decode once at preparation time (store "
+            "pre-resized images or decoded uint8 arrays), decode JPEGs at reduced size (PIL Image.draft), or use "
+            f"torchvision.io.decode_jpeg{gpu}.")
 
 
 def _augment(c: _Context):

@@ -26,10 +26,10 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch.utils.data import default_collate
 
-from . import breakdown, devices, faults, recording, sources, tree
+from . import breakdown, devices, faults, reads, recording, sources, tree
 from .loader import LoaderSpec, copy_or_same, index_order
-from .results import (BatchShape, Breakdown, Collate, Isolated, Memory, Part, PerSample, SampleStructure, StepTime,
-                      SyncSite, Syncs, TensorInfo, Transfer, Workers)
+from .results import (BatchShape, Breakdown, Collate, Isolated, LoadSplit, Memory, Part, PerSample, SampleStructure,
+                      StepTime, SyncSite, Syncs, TensorInfo, Transfer, Workers)
 from .stats import median
 
 # The isolation measurements take at most this share of --max-seconds, and never more
@@ -143,12 +143,16 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
 
 
-def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock) -> tuple[int, float]:
+def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock,
+                started: Optional[Callable[[], None]] = None) -> tuple[int, float]:
     """Run fn over items until `share` seconds pass (at least one call). The first call
-    is a warm-up when there are more: it is not timed."""
+    is a warm-up when there are more: it is not timed. `started` is called as the timing
+    starts (after the warm-up)."""
     if len(items) > 1:
         fn(items[0])
         items = items[1:]
+    if started is not None:
+        started()
     t0 = clock()
     n = 0
     for item in items:
@@ -161,25 +165,32 @@ def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock) -> t
 
 def _load(spec, caches, augment: PerSample, share, clock) -> PerSample:
     """Building a sample through the dataset (loading + its transforms), minus the
-    transforms replayed alone: what loading costs."""
+    transforms replayed alone: what loading costs; split into reading files and the
+    rest on the same calls (reads.py)."""
     dataset = copy_or_same(spec.dataset)
-    if spec.iterable:
-        it = iter(dataset)
-        n, sec = _timed_loop(list(range(len(caches.samples) + 1)), lambda _: next(it), share, clock)
-        return PerSample(ms_per_sample=round(sec / n * 1e3, 4), samples=n, includes=("load", "augment"),
-                         note="IterableDataset: loading and transforms run together")
-    order = index_order(spec)
-    if spec.batch_sampler is not None:
-        order = itertools.chain.from_iterable(order)
-    indices = list(itertools.islice(order, max(2, len(caches.samples) + 1)))
-    n, sec = _timed_loop(indices, lambda i: dataset[i], share, clock)
+    with reads.Reads(clock) as seen:
+        if spec.iterable:
+            it = iter(dataset)
+            n, sec = _timed_loop(list(range(len(caches.samples) + 1)), lambda _: next(it), share, clock,
+                                 started=seen.reset)
+        else:
+            order = index_order(spec)
+            if spec.batch_sampler is not None:
+                order = itertools.chain.from_iterable(order)
+            indices = list(itertools.islice(order, max(2, len(caches.samples) + 1)))
+            n, sec = _timed_loop(indices, lambda i: dataset[i], share, clock, started=seen.reset)
     per_sample = sec / n
     getitem = round(per_sample * 1e3, 4)
-    if not augment.ok:
-        return PerSample(ms_per_sample=getitem, samples=n, getitem_ms_per_sample=getitem, includes=("load", "augment"),
+    if spec.iterable:
+        load = PerSample(ms_per_sample=getitem, samples=n, includes=("load", "augment"),
+                         note="IterableDataset: loading and transforms run together")
+    elif not augment.ok:
+        load = PerSample(ms_per_sample=getitem, samples=n, getitem_ms_per_sample=getitem, includes=("load", "augment"),
                          note="the transforms could not be split from loading: both are included")
-    return PerSample(ms_per_sample=round(max(0.0, per_sample * 1e3 - augment.ms_per_sample), 4), samples=n,
-                     getitem_ms_per_sample=getitem, includes=("load",))
+    else:
+        load = PerSample(ms_per_sample=round(max(0.0, per_sample * 1e3 - augment.ms_per_sample), 4), samples=n,
+                         getitem_ms_per_sample=getitem, includes=("load",))
+    return dataclasses.replace(load, split=_guard(LoadSplit, lambda: reads.split(seen, n, load)))
 
 
 def _augment(caches, share, clock) -> PerSample:

@@ -18,6 +18,8 @@ benchmarks' (`benchmark`: batch 16, 3 ms per sample, a 5 ms step, the scripts' n
 
 from __future__ import annotations
 
+import builtins
+import os
 import time
 from typing import Any, Optional
 
@@ -215,3 +217,75 @@ def benchmark(kind: str, num_workers: int = 0) -> tuple[nn.Module, DataLoader]:
     return planted(kind, num_workers, batch_size=BENCH_BATCH, per_sample_ms=BENCH_PER_SAMPLE_MS,
                    step_ms=BENCH_STEP_MS, model_step_ms=BENCH_MODEL_STEP_MS, n=512,
                    collate_ms=BENCH_PER_SAMPLE_MS * BENCH_BATCH)
+
+
+class SlowFiles:
+    """A planted slow file system: while open, files under `root` opened for reading in
+    binary mode through builtins.open cost `ms_per_file` on their first read and
+    `ms_per_mb` per 10^6 bytes read (slept, like a network file system's round trips and
+    bandwidth). Wraps whatever builtins.open is at the time and restores it on exit; in
+    this process only (workers forked inside inherit it)."""
+
+    def __init__(self, root: Any, ms_per_file: float = 0.0, ms_per_mb: float = 0.0) -> None:
+        self.root = os.path.realpath(os.fspath(root))
+        self.ms_per_file = ms_per_file
+        self.ms_per_mb = ms_per_mb
+        self._open: Any = None
+
+    def _under_root(self, file: Any) -> bool:
+        if isinstance(file, int):
+            return False
+        path = os.path.realpath(os.fsdecode(os.fspath(file)))
+        return path == self.root or path.startswith(self.root + os.sep)
+
+    def __enter__(self) -> "SlowFiles":
+        original = self._open = builtins.open
+
+        def open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            f = original(file, mode, *args, **kwargs)
+            if "b" in mode and "r" in mode and "+" not in mode and self._under_root(file):
+                return _SlowFile(f, self)
+            return f
+        builtins.open = open
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        builtins.open = self._open
+
+
+class _SlowFile:
+    """A file of a SlowFiles: its reads sleep first."""
+
+    def __init__(self, f: Any, slow: SlowFiles) -> None:
+        self._f, self._slow, self._first = f, slow, True
+
+    def _cost(self, nbytes: int) -> None:
+        ms = self._slow.ms_per_mb * nbytes / 1e6 + (self._slow.ms_per_file if self._first else 0.0)
+        self._first = False
+        if ms > 0:
+            time.sleep(ms / 1e3)
+
+    def read(self, *args: Any) -> bytes:
+        data = self._f.read(*args)
+        self._cost(len(data or b""))
+        return data
+
+    def readinto(self, b: Any) -> Optional[int]:
+        n = self._f.readinto(b)
+        self._cost(n or 0)
+        return n
+
+    def __enter__(self) -> "_SlowFile":
+        self._f.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._f.__exit__(*exc)
+
+    def __iter__(self):
+        return iter(self.readline, b"")
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_f", "_slow", "_first"):
+            raise AttributeError(name)
+        return getattr(self._f, name)

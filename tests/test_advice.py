@@ -497,6 +497,43 @@ def test_storage_advice_for_a_load_bottleneck_with_its_numbers():
     assert "If load were free" in f.message
 
 
+def _split_iso(bound: str) -> dict:
+    split = ({"read_ms_per_sample": 3.0, "decode_ms_per_sample": 0.5, "bytes_per_sample": 150_000.0,
+              "read_mb_per_s": 50.0, "files_per_sample": 1.0} if bound == "read" else
+             {"read_ms_per_sample": 0.2, "decode_ms_per_sample": 3.3, "bytes_per_sample": 150_000.0,
+              "read_mb_per_s": 750.0, "files_per_sample": 1.0})
+    split.update(status="ok", samples=8, bound=bound, how="reads timed through open() (8 files)")
+    return {"status": "ok", "load": {"status": "ok", "ms_per_sample": 3.5, "includes": ["load"], "split": split}}
+
+
+def test_storage_advice_names_reading_when_load_is_read_bound():
+    r = make_report(LOAD_BOUND, loader={"num_workers": 2, "dataset": "ImageFolder"}, isolated=_split_iso("read"))
+    f = finding(r, "storage")
+    assert "reading its files takes 3.00 ms (150 KB in 1 file(s) per sample at 50.0 MB/s)" in f.message
+    assert "Of a sample's 3.50 ms alone, reading" in f.message
+    assert "storage is the larger part" in f.message and "shards" in f.message
+    assert "decode_jpeg" not in f.message
+    assert f.numbers["split"]["bound"] == "read" and f.numbers["split"]["read_mb_per_s"] == 50.0
+
+
+def test_storage_advice_names_decoding_when_load_is_decode_bound_and_the_gpu_only_on_cuda():
+    r = make_report(LOAD_BOUND, loader={"num_workers": 2, "dataset": "ImageFolder"}, isolated=_split_iso("decode"))
+    f = finding(r, "storage")
+    assert "decoding and the dataset's other work 3.30 ms" in f.message and "decoding is the larger part" in f.message
+    assert "Image.draft" in f.message and "torchvision.io.decode_jpeg" in f.message
+    assert "device='cuda'" not in f.message and "shards" not in f.message
+    assert f.numbers["split"]["decode_ms_per_sample"] == 3.3
+    cuda = make_report(LOAD_BOUND, device="cuda", loader={"num_workers": 2}, isolated=_split_iso("decode"))
+    assert "device='cuda'" in finding(cuda, "storage").message
+
+
+def test_storage_advice_without_a_split_stays_generic():
+    iso = _split_iso("read")
+    iso["load"]["split"] = {"status": "unavailable", "reason": "no file was read"}
+    f = finding(make_report(LOAD_BOUND, isolated=iso), "storage")
+    assert "Read fewer, larger files" in f.message and "split" not in f.numbers
+
+
 def test_storage_silent_when_not_load_bound():
     iso = {"status": "ok", "load": {"status": "ok", "ms_per_sample": 3.5, "includes": ["load"]}}
     for ms in (AUGMENT_BOUND, MODEL_BOUND):

@@ -292,3 +292,44 @@ def test_the_costliest_transform_measured_in_the_pipeline_is_printed_beside_its_
     off = text_with(Confirmation.missing("skipped", "the check is off (verify_seconds=0)"))
     assert "In the pipeline with num_workers=0: the costliest transform not measured (skipped: the check is off" in off
     assert "In the pipeline" not in text_with(None)
+LOAD = {"device": 950.0, "collated": 930.0, "augmented": 920.0, "raw": 910.0, "full": 320.0}
+
+
+def _with_split(rates: dict, split: dict) -> Report:
+    from bisect_pipeline.results import Isolated
+    iso = {"status": "ok", "load": {"status": "ok", "ms_per_sample": 12.0, "samples": 8, "includes": ["load"],
+                                    "split": split}}
+    return planted_report(rates, isolated=Isolated.from_dict(iso).to_dict())
+
+
+READ_SPLIT = {"status": "ok", "read_ms_per_sample": 9.0, "decode_ms_per_sample": 3.0, "bytes_per_sample": 2_000_000.0,
+              "read_mb_per_s": 222.2, "files_per_sample": 1.0, "samples": 8, "bound": "read", "how": "open()"}
+
+
+def test_load_split_into_read_and_decode_is_a_table_only_when_load_is_the_bottleneck():
+    r = _with_split(LOAD, READ_SPLIT)
+    assert r.bottleneck == "load"
+    text = to_text(r)
+    block = table(text, "Load split into read and decode")
+    assert block[0].endswith("8 samples, times in ms per sample)")
+    assert row(block, "read").split()[:8] == ["read", "9.00", "75%", "222.2", "MB/s,", "2.0", "MB", "per"]
+    assert row(block, "decode").split()[:3] == ["decode", "3.00", "25%"]
+    said = " ".join(" ".join(b) for b in blocks(text) if b[0].startswith("Load split"))
+    assert "Read is the larger part: attack storage" in said and "page cache" in said
+    assert text.index("What each stage costs") < text.index("Load split") < text.index("Isolated (this process")
+    assert all(len(line) <= WIDTH for line in text.splitlines())
+    assert to_text(Report.from_dict(json.loads(json.dumps(r.to_dict())))) == text
+    # another bottleneck: no table, unless asked for always
+    augment_bound = _with_split(AUGMENT, dict(READ_SPLIT, bound="decode", read_ms_per_sample=1.0,
+                                              decode_ms_per_sample=11.0))
+    assert "Load split" not in to_text(augment_bound)
+    every = table(augment_bound.text(breakdown="all"), "Load split into read and decode")
+    assert row(every, "decode").split()[:3] == ["decode", "11.00", "92%"]
+    assert "Decode is the larger part: attack decoding" in " ".join(every)
+
+
+def test_an_unavailable_split_is_one_line_with_its_reason_when_load_is_named():
+    r = _with_split(LOAD, {"status": "unavailable", "reason": "no file was read through open()"})
+    text = " ".join(to_text(r).split())
+    assert "Load could not be split into read and decode: no file was read through open()." in text
+    assert "Load could not be split" not in to_text(_with_split(AUGMENT, {"status": "unavailable", "reason": "x"}))

@@ -33,9 +33,12 @@ if TYPE_CHECKING:  # pragma: no cover
 #       collated batch: ..." (items that become several samples); loader.batches_per_epoch,
 #       the advice kind persistent_workers (numbers.not_checked in a user's loop), and
 #       ms_per_batch in each verified block and its tried entries; isolated.augment.breakdown
-#       (the transforms one by one, their sum against the whole); in the advice's numbers,
-#       augment's parts (the costliest transforms, each with its remedy) and collate's
-#       own_work_ms_per_batch and stacking_ms_per_batch.
+#       (the transforms one by one, their sum against the whole; RandomApply/RandomChoice/
+#       RandomOrder children with `ran`; `reorders`; `confirmed`, the costliest transform
+#       measured in the pipeline with its raw windows); in the advice's numbers, augment's
+#       parts (the costliest transforms, each with its remedy) and collate's
+#       own_work_ms_per_batch and stacking_ms_per_batch; isolated.load.split (load split
+#       into reading files and decoding on the same samples, reads.py).
 SCHEMA_VERSION = 1
 
 

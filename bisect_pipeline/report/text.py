@@ -56,8 +56,8 @@ def _table(title: str, headers: list, rows: list, align: str) -> list:
 
 def to_text(r: "Report", *, breakdown: str = "bottleneck") -> str:
     """The report for a terminal: header, the two tables (times in ms), the augment stage
-    transform by transform (when augment is the bottleneck, or always with `breakdown`
-    "all"), warnings, then the verdict and the advice last, where they stay on screen;
+    transform by transform and load split into read and decode (when the stage is the
+    bottleneck, or always with `breakdown` "all"), warnings, then the verdict and the advice last, where they stay on screen;
     wrapped at WIDTH columns."""
     lines = _head(r)
     lines += ["", *_table("Throughput at each point, the ceiling first (times in ms)",
@@ -65,9 +65,9 @@ def to_text(r: "Report", *, breakdown: str = "bottleneck") -> str:
                           _point_rows(r), "lrrrrl")]
     lines += ["", *_table("What each stage costs (times in ms per batch)",
                           ["stage", "added", "of gap", "samples/s if free", "gain", "note"], _stage_rows(r), "lrrrrl")]
-    parts = _breakdown_lines(r, every=breakdown == "all")
-    if parts:
-        lines += ["", *parts]
+    for parts in (_breakdown_lines(r, every=breakdown == "all"), _split_lines(r, every=breakdown == "all")):
+        if parts:
+            lines += ["", *parts]
     extra = _isolated_lines(r)
     if extra or r.warnings:
         lines.append("")
@@ -289,3 +289,30 @@ def _breakdown_sum(b) -> str:
         return f"{head}; {whole}: they agree (within ±{b.tolerance_ms:.2f})."
     return (f"{head}; {whole}: they disagree by more than the noise (±{b.tolerance_ms:.2f}): a transform's cost may "
             "depend on what ran with it, or the machine was busy.")
+
+
+def _split_lines(r: "Report", every: bool = False) -> list:
+    """When load is the bottleneck (or `every` time): load split into reading files and
+    decoding (reads.py), as a table, and which to attack; or one line saying why not."""
+    iso = r.isolated
+    load = iso.part("load") if iso is not None and (every or r.verdict.bottleneck == "load") else None
+    s = load.split if load is not None else None
+    if s is None:
+        return []
+    if not s.ok:
+        return _wrap(f"Load could not be split into read and decode: {s.reason or s.status}.", rest="  ")
+    total = s.read_ms_per_sample + s.decode_ms_per_sample
+    share = (lambda ms: "-" if total <= 0 else f"{ms / total * 100:.0f}%")
+    rate = "-" if s.read_mb_per_s is None else f"{s.read_mb_per_s:,.1f} MB/s"
+    rows = [["read", f"{s.read_ms_per_sample:.2f}", share(s.read_ms_per_sample),
+             f"{rate}, {advice_mod.size_text(s.bytes_per_sample)} per sample, {s.files_per_sample:g} file(s)"],
+            ["decode", f"{s.decode_ms_per_sample:.2f}", share(s.decode_ms_per_sample),
+             "decoding and the dataset's other work" + (", the transforms too" if "augment" in (load.includes or ())
+                                                        else "")]]
+    lines = _table(f"Load split into read and decode (isolated, {s.samples} samples, times in ms per sample)",
+                   ["part", "ms", "share", "what"], rows, "lrrl")
+    attack = ("storage: fewer, larger files, faster storage, fewer bytes" if s.bound == "read" else
+              "decoding: decode once at preparation, reduced-size decoding, torchvision.io.decode_jpeg")
+    lines += _wrap(f"{s.bound.capitalize()} is the larger part: attack {attack}. Files came from the page cache "
+                   "(the tool had just read them): a cold first epoch reads slower.", rest="  ")
+    return lines
