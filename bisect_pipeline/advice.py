@@ -547,10 +547,26 @@ def _augment(c: _Context):
     generic = ("" if any(p["remedy"] for p in parts) else
                " Move work that is the same every epoch (decode, resize) to data preparation, crop before expensive "
                "ops, and run tensor transforms batched on the device inside the step.")
+    confirmed = _confirmed(aug.breakdown if aug is not None else None)
+    if confirmed:
+        numbers["confirmed"] = confirmed[0]
     head = numbers["headroom"] = headroom(c, "augment")
     return Finding("augment", "augment", (
         f"{which} add {ms:.1f} ms per batch{alone} with num_workers={c.workers}.{named}{generic}"
-        + _headroom_text(head, "augment")), numbers)
+        + (confirmed[1] if confirmed else "") + _headroom_text(head, "augment")), numbers)
+
+
+def _confirmed(b) -> Optional[tuple]:
+    """(numbers, sentence) of the costliest transform measured in the pipeline
+    (confirm.py), where it was and its cost is real; else None."""
+    cf = b.confirmed if b is not None and b.ok else None
+    if cf is None or not cf.ok or not cf.real:
+        return None
+    numbers = {"transform": cf.transform, "where": cf.where, "measured_ms_per_batch": cf.measured_ms_per_batch,
+               "tolerance_ms": cf.tolerance_ms, "predicted_ms_per_batch": cf.predicted_ms_per_batch}
+    pm = f" ± {cf.tolerance_ms:.1f}" if cf.tolerance_ms is not None else ""
+    return numbers, (f" Measured in the pipeline, {cf.transform} ({cf.where}) costs the loop "
+                     f"{cf.measured_ms_per_batch:.1f}{pm} ms per batch.")
 
 
 def _costliest_parts(b) -> tuple[list, str]:

@@ -667,3 +667,19 @@ def test_allocator_fires_when_the_step_costs_more_as_the_process_runs():
                                  {"status": "ok", "allocator": {"status": "skipped", "reason": "not glibc"}}])
 def test_allocator_silent_without_a_real_cost(iso):
     assert "allocator" not in kinds(make_report(MODEL_BOUND, isolated=iso))
+
+
+def test_augment_says_what_the_costliest_transform_costs_the_loop_when_measured_in_the_pipeline():
+    iso = aug_iso(*SEED)
+    confirmed = {"status": "ok", "transform": "RandomResizedCrop", "where": f"{T}[0]", "predicted_ms_per_batch": 13.1,
+                 "measured_ms_per_batch": 12.4, "tolerance_ms": 1.05, "real": True, "with_ms_per_batch": 30.0,
+                 "without_ms_per_batch": 17.6, "windows": 12}
+    iso["augment"]["breakdown"]["confirmed"] = confirmed
+    f = finding(make_report(AUGMENT_BOUND, isolated=iso), "augment")
+    assert ("Measured in the pipeline, RandomResizedCrop (dataset.transform[0]) costs the loop 12.4 ± 1.1 ms per "
+            "batch.") in " ".join(f.message.split())
+    assert f.numbers["confirmed"]["measured_ms_per_batch"] == 12.4 and f.numbers["confirmed"]["predicted_ms_per_batch"] == 13.1
+    for off in ({"real": False}, {"status": "skipped", "reason": "the check is off"}):
+        iso["augment"]["breakdown"]["confirmed"] = {**confirmed, **off}
+        f = finding(make_report(AUGMENT_BOUND, isolated=iso), "augment")
+        assert "Measured in the pipeline" not in f.message and "confirmed" not in f.numbers
