@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils.data import default_collate
 
-from . import breakdown, devices, faults, recording, sources, tree
+from . import breakdown, devices, faults, recording, reorder, sources, tree
 from .loader import LoaderSpec, copy_or_same, index_order
 from .results import (BatchShape, Breakdown, Collate, Isolated, Memory, Part, PerSample, SampleStructure, StepTime,
                       SyncSite, Syncs, TensorInfo, Transfer, Workers)
@@ -175,8 +175,23 @@ def _augment(caches, share, clock) -> PerSample:
     whole = PerSample(ms_per_sample=round(sec / n * 1e3, 4), samples=n)
     same = caches.raw_calls[1:1 + n] if len(pairs) > 1 else caches.raw_calls[:1]
     left = max(0.0, share - (clock() - start))
-    parts = _guard(Breakdown, lambda: breakdown.measure(same, left, clock, whole))
+    # A reorder the transforms' classes allow (reorder.py) takes half of what is left.
+    movable = reorder.possible(caches.raw_calls)
+    parts = _guard(Breakdown, lambda: breakdown.measure(same, left / 2 if movable else left, clock, whole))
+    if movable and parts.ok:
+        parts = dataclasses.replace(parts, reorders=_reorders(caches.raw_calls, share - (clock() - start), clock))
     return dataclasses.replace(whole, breakdown=parts)
+
+
+def _reorders(calls_per_sample: list, share: float, clock) -> Optional[tuple]:
+    """The reorders timed (reorder.measure) within what is left of the share; None when
+    they failed (a transform that raised on a cached input): the breakdown stands."""
+    try:
+        return reorder.measure(calls_per_sample, max(0.0, share), clock)
+    except (KeyboardInterrupt, faults.StepTimeout):
+        raise
+    except Exception:
+        return None
 
 
 def _groups(spec, caches) -> list:

@@ -254,7 +254,25 @@ def _breakdown_lines(r: "Report", every: bool = False) -> list:
                      ran])
     lines = _table("The augment stage transform by transform (isolated, times in ms per sample)",
                    ["transform", "ms", "share", "ran on -> returned"], rows, "lrrl")
-    return lines + _wrap(_breakdown_sum(b), rest="  ")
+    lines += _wrap(_breakdown_sum(b), rest="  ")
+    for line in _reorder_lines(b, every):
+        lines += _wrap(line, rest="  ")
+    return lines
+
+
+def _reorder_lines(b, every: bool) -> list:
+    """One line per reorder found faster (reorder.py); with `every`, the ones that were
+    not faster beyond the noise too."""
+    out = []
+    for r in b.reorders or ():
+        head = f"Reorder: move {r.transform} after {r.after}: {r.ms_per_sample:.2f} \u2192 " \
+               f"{r.reordered_ms_per_sample:.2f} ms/sample"
+        tol = f"\u00b1 {r.tolerance_ms:.2f}" if r.tolerance_ms is not None else "noise unknown"
+        if r.real:
+            out.append(f"{head} (saves {r.saving_ms_per_sample:.2f} {tol}, on the same {r.samples} inputs).")
+        elif every:
+            out.append(f"{head}: not faster beyond the noise ({r.saving_ms_per_sample:+.2f} {tol}).")
+    return out
 
 
 def _breakdown_sum(b) -> str:
