@@ -508,8 +508,11 @@ def _augment(c: _Context):
 
 
 # Transforms whose result depends on a statistic of the whole image (reorder.MOVABLE's
-# "statistics", with ColorJitter's contrast): moved after a crop, it is the crop's.
-_IMAGE_STATISTICS = ("ColorJitter", "RandomAutocontrast", "RandomEqualize", "RandomPhotometricDistort")
+# "statistics"): moved after a crop, the statistic is the crop's.
+_IMAGE_STATISTICS = {"ColorJitter": "ColorJitter's contrast (when set) blends with the image's mean",
+                     "RandomAutocontrast": "RandomAutocontrast stretches the image's range",
+                     "RandomEqualize": "RandomEqualize flattens the image's histogram",
+                     "RandomPhotometricDistort": "RandomPhotometricDistort's contrast blends with the image's mean"}
 
 
 def _reorder(c: _Context):
@@ -531,10 +534,8 @@ def _reorder(c: _Context):
         batch = f", {per_batch:.1f} ms per batch of {items:g}" if per_batch is not None else ""
         fewer = (f"; it then runs on {r.pixels_after:,} pixels instead of {r.pixels_before:,}"
                  if r.pixels_before and r.pixels_after else "")
-        stats = [n for n in r.transform.split(", ") if n in _IMAGE_STATISTICS]
-        caveat = (f" What {', '.join(stats)} computes from the whole image (contrast's mean, autocontrast's range, "
-                  "equalize's histogram) then comes from the crop, the order of the usual recipes."
-                  if stats else "")
+        stats = [_IMAGE_STATISTICS[n] for n in r.transform.split(", ") if n in _IMAGE_STATISTICS]
+        caveat = (" " + "; ".join(stats) + ": after the move, the crop's (the usual recipes' order)." if stats else "")
         out.append(Finding("reorder", "augment", (
             f"Move {r.transform} ({r.where}) after {r.after} ({r.after_where}): {r.ms_per_sample:.2f} \u2192 "
             f"{r.reordered_ms_per_sample:.2f} ms per sample on the same inputs (saves {r.saving_ms_per_sample:.2f} "

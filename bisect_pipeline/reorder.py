@@ -1,6 +1,8 @@
 """Order of operations: a photometric transform that runs on more pixels than a later
 crop or resize keeps (the seed slides' "blur then crop"), moved to just after that crop
-and timed both ways on the same cached inputs (the `raw` point's), alternating.
+and timed both ways on the same cached inputs (the `raw` point's), alternating. Only the
+segment that changes is timed (from the first transform moved to the crop): what comes
+before it feeds both orders the same input, what comes after gets the same type and size.
 
 What may move, and past what (`MOVABLE`, `CROPS`): the reordered pipeline must show the
 model what the original does, up to the transforms' own randomness. Only a transform of
@@ -59,12 +61,17 @@ FLIPS = ("RandomHorizontalFlip", "RandomVerticalFlip")
 CROPS = {"CenterCrop": "crop", "RandomCrop": "crop", "Resize": "resize", "RandomResizedCrop": "resize"}
 PASSES = {"pointwise": ("crop", "resize"), "statistics": ("crop", "resize"), "local": ("crop",)}
 MAX_PAIRS = 48  # timed pairs (original, reordered) at most
+# ... and at least, whatever the budget: the noise of the mean of 2 differences is
+# unknown to a factor of 6 (stats.small_sample_factor(2)), of 3 to a factor of 3.
+MIN_PAIRS = 3
 
 
 @dataclasses.dataclass
 class Plan:
     """A reorder of one recorded call's transforms: `moved` (indices into `parts`, in
-    their order) go to just after `after` (an index); `parts` from breakdown.parts_of."""
+    their order) go to just after `after` (an index); `parts` from breakdown.parts_of.
+    Only the segment from the first moved transform to `after` changes: the transforms
+    before it feed both orders the same input, those after get the same type and size."""
 
     name: str  # the recorded call's name: dataset.transform
     parts: list
@@ -80,8 +87,14 @@ class Plan:
         at = rest.index(self.after) + 1
         return rest[:at] + self.moved + rest[at:]
 
-    def fns(self, reordered: bool) -> list:
-        return [self.parts[i].fn for i in (self.order if reordered else range(len(self.parts)))]
+    def prefix(self) -> list:
+        """The transforms before the segment (run once per input, not timed)."""
+        return [p.fn for p in self.parts[:self.moved[0]]]
+
+    def segment(self, reordered: bool) -> list:
+        """The transforms from the first moved one to `after`, as they are or reordered."""
+        span = slice(self.moved[0], self.after + 1)
+        return [self.parts[i].fn for i in (self.order[span] if reordered else range(len(self.parts))[span])]
 
 
 def _known(fn: Any) -> Optional[str]:
@@ -203,24 +216,24 @@ def _trace(fns: list, x: Any) -> list:
 
 def settle(name: str, parts: list, x: Any) -> Optional[Plan]:
     """The first reorder the table allows that holds on input `x`: the crops it passes keep
-    fewer pixels on each side, and both orders feed each transform the same type and end
-    in the same type and size. None when none holds."""
-    candidates = plans(parts)
-    if not candidates:
-        return None
-    seen = _trace([p.fn for p in parts], tree.clone(x))
-    for block, first, last in candidates:
+    fewer pixels on each side, and both orders of the segment feed each moved transform
+    the same type and end in the same type and size. None when none holds."""
+    for block, first, last in plans(parts):
         plan = Plan(name, parts, block, last)
-        sizes = [(pixels(seen[g]), pixels(seen[g + 1])) for g in range(first, last + 1) if crop_kind(parts[g].fn)]
+        fed = _run(plan.prefix(), tree.clone(x))
+        seen = _trace(plan.segment(False), tree.clone(fed))
+        at = {i: k for k, i in enumerate(range(block[0], last + 1))}  # part -> its place in `seen`
+        sizes = [(pixels(seen[at[g]]), pixels(seen[at[g] + 1])) for g in range(first, last + 1)
+                 if crop_kind(parts[g].fn)]
         if any(a is None or b is None or b[0] > a[0] or b[1] > a[1] or a == b for a, b in sizes):
             continue
         try:
-            again = _trace(plan.fns(True), tree.clone(x))
+            again = _trace(plan.segment(True), tree.clone(fed))
         except Exception:  # a crop that cannot take what the block was fed: not a reorder
             continue
-        where = {i: k for k, i in enumerate(plan.order)}
-        if any(_kind(again[where[i]]) != _kind(seen[i]) for i in block) or \
-                _family(again[where[first]]) != _family(seen[first]) or \
+        where = {i: k for k, i in enumerate(plan.order[block[0]:last + 1])}
+        if any(_kind(again[where[i]]) != _kind(seen[at[i]]) for i in block) or \
+                _family(again[where[first]]) != _family(seen[at[first]]) or \
                 (_kind(again[-1]), pixels(again[-1])) != (_kind(seen[-1]), pixels(seen[-1])):
             continue
         before, after = sizes[0][0], sizes[-1][1]
@@ -236,22 +249,26 @@ def _run(fns: list, x: Any) -> Any:
 
 
 def compare(plan: Plan, inputs: list, share: float, clock: Callable[[], float]) -> Reorder:
-    """Both orders on the same inputs, alternating which runs first, until `share` seconds
-    pass (MAX_PAIRS pairs at most, two at least): the saving is the mean of the per-input
-    differences, real beyond the one noise rule (stats.noise_threshold of its standard
-    error, small-sample factor; 5% of the original at least)."""
+    """The segment both ways on the same inputs (each run through the transforms before
+    it once, untimed), alternating which order runs first, until `share` seconds pass
+    (MIN_PAIRS to MAX_PAIRS pairs): the saving is the mean of the per-input differences,
+    real beyond the one noise rule (stats.noise_threshold of its standard error, with the
+    small-sample factor; 5% of the original at least)."""
     end = clock() + share
-    original, reordered = plan.fns(False), plan.fns(True)
+    original, reordered = plan.segment(False), plan.segment(True)
+    fed: dict = {}
     a, b = [], []
     for i in range(MAX_PAIRS):
-        x = inputs[i % len(inputs)]
+        k = i % len(inputs)
+        if k not in fed:
+            fed[k] = _run(plan.prefix(), tree.clone(inputs[k]))
         sides = ((original, a), (reordered, b)) if i % 2 == 0 else ((reordered, b), (original, a))
         for fns, out in sides:
-            inp = tree.clone(x)
+            x = tree.clone(fed[k])
             t = clock()
-            _run(fns, inp)
+            _run(fns, x)
             out.append(clock() - t)
-        if i >= 1 and clock() >= end:
+        if i + 1 >= MIN_PAIRS and clock() >= end:
             break
     return _record(plan, a, b)
 
@@ -265,7 +282,8 @@ def _record(plan: Plan, a: list, b: list) -> Reorder:
     tol = noise_threshold(se, ms)
     names, crop = [p.name for p in plan.parts], plan.parts[plan.after]
     return Reorder(transform=", ".join(names[i] for i in plan.moved),
-                   where=", ".join(plan.parts[i].where for i in plan.moved), after=crop.name, after_where=crop.where, order=tuple(names[i] for i in plan.order),
+                   where=", ".join(plan.parts[i].where for i in plan.moved), after=crop.name, after_where=crop.where,
+                   order=tuple(names[i] for i in plan.order),
                    pixels_before=plan.pixels_before, pixels_after=plan.pixels_after, ms_per_sample=round(ms, 4),
                    reordered_ms_per_sample=round(ms_new, 4), saving_ms_per_sample=round(saving, 4),
                    tolerance_ms=round(tol, 4) if math.isfinite(tol) else None, samples=n,

@@ -123,6 +123,23 @@ def test_planted_costs_on_a_fake_clock_give_the_exact_saving_and_it_is_real():
     assert (r.transform, r.after, r.order) == ("P", "G", ("G", "P"))
 
 
+def test_only_the_segment_that_changes_is_timed_on_inputs_fed_once_through_what_comes_before():
+    clock = FakeClock()
+    calls = {"prefix": 0}
+
+    def prefix(x):  # before the moved transform: once per distinct input, never timed
+        calls["prefix"] += 1
+        clock.t += 1.0
+        return x
+    parts = [Part("X", prefix), Part("P", Planted(clock, 10.0)), Part("G", Planted(clock, 0.0, keep=224)),
+             Part("Y", Planted(clock, 1000.0))]  # after the crop: the same in both orders, not timed
+    plan = reorder.Plan("dataset.transform", parts, [1], 2)
+    assert [p.name for p in (parts[i] for i in plan.order)] == ["X", "G", "P", "Y"]
+    r = reorder.compare(plan, [torch.zeros(3, 448, 448), torch.zeros(3, 448, 448)], 10.0, clock)
+    assert r.ms_per_sample == round(448 * 448 * 10e-6, 4) and r.reordered_ms_per_sample == round(224 * 224 * 10e-6, 4)
+    assert calls["prefix"] == 2 and r.samples == reorder.MAX_PAIRS
+
+
 def test_equal_costs_are_not_real_and_the_budget_stops_the_pairs():
     clock = FakeClock()
     parts = [Part("P", lambda x: (setattr(clock, "t", clock.t + 1e-3), x)[1]), Part("G", Planted(clock, 0.0, 224))]
@@ -152,8 +169,8 @@ def test_measure_times_each_call_with_a_reorder_and_round_trips_through_the_docu
     clock = FakeClock()
     compose = v2.Compose([v2.ColorJitter(0.4), v2.RandomCrop(224)])
     calls = [[call_of(compose, TENSOR)] for _ in range(3)]
-    found = reorder.measure(calls, 0.0, clock)  # a still clock: two pairs, the least
-    assert len(found) == 1 and found[0].samples == 2 and found[0].transform == "ColorJitter"
+    found = reorder.measure(calls, 0.0, clock)  # a still clock: the fewest pairs
+    assert len(found) == 1 and found[0].samples == reorder.MIN_PAIRS == 3 and found[0].transform == "ColorJitter"
     assert found[0].saving_ms_per_sample == 0.0 and found[0].real is False
     assert reorder.measure([[call_of(v2.Compose([v2.RandomCrop(224)]), TENSOR)]], 1.0, clock) == ()
     b = Breakdown(rows=(), samples=3, reorders=found)

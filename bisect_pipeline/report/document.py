@@ -33,7 +33,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #       collated batch: ..." (items that become several samples); loader.batches_per_epoch,
 #       the advice kind persistent_workers (numbers.not_checked in a user's loop), and
 #       ms_per_batch in each verified block and its tried entries; isolated.augment.breakdown
-#       (the transforms one by one, their sum against the whole).
+#       (the transforms one by one, their sum against the whole), and its reorders (a
+#       photometric transform moved after a smaller crop, timed both ways: reorder.py)
+#       with the advice kind reorder.
 SCHEMA_VERSION = 1
 
 

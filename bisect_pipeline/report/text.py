@@ -267,11 +267,11 @@ def _reorder_lines(b, every: bool) -> list:
     for r in b.reorders or ():
         head = f"Reorder: move {r.transform} after {r.after}: {r.ms_per_sample:.2f} \u2192 " \
                f"{r.reordered_ms_per_sample:.2f} ms/sample"
-        tol = f"\u00b1 {r.tolerance_ms:.2f}" if r.tolerance_ms is not None else "noise unknown"
+        tol = f" \u00b1 {r.tolerance_ms:.2f}" if r.tolerance_ms is not None else "; too few samples for the noise"
         if r.real:
-            out.append(f"{head} (saves {r.saving_ms_per_sample:.2f} {tol}, on the same {r.samples} inputs).")
+            out.append(f"{head} (saves {r.saving_ms_per_sample:.2f}{tol}, on the same {r.samples} inputs).")
         elif every:
-            out.append(f"{head}: not faster beyond the noise ({r.saving_ms_per_sample:+.2f} {tol}).")
+            out.append(f"{head}: not faster beyond the noise ({r.saving_ms_per_sample:+.2f}{tol}).")
     return out
 
 
