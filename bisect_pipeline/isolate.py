@@ -178,7 +178,7 @@ def _augment(caches, share, clock) -> PerSample:
     # A reorder the transforms' classes allow (reorder.py) takes half of what is left.
     movable = reorder.possible(caches.raw_calls)
     parts = _guard(Breakdown, lambda: breakdown.measure(same, left / 2 if movable else left, clock, whole))
-    if movable and parts.ok:
+    if movable and parts.ok and clock() - start < share:  # else none is timed: the share is spent
         parts = dataclasses.replace(parts, reorders=_reorders(caches.raw_calls, share - (clock() - start), clock))
     return dataclasses.replace(whole, breakdown=parts)
 
