@@ -20,6 +20,11 @@ RandomAffine): no reorder is proposed (none may move).
     python scripts/bench_reorder.py                      # ~1.5 min on a 2-core CPU
     python scripts/bench_reorder.py --pairs 600 --max-seconds 60
 
+Torch runs on one intra-op thread (`--threads 1`), as in a DataLoader worker: v1
+GaussianBlur on a PIL image is a conv2d, and with more threads than free cores (a shared
+2-core machine) its time stops scaling with the pixels (measured here: 11.1 -> 2.7
+ms/sample by hand on one thread, 42.0 -> 37.8 on two with the machine busy).
+
 The isolated timings get what --max-seconds leaves after the points (at most 2 s), so a
 heavy pipeline needs a budget that leaves some: 40 s by default here.
 """
@@ -111,7 +116,11 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=300, help="hand-loop pairs (original, reordered)")
     ap.add_argument("--max-seconds", type=float, default=40.0, help="bisect()'s budget for the planted pipeline")
     ap.add_argument("--geometric-seconds", type=float, default=15.0, help="bisect()'s budget for the geometric one")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads (0: leave torch's default); DataLoader workers run on one")
     args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     pics = images()
     print(f"planted: {IMAGES} images {SIDE}x{SIDE} -> GaussianBlur(9), ColorJitter, RandomCrop({CROP}), "
           "RandomHorizontalFlip, ToTensor; num_workers=0")
