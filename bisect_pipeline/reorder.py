@@ -215,10 +215,13 @@ def _trace(fns: list, x: Any) -> list:
 
 
 def settle(name: str, parts: list, x: Any) -> Optional[Plan]:
-    """The first reorder the table allows that holds on input `x`: the crops it passes keep
-    fewer pixels on each side, and both orders of the segment feed each moved transform
-    the same type and end in the same type and size. None when none holds."""
-    for block, first, last in plans(parts):
+    """The first reorder the table allows that holds on input `x` (past the furthest crop
+    it may, else one fewer): the crops it passes keep fewer pixels, none more on either
+    side, and both orders of the segment feed each moved transform the same type and end
+    in the same type and size. None when none holds."""
+    tries = [(block, first, end) for block, first, last in plans(parts)  # the furthest crop first
+             for end in range(last, first - 1, -1) if crop_kind(parts[end].fn)]
+    for block, first, last in tries:
         plan = Plan(name, parts, block, last)
         fed = _run(plan.prefix(), tree.clone(x))
         seen = _trace(plan.segment(False), tree.clone(fed))

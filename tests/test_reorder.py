@@ -59,7 +59,8 @@ def test_a_blur_does_not_move_past_a_resize_but_a_pointwise_transform_after_it_d
 @pytest.mark.parametrize("geometric", ["RandomRotation", "RandomAffine", "RandomPerspective", "ElasticTransform"])
 def test_a_geometric_transform_between_stops_the_move(T, x, geometric):
     g = {"RandomRotation": lambda: T.RandomRotation(10), "RandomAffine": lambda: T.RandomAffine(10),
-         "RandomPerspective": lambda: T.RandomPerspective(), "ElasticTransform": lambda: T.ElasticTransform()}[geometric]
+         "RandomPerspective": lambda: T.RandomPerspective(),
+         "ElasticTransform": lambda: T.ElasticTransform()}[geometric]
     assert plan_of(T.Compose([T.ColorJitter(0.4), g(), T.RandomResizedCrop(224)]), x) is None
     # only geometric transforms before the crop: nothing to move
     assert plan_of(T.Compose([g(), T.RandomHorizontalFlip(), T.RandomResizedCrop(224)]), x) is None
@@ -73,6 +74,9 @@ def test_a_type_conversion_between_or_a_crop_that_keeps_the_pixels_stops_the_mov
     assert plan_of(v1.Compose([v1.ColorJitter(0.4), v1.CenterCrop(448)]), PIL_IMAGE) is None  # as many pixels
     assert plan_of(v1.Compose([v1.ColorJitter(0.4), v1.Resize(600)]), PIL_IMAGE) is None  # more
     assert plan_of(v1.Compose([v1.ColorJitter(0.4), v1.RandomCrop(224, padding=4)]), PIL_IMAGE) is None  # pads
+    # past the first crop, not on past a resize that enlarges
+    p = plan_of(v1.Compose([v1.ColorJitter(0.4), v1.RandomCrop(224), v1.Resize(300)]), PIL_IMAGE)
+    assert moved(p) == (["ColorJitter"], "RandomCrop") and p.pixels_after == 224 * 224
 
 
 def test_erasing_containers_and_unknown_transforms_never_move_nor_are_crossed():
