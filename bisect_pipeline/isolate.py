@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch.utils.data import default_collate
 
-from . import breakdown, devices, faults, reads, recording, sources, tree
+from . import breakdown, devices, faults, reads, recording, reorder, sources, tree
 from .loader import LoaderSpec, copy_or_same, index_order
 from .results import (BatchShape, Breakdown, Collate, Isolated, LoadSplit, Memory, Part, PerSample, SampleStructure,
                       StepTime, SyncSite, Syncs, TensorInfo, Transfer, Workers)
@@ -199,18 +199,34 @@ def _augment(caches, share, clock) -> PerSample:
     if caches.raw_calls is None:
         return PerSample.missing("unavailable", caches.raw_reason or "the transforms could not be split from loading")
     pairs = list(zip(caches.samples, caches.raw_calls))
+    start = clock()
     if len(pairs) > 1:
         recording.replay_sample(*pairs[0])
         pairs = pairs[1:]
+    # A reorder the transforms' classes allow (reorder.py) takes half of the share.
+    movable = reorder.possible(caches.raw_calls)
     try:
-        whole, parts = breakdown.measure_with_whole([calls for _, calls in pairs], share, clock,
-                                                    lambda i: recording.replay_sample(*pairs[i]))
+        whole, parts = breakdown.measure_with_whole([calls for _, calls in pairs], share / 2 if movable else share,
+                                                    clock, lambda i: recording.replay_sample(*pairs[i]))
     except (KeyboardInterrupt, faults.StepTimeout):
         raise
     except Exception as exc:  # a transform that fails alone: the stage is still timed whole
         n, sec = _timed_loop(pairs, lambda p: recording.replay_sample(*p), share / 2, clock)
         whole, parts = PerSample(ms_per_sample=round(sec / n * 1e3, 4), samples=n), Breakdown.missing("failed", _reason(exc))
+    if movable and parts.ok and clock() - start < share:  # else none is timed: the share is spent
+        parts = dataclasses.replace(parts, reorders=_reorders(caches.raw_calls, share - (clock() - start), clock))
     return dataclasses.replace(whole, breakdown=parts)
+
+
+def _reorders(calls_per_sample: list, share: float, clock) -> Optional[tuple]:
+    """The reorders timed (reorder.measure) within what is left of the share; None when
+    they failed (a transform that raised on a cached input): the breakdown stands."""
+    try:
+        return reorder.measure(calls_per_sample, max(0.0, share), clock)
+    except (KeyboardInterrupt, faults.StepTimeout):
+        raise
+    except Exception:
+        return None
 
 
 def _groups(spec, caches) -> list:

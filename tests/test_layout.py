@@ -20,7 +20,7 @@ MEASURING_AND_DERIVING = ("bisect_pipeline.plan", "bisect_pipeline.visit", "bise
                           "bisect_pipeline.experiment", "bisect_pipeline.rounds", "bisect_pipeline.distributed",
                           "bisect_pipeline.verify", "bisect_pipeline.sweep", "bisect_pipeline.cache",
                           "bisect_pipeline.sources", "bisect_pipeline.isolate", "bisect_pipeline.breakdown", "bisect_pipeline.confirm",
-                          "bisect_pipeline.reads",
+                          "bisect_pipeline.reads", "bisect_pipeline.reorder",
                           "bisect_pipeline.allocator",
                           "bisect_pipeline.stats", "bisect_pipeline.verdict", "bisect_pipeline.advice",
                           "bisect_pipeline.outcome", "bisect_pipeline.diagnosis", "bisect_pipeline.loop")

@@ -191,7 +191,7 @@ def test_the_head_says_where_the_batch_size_comes_from_unless_it_is_the_loaders(
     assert Report.from_dict(r.to_dict()).batch_size_source == counted  # the document keeps it
 
 
-def _with_breakdown(rates: dict, agrees=True, cut=False) -> Report:
+def _with_breakdown(rates: dict, agrees=True, cut=False, reorders=None) -> Report:
     from bisect_pipeline.results import Breakdown, BreakdownRow, Isolated, PerSample
     rows = (BreakdownRow(name="RandomResizedCrop", where="dataset.transform[0]", ms_per_sample=5.0, share=0.2,
                          input="500x375 RGB", output="224x224 RGB", samples=4),
@@ -201,8 +201,8 @@ def _with_breakdown(rates: dict, agrees=True, cut=False) -> Report:
         rows += (BreakdownRow(status="not run", reason="out of time: the budget ran out before it",
                               name="Normalize", where="dataset.transform[2]"),)
     b = Breakdown(rows=rows, samples=4, sum_ms_per_sample=None if cut else 25.0, augment_ms_per_sample=26.0 if agrees
-                  else 40.0, tolerance_ms=5.2, tolerance="20%", agrees=None if cut else agrees)
-    iso = Isolated(augment=PerSample(ms_per_sample=26.0, samples=4, breakdown=b))
+                  else 40.0, tolerance_ms=5.2, tolerance="20%", agrees=None if cut else agrees, reorders=reorders)
+    iso = Isolated(augment=PerSample(ms_per_sample=26.0, samples=4, breakdown=b), items_per_batch=32)
     return planted_report(rates, isolated=iso.to_dict())
 
 
@@ -333,3 +333,41 @@ def test_an_unavailable_split_is_one_line_with_its_reason_when_load_is_named():
     text = " ".join(to_text(r).split())
     assert "Load could not be split into read and decode: no file was read through open()." in text
     assert "Load could not be split" not in to_text(_with_split(AUGMENT, {"status": "unavailable", "reason": "x"}))
+
+
+def _reorder(real: bool, saving: float = 0.29, tolerance=0.03):
+    from bisect_pipeline.results import Reorder
+    return Reorder(transform="ColorJitter", where="dataset.transform[0]", after="RandomResizedCrop",
+                   after_where="dataset.transform[1]", order=("RandomResizedCrop", "ColorJitter", "ToTensor"),
+                   pixels_before=187500, pixels_after=50176, ms_per_sample=0.41, reordered_ms_per_sample=0.41 - saving,
+                   saving_ms_per_sample=saving, tolerance_ms=tolerance, samples=24, real=real)
+
+
+def test_a_reorder_found_faster_is_a_line_under_the_breakdown_and_one_not_faster_only_with_all():
+    r = _with_breakdown(AUGMENT, reorders=(_reorder(True), _reorder(False, saving=0.01, tolerance=None)))
+    text = to_text(r)
+    flat = " ".join(text.split())
+    line = ("Reorder: move ColorJitter after RandomResizedCrop: 0.41 \u2192 0.12 ms/sample (saves 0.29 \u00b1 0.03, on "
+            "the same 24 inputs).")
+    assert line in flat
+    assert flat.index("they agree") < flat.index(line) < flat.index("Isolated (this process")
+    assert "not faster beyond the noise" not in flat
+    every = " ".join(r.text(breakdown="all").split())
+    assert ("Reorder: move ColorJitter after RandomResizedCrop: 0.41 \u2192 0.40 ms/sample: not faster beyond the "
+            "noise (+0.01; too few samples for the noise).") in every
+    assert all(len(x) <= WIDTH for x in text.splitlines())
+    assert to_text(Report.from_dict(json.loads(json.dumps(r.to_dict())))) == text
+    # the advice item: the move, both timings, the saving per batch; not checked in the full pipeline
+    (item,) = [f for f in r.advice if f.kind == "reorder"]
+    assert item.stage == "augment" and item.verified is None
+    msg = " ".join(item.message.split())
+    assert msg.startswith("Move ColorJitter (dataset.transform[0]) after RandomResizedCrop (dataset.transform[1]): "
+                          "0.41 \u2192 0.12 ms per sample on the same inputs (saves 0.29 \u00b1 0.03 ms per sample, "
+                          "9.3 ms per batch of 32); it then runs on 50,176 pixels instead of 187,500.")
+    assert "New order: RandomResizedCrop, ColorJitter, ToTensor. ColorJitter's contrast (when set) blends with the " \
+           "image's mean: after the move, the crop's" in msg
+    assert "not checked" in msg
+    assert item.numbers["saving_ms_per_batch"] == 9.28 and item.numbers["order"] == ["RandomResizedCrop",
+                                                                                      "ColorJitter", "ToTensor"]
+    kinds = [f.kind for f in r.advice]
+    assert kinds.index("augment") + 1 == kinds.index("reorder")

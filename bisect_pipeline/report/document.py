@@ -34,7 +34,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #       the advice kind persistent_workers (numbers.not_checked in a user's loop), and
 #       ms_per_batch in each verified block and its tried entries; isolated.augment.breakdown
 #       (the transforms one by one, their sum against the whole; RandomApply/RandomChoice/
-#       RandomOrder children with `ran`; `reorders`; `confirmed`, the costliest transform
+#       RandomOrder children with `ran`; `reorders`, a photometric
+#       transform moved after a smaller crop, timed both ways (reorder.py), with the advice
+#       kind reorder; `confirmed`, the costliest transform
 #       measured in the pipeline with its raw windows); in the advice's numbers, augment's
 #       parts (the costliest transforms, each with its remedy) and collate's
 #       own_work_ms_per_batch and stacking_ms_per_batch; isolated.load.split (load split

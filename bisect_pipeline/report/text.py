@@ -256,8 +256,10 @@ def _breakdown_lines(r: "Report", every: bool = False) -> list:
                      ran])
     lines = _table("The augment stage transform by transform (isolated, times in ms per sample)",
                    ["transform", "ms", "share", "ran on -> returned"], rows, "lrrl")
-    confirmed = _confirmed(r, b.confirmed)
-    return lines + _wrap(_breakdown_sum(b), rest="  ") + (_wrap(confirmed, rest="  ") if confirmed else [])
+    lines += _wrap(_breakdown_sum(b), rest="  ")
+    for line in _reorder_lines(b, every) + [_confirmed(r, b.confirmed)]:
+        lines += _wrap(line, rest="  ") if line else []
+    return lines
 
 
 def _confirmed(r: "Report", c) -> str:
@@ -276,6 +278,21 @@ def _confirmed(r: "Report", c) -> str:
     return (f"In the pipeline{where}: {c.transform} ({c.where}) costs the loop {c.measured_ms_per_batch:.1f}{pm} ms "
             f"per batch{verdict} ({c.with_ms_per_batch:.1f} with it, {c.without_ms_per_batch:.1f} from its cached "
             f"output, {c.windows} windows){predicted}.")
+
+
+def _reorder_lines(b, every: bool) -> list:
+    """One line per reorder found faster (reorder.py); with `every`, the ones that were
+    not faster beyond the noise too."""
+    out = []
+    for r in b.reorders or ():
+        head = f"Reorder: move {r.transform} after {r.after}: {r.ms_per_sample:.2f} \u2192 " \
+               f"{r.reordered_ms_per_sample:.2f} ms/sample"
+        tol = f" \u00b1 {r.tolerance_ms:.2f}" if r.tolerance_ms is not None else "; too few samples for the noise"
+        if r.real:
+            out.append(f"{head} (saves {r.saving_ms_per_sample:.2f}{tol}, on the same {r.samples} inputs).")
+        elif every:
+            out.append(f"{head}: not faster beyond the noise ({r.saving_ms_per_sample:+.2f}{tol}).")
+    return out
 
 
 def _breakdown_sum(b) -> str:
