@@ -3,7 +3,7 @@ files, transform by transform, its costliest transform measured in the pipeline 
 a hand-measured counterfactual; and MixUp in a collate_fn seen as the collate part it is.
 
     python scripts/bench_inside_stage.py                  # both cases, ~3 min on 2 cores
-    python scripts/bench_inside_stage.py --cases preset --max-seconds 90 --json out.json
+    python scripts/bench_inside_stage.py --cases preset --max-seconds 90 --json out.json --show
 
 preset: an ImageFolder of 500x375 JPEG files written here, the reference recipe's train
         transforms (references/classification/presets.py, ClassificationPresetTrain:
@@ -43,6 +43,7 @@ from bisect_pipeline import bisect  # noqa: E402
 
 N_IMAGES, BATCH, WORKERS = 192, 16, 1
 HAND_BATCHES, HAND_WARMUP, HAND_PAIRS = 30, 6, 3
+SHOW = False  # --show: the tool's text report of each case
 
 
 def write_jpegs(root: str, n: int = N_IMAGES) -> None:
@@ -149,6 +150,8 @@ def case_preset(max_seconds: float) -> dict:
     loader = DataLoader(folder, batch_size=BATCH, shuffle=True, num_workers=WORKERS, drop_last=True)
     model = small_cnn()
     r = bisect(model, loader, device="cpu", max_seconds=max_seconds)
+    if SHOW:
+        print(r.text())
     aug = r.isolated.augment if r.isolated is not None else None
     b = aug.breakdown if aug is not None else None
     out = {"bottleneck": r.bottleneck, "augment_stage_ms_per_batch": _stage(r, "augment"),
@@ -221,6 +224,8 @@ def case_mixup(max_seconds: float) -> dict:
     torch.manual_seed(0)
     loader = DataLoader(Images(), batch_size=64, shuffle=True, collate_fn=MixUpCollate(10))
     r = bisect(SoftTargetCNN(), loader, device="cpu", max_seconds=max_seconds, verify_seconds=0)
+    if SHOW:
+        print(r.text())
     col = r.isolated.collate if r.isolated is not None else None
     out = {"bottleneck": r.bottleneck, "collate_stage_ms_per_batch": _stage(r, "collate"),
            "collate_ms_per_batch": col.ms_per_batch if col is not None else None,
@@ -244,7 +249,10 @@ def main() -> None:
     ap.add_argument("--cases", default="preset,mixup")
     ap.add_argument("--max-seconds", type=float, default=60.0)
     ap.add_argument("--json")
+    ap.add_argument("--show", action="store_true", help="print the tool's text report of each case")
     a = ap.parse_args()
+    global SHOW
+    SHOW = a.show
     torch.set_num_threads(1)  # the step on one core, the worker on the other
     results = {}
     for case in a.cases.split(","):
