@@ -433,10 +433,17 @@ def _collate(c: _Context):
     own, dflt = col.ms_per_batch, col.default_collate_ms_per_batch
     if own is not None and dflt is not None and own >= OWN_COLLATE_WORK_RATIO * max(dflt, 1e-3):
         numbers["own_work_ms_per_batch"], numbers["stacking_ms_per_batch"] = _r(own - dflt), dflt
-        causes.append(f"{name}'s own work is {own - dflt:.1f} of the {own:.1f} ms per batch it costs alone; stacking "
-                      f"(torch's default_collate on the same samples) {dflt:.2f}: the cost is the function's own work "
-                      "(per-sample Python, padding, copies), not the batch structure; vectorize it or move it into "
-                      "the dataset's transforms (in the workers)")
+        head = (f"{name}'s own work is {own - dflt:.1f} of the {own:.1f} ms per batch it costs alone; stacking "
+                f"(torch's default_collate on the same samples) {dflt:.2f}: ")
+        if col.mixes:
+            numbers["mixes"] = list(col.mixes)
+            causes.append(head + f"it mixes the batch ({', '.join(col.mixes)}), work on the whole batch that no "
+                          "per-sample transform can take over: run it on the device inside the step (torchvision's "
+                          "v2 MixUp and CutMix take a batch of tensors there), or keep it in the collate_fn and let "
+                          "workers run it (num_workers > 0)")
+        else:
+            causes.append(head + "the cost is the function's own work (per-sample Python, padding, copies), not the "
+                          "batch structure; vectorize it or move it into the dataset's transforms (in the workers)")
     causes.extend(_structure_causes(st or SampleStructure()))
     if not causes and batch.bytes:
         causes.append(f"the batch is {batch.n_tensors} tensor(s), {batch.bytes / 2**20:.1f} MB: collate "

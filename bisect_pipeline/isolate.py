@@ -240,7 +240,8 @@ def _collate(spec, caches, share, clock) -> Collate:
     groups = _groups(spec, caches)
     n, sec = _timed_loop(groups, spec.collate_fn, share / 2, clock)
     info = Collate(ms_per_batch=round(sec / n * 1e3, 4), batches=n,
-                   collate_fn=getattr(spec.collate_fn, "__qualname__", type(spec.collate_fn).__name__))
+                   collate_fn=getattr(spec.collate_fn, "__qualname__", type(spec.collate_fn).__name__),
+                   mixes=batch_mixers(spec.collate_fn) or None)
     if spec.collate_fn is not default_collate and spec.auto_collation:
         # The same samples through torch's default_collate: tells the function's own work
         # apart from what the batch structure costs.
@@ -250,6 +251,31 @@ def _collate(spec, caches, share, clock) -> Collate:
         except Exception as exc:
             info = dataclasses.replace(info, default_collate_reason=_reason(exc))
     return info
+
+
+# Transforms that mix the samples of a batch, by class name: torchvision v2's, timm's
+# collate-time one (timm.data.FastCollateMixup) and its loop-time one.
+BATCH_MIXERS = ("MixUp", "CutMix", "FastCollateMixup", "Mixup")
+
+
+def batch_mixers(fn: Any) -> tuple:
+    """The batch-mixing transforms a collate_fn holds: itself, its attributes, a lambda's
+    or closure's cells, a partial's arguments, and the children of a container among
+    those (the torchvision reference's RandomChoice([MixUp, CutMix])), one level each."""
+    seen: list = []
+    near = [fn, *getattr(fn, "__dict__", {}).values(), *getattr(fn, "args", ()), *getattr(fn, "keywords", {}).values()]
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            near.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    for obj in near:
+        for o in [obj, *(getattr(obj, "transforms", None) or ())] if isinstance(getattr(obj, "transforms", None),
+                                                                                 (list, tuple)) else [obj]:
+            name = type(o).__name__
+            if name in BATCH_MIXERS and name not in seen:
+                seen.append(name)
+    return tuple(seen)
 
 
 def _transfer(spec, caches, device, move, *, share, clock) -> Transfer:

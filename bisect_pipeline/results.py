@@ -282,6 +282,7 @@ class Collate(Part):
     collate_fn: Optional[str] = None
     default_collate_ms_per_batch: Optional[float] = None  # the same samples through default_collate
     default_collate_reason: Optional[str] = None
+    mixes: Optional[tuple] = None  # batch-mixing transforms found in the collate_fn (MixUp, CutMix, ...)
 
 
 @dataclasses.dataclass(frozen=True)

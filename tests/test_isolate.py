@@ -281,3 +281,29 @@ def test_the_workers_work_is_timed_on_one_thread_as_a_worker_has_and_the_threads
         assert seen == [1, 2] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_batch_mixers_are_found_where_a_collate_fn_keeps_them():
+    import functools
+    from torch.utils.data import default_collate
+    from torchvision.transforms import v2
+    mixup, cutmix = v2.MixUp(num_classes=4), v2.CutMix(num_classes=4)
+    choice = v2.RandomChoice([mixup, cutmix])
+
+    def reference(batch):  # the torchvision reference's collate_fn: a closure over RandomChoice
+        return choice(*default_collate(batch))
+
+    class Holder:
+        def __init__(self):
+            self.mix = mixup
+
+        def __call__(self, batch):
+            return self.mix(*default_collate(batch))
+
+    def mixes(fn, batch, m):
+        return m(*default_collate(batch))
+    assert isolate.batch_mixers(reference) == ("MixUp", "CutMix")
+    assert isolate.batch_mixers(Holder()) == ("MixUp",)
+    assert isolate.batch_mixers(functools.partial(mixes, m=cutmix)) == ("CutMix",)
+    assert isolate.batch_mixers(mixup) == ("MixUp",)
+    assert isolate.batch_mixers(default_collate) == () and isolate.batch_mixers(lambda b: b) == ()
