@@ -45,7 +45,8 @@ def run_options(f: Callable) -> Callable:
                           "the 'allocator' advice. Only on Linux with glibc."),
         click.option("--verify-seconds", type=click.FloatRange(min=0.0), default=None, metavar="SECONDS",
                      help="Time to measure the settings the advice recommends (num_workers, threads, pin_memory, ...) "
-                          "against yours before printing them. 0 turns it off; a number is a budget of its own, on "
+                          "against yours before printing them, and, when augment is the bottleneck, its costliest "
+                          "transform within the pipeline. 0 turns it off; a number is a budget of its own, on "
                           "top of --max-seconds.  [default: what the bisection leaves of --max-seconds; at least 25% once a verdict is made]"),
         click.option("--breakdown", type=click.Choice(["bottleneck", "all"]), default="bottleneck", show_default=True,
                      help="Which stages the text and HTML reports show part by part (the augment stage transform "

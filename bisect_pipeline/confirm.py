@@ -150,6 +150,10 @@ class Confirm:
         predicted = _predicted(exp, t)
         deadline = exp.clock() + self.budget_s
         try:
+            too_big = _over_budget(exp.caches, t)
+            if too_big:
+                self.result = _missing(t, "skipped", too_big, predicted)
+                return
             with_, without = sub_calls(exp.caches.raw_calls, t)
         except Exception as exc:  # the replay from an intermediate cannot be built: say so
             self.result = _missing(t, "failed", f"{type(exc).__name__}: {exc}"[:300], predicted)
@@ -166,6 +170,24 @@ class Confirm:
             deadline, decided=decided, blocks=BLOCKS)
         trial = Trial("confirm", {}, dump(sides[False]), dump(sides[True]), error)
         self.result = confirmation(t, trial, exp.batch_size, predicted)
+
+
+def _over_budget(caches: Any, t: Target) -> Optional[str]:
+    """Why the step's inputs and outputs for every cached sample would not fit in what
+    --cache-mb leaves beside the caches (estimated from the first sample), or None."""
+    if caches.budget_bytes is None:
+        return None
+    first = [c for c in caches.raw_calls[0] if c.name == t.call]
+    if not first:
+        return None
+    before, after = _around(first[0], t.index)
+    need = (tree.nbytes(before.args) + tree.nbytes(after.args)) * len(caches.raw_calls)
+    left = caches.budget_bytes - sum((caches.held or {}).values())
+    if need <= left:
+        return None
+    return (f"its inputs and outputs for the {len(caches.raw_calls)} cached samples would hold about "
+            f"{need / 2**20:.0f} MB, more than the {max(0, left) / 2**20:.0f} MB --cache-mb leaves beside the caches: "
+            "raise --cache-mb")
 
 
 def _predicted(exp: Experiment, t: Target) -> float:

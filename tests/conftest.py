@@ -274,3 +274,20 @@ def assert_names(report, stage: str, shown: str = "") -> None:
     expected_real = [] if stage == "none" else [stage]  # none: no stage real either
     assert doc["bottleneck"] == "inconclusive" and not doc["run"].get("settled") and real == expected_real, (
         f"expected {stage} (or inconclusive, unsettled, with only {expected_real} real; real: {real}):\n{shown}")
+
+
+class PILImages(torch.utils.data.Dataset):
+    """Image files opened with PIL and converted to RGB in __getitem__, then `transform`:
+    the shape of torchvision's ImageFolder with a path list (labels i % 3)."""
+
+    def __init__(self, paths, transform):
+        self.paths, self.transform = paths, transform
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        with Image.open(self.paths[i]) as im:
+            image = im.convert("RGB")
+        return self.transform(image), i % 3

@@ -13,7 +13,7 @@ from torchvision.transforms import v2
 from bisect_pipeline import breakdown, cache, isolate, loader as loader_mod
 from bisect_pipeline.recording import Call
 from bisect_pipeline.results import Isolated, PerSample
-from conftest import FakeClock, make_loader
+from conftest import FakeClock, PILImages, make_loader
 
 
 class Planted:
@@ -112,19 +112,6 @@ def test_the_breakdown_round_trips_through_the_document():
     iso = Isolated(augment=PerSample(ms_per_sample=2.0, samples=3, breakdown=b))
     again = Isolated.from_dict(iso.to_dict())
     assert again == iso and again.augment.breakdown.rows[0].ms_per_sample == 2.0
-
-
-class PILImages(torch.utils.data.Dataset):
-    def __init__(self, paths, transform):
-        self.paths, self.transform = paths, transform
-
-    def __len__(self):
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        with Image.open(self.paths[i]) as im:
-            image = im.convert("RGB")
-        return self.transform(image), i % 3
 
 
 @pytest.mark.e2e

@@ -135,3 +135,16 @@ def test_an_albumentations_compose_is_cut_on_its_data_dict():
         got = recording.replay_sample((image, 0), side[0])[0]
         assert got.shape == (2, 2, 3) and (got == want).all()
     assert without[0][0].args[0]["image"].tolist() == image[:, ::-1].tolist()  # the flip's output, cached
+
+
+def test_the_intermediates_must_fit_in_what_the_cache_budget_leaves():
+    from types import SimpleNamespace
+    compose = v2.Compose([Add(1), Double()])
+    calls = [[Call(compose, "dataset.transform", (torch.zeros(1024),), {})] for _ in range(4)]  # 4 KiB a float tensor
+    t = confirm.Target("dataset.transform", 1, "Double", "dataset.transform[1]", 1.0)
+    fits = SimpleNamespace(raw_calls=calls, budget_bytes=64 * 1024, held={"samples": 16 * 1024})
+    assert confirm._over_budget(fits, t) is None  # 4 samples x (4 + 4) KiB = 32 KiB of the 48 left
+    tight = SimpleNamespace(raw_calls=calls, budget_bytes=40 * 1024, held={"samples": 16 * 1024})
+    why = confirm._over_budget(tight, t)
+    assert why.startswith("its inputs and outputs for the 4 cached samples would hold about 0 MB") and "--cache-mb" in why
+    assert confirm._over_budget(SimpleNamespace(raw_calls=calls, budget_bytes=None, held={}), t) is None

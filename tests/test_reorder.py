@@ -13,7 +13,7 @@ from torchvision.transforms import v2
 from bisect_pipeline import cache, isolate, loader as loader_mod, reorder
 from bisect_pipeline.recording import Call
 from bisect_pipeline.results import Breakdown, Isolated, PerSample, Reorder
-from conftest import FakeClock, make_loader
+from conftest import FakeClock, PILImages, make_loader
 
 PIL_IMAGE = Image.fromarray(np.random.default_rng(0).integers(0, 256, (448, 448, 3), dtype=np.uint8))
 TENSOR = torch.randint(0, 256, (3, 448, 448), dtype=torch.uint8)
@@ -182,19 +182,6 @@ def test_measure_times_each_call_with_a_reorder_and_round_trips_through_the_docu
     again = Isolated.from_dict(iso.to_dict())
     assert again == iso and isinstance(again.augment.breakdown.reorders[0], Reorder)
     assert again.augment.breakdown.reorders[0].order == ("RandomCrop", "ColorJitter")
-
-
-class PILImages(torch.utils.data.Dataset):
-    def __init__(self, paths, transform):
-        self.paths, self.transform = paths, transform
-
-    def __len__(self):
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        with Image.open(self.paths[i]) as im:
-            image = im.convert("RGB")
-        return self.transform(image), i % 3
 
 
 def _augment_of(tmp_path, transform):
