@@ -593,7 +593,7 @@ def _costliest_parts(b) -> tuple[list, str]:
     of = f"{total:.2f} ms/sample" + ("" if len(timed) == len(b.rows) else " timed (not every transform was)")
     parts, text = [], []
     for row in chosen:
-        remedy = _part_remedy(row, b.rows, b.reorders)
+        remedy = _part_remedy(row, b.reorders)
         parts.append({"name": row.name, "where": row.where, "ms_per_sample": row.ms_per_sample,
                       "share": _r(row.ms_per_sample / total, 4), "input": row.input, "output": row.output,
                       "remedy": remedy})
@@ -604,7 +604,6 @@ def _costliest_parts(b) -> tuple[list, str]:
 
 # What makes a transform of each kind cheaper, by class name (torchvision v1 and v2).
 RESIZES = frozenset({"Resize", "RandomResizedCrop", "RandomResize", "RandomShortestSize", "ScaleJitter"})
-CROPS = RESIZES | {"RandomCrop", "CenterCrop", "FiveCrop", "TenCrop", "RandomIoUCrop"}
 AUTO_AUGMENTS = frozenset({"AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix"})
 # per pixel (or a small neighbourhood): the same after a crop, on fewer pixels
 PIXELWISE = frozenset({"ColorJitter", "RandomPhotometricDistort", "RandomAdjustSharpness", "RandomAutocontrast",
@@ -617,10 +616,12 @@ ON_DEVICE = ("run it batched on the device inside the step (torchvision v2 trans
              "one random draw per batch)")
 
 
-def _part_remedy(row, rows: tuple, reorders: Optional[tuple] = None) -> Optional[str]:
+def _part_remedy(row, reorders: Optional[tuple] = None) -> Optional[str]:
     """What makes this transform cheaper, by its class name, or None when nothing
     specific is known (the finding then says what to do in general); a move after a crop
-    that was timed (`reorders`, reorder.py) is said with what it saved, or not offered."""
+    that was timed (`reorders`, reorder.py) is said with what it saved; an untimed one is
+    never offered (reorder.py's table decides what may move: a warp or an albumentations
+    transform between the op and the crop would change what the model sees)."""
     name = row.name
     if name in RESIZES:
         before, after = _pixels(row.input), _pixels(row.output)
@@ -633,7 +634,6 @@ def _part_remedy(row, rows: tuple, reorders: Optional[tuple] = None) -> Optional
     if name in WARPS:
         return ON_DEVICE
     if name in PIXELWISE:
-        later = next((r for r in rows[rows.index(row) + 1:] if r.name in CROPS), None)
         blur = "use a smaller kernel_size, " if name == "GaussianBlur" else ""
         timed = next((x for x in reorders or () if name in (x.transform or "").split(", ")
                       and row.where in (x.where or "")), None)
@@ -642,8 +642,6 @@ def _part_remedy(row, rows: tuple, reorders: Optional[tuple] = None) -> Optional
                 return (f"{blur}move it after {timed.after} ({timed.after_where}): on the same inputs that saved "
                         f"{timed.saving_ms_per_sample:.2f} ms per sample; or " + ON_DEVICE)
             return f"{blur}{ON_DEVICE}; moved after {timed.after} it saved nothing beyond the noise"
-        if later is not None:
-            return f"{blur}move it after {later.name} ({later.where}), on the fewer pixels it keeps, or " + ON_DEVICE
         return f"{blur}{ON_DEVICE}"
     if name in TO_FLOAT:
         return ("do it on the device inside the step: keep the batch uint8 through the loader (less to copy), then "

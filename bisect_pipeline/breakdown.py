@@ -261,17 +261,19 @@ def measure(calls_per_sample: list, share: float, clock: Callable[[], float], au
 
 
 def measure_with_whole(calls_per_sample: list, share: float, clock: Callable[[], float],
-                       whole: Callable[[int], Any]) -> tuple[PerSample, Breakdown]:
-    """(the stage timed whole, its rows): as `measure`, with `whole(i)`, the stage replayed
-    whole on sample i, timed right before that sample's rows. Interleaved, a moment of a
+                       whole: Callable[[int], Callable[[], Any]]) -> tuple[PerSample, Breakdown]:
+    """(the stage timed whole, its rows): as `measure`, with `whole(i)()`, the stage replayed
+    whole on sample i, timed right before that sample's rows (`whole(i)`, untimed, copies
+    the inputs, as the rows' inputs are copied before their timers). Interleaved, a moment of a
     busy machine weighs on both alike (timed one after the other, the whole of the
     classification preset once read 5.95 ms/sample against rows adding up to 2.45), and
     the parts are held against the whole sample by sample (agreement's paired rule)."""
     wholes: list = []
 
     def timed(i: int) -> None:
+        run = whole(i)
         t = clock()
-        whole(i)
+        run()
         wholes.append(clock() - t)
     rows, totals = _time_rows(calls_per_sample, share, clock, before=timed)
     stage = PerSample(ms_per_sample=round(statistics.fmean(wholes) * 1e3, 4), samples=len(wholes))

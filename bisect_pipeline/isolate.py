@@ -207,7 +207,7 @@ def _augment(caches, share, clock) -> PerSample:
     movable = reorder.possible(caches.raw_calls)
     try:
         whole, parts = breakdown.measure_with_whole([calls for _, calls in pairs], share / 2 if movable else share,
-                                                    clock, lambda i: recording.replay_sample(*pairs[i]))
+                                                    clock, lambda i: recording.prepared_sample(*pairs[i]))
     except (KeyboardInterrupt, faults.StepTimeout):
         raise
     except Exception as exc:  # a transform that fails alone: the stage is still timed whole

@@ -56,6 +56,22 @@ def test_record_and_replay_rebuild_the_sample_and_leave_the_dataset_alone():
     assert tree.same_structure(replayed, sample) is None
 
 
+class InPlace:
+    def __call__(self, x):
+        return x.mul_(2)
+
+
+def test_a_prepared_replay_copies_the_inputs_before_it_is_run_and_leaves_the_cache_intact():
+    inst = split.instrument(PlantedDataset(transform=InPlace()))
+    sample, calls = recording.record_sample(inst, 3)
+    cached = calls[0].args[0].clone()
+    run = recording.prepared_sample(sample, calls)  # the copy is made here, not inside run()
+    calls[0].args[0].add_(100)
+    assert torch.equal(run()[0], cached * 2)
+    calls[0].args[0].sub_(100)
+    assert torch.allclose(calls[0].args[0], cached, atol=1e-4)  # the in-place transform changed its copy only
+
+
 def test_joint_transform_outputs_are_placed_element_by_element():
     inst = split.instrument(Joint())
     sample, calls = recording.record_sample(inst, 2)
