@@ -141,14 +141,22 @@ def describe(x: Any) -> str:
     """What a transform ran on: "3x224x224 uint8", "500x375 RGB", a tuple's parts."""
     if isinstance(x, (tuple, list)) and x:
         return ", ".join(describe(v) for v in x[:4]) + (", ..." if len(x) > 4 else "")
-    if isinstance(x, dict) and x:
-        return ", ".join(f"{k}: {describe(v)}" for k, v in list(x.items())[:4])
+    if isinstance(x, dict) and x:  # its arrays and images (not MONAI's trace of what ran), else all
+        items = [(k, v) for k, v in x.items() if _sized(v)] or list(x.items())
+        return ", ".join(f"{k}: {describe(v)}" for k, v in items[:4])
     shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
     if shape is not None and dtype is not None:
         return "x".join(str(int(d)) for d in shape) + " " + str(dtype).replace("torch.", "")
     if tree._is_pil(x):
         return f"{x.size[0]}x{x.size[1]} {x.mode}"
     return type(x).__name__
+
+
+def _sized(x: Any) -> bool:
+    """An array or an image, or a tuple or list holding one."""
+    if isinstance(x, (tuple, list)):
+        return any(_sized(v) for v in x[:4])
+    return (getattr(x, "shape", None) is not None and getattr(x, "dtype", None) is not None) or tree._is_pil(x)
 
 
 class _Rows:

@@ -282,3 +282,13 @@ def test_a_monai_compose_is_broken_down_through_apply_transform_and_its_random_c
     lazy = mt.Compose([mt.ScaleIntensity()], lazy=True)
     rows, _ = breakdown.parts_of(samples(lazy, 1, image)[0][0])
     assert len(rows) == 1 and "lazy resampling" in rows[0].note
+
+
+def test_a_row_s_sizes_name_the_arrays_and_images_it_ran_on():
+    assert breakdown.describe(torch.zeros(3, 224, 224, dtype=torch.uint8)) == "3x224x224 uint8"
+    assert breakdown.describe(Image.new("RGB", (500, 375))) == "500x375 RGB"
+    assert breakdown.describe((torch.zeros(2, 4), 7)) == "2x4 float32, int"
+    # a dict's arrays only: MONAI's trace of what ran beside them is not a size
+    out = {"image": torch.zeros(3, 96, 96), "image_transforms": [{"class": "RandFlipd", "id": 1}]}
+    assert breakdown.describe(out) == "image: 3x96x96 float32"
+    assert breakdown.describe({"label": 3}) == "label: int"  # nothing sized: all of it
