@@ -45,13 +45,13 @@ def run_options(f: Callable) -> Callable:
                           "the 'allocator' advice. Only on Linux with glibc."),
         click.option("--verify-seconds", type=click.FloatRange(min=0.0), default=None, metavar="SECONDS",
                      help="Time to measure the settings the advice recommends (num_workers, threads, pin_memory, ...) "
-                          "against yours before printing them, and, when augment is the bottleneck, its costliest "
+                          "against yours before printing them, and, when augment is the bottleneck (or tied for the lead), its costliest "
                           "transform within the pipeline. 0 turns it off; a number is a budget of its own, on "
                           "top of --max-seconds.  [default: what the bisection leaves of --max-seconds; at least 25% once a verdict is made]"),
         click.option("--breakdown", type=click.Choice(["bottleneck", "all"]), default="bottleneck", show_default=True,
                      help="Which stages the text and HTML reports show part by part (the augment stage transform "
                           "by transform; load's reading and decoding; collate's stacking and your collate_fn's own "
-                          "work): the bottleneck only, or every stage measured by parts (the JSON always holds them)."),
+                          "work): the bottleneck only (or the two stages an inconclusive verdict could not tell apart), or every stage measured by parts (the JSON always holds them)."),
         click.option("--quiet", "-q", is_flag=True, help="No progress; print only the verdict line."),
         click.option("--debug", is_flag=True, help="Show tracebacks of errors."),
         click.option("--sweep", "sweep", multiple=True, metavar="NAME=V1,V2,...",

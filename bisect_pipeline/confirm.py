@@ -223,8 +223,9 @@ def with_confirmation(isolated: Isolated, c: Optional[Confirmation]) -> Isolated
     return dataclasses.replace(isolated, augment=dataclasses.replace(aug, breakdown=b))
 
 
-def skipped(isolated: Isolated, bottleneck: Optional[str], reason: str) -> Isolated:
-    """Where the confirmation would have run (augment named) but the check did not."""
-    if bottleneck != "augment":
+def skipped(isolated: Isolated, questioned: tuple, reason: str) -> Isolated:
+    """Where the confirmation would have run (augment in question: verdict.in_question)
+    but the check did not."""
+    if "augment" not in questioned:
         return isolated
     return with_confirmation(isolated, Confirmation.missing("skipped", reason))

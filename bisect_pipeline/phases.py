@@ -32,6 +32,7 @@ from .plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Plan
 from .results import AllocatorTiming, Isolated, Syncs, Verification
 from .rounds import Rounds
 from .verify import Trials
+from .verdict import in_question
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,24 +82,25 @@ def measure(exp: Experiment, options: Options, *, coord: Any, held: allocator.He
 
 
 def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float]):
-    """The check: when augment is the bottleneck, its costliest transform measured in
+    """The check: when augment is in question (named, or tied for the lead:
+    verdict.in_question), its costliest transform measured in
     the pipeline first (confirm.Confirm, CONFIRM_SHARE of the budget); then the advice's
     recommended settings measured against the user's (verify.Trials) in the rest.
     verify_seconds None: in what the bisection leaves of max_seconds (the rounds that
     only settle a verdict already made stop VERIFY_SHARE of it early; an undecided
     verdict may use it all); 0: off; a number: a budget of its own, on top of max_seconds."""
-    bottleneck = exp.decide().bottleneck
+    questioned = in_question(exp.decide())
     if verify_seconds == 0:
-        exp.isolated = confirm.skipped(exp.isolated, bottleneck, "the check is off (verify_seconds=0)")
+        exp.isolated = confirm.skipped(exp.isolated, questioned, "the check is off (verify_seconds=0)")
         return Verification(status="off", reason="verification turned off (verify_seconds=0)")
     start = exp.clock()
     budget = max(0.0, exp.end - start) if verify_seconds is None else float(verify_seconds)
     if budget < 2 * exp.plan.window_seconds:
-        exp.isolated = confirm.skipped(exp.isolated, bottleneck, "out of time: the bisection used --max-seconds")
+        exp.isolated = confirm.skipped(exp.isolated, questioned, "out of time: the bisection used --max-seconds")
         return Verification(status="out of time", budget_s=round(budget, 3),
                             reason="the bisection used --max-seconds; give the check a budget of its own with "
                                    "--verify-seconds")
-    if bottleneck == "augment" and exp.caches is not None and exp.caches.raw_calls is not None:
+    if "augment" in questioned and exp.caches is not None and exp.caches.raw_calls is not None:
         confirming = confirm.Confirm(exp, budget_s=confirm.CONFIRM_SHARE * budget)
         yield from confirming
         exp.isolated = confirm.with_confirmation(exp.isolated, confirming.result)

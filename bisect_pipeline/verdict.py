@@ -256,6 +256,22 @@ def settled(v: Verdict, more_noise: Verdict, less_noise: Verdict) -> bool:
     return more_noise.bottleneck == v.bottleneck
 
 
+def in_question(v: Verdict) -> tuple:
+    """The stages the user will look inside: the one named, or, when two lead the
+    verdict too closely to name either (inconclusive, and a stage's cost is real), the
+    two costliest; none for `none`, no verdict, or a gap spread below the noise. The
+    breakdowns are shown and the costliest transform confirmed for these (a decode-heavy
+    ImageNet-like pipeline often has load and augment tied)."""
+    if v.bottleneck in STAGES:
+        return (v.bottleneck,)
+    if v.bottleneck != "inconclusive":
+        return ()
+    costed = sorted((s for s in v.stages if s.status == "ok"), key=lambda s: s.sec_per_batch, reverse=True)
+    if not any(s.significant for s in costed):
+        return ()
+    return tuple(s.stage for s in costed[:2])
+
+
 def deciding_points(v: Verdict) -> set:
     """The points whose measurement can still change verdict `v`: around the costliest
     stage and its runner-up when a stage is named or two are tied; `full` and the

@@ -96,11 +96,12 @@ def test_the_figures_come_from_the_windows_of_the_two_sides():
     assert again == c and again.trial.user_windows == with_
 
 
-def test_a_confirmation_is_placed_in_the_augment_breakdown_and_skipped_only_where_augment_is_named():
+def test_a_confirmation_is_placed_in_the_augment_breakdown_and_skipped_only_where_augment_is_in_question():
     iso = _iso([("Blur", "dataset.transform[0]", 1.0)])
-    c = confirm.skipped(iso, "augment", "the check is off (verify_seconds=0)")
+    c = confirm.skipped(iso, ("augment",), "the check is off (verify_seconds=0)")
     assert c.augment.breakdown.confirmed.status == "skipped" and c.augment.breakdown.rows == iso.augment.breakdown.rows
-    assert confirm.skipped(iso, "load", "off") is iso
+    assert confirm.skipped(iso, ("load", "augment"), "off").augment.breakdown.confirmed.status == "skipped"  # tied
+    assert confirm.skipped(iso, ("load",), "off") is iso and confirm.skipped(iso, (), "off") is iso
     assert confirm.with_confirmation(Isolated.missing("skipped", "x"), c.augment.breakdown.confirmed).status == "skipped"
 
 

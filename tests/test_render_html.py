@@ -376,12 +376,15 @@ def test_part_names_and_shapes_from_user_code_are_escaped():
     assert list(part_bars(markup))[0] == evil  # the attribute, unescaped by the parser, is the name
 
 
-def test_no_section_without_parts_nor_for_a_stage_other_than_the_bottleneck_unless_all():
+def test_no_section_without_parts_nor_for_a_stage_not_in_question_unless_all():
     plain = planted_report(AUGMENT)
     assert "Inside the stage" not in to_html(plain) and "Inside the stage" not in to_html(plain, breakdown="all")
     load_bound = parts_report(LOAD_BOUND)  # augment measured by parts, load not: nothing to show by default
     assert load_bound.bottleneck == "load"
     assert "Inside the stage" not in to_html(load_bound) and part_bars(to_html(load_bound)) == {}
+    tied = parts_report({"device": 950.0, "collated": 930.0, "augmented": 920.0, "raw": 500.0, "full": 330.0})
+    assert tied.bottleneck == "inconclusive"  # load and augment tied for the lead: both in question
+    assert list(part_bars(to_html(tied)))[:2] == ["RandomResizedCrop", "ToTensor"]
     every = load_bound.html(breakdown="all")
     assert list(part_bars(every))[:2] == ["RandomResizedCrop", "ToTensor"]
     assert "Inside the stage" in to_document(load_bound, breakdown="all")

@@ -206,7 +206,7 @@ def _with_breakdown(rates: dict, agrees=True, cut=False, reorders=None) -> Repor
     return planted_report(rates, isolated=iso.to_dict())
 
 
-def test_the_augment_breakdown_is_a_table_under_the_stages_only_when_augment_is_the_bottleneck():
+def test_the_augment_breakdown_is_a_table_under_the_stages_only_when_augment_is_in_question():
     r = _with_breakdown(AUGMENT)
     text = to_text(r)
     block = table(text, "The augment stage transform by transform")
@@ -223,6 +223,10 @@ def test_the_augment_breakdown_is_a_table_under_the_stages_only_when_augment_is_
                                   "full": 320.0})
     assert load_bound.bottleneck == "load"
     assert "transform by transform" not in to_text(load_bound)
+    # load and augment tied for the lead (inconclusive): both are in question, the table shown
+    tied = _with_breakdown({"device": 950.0, "collated": 930.0, "augmented": 920.0, "raw": 500.0, "full": 330.0})
+    assert tied.bottleneck == "inconclusive" and "about the same" in tied.verdict.reason
+    assert table(to_text(tied), "The augment stage transform by transform")[3:] == block[3:]
     # unless asked for always (--breakdown all): the same table
     every = load_bound.text(breakdown="all")
     assert table(every, "The augment stage transform by transform")[3:] == block[3:]

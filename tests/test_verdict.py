@@ -3,8 +3,8 @@
 import pytest
 
 from bisect_pipeline.stats import MIN_REL_DROP, Throughput, Window
-from bisect_pipeline.verdict import (NONE_MAX_LOSS, SETTLE_NOISE_SCALE, Verdict, decide, deciding_points, self_check,
-                                     settled)
+from bisect_pipeline.verdict import (NONE_MAX_LOSS, SETTLE_NOISE_SCALE, Verdict, decide, deciding_points,
+                                     in_question, self_check, settled)
 
 BS = 10
 
@@ -247,3 +247,18 @@ def test_the_suites_verdict_check_takes_only_the_planted_stage_or_an_unsettled_i
     for wrong in (doc("inconclusive", False, ["load"]), doc("inconclusive", True, []), doc("augment", True, ["augment"])):
         with pytest.raises(AssertionError):
             assert_names(wrong, "none")
+
+
+def test_the_stages_in_question_are_the_named_one_or_the_two_tied_for_the_lead():
+    named = decide({"device": tp(10), "collated": tp(11), "augmented": tp(12), "raw": tp(60), "full": tp(62)}, BS, CPU)
+    assert in_question(named) == ("augment",)
+    tied = decide({"device": tp(10), "collated": tp(10), "augmented": tp(10), "raw": tp(40), "full": tp(70)}, BS, CPU)
+    assert tied.bottleneck == "inconclusive" and set(in_question(tied)) == {"load", "augment"}
+    led = decide({"device": tp(10), "collated": tp(10), "augmented": tp(10), "raw": tp(58), "full": tp(98, 0.5)}, BS, CPU)
+    assert led.bottleneck == "inconclusive" and set(in_question(led)) == {"load", "augment"}  # load may cost as much
+    spread = decide({"device": tp(100), "collated": tp(103), "augmented": tp(106), "raw": tp(109), "full": tp(112)},
+                    BS, CPU)
+    assert spread.bottleneck == "inconclusive" and in_question(spread) == ()  # no stage real: nothing to look inside
+    flat = decide({"device": tp(40), "augmented": tp(40.2), "raw": tp(40.4), "full": tp(40.6)}, BS, CPU)
+    assert flat.bottleneck == "none" and in_question(flat) == ()
+    assert in_question(decide({"full": tp(10)}, BS, CPU)) == ()  # no verdict

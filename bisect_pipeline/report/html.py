@@ -14,7 +14,7 @@ import html
 import math
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..verdict import STAGES
+from ..verdict import STAGES, in_question
 from . import plot as plot_mod
 from .figures import POINT_MEANING, batch_size_text
 from . import text as text_mod
@@ -357,12 +357,14 @@ class _Block:
 
 
 def parts_section(r: "Report", *, breakdown: str = "bottleneck") -> str:
-    """The section "Inside the stage": the bottleneck's parts (every stage's with
-    `breakdown` "all"), one bar per part on one scale per block; "" when there are none."""
+    """The section "Inside the stage": the parts of the stages in question (the
+    bottleneck, or the two an inconclusive verdict could not tell apart; every stage's
+    with `breakdown` "all"), one bar per part on one scale per block; "" when there are none."""
     iso = r.isolated
     if iso is None or not iso.ok:
         return ""
-    shown = [s for s in PART_STAGES if breakdown == "all" or s == r.bottleneck]
+    questioned = in_question(r.verdict)
+    shown = [s for s in PART_STAGES if breakdown == "all" or s in questioned]
     blocks = [b for s in shown for b in _PARTS[s](iso, s == r.bottleneck)]
     if not blocks:
         return ""

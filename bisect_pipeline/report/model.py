@@ -44,12 +44,13 @@ class Report(Diagnosis):
 
     def text(self, *, breakdown: str = "bottleneck") -> str:
         """The text report; `breakdown` "all" shows the augment stage transform by
-        transform whatever the bottleneck (by default only when it is augment)."""
+        transform whatever the bottleneck (by default only when augment is in question:
+        named, or tied for the lead)."""
         return text.to_text(self, breakdown=breakdown)
 
     def html(self, *, breakdown: str = "bottleneck") -> str:
         """The HTML fragment a notebook shows; `breakdown` "all" shows the parts inside
-        every stage measured by parts (by default only inside the bottleneck)."""
+        every stage measured by parts (by default only inside the stages in question)."""
         return html.to_html(self, breakdown=breakdown)
 
     def _repr_html_(self) -> str:

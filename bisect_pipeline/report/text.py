@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 from tabulate import tabulate
 
 from .. import advice as advice_mod
-from ..verdict import POINTS
+from ..verdict import POINTS, in_question
 from .figures import batch_size_text, gain_if_free
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -236,10 +236,11 @@ def _isolated_lines(r: "Report") -> list:
 
 
 def _breakdown_lines(r: "Report", every: bool = False) -> list:
-    """When augment is the bottleneck (or `every` time): its transforms one by one
-    (breakdown.py), as a table, and whether they add up to the stage timed whole."""
+    """When augment is in question (verdict.in_question: named, or tied for the lead; or
+    `every` time): its transforms one by one (breakdown.py), as a table, and whether they
+    add up to the stage timed whole."""
     iso = r.isolated
-    shown = every or r.verdict.bottleneck == "augment"
+    shown = every or "augment" in in_question(r.verdict)
     aug = iso.part("augment") if iso is not None and shown else None
     b = aug.breakdown if aug is not None else None
     if b is None or not b.ok or not b.rows:
@@ -309,10 +310,11 @@ def _breakdown_sum(b) -> str:
 
 
 def _split_lines(r: "Report", every: bool = False) -> list:
-    """When load is the bottleneck (or `every` time): load split into reading files and
-    decoding (reads.py), as a table, and which to attack; or one line saying why not."""
+    """When load is in question (named, or tied for the lead; or `every` time): load
+    split into reading files and decoding (reads.py), as a table, and which to attack;
+    or one line saying why not."""
     iso = r.isolated
-    load = iso.part("load") if iso is not None and (every or r.verdict.bottleneck == "load") else None
+    load = iso.part("load") if iso is not None and (every or "load" in in_question(r.verdict)) else None
     s = load.split if load is not None else None
     if s is None:
         return []
