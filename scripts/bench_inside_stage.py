@@ -13,7 +13,7 @@ preset: an ImageFolder of 500x375 JPEG files written here, the reference recipe'
         its costliest transform measured in the pipeline (and predicted), then the hand
         counterfactual: the same loader and step by hand, every sample decoded from its
         JPEG file on both sides, with the transform run (with) or its output for that
-        sample looked up from a cache made beforehand (without), alternating 5 x 2 runs; the
+        sample looked up from a cache made beforehand (without), alternating 5 x 2 runs of 60 batches; the
         cost is the median of the 5 paired differences (a run beside its partner sees the
         same moment of the machine; the difference of the two medians pairs nothing).
 mixup:  in-memory 3x64x64 images, default_collate then v2.MixUp on the batch in the
@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bisect_pipeline import bisect  # noqa: E402
 
 N_IMAGES, BATCH, WORKERS = 192, 16, 1
-HAND_BATCHES, HAND_WARMUP, HAND_PAIRS = 30, 6, 5
+HAND_BATCHES, HAND_WARMUP, HAND_PAIRS = 60, 6, 5
 SHOW = False  # --show: the tool's text report of each case
 
 
