@@ -144,12 +144,14 @@ class Experiment:
         prefetch = 0 if cached else spec.prefetch_depth
         return plan, (min(prefetch, spec.num_workers) if plan.long(est) else prefetch)
 
-    def visit_deadline(self, name: str, share: float, limit: float, spec: Optional[LoaderSpec] = None) -> float:
+    def visit_deadline(self, name: str, share: float, limit: float, spec: Optional[LoaderSpec] = None,
+                       least: float = 0.0) -> float:
         """When a visit of `name` given `share` seconds of a schedule ends: at least its
-        least time with a spare window (for a first pair that disagrees), where that is
-        left before `limit`: a share too short for two windows measures no spread."""
+        least time with a spare window (for a first pair that disagrees), or `least` where
+        the schedule saw more (verify.Lead), where that is left before `limit`: a share
+        too short for two windows measures no spread."""
         now = self.clock()
-        return now + min(limit - now, max(share, self.least_visit_seconds(name, spec, spare=1)))
+        return now + min(limit - now, max(share, least, self.least_visit_seconds(name, spec, spare=1)))
 
     def watchdog(self, what: Callable[[], str], end: Optional[float] = None) -> faults.Watchdog:
         """A watchdog for one phase: --step-timeout without progress, or `end` (the hard

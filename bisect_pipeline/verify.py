@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from .experiment import Experiment
 from .outcome import APPLICABLE, THREADS, outcome
-from .results import Trial, Verification, VisitWindow
+from .results import Measured, Trial, Verification, VisitWindow
 from .visit import Visit
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -142,10 +142,37 @@ class Trials:
         return Trial(item, dict(settings), dump(sides[False]), dump(sides[True]), error)
 
 
-def fits(exp: Experiment, point: str, deadline: float) -> bool:
-    """Is there time before `deadline` for a visit of `point` with one window? (Its first
-    step runs whatever is left: a long step would outrun --max-seconds.)"""
-    return deadline - exp.clock() >= max(1e-9, exp.least_visit_seconds(point, windows=1))
+def fits(exp: Experiment, point: str, deadline: float, least: float = 0.0) -> bool:
+    """Is there time before `deadline` for a visit of `point` with one window (`least`:
+    what the side's earlier visits showed one takes, see `Lead`)? (Its first step runs
+    whatever is left: a long step would outrun --max-seconds.)"""
+    return deadline - exp.clock() >= max(1e-9, least, exp.least_visit_seconds(point, windows=1))
+
+
+class Lead:
+    """What a side's visits took, learned from its last one: the time before its first
+    kept window (opening, first batch, warm-up and warm-up windows) and its longest
+    window. The plan's estimate (Experiment.least_visit_seconds) knows only the step:
+    a side whose loader ends its epochs and forks its workers again at each (the user's
+    side of a persistent_workers trial: 0.2 s of start-up every 4 batches) or whose
+    workers take long to start needs several times that, and visits given the plan's
+    share ended before a window, one after the other (a busy 2-core machine: 2 windows
+    in 12 s on the user's side). A visit that ended with no window counts its whole time
+    for both, so the next gets at least three times as long."""
+
+    def __init__(self) -> None:
+        self.lead = self.window = 0.0
+
+    def learn(self, m: Measured, seconds: float) -> None:
+        if not m.windows:
+            self.lead = self.window = seconds
+            return
+        self.window = max(w.seconds for w in m.windows)
+        self.lead = m.opened_seconds + (m.first_batch_seconds or 0.0) + m.warmup_seconds + m.warmup_windows * self.window
+
+    def least(self, windows: int) -> float:
+        """The least time a visit of this side needs for `windows` windows (0 before any)."""
+        return self.lead + windows * self.window
 
 
 def alternate(exp: Experiment, point: str, visit_of: Callable[[bool, float], Visit], deadline: float, *,
@@ -154,19 +181,23 @@ def alternate(exp: Experiment, point: str, visit_of: Callable[[bool, float], Vis
     over them weighs on both alike): `visit_of(side, visit_deadline)` builds a side's visit
     (False: the reference, True: the other). Until a block ends, from MIN_BLOCKS on, with
     `decided(sides)`; `blocks` blocks; the deadline; or a visit's error. Each visit gets
-    an equal share of what is left, counting `owed` visits of later comparisons. Returns
+    an equal share of what is left, counting `owed` visits of later comparisons, and at
+    least what the side's last visit showed two windows take (`Lead`). Returns
     (the windows of each side, one list per visit; the error, or None). The advice's check
     (Trials) and the confirmation in the pipeline (confirm.py) are its two users."""
     sides: dict = {False: [], True: []}
+    leads = {False: Lead(), True: Lead()}
     total = len(BLOCK) * blocks
     for i in range(total):
-        now = exp.clock()
-        if not fits(exp, point, deadline):
-            break
         side = BLOCK[i % len(BLOCK)]
-        visit = visit_of(side, exp.visit_deadline(point, (deadline - now) / (total - i + owed), deadline))
+        now = exp.clock()
+        if not fits(exp, point, deadline, leads[side].least(1)):
+            break
+        share = (deadline - now) / (total - i + owed)
+        visit = visit_of(side, exp.visit_deadline(point, share, deadline, least=leads[side].least(2)))
         yield visit
         m = visit.measured
+        leads[side].learn(m, exp.clock() - now)
         if m.error is not None:  # this side breaks the pipeline: say so
             return sides, f"{type(m.error).__name__}: {m.error}"[:300]
         if m.windows:

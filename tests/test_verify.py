@@ -70,8 +70,8 @@ class FakeRun:
     def least_visit_seconds(self, name, spec=None, *, windows=None, spare=0) -> float:
         return self.least
 
-    def visit_deadline(self, name, share, limit, spec=None) -> float:
-        return Experiment.visit_deadline(self, name, share, limit, spec)
+    def visit_deadline(self, name, share, limit, spec=None, least=0.0) -> float:
+        return Experiment.visit_deadline(self, name, share, limit, spec, least)
 
 
 class PlantedVisit:
@@ -205,6 +205,54 @@ def test_no_visit_starts_where_a_window_of_the_step_would_not_fit(monkeypatch):
     assert calls == [] and out["status"] == "out of time" and clock.t == 1000.0
     run_trials(run, [item({"num_workers": 1})], budget_s=7.0, threads=2, cores=2)
     assert len(calls) == 1 and calls[0][2] == 1006.0  # 7 s: one visit fits, given its least time, and no second
+
+
+class SlowStartVisit:
+    """A visit that spends `lead` seconds before its first window (workers forked, first
+    batch, warm-up) and then times windows of `window` seconds until its deadline (3 at
+    most): one given less than lead + window keeps none."""
+
+    def __init__(self, clock: FakeClock, deadline: float, lead: float, window: float, steps: int) -> None:
+        self.clock, self.deadline, self.lead, self.window, self.steps = clock, deadline, lead, window, steps
+        self.measured = None
+
+    def drive(self) -> None:
+        given = max(0.0, self.deadline - self.clock.t)
+        n = min(3, int((given - self.lead) / self.window + 1e-9)) if given >= self.lead else 0
+        self.clock.t += min(given, self.lead + 3 * self.window)
+        wins = tuple(Window(self.steps, self.window * f) for f in (1.0, 0.99, 1.01)[:n])
+        self.measured = Measured(windows=wins, opened_seconds=self.lead / 2, first_batch_seconds=self.lead / 4,
+                                 warmup_seconds=self.lead / 4)
+
+
+def test_a_side_that_takes_longer_than_its_share_to_start_gets_what_its_last_visit_took(monkeypatch):
+    # the user's side forks its workers again every 4-batch epoch: 2.5 s before its first
+    # window, 0.5 s a window (a 4-batch epoch); persistent workers: 0.2 s, 0.1 s. The
+    # schedule's share is 12 s / 12 visits = 1 s, the plan's least time 0.1 s: every user
+    # visit ended before a window, and the trial was "not measured". Its first visit
+    # shows what one takes; the next ones get it, and the trial is decided in the budget.
+    clock = FakeClock(1000.0)
+    calls: list = []
+
+    def visit(exp, settings, deadline, end):
+        calls.append((dict(settings), clock.t, deadline))
+        return SlowStartVisit(clock, deadline, 0.2, 0.1, 8) if settings else SlowStartVisit(clock, deadline, 2.5, 0.5, 4)
+
+    monkeypatch.setattr(verify, "_visit", visit)
+    run = FakeRun(clock)
+    run.least = 0.1
+    restart = item({"persistent_workers": True}, kind="persistent_workers")
+    out = run_trials(run, [restart], budget_s=12.0, threads=2, cores=2)
+    (trial,) = out["trials"]
+    users = [c for c in calls if not c[0]]
+    assert users[0][2] - users[0][1] == pytest.approx(1.0)  # the first: the share, no window
+    assert users[1][2] - users[1][1] == pytest.approx(3.0)  # the next: three times that (one window)
+    assert all(d - t >= 3.5 - 1e-9 for _, t, d in users[2:])  # then its lead and two windows
+    assert len(trial["user_windows"]) >= 3 and len({w["visit"] for w in trial["user_windows"]}) == 2
+    assert not [c for c in calls if not c[0] and c[1] > 1000.0 + 12.0 - 3.0]  # none opened that cannot hold a window
+    o = outcome_of(trial)
+    assert o["status"] == "helps" and o["speedup"] == pytest.approx((8 / 0.1) / (4 / 0.5), rel=0.02)
+    assert clock.t - 1000.0 <= 12.0 + 1e-9
 
 
 def test_a_candidate_that_breaks_the_pipeline_is_a_failed_trial(monkeypatch):
