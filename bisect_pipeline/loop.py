@@ -78,6 +78,34 @@ class _Passthrough(Exception):
     """The experiment is over and the loop keeps training on the real loader."""
 
 
+class Cadence:
+    """Pauses of the loop that come every K of the experiment's batches: an evaluation
+    loader iterated every K steps (`step % K == 0`). Once two gaps in a row are alike,
+    `room()` says how many batches are left before the next one, as the epoch's end is
+    known ahead (visit.Visit's `room`): windows then end before it instead of being voided
+    by it (at a fast point, every window longer than K steps would be). A pause that does
+    not come when due ends the prediction."""
+
+    def __init__(self) -> None:
+        self.gaps: list = []  # the last two gaps, in the experiment's batches
+        self.since = 0  # the experiment's batches handed since the last pause
+
+    def handed(self) -> None:
+        self.since += 1
+
+    def paused(self) -> None:
+        if self.since:  # (several loaders iterated in one pause count once)
+            self.gaps = (self.gaps + [self.since])[-2:]
+        self.since = 0
+
+    def room(self) -> Optional[int]:
+        if len(self.gaps) == 2 and self.gaps[0] == self.gaps[1]:
+            if self.since < self.gaps[0]:
+                return self.gaps[0] - self.since
+            self.gaps = []  # it did not come when due
+        return None
+
+
 @dataclasses.dataclass
 class Seen:
     """A loader the session saw iterated."""
@@ -266,6 +294,7 @@ class LoopIterator:
             else:
                 self.served += 1
                 self.seen.batches += 1
+                s.cadence.handed()
                 return batch
         batch = next(self.real)
         self.served += 1
@@ -325,6 +354,7 @@ class Session:
         self.exp: Any = None
         self.held: Optional[allocator.Held] = None
         self.visit: Any = None  # the visit under way (a pause voids its window)
+        self.cadence = Cadence()
         self.epoch: Optional[LoopIterator] = None  # the epoch the experiment's batches go to
         self.report: Optional[Report] = None
         self.error: Optional[BaseException] = None
@@ -405,6 +435,7 @@ class Session:
         if self.state == "done" or (self.chosen is not None and loader is not self.chosen):
             if self.state == "measuring":
                 self._void()  # another loader between two of the loop's requests (an evaluation)
+                self.cadence.paused()
             return LoopIterator(self, loader, seen, real_iter(loader))  # its own batches, counted
         if self.chosen is None and (self.target == seen.index or self.target is loader):
             self.chosen = loader
@@ -425,10 +456,12 @@ class Session:
         self._void()
 
     def _room(self) -> Optional[int]:
-        """Batches left in the loop's epoch, the one being handed out included (None: its
-        epochs do not end)."""
+        """Batches the loop takes before its next pause known ahead, the one being handed
+        out included: the rest of its epoch, or fewer where it evaluates every K batches
+        (Cadence); None where neither is known."""
         e = self.epoch
-        return None if e is None or e.length is None else max(1, e.length - e.served)
+        rooms = [self.cadence.room(), None if e is None or e.length is None else max(1, e.length - e.served)]
+        return min((r for r in rooms if r is not None), default=None)
 
     def _void(self) -> None:
         void = getattr(self.visit, "void", None)

@@ -311,3 +311,39 @@ def test_created_at_is_the_user_s_line_for_a_library_subclass_and_a_subclass_of_
             next(iter(loader))
     created = [x.created_at for x in s.seen]
     assert created == [f"{os.path.abspath(__file__)}:{here + 1}", f"{os.path.abspath(__file__)}:{here + 2}"], created
+
+
+def test_a_loop_that_evaluates_every_k_steps_gets_windows_that_end_before_it():
+    c = loop_mod.Cadence()
+    for _ in range(7):
+        c.handed()
+    c.paused()  # the experiment started mid-way: a first gap of 7
+    assert c.room() is None
+    for _ in range(20):
+        c.handed()
+    c.paused()
+    c.paused()  # two loaders in one pause count once
+    assert c.room() is None  # 7 then 20: no cadence yet
+    for _ in range(20):
+        c.handed()
+    c.paused()
+    assert c.room() == 20  # two gaps of 20: the next pause in 20 batches, this one included
+    for _ in range(15):
+        c.handed()
+    assert c.room() == 5
+    for _ in range(5):
+        c.handed()
+    assert c.room() is None and c.gaps == []  # due, and it did not come: no prediction
+
+
+def test_the_room_is_the_nearer_of_the_epoch_s_end_and_the_next_evaluation():
+    train = make_loader(PlantedDataset(n=80), batch_size=8)  # 10 batches an epoch
+    with Stubbed() as s:
+        it = iter(train)
+        s.epoch = it
+        it.served = 4
+        assert s._room() == 6  # no cadence: the epoch's end
+        s.cadence.gaps, s.cadence.since = [3, 3], 1
+        assert s._room() == 2  # the evaluation comes first
+        s.cadence.gaps = [30, 30]
+        assert s._room() == 6
