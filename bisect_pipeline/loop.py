@@ -408,8 +408,10 @@ class Session:
 
     def script_ended(self, how: str, detail: Any = None) -> None:
         """The script ended on its own (`how`: ended, exit or raised; `detail`: the exit
-        code or the exception), before the session closes: the report says so first."""
-        self.ended = (how, detail)
+        code or the exception), before the session closes: the report says so first. Not
+        once the experiment is over (a script trained on with keep_training)."""
+        if self.state != "done":
+            self.ended = (how, detail)
 
     def _os_exit(self, code: int) -> None:
         """os._exit from the script: the partial report first, then the exit (in this

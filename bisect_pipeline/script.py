@@ -113,6 +113,8 @@ def _no_verdict(session: Session, report: Optional[Report], kind: Optional[str],
         return f"{why} before anything was measured: {session.summary_of_what_was_seen()}."
     if report is None:
         return f"{why} before a verdict."
+    if session.ended is None:  # the experiment was over first, without a verdict: the tool stopped the script
+        return f"no verdict: {report.verdict.reason}; the partial report is written."
     if (report.measurements.source or {}).get("ended"):  # the report opens with what it gave and needed
         return f"{why} before a verdict: no verdict, the partial report is written (see its first paragraph)."
     return f"{why} before a verdict ({report.verdict.reason}); the partial report is written."
