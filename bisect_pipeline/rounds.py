@@ -44,6 +44,7 @@ class Rounds:
         self.selected = selected
         self.info: dict = {"rounds": 0, "settled": False, "remeasured": []}
         self._budget_checked = False
+        self.round = 0  # the round under way: each window is tagged with it (stats.Noise pairs by round)
         self.tight = False  # the minimum rounds do not fit in --max-seconds (_budget_check)
 
     def __iter__(self) -> Iterator[Visit]:
@@ -61,6 +62,7 @@ class Rounds:
         self._budget_check(todo, visited=())
         try:
             for r in range(exp.plan.max_rounds):
+                self.round = r
                 order = [n for n in (todo if r % 2 == 0 else todo[::-1]) if _live(exp, n) and n in focus]
                 if "full" not in order:
                     break  # no verdict can come of more rounds
@@ -88,7 +90,8 @@ class Rounds:
                 v = yield from self._consistent()
                 if v is None:
                     return
-                decided = v.bottleneck not in (None, "inconclusive")
+                # a tie may still be told apart by more rounds: it keeps the whole budget
+                decided = v.bottleneck not in (None, "inconclusive", "tie")
                 if settled(v, exp.decide(SETTLE_NOISE_SCALE), exp.decide(1 / SETTLE_NOISE_SCALE)):
                     self.info["settled"] = True
                     break
@@ -134,7 +137,7 @@ class Rounds:
         exp.emit({"event": "point", "point": name, "index": exp.visits, "total": exp.visits + len(planned) + later})
         visit = exp.visit(name, exp.visit_deadline(name, left * share, limit))
         yield visit
-        exp.results[name] = pool(exp.results.get(name), exp.result(visit), exp.batch_size)
+        exp.results[name] = pool(exp.results.get(name), in_round(exp.result(visit), self.round), exp.batch_size)
         if exp.results[name].ok:
             self._budget_check(planned, visited=(name,))
         return True
@@ -164,6 +167,14 @@ class Rounds:
                    f"rerun with --max-seconds {suggest}; what fits is measured")
         exp.note("budget", message)
         exp.emit({"event": "warning", "message": message})
+
+
+def in_round(result: PointResult, r: int) -> PointResult:
+    """A visit's result with its windows tagged as measured in round `r`."""
+    if result.throughput is None:
+        return result
+    windows = tuple(dataclasses.replace(w, round=r) for w in result.throughput.windows)
+    return dataclasses.replace(result, throughput=Throughput(windows, result.throughput.batch_size))
 
 
 def _live(exp: Experiment, name: str) -> bool:
