@@ -10,7 +10,9 @@ deadline, each further round visiting only the points that can still change the 
 when the question is the gap). A point found inconsistent (slower than one doing more
 work) is measured again once, next to that point, before anything is decided. Once a
 step's time is known, a budget too short for the minimum rounds is said (a `budget`
-note and a warning event), and what fits is measured.
+note and a warning event), and what fits is measured. A point's replay loader with
+workers stays open from one visit to the next (Experiment.open, keep), until the point
+leaves the deciding points or the rounds end.
 
 `Rounds` is a schedule: it yields the visits to make, and whoever drives them (the
 tool's step, visit.drive; or a user's loop, loop.py) hands each back measured when it
@@ -84,6 +86,7 @@ class Rounds:
                     if v is None:
                         return
                     focus = deciding_points(v)
+                    exp.close_kept(keep=focus)
                     continue
                 if r + 1 < exp.plan.min_rounds:
                     continue
@@ -96,7 +99,9 @@ class Rounds:
                     self.info["settled"] = True
                     break
                 focus = deciding_points(v)
+                exp.close_kept(keep=focus)  # the workers of points no longer visited
         finally:
+            exp.close_kept()
             self.info["verdict_s"] = round(exp.clock() - exp.start, 3)
             self.info["visits"] = exp.visits
 
@@ -135,7 +140,7 @@ class Rounds:
             return False
         share = _weight(name) / (sum(_weight(n) for n in planned) + later)
         exp.emit({"event": "point", "point": name, "index": exp.visits, "total": exp.visits + len(planned) + later})
-        visit = exp.visit(name, exp.visit_deadline(name, left * share, limit))
+        visit = exp.visit(name, exp.visit_deadline(name, left * share, limit), keep_open=_keeps(exp, name))
         yield visit
         exp.results[name] = pool(exp.results.get(name), in_round(exp.result(visit), self.round), exp.batch_size)
         if exp.results[name].ok:
@@ -175,6 +180,15 @@ def in_round(result: PointResult, r: int) -> PointResult:
         return result
     windows = tuple(dataclasses.replace(w, round=r) for w in result.throughput.windows)
     return dataclasses.replace(result, throughput=Throughput(windows, result.throughput.batch_size))
+
+
+def _keeps(exp: Experiment, name: str) -> bool:
+    """Whether a point's replay loader stays open between its visits: where it has
+    workers, whose start (and first prefetch) a revisit would otherwise pay again; with a
+    2-s step and two workers, that start was most of a visit and the budget bought one
+    window. No point's windows include an epoch's end, so a loader kept open measures
+    what one started anew does."""
+    return name not in ("host", "device") and exp.spec.num_workers > 0
 
 
 def _live(exp: Experiment, name: str) -> bool:

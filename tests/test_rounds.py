@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from typing import Optional
 
 import pytest
 import torch
@@ -234,7 +235,7 @@ def heavy_run(monkeypatch, ms: dict, max_seconds: float):
     steps = {"n": 0}
 
     @contextlib.contextmanager
-    def source(name, spec=None, epochs=False, threads=None, calls=None):
+    def source(name, spec=None, epochs=False, threads=None, calls=None, keep=False):
         opened.append(name)
 
         def next_batch():
@@ -282,3 +283,55 @@ def test_the_same_step_with_an_unfitted_plan_would_not_fit_one_round(monkeypatch
     # visit, 18 s; fitted, 4 s (the first batch and one window of one step)
     plan = Plan()
     assert plan.least_visit_seconds(2.0) > 15 and plan.for_step(2.0).least_visit_seconds(2.0) <= 4.0
+
+
+def kept_run(monkeypatch, ms: dict, max_seconds: float, fail_at: Optional[tuple] = None):
+    """Real visits on a fake clock over sources that count their openings and closings;
+    the loader has workers, so the rounds keep each worker point's source open."""
+    clock = FakeClock()
+    spec = type("Spec", (), {"batch_size": BS, "num_workers": 2, "pin_memory": False, "prefetch_depth": 0})()
+    exp = Experiment(spec, torch.device("cpu"), Plan(), clock, lambda e: None, None, start=0.0, end=max_seconds,
+                     deadline=max_seconds)
+    events: list = []
+    fetched: dict = {}
+
+    @contextlib.contextmanager
+    def counted(name):
+        events.append(("open", name))
+
+        def next_batch():
+            fetched[name] = fetched.get(name, 0) + 1
+            if fail_at == (name, fetched[name]):
+                raise RuntimeError("boom")
+            clock.t += ms[name] / 1e3
+            return name
+        try:
+            yield next_batch
+        except BaseException as exc:
+            events.append(("close", name, type(exc).__name__))
+            raise
+        events.append(("close", name, None))
+
+    monkeypatch.setattr(exp, "_source", lambda name, spec, epochs, calls=None: (counted(name), None))
+    schedule = rounds.Rounds(exp, ("device", "augmented", "raw", "full"))
+    for v in schedule:
+        drive(v, lambda batch: None)
+    return exp, events, schedule.info
+
+
+def test_a_worker_points_loader_is_started_once_and_closed_when_no_longer_visited(monkeypatch):
+    exp, events, info = kept_run(monkeypatch, {"device": 10, "augmented": 10.2, "raw": 60, "full": 61}, 60.0)
+    assert info["rounds"] == 3 and info["settled"] and exp.decide().bottleneck == "augment"
+    opened = [e[1] for e in events if e[0] == "open"]
+    assert sorted(opened) == ["augmented", "device", "device", "device", "full", "raw"]  # device: cached, opened per visit
+    assert sorted(e[1:] for e in events if e[0] == "close" and e[1] != "device") == [
+        ("augmented", None), ("full", None), ("raw", None)]  # each closed once, at the end
+    assert exp.kept == {} and all(exp.results[n].visits == 3 for n in ("augmented", "raw", "full"))
+
+
+def test_a_kept_loader_that_fails_is_closed_with_its_error_and_the_point_fails(monkeypatch):
+    exp, events, info = kept_run(monkeypatch, {"device": 10, "augmented": 10.2, "raw": 60, "full": 61}, 60.0,
+                                 fail_at=("raw", 30))  # in its second visit
+    assert ("close", "raw", "RuntimeError") in events
+    assert exp.results["raw"].status == "failed" and exp.kept == {}
+    assert [e[1] for e in events if e[0] == "open"].count("raw") == 1
