@@ -345,17 +345,18 @@ class Noise:
     """The points' times per batch and the noise of any contrast between them.
 
     Paired (every window carries its round): a point's time in a round is its windows'
-    total time over their steps, t[p][r]. The times are fitted as t[p][r] = mu[p] + b[r]
-    over the cells measured, by medians (Tukey's median polish, as a point's windows are
-    summed up by their median: a burst of a busy machine that slows one visit moves
-    neither): b[r] is what a round shares at every point (the machine faster or slower
-    for a while), mu[p] the point's time with it taken out. A contrast sum(c[p] t[p])
-    (sum c = 0) takes its noise from its per-round values v[r] = sum(c[p] t[p][r]) over
-    the rounds that measured all of its points, by the one rule of the windows
-    (median_se: IQR / 1.349 as the spread, 1.2533 / sqrt(n) for a median) with n - 1
-    degrees of freedom. What the points share within a round cancels in v; a drift
-    between the visits of one round does not, and shows in the spread of v (rounds
-    alternate their direction, so its sign flips from one round to the next).
+    total time over their steps, t[p][r]. The times are fitted as t[p][r] = mu[p] * f[r]
+    over the cells measured, by medians of their logs (Tukey's median polish, as a
+    point's windows are summed up by their median: a burst of a busy machine that slows
+    one visit moves neither): f[r] is what a round shares at every point (a busy CPU
+    slows every step by a factor for a while; their median is 1), mu[p] the point's time
+    with it taken out. A contrast sum(c[p] t[p]) (sum c = 0) takes its noise from its
+    per-round values v[r] = sum(c[p] t[p][r]) / f[r] over the rounds that measured all of
+    its points, by the one rule of the windows (median_se: IQR / 1.349 as the spread,
+    1.2533 / sqrt(n) for a median) with n - 1 degrees of freedom. What the points share
+    within a round cancels in v; a drift between the visits of one round does not, and
+    shows in the spread of v (rounds alternate their direction, so its sign flips from
+    one round to the next).
 
     Windows without rounds (a document of schema 1, torchrun's single pass): the point's
     time is its windows' median and a contrast's noise combines the points' own
@@ -365,10 +366,13 @@ class Noise:
         self.cells = {p: tp.round_times() for p, tp in measured.items()}
         self.paired = bool(self.cells) and all(c and None not in c for c in self.cells.values())
         if self.paired:
-            self.mu, self.drift = median_polish(self.cells)
+            logs = {p: {r: math.log(t) for r, t in c.items()} for p, c in self.cells.items()}
+            mu, drift = median_polish(logs)
+            self.mu = {p: math.exp(m) for p, m in mu.items()}
+            self.factor = {r: math.exp(b) for r, b in drift.items()}
         else:
             self.mu = {p: tp.sec_per_batch for p, tp in measured.items()}
-            self.drift = {}
+            self.factor = {}
             self._sigmas = point_sigmas(measured)
 
     def time(self, point: str) -> float:
@@ -380,10 +384,10 @@ class Noise:
 
     def point_sigma(self, point: str) -> float:
         """A point's own standard error (weights of the ordered fit): the spread of its
-        round times with the rounds' shared part taken out."""
+        round times with the rounds' shared factor taken out."""
         if not self.paired:
             return self._sigmas[point]
-        return median_se([t - self.drift[r] for r, t in self.cells[point].items()])
+        return median_se([t / self.factor[r] for r, t in self.cells[point].items()])
 
     def contrast(self, coef: Mapping[str, float]) -> Contrast:
         """sum(coef[p] * t[p]) and its noise (see the class)."""
@@ -392,14 +396,15 @@ class Noise:
         if not self.paired:
             return Contrast(estimate, math.sqrt(sum((c * self._sigmas[p]) ** 2 for p, c in coef.items())), math.inf)
         common = set.intersection(*(set(self.cells[p]) for p in coef)) if coef else set()
-        values = [sum(c * self.cells[p][r] for p, c in coef.items()) for r in sorted(common)]
+        values = [sum(c * self.cells[p][r] for p, c in coef.items()) / self.factor[r] for r in sorted(common)]
         if len(values) < 2:
             return Contrast(estimate, math.inf, 0, len(values))
         return Contrast(estimate, median_se(values) / small_sample_factor(len(values)), len(values) - 1, len(values))
 
 
 def median_polish(cells: Mapping[str, Mapping[int, float]], sweeps: int = 20) -> tuple[dict, dict]:
-    """Tukey's median polish of t[p][r] = mu[p] + b[r] over the cells measured: the
+    """Tukey's median polish of x[p][r] = mu[p] + b[r] over the cells measured (x: the
+    logs of the times, in Noise): the
     rounds' effects b (their median 0) and the points' mu, each the median of what the
     other leaves, swept until they settle."""
     rounds = sorted({r for c in cells.values() for r in c})

@@ -290,9 +290,10 @@ def _named_reason(top: StageCost, leads: tuple) -> str:
 
 
 def _tie_reason(stages: tuple, tied: tuple, behind: list, gap: Optional[Contrast]) -> str:
-    """'load and augment, tied: 45.0 and 42.0 ms per batch; ...' with, for each stage
-    the leader does not lead beyond the noise, why: the lead within its noise, or the
-    other stage's own cost too noisy to rule out."""
+    """'load and augment, tied: 45.0 and 42.0 ms per batch; ...' (or, where only the
+    leader's cost is real, 'augment leads, load not ruled out: 30.0 and 0.6 ms per
+    batch; ...') with, for each stage the leader does not lead beyond the noise, why: the
+    lead within its noise, or the other stage's own cost too noisy to rule out."""
     cost = {s.stage: s for s in stages if s.status == "ok"}
     parts = []
     for lead in behind:
@@ -309,8 +310,12 @@ def _tie_reason(stages: tuple, tied: tuple, behind: list, gap: Optional[Contrast
         parts.append(within)
     head = (f"the pipeline loses a real {_ms(gap.estimate)} ms per batch to input, spread over stages: "
             if gap is not None else "")
-    return (f"{head}{_and(list(tied))}, tied: {_and([_ms(cost[s].sec_per_batch) for s in tied])} ms per batch; "
-            + "; ".join(parts))
+    costs = _and([_ms(cost[s].sec_per_batch) for s in tied])
+    if cost[tied[0]].significant and not any(cost[s].significant for s in tied[1:]):
+        # the leader's cost is real, the others' are not known well enough to rule them out
+        return (f"{head}{tied[0]} leads, {_and(list(tied[1:]))} not ruled out: {costs} ms per batch; "
+                + "; ".join(parts))
+    return f"{head}{_and(list(tied))}, tied: {costs} ms per batch; " + "; ".join(parts)
 
 
 def undecided(gap: Contrast, upper: float, t_full: float, ceiling: str, measured: Mapping[str, Throughput]) -> str:
