@@ -116,6 +116,16 @@ class Diagnosis:
         the per-round differences), else None."""
         return self.verdict.contrast_sigma({lower: 1, upper: -1})
 
+    def measured_rate(self, name: str) -> Optional[float]:
+        """A point's own samples/s before the ordered fit: its time in a middling round
+        (stats.Noise, the rounds' shared factor taken out), or its windows' median where
+        the windows have no rounds; None when not measured."""
+        noise = self.verdict.noise
+        if noise is not None and name in noise.mu:
+            return self.batch_size / noise.time(name)
+        tp = self.throughput(name)
+        return tp.samples_per_sec if tp else None
+
     def rate(self, name: str) -> Optional[float]:
         """The samples/s the report shows for a point: the verdict's fitted estimate
         (verdict.decide), else the median of its windows; None when not measured."""

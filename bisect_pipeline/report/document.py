@@ -85,7 +85,7 @@ def to_dict(r: "Report") -> dict:
                        "rounds": lead.rounds} for lead in v.leads],
             "inconsistent": [dataclasses.asdict(i) for i in v.inconsistent],
         },
-        "points": [point_dict(p, v.fitted.get(p.point)) for p in r.points],
+        "points": [point_dict(p, v.fitted.get(p.point), r.measured_rate(p.point)) for p in r.points],
         "stages": [stage_dict(s, full) for s in v.stages],
         "advice": [f.to_dict() for f in r.advice],
         "loader": r.loader,
@@ -100,10 +100,12 @@ def to_dict(r: "Report") -> dict:
     }
 
 
-def point_dict(p: PointResult, fitted_sec_per_batch: Optional[float] = None) -> dict:
+def point_dict(p: PointResult, fitted_sec_per_batch: Optional[float] = None,
+               measured: Optional[float] = None) -> dict:
     """`fitted_sec_per_batch`: the time the verdict uses (verdict.Verdict.fitted), which
-    the document shows as the point's throughput; the median of the windows stays beside
-    it as `measured_samples_per_sec`."""
+    the document shows as the point's throughput; the point's own rate before that fit
+    (`measured`: Diagnosis.measured_rate; the median of the windows by default) stays
+    beside it as `measured_samples_per_sec`."""
     tp = p.throughput
     shown = (fitted_sec_per_batch or tp.sec_per_batch) if tp is not None and p.status == "ok" else None
     return {
@@ -112,7 +114,7 @@ def point_dict(p: PointResult, fitted_sec_per_batch: Optional[float] = None) -> 
         "samples_per_sec": finite(tp.batch_size / shown, 1) if shown else None,
         "reason": p.reason,
         "ms_per_batch": ms(shown),
-        "measured_samples_per_sec": finite(tp.samples_per_sec, 1) if tp else None,
+        "measured_samples_per_sec": finite(measured or tp.samples_per_sec, 1) if tp else None,
         "iqr_samples_per_sec": finite(tp.iqr, 1) if tp else None,
         "rel_spread": finite(tp.rel_iqr, 4) if tp else None,
         "windows": [_window(w) for w in tp.windows] if tp else [],
