@@ -356,7 +356,11 @@ class Noise:
     1.2533 / sqrt(n) for a median) with n - 1 degrees of freedom. What the points share
     within a round cancels in v; a drift between the visits of one round does not, and
     shows in the spread of v (rounds alternate their direction, so its sign flips from
-    one round to the next).
+    one round to the next). As point_sigmas does for windows, a few rounds also take the
+    noise pooled over the points: the spread of the polish's residuals (relative, with
+    cells - points - rounds + 1 degrees of freedom) scaled to the contrast, or the
+    contrast's own spread where larger; whichever error is the smaller once widened for
+    its degrees of freedom.
 
     Windows without rounds (a document of schema 1, torchrun's single pass): the point's
     time is its windows' median and a contrast's noise combines the points' own
@@ -370,9 +374,13 @@ class Noise:
             mu, drift = median_polish(logs)
             self.mu = {p: math.exp(m) for p, m in mu.items()}
             self.factor = {r: math.exp(b) for r, b in drift.items()}
+            residuals = [x - mu[p] - drift[r] for p, c in logs.items() for r, x in c.items()]
+            self.pooled_df = len(residuals) - len(mu) - len(drift) + 1
+            self.pooled = (iqr(residuals) / IQR_PER_SIGMA * math.sqrt(len(residuals) / self.pooled_df)
+                           if self.pooled_df >= 1 else math.inf)
         else:
             self.mu = {p: tp.sec_per_batch for p, tp in measured.items()}
-            self.factor = {}
+            self.factor, self.pooled, self.pooled_df = {}, math.inf, 0
             self._sigmas = point_sigmas(measured)
 
     def time(self, point: str) -> float:
@@ -397,9 +405,18 @@ class Noise:
             return Contrast(estimate, math.sqrt(sum((c * self._sigmas[p]) ** 2 for p, c in coef.items())), math.inf)
         common = set.intersection(*(set(self.cells[p]) for p in coef)) if coef else set()
         values = [sum(c * self.cells[p][r] for p, c in coef.items()) / self.factor[r] for r in sorted(common)]
-        if len(values) < 2:
-            return Contrast(estimate, math.inf, 0, len(values))
-        return Contrast(estimate, median_se(values) / small_sample_factor(len(values)), len(values) - 1, len(values))
+        n = len(values)
+        own = Contrast(estimate, median_se(values) / small_sample_factor(n), n - 1, n) if n >= 2 else \
+            Contrast(estimate, math.inf, 0, n)
+        if n < 1 or not math.isfinite(self.pooled):
+            return own
+        # the machine's noise is alike at every point: its spread pooled over all of them
+        # (the polish's residuals) gives a few rounds more degrees of freedom than the
+        # contrast's own values; a contrast whose own values spread more keeps that spread
+        spread = max(self.pooled * math.sqrt(sum((c * self.mu[p]) ** 2 for p, c in coef.items())),
+                     iqr(values) / IQR_PER_SIGMA if n >= 2 else 0.0)
+        pooled = Contrast(estimate, MEDIAN_SE_FACTOR * spread / math.sqrt(n), self.pooled_df, n)
+        return pooled if pooled.sigma < own.sigma else own
 
 
 def median_polish(cells: Mapping[str, Mapping[int, float]], sweeps: int = 20) -> tuple[dict, dict]:

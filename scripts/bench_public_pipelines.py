@@ -342,16 +342,11 @@ CASES = {"mnist": case_mnist, "vae": case_vae, "dcgan": case_dcgan, "imagenet": 
 # --------------------------------------------------------------------------------------
 
 
-class Cached(torch.utils.data.Dataset):
-    def __init__(self, items, apply=None):
-        self.items, self.apply = items, apply
+def Cached(items, apply=None):
+    """(x, y) items, `apply` run on x in __getitem__ (bench_mnist_costs.Listed)."""
+    from bench_mnist_costs import Listed
 
-    def __len__(self):
-        return len(self.items)
-
-    def __getitem__(self, i):
-        x, y = self.items[i]
-        return (self.apply(x) if self.apply is not None else x), y
+    return Listed(items, apply)
 
 
 def _like(loader, ds):
@@ -360,20 +355,18 @@ def _like(loader, ds):
 
 
 def _time(source, step, batches: int, it_holder: dict, name: str) -> float:
-    it = it_holder.get(name)
-    if it is None:
-        it = it_holder[name] = iter(source)
-        for _ in range(2 + 2 * getattr(source, "num_workers", 0)):
-            step(next(it))
+    fresh = name not in it_holder
+    it = it_holder[name] = it_holder.get(name) or iter(source)
 
     def nxt():
         nonlocal it
         try:
             return next(it)
-        except StopIteration:
+        except StopIteration:  # an epoch's end: the workers persist
             it = it_holder[name] = iter(source)
             return next(it)
-    step(nxt())
+    for _ in range(2 + 2 * getattr(source, "num_workers", 0) if fresh else 1):
+        step(nxt())
     t0 = time.perf_counter()
     for _ in range(batches):
         step(nxt())

@@ -377,9 +377,13 @@ def test_a_tie_whose_lead_more_rounds_could_establish_does_not_settle():
 
 
 def test_few_rounds_are_said_and_one_round_has_no_noise():
+    # two rounds alike: a contrast's own t at 1 degree of freedom is 78 z, but the noise
+    # pooled over the points (3 degrees of freedom here) names a clear 30 ms load
     two = by_round({"device": [30, 30.2], "augmented": [30.5, 30.4], "raw": [40.5, 41], "full": [71, 70.5]})
-    v = decide(two, BS, NO_HANDOFF)
-    # t at 1 degree of freedom is 78 z: a 40-ms gap measured twice alike is not yet known
+    assert decide(two, BS, NO_HANDOFF).bottleneck == "load"
+    # two rounds far apart: the gap is unknown, and the reason says from how few rounds
+    apart = by_round({"device": [30, 45], "augmented": [30.5, 31], "raw": [31, 44], "full": [33, 31]})
+    v = decide(apart, BS, NO_HANDOFF)
     assert v.bottleneck == "inconclusive" and "from 2 rounds" in v.reason
     assert "rounds of full and device would tell" in v.reason
     one = decide(by_round({"device": [30], "augmented": [30.5], "raw": [60.5], "full": [61]}), BS, NO_HANDOFF)

@@ -163,10 +163,11 @@ def _verdict_lines(r: "Report") -> list:
 
 
 def noise_text(sigma: Optional[float], unit: str = "") -> str:
-    """' (±0.76)' for a stage's noise; ' (noise unknown: too few windows)' without one."""
+    """' (±0.76)' for a stage's noise; ' (noise unknown: too few rounds)' without one (its points
+    measured together in fewer than 2 rounds; in a document of schema 1, 2 windows)."""
     if sigma is None:
         return ""
-    return f" (±{sigma * 1e3:.2f}{unit})" if math.isfinite(sigma) else " (noise unknown: too few windows)"
+    return f" (±{sigma * 1e3:.2f}{unit})" if math.isfinite(sigma) else " (noise unknown: too few rounds)"
 
 
 def _pooled_note(r: "Report", name: str, rate: Optional[float]) -> str:
