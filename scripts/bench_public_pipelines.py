@@ -22,7 +22,7 @@ cores, else a small torchvision/timm/MONAI model, named):
   auto_augment_policy="ta_wide", random_erase_prob=0.1) (the recipe's TrivialAugmentWide
   setting), ImageFolder, batch 32, 2 workers; MobileNetV3-small.
 - `timm`: timm.data.create_transform(160, is_training=True, auto_augment
-  "rand-m9-mstd0.5-inc1", re_prob 0.25, bicubic) over timm.data.ImageDataset, batch 32,
+  "rand-m9-mstd0.5", re_prob 0.25, bicubic: timm's ImageNet recipe) over timm.data.ImageDataset, batch 32,
   2 workers; timm mobilenetv3_small_050.
 - `monai`: Project-MONAI/tutorials 2d_classification/mednist_tutorial: its
   MedNISTDataset (transforms called with the file name) and train transforms
@@ -237,7 +237,7 @@ def case_timm():
     import timm
     from timm.data import ImageDataset, create_transform
 
-    transform = create_transform(160, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25,
+    transform = create_transform(160, is_training=True, auto_augment="rand-m9-mstd0.5", re_prob=0.25,
                                  interpolation="bicubic")
     ds = ImageDataset(jpeg_root(), transform=transform)
     torch.manual_seed(0)
