@@ -57,7 +57,8 @@ def load(path: str) -> Report:
     except BisectError:
         raise
     except Exception as exc:  # a wrong-schema document: whatever from_dict tripped on
-        raise BisectError(f"compare: {path!r} is not a bisect-pipeline result of schema_version 1 "
+        raise BisectError(f"compare: {path!r} is not a bisect-pipeline result of schema_version "
+                          f"{doc.get('schema_version')!r} "
                           f"({type(exc).__name__}: {exc}); {hint}.") from None
     return report
 
