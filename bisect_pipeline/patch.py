@@ -673,6 +673,37 @@ def _between(s: _Script, start: tuple, end: tuple) -> str:
     return s.lines[l0 - 1][c0:] + "".join(s.lines[l0:l1 - 1]) + s.lines[l1 - 1][:c1]
 
 
+def applied(source: str, diff: str) -> str:
+    """`source` with a unified diff of it applied (the diffs `make` writes: exact context);
+    ValueError where the diff does not match the source."""
+    old = source.splitlines(keepends=True)
+    out: list = []
+    at = 0  # lines of `old` consumed
+    lines = diff.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith("@@"):
+            i += 1
+            continue
+        start = int(lines[i].split()[1][1:].split(",")[0])
+        start = start - 1 if start else 0  # an empty old side starts at 0
+        out += old[at:start]
+        at = start
+        i += 1
+        while i < len(lines) and not lines[i].startswith("@@"):
+            tag, text = lines[i][:1], lines[i][1:]
+            if i + 1 < len(lines) and lines[i + 1].startswith("\\"):
+                text = text.rstrip("\r\n")  # "\ No newline at end of file"
+            if tag in (" ", "-"):
+                if at >= len(old) or old[at] != text:
+                    raise ValueError(f"the diff does not match line {at + 1}")
+                at += 1
+            if tag in (" ", "+"):
+                out.append(text)
+            i += 1
+    return "".join(out + old[at:])
+
+
 # --------------------------------------------------------------------------------------
 # The command line
 # --------------------------------------------------------------------------------------
