@@ -117,7 +117,8 @@ class Progress:
         elif kind == "confirm":
             self.what = f"measuring {event['transform']} ({event['where']}) in the pipeline"
         elif kind == "verify":
-            self.what = "measuring the advice: " + ", ".join(f"{k}={v}" for k, v in event["settings"].items())
+            self.what = ("trying (--tune): " if event.get("item") == "tune" else "measuring the advice: ") + ", ".join(
+                f"{k}={v}" for k, v in event["settings"].items())
         elif kind == "warning":  # a line of its own above the bar, which is then drawn again
             click.echo("\r\033[K" + warning_line(event), file=self.stream)
         else:
@@ -160,9 +161,10 @@ class Lines:
         elif kind == "point":
             text = f"measuring {event['point']} ({event['index'] + 1}/{event['total']})"
         elif kind == "confirm":
-            self.what = f"measuring {event['transform']} ({event['where']}) in the pipeline"
+            text = f"measuring {event['transform']} ({event['where']}) in the pipeline"
         elif kind == "verify":
-            text = "measuring the advice: " + ", ".join(f"{k}={v}" for k, v in event["settings"].items())
+            text = ("trying (--tune): " if event.get("item") == "tune" else "measuring the advice: ") + ", ".join(
+                f"{k}={v}" for k, v in event["settings"].items())
         elif kind == "warning":
             _write_line(self.stream or sys.stderr, warning_line(event))
             return

@@ -133,3 +133,23 @@ def test_a_closed_or_odd_stream_counts_as_not_a_terminal():
     p({"event": "warning", "message": "nowhere to go"})  # the report still carries it
     odd = make_progress(20.0, stream=object())  # not a stream at all
     odd({"event": "warning", "message": "nowhere to go"})
+
+
+def test_the_line_progress_says_each_phase_of_a_run_on_its_own_line():
+    # `run` prints whole lines (stderr is the script's too): the confirmation of the
+    # costliest transform and the search of --tune included
+    import io
+
+    from bisect_pipeline.progress import Lines
+
+    out = io.StringIO()
+    lines = Lines(out)
+    for event in ({"event": "cache"}, {"event": "point", "point": "full", "index": 0, "total": 8},
+                  {"event": "confirm", "transform": "ColorJitter", "where": "dataset.transform[1]"},
+                  {"event": "verify", "item": "num_workers", "settings": {"num_workers": 1}},
+                  {"event": "verify", "item": "tune", "settings": {"num_workers": 2}}):
+        lines(event)
+    assert out.getvalue().splitlines() == [
+        "bisect-pipeline: filling the caches", "bisect-pipeline: measuring full (1/8)",
+        "bisect-pipeline: measuring ColorJitter (dataset.transform[1]) in the pipeline",
+        "bisect-pipeline: measuring the advice: num_workers=1", "bisect-pipeline: trying (--tune): num_workers=2"]
