@@ -187,3 +187,27 @@ def test_a_tuning_record_reads_back_the_same():
                                         "candidate_windows": side(20.0)}),), stopped="x")
     again = Tuning.from_dict(t.to_dict())
     assert again == t and tune.summarize(again, BS) == tune.summarize(t, BS)
+
+
+# --- end to end ---------------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_bisect_with_tune_finds_workers_for_a_sleeping_augment(one_intra_op_thread):
+    # augment sleeps 5 ms a sample (40 ms a batch of 8) against a 2 ms step: workers overlap
+    # it (a sleep needs no core), so the search finds one or two of them beyond the noise
+    from bisect_pipeline import bisect
+    from bisect_pipeline.report import Report
+    from conftest import FAST_PLAN, planted as planted_pipeline
+
+    model, loader = planted_pipeline("augment", 0)
+    report = bisect(model, loader, device="cpu", max_seconds=24, plan=FAST_PLAN, tune=True)
+    f = report.tune
+    assert f is not None and f.tried and f.best is not None
+    assert f.best.full["num_workers"] >= 1 and f.best.speedup > 1.2
+    doc = report.to_dict()["tune"]
+    assert doc["schema_version"] == 1 and doc["best"]["settings"] == f.best.settings
+    assert len(doc["tried"]) == len(doc["trials"]) == len(f.tried)
+    assert Report.from_dict(report.to_dict()).tune == f  # derived again from the raw windows
+    assert "Settings tried, each against yours" in report.text() and "<h3>Tuned</h3>" in report.html()
+    assert loader.num_workers == 0  # the user's loader as it was
