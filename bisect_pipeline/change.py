@@ -75,6 +75,9 @@ def patched(m: Measurements, argv: Optional[list] = None) -> Measurements:
     elif path is None or not os.path.isfile(path):
         p = patch_mod.Patch(path=path, line=line, reason="where the loader was created is not a file the tool can "
                                                          f"read ({path or 'not known'})")
+    elif _installed(path):
+        p = patch_mod.Patch(path=path, line=line, reason=f"the loader was created in an installed library ({path}:"
+                                                         f"{line}), not in your code: set the settings where you call it")
     else:
         with open(path, encoding="utf-8", errors="surrogateescape") as fh:
             source = fh.read()
@@ -84,14 +87,26 @@ def patched(m: Measurements, argv: Optional[list] = None) -> Measurements:
     doc = p.to_dict()
     if argv and not p.reason:
         doc["command"] = p.command(argv)
+    if p.diff and os.path.relpath(path).startswith(".."):  # the diff names the file by its name: apply it there
+        doc["apply_in"] = os.path.dirname(path)
     return dataclasses.replace(m, tune=dataclasses.replace(t, patch=doc))
 
 
 def _display(path: str) -> str:
-    """The path as the diff names it: relative to the working directory (git apply and
-    patch -p1 run there)."""
+    """The path as the diff names it: relative to the working directory where the file
+    is under it, else its name (git apply and patch -p1 then run in its directory:
+    `apply_in`)."""
     rel = os.path.relpath(path)
-    return rel if not rel.startswith("..") else path
+    return rel if not rel.startswith("..") else os.path.basename(path)
+
+
+def _installed(path: str) -> bool:
+    """Is `path` in the standard library or an installed package (not the user's code)?"""
+    import sysconfig
+
+    roots = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    real = os.path.realpath(path)
+    return any(real.startswith(r + os.sep) for r in roots) or f"{os.sep}site-packages{os.sep}" in real
 
 
 # --------------------------------------------------------------------------------------

@@ -72,11 +72,24 @@ def test_the_allocator_variables_join_the_change_where_the_report_found_they_hel
     assert p["command"] == "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=-1 python train.py -j 1"
 
 
+def test_a_script_outside_the_working_directory_is_named_by_its_name_and_applied_there(script, tmp_path,
+                                                                                      monkeypatch):
+    elsewhere = tmp_path / "run"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    p = change.patched(measured(script), ["../train.py"]).tune.patch
+    assert p["path"] == "train.py" and p["diff"].startswith("--- a/train.py\n") and p["apply_in"] == str(tmp_path)
+
+
 def test_no_patch_says_why(script, tmp_path):
     entry = change.patched(measured(script, mode="entry")).tune.patch
     assert entry["reason"].startswith("with --entry the tool does not see where your loader is built")
     gone = change.patched(measured(str(tmp_path / "gone.py"))).tune.patch
     assert gone["reason"].startswith("where the loader was created is not a file the tool can read")
+    import torch
+
+    library = change.patched(measured(torch.utils.data.dataloader.__file__)).tune.patch
+    assert library["reason"].startswith("the loader was created in an installed library")
     nothing = measured(script, rate=10.0)  # no candidate helps: nothing to write
     assert change.patched(nothing) is nothing and change.settings_to_write(nothing) is None
 

@@ -128,7 +128,8 @@ def change_items(p: Optional[dict]) -> tuple:
     if p.get("command") and (p.get("flags") or p.get("env")):
         items.append(f"run: {p['command']}")
     if p.get("written"):
-        items.append(f"the diff is in {p['written']}: apply it with git apply {p['written']} (or patch -p1 < "
+        where = f" in {p['apply_in']}" if p.get("apply_in") else ""
+        items.append(f"the diff is in {p['written']}: apply it{where} with git apply {p['written']} (or patch -p1 < "
                      f"{p['written']})")
     return head, items
 
