@@ -33,6 +33,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Iterator, Optional
 
+from .advice import WORKER_STAGES
 from .experiment import Experiment
 from .outcome import THREADS, Outcome, outcome, settings_text, speedup
 from .results import Trial, Tuning
@@ -44,7 +45,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .diagnosis import Diagnosis
 
 KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", THREADS)
-WORKER_STAGES = ("load", "augment", "collate")
 # Share of --max-seconds kept for the check and the search from the rounds that only
 # settle the verdict, with --tune (verify.VERIFY_SHARE without): the search measures each
 # candidate in 4 visits at least, about 1 s each on a 2-core machine.
