@@ -270,26 +270,32 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
         if debug:
             traceback.print_exc()
         _fail(str(exc), exc.exit_code)
+    try:  # SIGTERM still takes the Ctrl-C path: the check's copy of the script is removed
+        if patch_path and made and rank0:
+            interrupted = _change(made[-1], script, patch_path=patch_path, json_path=json_path, html_path=html_path,
+                                  breakdown=breakdown, quiet=quiet, max_seconds=max_seconds,
+                                  checked=code == EXIT_OK and not _signals_seen)
+            if interrupted and code == EXIT_OK:
+                code = _interrupt_code()
     finally:
         signal.signal(signal.SIGTERM, previous)
         faults.INTERRUPT_REQUESTED[0] = False
-    if patch_path and made and rank0:
-        _change(made[-1], script, patch_path=patch_path, json_path=json_path, html_path=html_path,
-                breakdown=breakdown, quiet=quiet, max_seconds=max_seconds, checked=code == EXIT_OK)
     if code == EXIT_OK and _signals_seen:
         code = _interrupt_code()
     sys.exit(code)
 
 
 def _change(report: Report, script: tuple, *, patch_path, json_path, html_path, breakdown, quiet, max_seconds,
-            checked: bool) -> None:
+            checked: bool) -> bool:
     """--patch: the diff written to `patch_path`, the change checked by running the
     script with it against it as it is (change.check; not after an interrupt or a run
-    without a verdict), the outputs written again, the report printed."""
+    without a verdict), the outputs written again, the report printed. True when the
+    check was interrupted."""
     from . import change, script as script_mod
     from .report import write_atomic
 
     m = report.measurements
+    interrupted = False
     p = (m.tune.patch or {}) if m.tune is not None else {}
     if p.get("diff"):
         write_atomic(patch_path, p["diff"])
@@ -301,11 +307,17 @@ def _change(report: Report, script: tuple, *, patch_path, json_path, html_path, 
     if checked and m.tune is not None:
         path, module, args = script_mod.target_of(script)
         seconds = max(change.RUN_SECONDS_MIN, change.RUN_SHARE * max_seconds)
-        m = change.check(m, change.Target(path, module, tuple(args)), seconds=seconds,
-                         emit=(lambda s: None) if quiet else (lambda s: click.echo(f"bisect-pipeline: {s}", err=True)))
+        try:
+            m = change.check(m, change.Target(path, module, tuple(args)), seconds=seconds,
+                             emit=(lambda s: None) if quiet else (lambda s: click.echo(f"bisect-pipeline: {s}",
+                                                                                       err=True)))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the report without the check
+            interrupted = True
+            m = dataclasses.replace(m, tune=dataclasses.replace(m.tune, applied_reason="interrupted"))
     report = Report.of(m)
     _write_outputs(report, json_path, html_path, breakdown)
     click.echo(report.summary if quiet else report.text(breakdown=breakdown), err=True)
+    return interrupted
 
 
 def _write_outputs(report: Report, json_path: Optional[str], html_path: Optional[str],

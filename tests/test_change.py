@@ -194,3 +194,14 @@ def test_run_tune_patch_gives_the_flag_and_checks_the_change(tmp_path, monkeypat
     assert (tmp_path / "train.py").read_text() == source
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.diff", "r.json", "train.py"] or \
         sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "train.py"]
+
+
+def test_patch_without_tune_and_tune_with_sweep_are_usage_errors(tmp_path):
+    from conftest import cli_in_process
+
+    (tmp_path / "train.py").write_text("")
+    ran = cli_in_process("run", "--patch", "p.diff", "train.py", cwd=tmp_path)
+    assert ran.returncode == 2 and "--patch writes the change the search of --tune finds: give --tune too" in ran.stderr
+    ran = cli_in_process("demo", "--tune", "--sweep", "num_workers=0,1", cwd=tmp_path)
+    assert ran.returncode == 2 and "--sweep and --tune" in ran.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
