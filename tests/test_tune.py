@@ -189,6 +189,58 @@ def test_a_tuning_record_reads_back_the_same():
     assert again == t and tune.summarize(again, BS) == tune.summarize(t, BS)
 
 
+
+def test_the_report_shows_the_search_the_change_and_the_check(tmp_path):
+    import dataclasses
+
+    from bisect_pipeline.report import Report
+
+    d = planted({"device": 20.0, "augmented": 20.0, "raw": 60.0, "full": 60.0}, needed=2)
+    trial = Trial.from_dict({"item": "tune", "settings": dict(key(2)), "user_windows": side(10.0),
+                             "candidate_windows": side(20.0)})
+    applied = Trial.from_dict({"item": "applied", "settings": dict(key(2)), "user_windows": side(10.0),
+                               "candidate_windows": side(19.0)})
+    patch_doc = {"path": "train.py", "line": 12, "diff": "--- a/train.py\n+++ b/train.py\n@@ -1 +1 @@\n-a\n+b\n",
+                 "flags": ["-j", "2"], "command": "python train.py -j 2", "written": "p.diff",
+                 "changes": [{"setting": "num_workers", "value": 2, "how": "flag", "text": "num_workers=args.workers: "
+                              "rerun with -j 2", "where": "train.py:13"},
+                             {"setting": "persistent_workers", "value": True, "how": "keyword",
+                              "text": "persistent_workers=True added", "where": "train.py:12"}]}
+    t = Tuning(status="ok", elapsed_s=8.0, user=USER, workers=(1, 2, 3), start=2, why="num_workers 1 to 3",
+               ceiling_ms_per_batch=50.0, ceiling_rel_se=0.01, trials=(trial,),
+               stopped="a candidate is within the noise of the ceiling", patch=patch_doc, applied=applied)
+    r = Report.of(dataclasses.replace(d.measurements, tune=t))
+    text = r.text()
+    tail = text[text.index("Tuned (--tune)"):].splitlines()
+    assert tail == [
+        "Tuned (--tune): num_workers 1 to 3; 1 setting(s) in 8.0 s; stopped: a candidate",
+        "  is within the noise of the ceiling.",
+        "",
+        "Settings tried, each against yours (ms per batch: yours \u2192 these)",
+        " vs yours  ms per batch  result  settings (what differs from yours)",
+        "---------  ------------  ------  --------------------------------------",
+        "2.00\u00d7 \u00b15%  100.0 \u2192 50.0  best    num_workers=2, persistent_workers=True",
+        "",
+        "Best: num_workers=2, persistent_workers=True: 2.00\u00d7 (\u00b15%) your speed; within the",
+        "noise of the ceiling.",
+        "",
+        "The change, against train.py (the loader created at line 12):",
+        "  - num_workers=args.workers: rerun with -j 2",
+        "  - persistent_workers=True added (train.py:12)",
+        "  - run: python train.py -j 2",
+        "  - the diff is in p.diff: apply it with git apply p.diff (or patch -p1 <",
+        "    p.diff)",
+        "  --- a/train.py", "  +++ b/train.py", "  @@ -1 +1 @@", "  -a", "  +b",
+        "",
+        # 1.90x against 2.00x: |log| 0.051 within 3 combined standard errors (0.063)
+        "Checked after the change: your script with the change ran at 1.90\u00d7 (\u00b15%) the",
+        "original's speed, in alternating runs, 100.0 \u2192 52.6 ms per batch; the search",
+        "said 2.00\u00d7 (\u00b15%): they agree within the noise."]
+    html = r.html()
+    assert '<span class="add">+b</span>' in html and "<li>run: python train.py -j 2</li>" in html
+    assert Report.from_dict(r.to_dict()).text() == text
+
+
 # --- end to end ---------------------------------------------------------------------------------
 
 
