@@ -9,7 +9,8 @@ matter. Never writes the user's file.
 `check(m, ...)`: the patched script run as the user would run it, against the original,
 in alternating runs (A B B A, verify.BLOCK): each run is `bisect-pipeline run --points
 full` of the script in a process of its own, its loop measured with the full pipeline
-for `seconds`; the patched file is a temporary copy beside the original (so that its
+for `seconds`, with the malloc settings it would train with (the allocator is not held
+still there); the patched file is a temporary copy beside the original (so that its
 imports resolve), removed after; flags go on its command line, variables in its
 environment. The windows of the full point of each run are the two sides of a Trial,
 read by the same rule as the advice's check (outcome.py), beside the search's figure.
@@ -198,8 +199,10 @@ def _command(target: Target, p: patch_mod.Patch, copy: Optional[str], patched: b
     script as the user ran it, or, `patched`, of its patched copy (where the change has a
     diff) with the change's flags on its command line and variables in its environment."""
     env = dict(os.environ)
+    # --no-hold-allocator: each side with the malloc settings it would train with (the
+    # change's variables included), as the user would run it
     base = [sys.executable, "-m", "bisect_pipeline", "run", "--points", "full", "--verify-seconds", "0",
-            "--max-seconds", f"{seconds:g}", "--quiet", "--json", "{json}"]
+            "--no-hold-allocator", "--max-seconds", f"{seconds:g}", "--quiet", "--json", "{json}"]
     script = [target.script] if target.script else ["-m", target.module]
     args = list(target.args)
     if patched:

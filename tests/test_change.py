@@ -128,6 +128,7 @@ def test_the_patched_side_runs_with_the_flags_and_the_variables(script):
                                    "/d/train_bisect_tuned_x.py", True, 5.0)
     assert command[-5:] == ["/d/train_bisect_tuned_x.py", "--epochs", "3", "-j", "1"] and env["X_"] == "1"
     assert command[command.index("--points") + 1] == "full" and command[command.index("--max-seconds") + 1] == "5"
+    assert "--no-hold-allocator" in command  # each side with the malloc settings it would train with
     original, env0 = change._command(change.Target(None, "pkg.train", ("-j", "4")), patch.Patch(), None, False, 5.0)
     assert original[-4:] == ["-m", "pkg.train", "-j", "4"] and "X_" not in env0
 
