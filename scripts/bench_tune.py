@@ -21,7 +21,7 @@ cases and data), each run unchanged under
 printing the settings tried, the best with its speed-up, the change (the flag or the
 diff) and the patched script measured against the original beside the search's figure.
 
-    python scripts/bench_tune.py public --examples /path/to/pytorch/examples [--only imagenet-small,mnist,dcgan]
+    python scripts/bench_tune.py public --examples /path/to/pytorch/examples [--only imagenet-small,mnist,dcgan-small]
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     q = sub.add_parser("public")
     q.add_argument("--examples", required=True, help="a checkout of github.com/pytorch/examples")
-    q.add_argument("--only", default="imagenet-small,mnist,dcgan")
+    q.add_argument("--only", default="imagenet-small,mnist,dcgan-small")
     q.add_argument("--max-seconds", type=float, default=120.0)
     q.add_argument("--out", default=None)
     args = ap.parse_args()
