@@ -9,6 +9,7 @@ budget; the space pruned from planted bisections; the summary of planted trials.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from bisect_pipeline import tune
 from bisect_pipeline.report import PointResult, build
@@ -239,6 +240,21 @@ def test_the_report_shows_the_search_the_change_and_the_check(tmp_path):
     html = r.html()
     assert '<span class="add">+b</span>' in html and "<li>run: python train.py -j 2</li>" in html
     assert Report.from_dict(r.to_dict()).text() == text
+
+
+
+def test_with_tune_the_bisection_leaves_half_of_max_seconds_whatever_its_verdict():
+    from bisect_pipeline import api, isolate
+    from bisect_pipeline.phases import Options
+    from conftest import planted as planted_pipeline
+
+    spec = api.describe(planted_pipeline("augment", 0)[1])
+    clock = FakeClock(100.0)
+    for tune_on, points_end in ((True, 100.0 + 60 - isolate.budget(60) - 30), (False, 100.0 + 60 - isolate.budget(60))):
+        exp = api.start(spec, torch.device("cpu"), Options(("full",), 60.0, tune=tune_on), coord=None,
+                        clock=clock)
+        assert exp.deadline == pytest.approx(points_end) and exp.end == 160.0
+    assert exp.settle_deadline == pytest.approx(160.0 - isolate.budget(60) - 15)  # a quarter without --tune
 
 
 # --- end to end ---------------------------------------------------------------------------------
