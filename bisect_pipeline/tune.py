@@ -124,6 +124,11 @@ def space_of(d: "Diagnosis", *, cores: int, threads: int) -> Space:
     t_ceiling = v.fitted.get(v.ceiling) if v.ceiling else None
     if not t_ceiling:
         return Space(user, reason="the ceiling was not measured")
+    t_full = v.fitted.get("full")
+    if t_full and v.gap_sigma is not None and not is_real(v.gap_sec_per_batch or 0.0, v.gap_sigma, t_full):
+        return Space(user, reason=f"your full pipeline is within the noise of the ceiling ({(v.gap_sec_per_batch or 0) * 1e3:.1f}"
+                                  f" \u00b1 {v.gap_sigma * 1e3:.1f} ms per batch apart): no loader setting can make it "
+                                  "faster beyond the noise")
     sigma = d.sigma(v.ceiling) or 0.0
     workers_stage = any(s.stage in WORKER_STAGES and s.status == "ok" and s.significant for s in v.stages)
     part = d.isolated.part("workers") if d.isolated is not None else None
@@ -178,9 +183,10 @@ def tried(space: Space, trials: tuple, batch_size: float) -> list:
 
 
 def at_ceiling(space: Space, t: Tried) -> bool:
-    """Is this candidate's time per batch within the noise of the ceiling's (or below)?"""
+    """Is this candidate, one that helps, within the noise of the ceiling's time per batch
+    (or below it)? (One that does not help is no closer to the ceiling than the user's.)"""
     ms, ceiling = t.ms_per_batch, space.ceiling_ms
-    if ms is None or ceiling is None or t.se is None or not math.isfinite(t.se) or t.outcome.status == "failed":
+    if ms is None or ceiling is None or t.se is None or not math.isfinite(t.se) or t.outcome.status != "helps":
         return False
     sigma = math.hypot(t.se * ms, space.ceiling_rel_se * ceiling)
     return not is_real(ms - ceiling, sigma, ms)
@@ -212,7 +218,7 @@ def propose(space: Space, ts: list) -> tuple[Optional[dict], str]:
     """(the next candidate's settings, ""), or (None, why the search stops)."""
     if space.reason:
         return None, space.reason
-    if any(at_ceiling(space, t) for t in ts):
+    if any(t.outcome.status == "helps" and at_ceiling(space, t) for t in ts):
         return None, "a candidate is within the noise of the ceiling"
     done = [t.full for t in ts] + [effective(space.user)]
     for full in _order(space, ts):
@@ -222,29 +228,39 @@ def propose(space: Space, ts: list) -> tuple[Optional[dict], str]:
 
 
 def _order(space: Space, ts: list) -> Iterator[dict]:
-    """The candidates in the order worth measuring: the first count, then the neighbours
-    of the best count so far (a climb: a neighbour no faster beyond the noise ends it),
-    then the variants of the best."""
-    yield space.candidate(space.start)
-    counts = [t for t in ts if t.speedup is not None and t.full == space.candidate(t.full["num_workers"])]
+    """The candidates in the order worth measuring: the first count; on a CPU step, the
+    same count with the step's threads the other way (lowered beside the workers, or the
+    user's: a heavy step loses more to fewer threads than the workers take from it); then
+    the neighbours of the best count so far, with its threads (a climb: a neighbour no
+    faster beyond the noise ends it); then the variants of the best."""
+    first = space.candidate(space.start)
+    yield first
+    counts = [t for t in ts if t.speedup is not None and t.full in (_count(space, t.full["num_workers"], True),
+                                                                     _count(space, t.full["num_workers"], False))]
     # the climb's centre: the best count (a faster one within the noise does not move it)
     centre = best(counts) or max(counts, key=lambda t: t.speedup, default=None)
-    w = centre.full["num_workers"] if centre is not None else space.start
+    full = centre.full if centre is not None else first
+    w, users = full["num_workers"], full.get(THREADS) == space.user.get(THREADS)
+    if space.on_cpu and w > 0:
+        yield _count(space, w, not users)
     for nb in (w + 1, w - 1):
         if nb in space.workers:
-            yield space.candidate(nb)
+            yield _count(space, nb, users)
     base = best(ts) or centre
-    yield from _variants(space, base.full if base is not None else space.candidate(space.start))
+    yield from _variants(space, base.full if base is not None else first)
+
+
+def _count(space: Space, w: int, user_threads: bool) -> dict:
+    """The candidate for `w` workers, with the user's threads for the step or lowered
+    beside the workers (Space.candidate)."""
+    full = space.candidate(w)
+    return effective(dict(full, **{THREADS: space.user.get(THREADS)})) if user_threads else full
 
 
 def _variants(space: Space, full: dict) -> Iterator[dict]:
-    """The best's variants: the step's threads as the user has them (or lowered), pin_memory
-    turned over (accelerator), prefetch_factor raised, persistent workers."""
+    """The best's variants: pin_memory turned over (accelerator), prefetch_factor raised,
+    persistent workers."""
     w = full["num_workers"]
-    if space.on_cpu and w > 0:
-        user_threads = space.user.get(THREADS)
-        if full.get(THREADS) != user_threads:
-            yield effective(dict(full, **{THREADS: user_threads}))
     if space.pin:
         yield effective(dict(full, pin_memory=not full["pin_memory"]))
     if w > 0 and space.prefetch and (full["prefetch_factor"] or 2) < PREFETCH:
