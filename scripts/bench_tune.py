@@ -14,14 +14,16 @@ machine, a core taken by another program makes every count look alike.
     python scripts/bench_tune.py planted [--max-seconds 90] [--aug-times 3]
 
 `public`: scripts of pytorch/examples on generated data (bench_public_scripts.py's
-cases and data), each run unchanged under
+cases and data, and `imagenet-jpeg`: the ImageNet example over an ImageFolder of noise
+JPEGs of 500x375, 2 classes of 256, decoded and augmented as the example does, from
+`-j 0`), each run unchanged under
 
     bisect-pipeline run --tune --patch p.diff --json r.json SCRIPT ARGS
 
 printing the settings tried, the best with its speed-up, the change (the flag or the
 diff) and the patched script measured against the original beside the search's figure.
 
-    python scripts/bench_tune.py public --examples /path/to/pytorch/examples [--only imagenet-small,mnist,dcgan-small]
+    python scripts/bench_tune.py public --examples /path/to/pytorch/examples [--only imagenet-jpeg,mnist,dcgan-small]
 """
 
 from __future__ import annotations
@@ -141,6 +143,22 @@ def planted(args) -> None:
           f"(tool {best}, hand {hand_best})")
 
 
+def write_jpegs(root: str, per_class: int = 256, val: int = 16) -> None:
+    """An ImageFolder of noise JPEGs of 500x375 (what ImageNet's average image is), two
+    classes, train/ and val/: what the ImageNet example reads from DIR."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", per_class), ("val", val)):
+        for c in ("a", "b"):
+            d = os.path.join(root, split, c)
+            os.makedirs(d, exist_ok=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 256, (375, 500, 3), dtype=np.uint8)).save(
+                    os.path.join(d, f"{i}.jpg"), quality=90)
+
+
 def public(args) -> None:
     import bench_public_scripts as pub
 
@@ -149,8 +167,13 @@ def public(args) -> None:
     data = os.path.join(out, "data")
     pub.write_mnist(data)
     env = dict(os.environ, EXAMPLES=examples, MNIST_ROOT=data)
+    cases = dict(pub.CASES, **{"imagenet-jpeg": ("imagenet/main.py", [os.path.join(out, "jpegs"), "-a",
+                                                                       "mobilenet_v3_small", "-b", "16", "-j", "0",
+                                                                       "--epochs", "30", "--print-freq", "100"], None)})
+    if "imagenet-jpeg" in args.only:
+        write_jpegs(os.path.join(out, "jpegs"))
     for name in args.only.split(","):
-        path, script_args, _ = pub.CASES[name]
+        path, script_args, _ = cases[name]
         if name.startswith("imagenet"):  # from 0 workers: the search has somewhere to go
             script_args = [a if prev != "-j" else "0" for prev, a in zip([None] + script_args, script_args)]
         cwd = os.path.join(out, name)
@@ -193,7 +216,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     q = sub.add_parser("public")
     q.add_argument("--examples", required=True, help="a checkout of github.com/pytorch/examples")
-    q.add_argument("--only", default="imagenet-small,mnist,dcgan-small")
+    q.add_argument("--only", default="imagenet-jpeg,mnist,dcgan-small")
     q.add_argument("--max-seconds", type=float, default=120.0)
     q.add_argument("--out", default=None)
     args = ap.parse_args()
