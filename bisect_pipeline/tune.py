@@ -126,9 +126,10 @@ def space_of(d: "Diagnosis", *, cores: int, threads: int) -> Space:
         return Space(user, reason="the ceiling was not measured")
     t_full = v.fitted.get("full")
     if t_full and v.gap_sigma is not None and not is_real(v.gap_sec_per_batch or 0.0, v.gap_sigma, t_full):
-        return Space(user, reason=f"your full pipeline is within the noise of the ceiling ({(v.gap_sec_per_batch or 0) * 1e3:.1f}"
-                                  f" \u00b1 {v.gap_sigma * 1e3:.1f} ms per batch apart): no loader setting can make it "
-                                  "faster beyond the noise")
+        gap = (v.gap_sec_per_batch or 0.0) * 1e3
+        return Space(user, reason=f"your full pipeline is within the noise of the ceiling ({gap:.1f} \u00b1 "
+                                  f"{v.gap_sigma * 1e3:.1f} ms per batch apart): no loader setting can make it faster "
+                                  "beyond the noise")
     sigma = d.sigma(v.ceiling) or 0.0
     workers_stage = any(s.stage in WORKER_STAGES and s.status == "ok" and s.significant for s in v.stages)
     part = d.isolated.part("workers") if d.isolated is not None else None
@@ -140,7 +141,8 @@ def space_of(d: "Diagnosis", *, cores: int, threads: int) -> Space:
            + (f"{needed} feed the step by the isolated costs, one more at most; " if needed else "")
            + f"{cores} cores this process may use")
     on_cpu = str(d.device).startswith("cpu")
-    transfer = next((s for s in v.stages if s.stage in ("transfer", "handoff") and s.status == "ok"), None)
+    transfer = next((s for s in v.stages if s.stage in ("transfer", "handoff") and s.status == "ok" and s.significant),
+                    None)
     return Space(user, tuple(range(low, high + 1)), start, cores, on_cpu,
                  pin=not on_cpu, prefetch=high > 0 and (workers_stage or transfer is not None),
                  ceiling_ms=t_ceiling * 1e3, ceiling_rel_se=sigma / t_ceiling, why=why)

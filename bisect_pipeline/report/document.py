@@ -170,7 +170,8 @@ def measurements_of(doc: dict) -> Measurements:
                      run=RunInfo.from_dict(doc.get("run")) or RunInfo(),
                      isolated=Isolated.from_dict(doc.get("isolated")), syncs=Syncs.from_dict(doc.get("syncs")),
                      verification=Verification.from_dict(doc.get("verification")),
-                     tune=Tuning.from_dict(doc.get("tune")), complete=doc.get("complete", True), interrupted=doc.get("interrupted", False),
+                     tune=Tuning.from_dict(doc.get("tune")), complete=doc.get("complete", True),
+                     interrupted=doc.get("interrupted", False),
                      source=doc.get("source"), mode=doc.get("mode", "entry"))
     if "notes" in doc:
         measured = tuple(Note.from_dict(n) for n in doc["notes"] if not n.get("derived"))

@@ -95,7 +95,8 @@ def tune_lines(r: "Report") -> list:
         rows = []
         for x in f.tried:
             o = x.outcome
-            fig = "-" if o.speedup is None else f"{o.speedup:.2f}\u00d7" + (f" \u00b1{o.spread * 100:.0f}%" if o.spread else "")
+            fig = "-" if o.speedup is None else (f"{o.speedup:.2f}\u00d7"
+                                                 + (f" \u00b1{o.spread * 100:.0f}%" if o.spread else ""))
             ms = "-" if not o.ms_per_batch else f"{o.ms_per_batch[0]:.1f} \u2192 {o.ms_per_batch[1]:.1f}"
             note = "best" if x is f.best else o.status if o.status != "failed" else f"failed: {o.reason}"
             rows.append([fig, ms, note, outcome_text(x.settings)])
