@@ -105,16 +105,16 @@ def start(spec: loader_mod.LoaderSpec, dev: torch.device, options: Options, *, c
     start_t = clock()
     m = options.max_seconds
     room = 0.0 if coord else isolate.budget(m)  # for the isolated timings
-    # the verification's share is kept from the rounds that only settle the verdict; with
-    # tune, the search's from every round (asked for, it needs no named stage: an
-    # undecided verdict would otherwise take all of it)
+    # the verification's share (and the search's, with tune) is kept from the rounds that
+    # only settle the verdict; with tune, an inconclusive one too (the search needs the
+    # ceiling and the stage costs, not a named stage: an undecided verdict would otherwise
+    # take all of it)
     share = TUNE_SHARE if options.tune else VERIFY_SHARE
     keep = share * m if coord is None and options.verify_seconds is None else 0.0
-    points_end = start_t + m - room - (keep if options.tune else 0.0)
     return Experiment(spec, dev, (options.plan or Plan()).for_workers(spec.num_workers), clock,
                       progress or (lambda e: None), options.step_timeout, start=start_t, end=start_t + m,
-                      deadline=points_end, settle_deadline=start_t + m - room - keep, loop=loop,
-                      on_pause=on_pause)
+                      deadline=start_t + m - room, settle_deadline=start_t + m - room - keep, loop=loop,
+                      on_pause=on_pause, settle_undecided=options.tune)
 
 
 # --------------------------------------------------------------------------------------

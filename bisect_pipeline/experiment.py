@@ -63,6 +63,9 @@ class Experiment:
     # when the rounds that only settle the verdict stop (after plan.min_rounds): room
     # left for the verification of the advice (verify.py)
     settle_deadline: float = 0.0
+    # the rounds after the minimum stop at settle_deadline with an inconclusive verdict
+    # too (--tune: the search needs the ceiling and the stage costs, not a named stage)
+    settle_undecided: bool = False
     step: Any = None
     move: Any = None
     caches: Optional[cache.Caches] = None

@@ -88,7 +88,7 @@ class Rounds:
                 v = yield from self._consistent()
                 if v is None:
                     return
-                decided = v.bottleneck not in (None, "inconclusive")
+                decided = v.bottleneck is not None and (v.bottleneck != "inconclusive" or exp.settle_undecided)
                 if settled(v, exp.decide(SETTLE_NOISE_SCALE), exp.decide(1 / SETTLE_NOISE_SCALE)):
                     self.info["settled"] = True
                     break

@@ -45,10 +45,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from .diagnosis import Diagnosis
 
 KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", THREADS)
-# Share of --max-seconds kept for the check and the search from the bisection's rounds,
-# with --tune, a verdict made or not (verify.VERIFY_SHARE without, from the rounds that
-# only settle one): the search measures each candidate in 4 visits at least, about 1 s
-# each on a 2-core machine, and needs the ceiling and stage costs, not a named stage.
+# Share of --max-seconds kept for the check and the search from the rounds after the
+# minimum ones, with --tune, the verdict named or inconclusive (verify.VERIFY_SHARE
+# without, from the rounds that only settle a named one): the search measures each
+# candidate in 4 visits at least, about 1 s each on a 2-core machine, and needs the
+# ceiling and stage costs, not a named stage.
 TUNE_SHARE = 0.5
 # Share of that budget the advice's check may take first; its trials seed the search.
 CHECK_SHARE = 0.4
