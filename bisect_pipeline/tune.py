@@ -223,7 +223,8 @@ def propose(space: Space, ts: list) -> tuple[Optional[dict], str]:
         return None, space.reason
     if any(t.outcome.status == "helps" and at_ceiling(space, t) for t in ts):
         return None, "a candidate is within the noise of the ceiling"
-    done = [t.full for t in ts] + [effective(space.user)]
+    # a candidate cut short by a budget (the check's, for a seed) is measured again
+    done = [t.full for t in ts if t.outcome.status != "not measured"] + [effective(space.user)]
     for full in _order(space, ts):
         if full not in done:
             return space.delta(full), ""

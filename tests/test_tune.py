@@ -131,6 +131,13 @@ def test_a_seed_from_the_advices_check_is_not_measured_again(monkeypatch):
     assert visits[1] == dict(key(2)) and result.trials[0].item == "num_workers"
 
 
+def test_a_seed_the_check_ran_out_of_time_for_is_measured_by_the_search(monkeypatch):
+    cut = Trial.from_dict({"item": "num_workers", "settings": dict(key(1)), "user_windows": side(10.0)[:3],
+                           "candidate_windows": []})
+    result, visits, _ = search(monkeypatch, space(), {key(1): 20.0}, seeds=(cut,))
+    assert visits[:2] == [{}, dict(key(1))] and result.trials[1].settings == dict(key(1))
+
+
 def test_with_nothing_to_search_no_visit_is_made(monkeypatch):
     result, visits, _ = search(monkeypatch, tune.Space(USER, reason="the pipeline keeps up"), {})
     assert visits == [] and result.status == "skipped" and result.trials == ()
