@@ -97,8 +97,8 @@ def _measure(exp: Experiment, wl: Workload, options: Options, *, coord: Any, hel
 
 
 def start(spec: loader_mod.LoaderSpec, dev: torch.device, options: Options, *, coord: Any,
-          clock: Callable[[], float], progress: Optional[Callable[[dict], None]] = None, loop: bool = False,
-          on_pause: Callable[[float], None] = lambda seconds: None) -> Experiment:
+          clock: Callable[[], float], progress: Optional[Callable[[dict], None]] = None,
+          loop: bool = False) -> Experiment:
     """The Experiment, its clock started (on every rank together under torchrun)."""
     if coord is not None:
         coord.broadcast([0.0])
@@ -114,7 +114,7 @@ def start(spec: loader_mod.LoaderSpec, dev: torch.device, options: Options, *, c
     return Experiment(spec, dev, (options.plan or Plan()).for_workers(spec.num_workers), clock,
                       progress or (lambda e: None), options.step_timeout, start=start_t, end=start_t + m,
                       deadline=start_t + m - room, settle_deadline=start_t + m - room - keep, loop=loop,
-                      on_pause=on_pause, settle_undecided=options.tune)
+                      settle_undecided=options.tune)
 
 
 # --------------------------------------------------------------------------------------

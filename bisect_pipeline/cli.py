@@ -167,6 +167,25 @@ def _on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt()
 
 
+def _handle_signals(*signums: int) -> Callable[[], None]:
+    """Send these signals to _on_sigterm; the function that puts the handlers back. A
+    process forked meanwhile (a DataLoader worker) gets them back at once
+    (faults.undo_in_child): a worker that is told to stop stops as it would without us."""
+    previous = {signum: signal.signal(signum, _on_sigterm) for signum in signums}
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    undo = faults.undo_in_child(restore)
+
+    def put_back() -> None:
+        faults.forget_in_child(undo)
+        restore()
+
+    return put_back
+
+
 def _interrupt_code() -> int:
     return EXIT_SIGTERM if signal.SIGTERM in _signals_seen else EXIT_SIGINT
 
@@ -183,8 +202,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
     progress = make_progress(max_seconds, quiet=quiet or not rank0)  # None when quiet or stderr is not a terminal
     _signals_seen.clear()
     faults.INTERRUPT_REQUESTED[0] = False
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    previous_int = signal.signal(signal.SIGINT, _on_sigterm)
+    put_back = _handle_signals(signal.SIGTERM, signal.SIGINT)
     code = EXIT_OK
     try:
         try:
@@ -226,8 +244,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
     finally:
         if progress:
             progress.done()  # gives the cursor back on every path (done twice is a no-op)
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
+        put_back()
         faults.INTERRUPT_REQUESTED[0] = False
         distributed.shutdown(started)
     sys.exit(code)
@@ -247,12 +264,14 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
         made.append(report)
         if rank0:
             _write_outputs(report, json_path, html_path, breakdown)
+            if (report.measurements.source or {}).get("ended", {}).get("no_loader"):
+                return  # nothing measured: the one paragraph that says why is script.run's
             if not patch_path:  # with --patch: printed once the change is checked
                 click.echo(report.summary if quiet else report.text(breakdown=breakdown), err=True)
 
     _signals_seen.clear()
     faults.INTERRUPT_REQUESTED[0] = False
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    put_back = _handle_signals(signal.SIGTERM)
     code = EXIT_OK
     try:
         point_list = [p.strip() for p in points.split(",") if p.strip()] if points else None
@@ -278,7 +297,7 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
             if interrupted and code == EXIT_OK:
                 code = _interrupt_code()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        put_back()
         faults.INTERRUPT_REQUESTED[0] = False
     if code == EXIT_OK and _signals_seen:
         code = _interrupt_code()

@@ -55,7 +55,7 @@ class Experiment:
     device: torch.device
     plan: Plan
     clock: Callable[[], float]
-    emit: Callable[[dict], None]
+    progress: Callable[[dict], None]  # where `emit` sends the events (progress.py words them)
     step_timeout: Optional[float]
     start: float
     end: float  # start + max_seconds: the hard end
@@ -71,10 +71,9 @@ class Experiment:
     caches: Optional[cache.Caches] = None
     fresh: bool = False  # the step changes its batch in place: cached points hand it copies
     # The step is a user's own loop (loop.py): batches are handed over as the loader
-    # yields them (the loop moves them itself), its pauses are discarded and taken off
-    # the clock (`on_pause`), and the watchdog watches the fetching only.
+    # yields them (the loop moves them itself), the windows its pauses fall in are
+    # discarded, and the watchdog watches the fetching only.
     loop: bool = False
-    on_pause: Callable[[float], None] = lambda seconds: None
     room: Callable[[], Optional[int]] = lambda: None  # the batches left in the loop's epoch (loop.py)
     wrapper: Any = None  # the user's loader wrapper every point's batches go through (integrations.timm)
     results: dict = dataclasses.field(default_factory=dict)
@@ -89,9 +88,22 @@ class Experiment:
     tuning: Optional[Tuning] = None  # the search of --tune (tune.py)
     waits: dict = dataclasses.field(default_factory=dict)  # lockstep: per point, the wait for data per batch
     step_alone: Optional[float] = None  # seconds of one step timed alone (hold_allocator), when it was
+    at: Optional[dict] = None  # the last "point" event, while its visit's windows come
 
     def __post_init__(self) -> None:
         self.settle_deadline = min(self.settle_deadline or self.deadline, self.deadline)
+
+    def emit(self, event: dict) -> None:
+        """Send a progress event (progress.describe lists them). A window event carries the
+        index and total of the point event before it, so that it is worded on its own."""
+        kind = event.get("event")
+        if kind == "point":
+            self.at = event
+        elif kind == "window" and self.at is not None and self.at.get("point") == event.get("point"):
+            event = dict(event, index=self.at["index"], total=self.at["total"])
+        elif kind != "warning":  # another phase: its windows are not the point's
+            self.at = None
+        self.progress(event)
 
     @property
     def batch_size(self) -> float:
@@ -259,7 +271,7 @@ class Experiment:
                                               "max_windows": keep or self.plan.windows_per_visit}),
             # under torchrun a pause seen on one rank only would break the lockstep: there
             # only the epoch ends, which every rank sees at the same step, void a window
-            gap_factor=LOOP_GAP_FACTOR if self.loop and not pace.lockstep else None, on_pause=self.on_pause,
+            gap_factor=LOOP_GAP_FACTOR if self.loop and not pace.lockstep else None,
             consumer_unwatched=self.loop, room=self.room)
 
     def result(self, visit: Visit, batch_size: Optional[float] = None) -> PointResult:
@@ -301,14 +313,16 @@ class Experiment:
     # -- what it measured ---------------------------------------------------------------
 
     def measurements(self, selected: tuple, *, held: AllocatorHold, interrupted: bool, mode: str = "entry",
-                     source: Optional[dict] = None) -> Measurements:
+                     source: Optional[dict] = None, unreached: Optional[str] = None) -> Measurements:
         """Everything measured so far, typed: the input of diagnosis.diagnose. Points not
-        selected are `skipped`, points not reached `not run`."""
+        selected are `skipped`, points not reached `not run` (`unreached`: why, where it
+        was neither an interruption nor the time: a user's script that ended first)."""
         for name in POINTS:
             if name not in selected:
                 self.results[name] = PointResult(name, "skipped", reason=NOT_SELECTED)
             elif name not in self.results:
-                self.results[name] = PointResult(name, "not run", reason="interrupted" if interrupted else "out of time")
+                why = "interrupted" if interrupted else (unreached or "out of time")
+                self.results[name] = PointResult(name, "not run", reason=why)
         complete = not interrupted and all(p.status != "not run" and not p.stopped_by_deadline
                                            for p in self.results.values())
         run = RunInfo(max_seconds=round(self.end - self.start, 6), elapsed_s=round(self.clock() - self.start, 3),

@@ -51,6 +51,42 @@ def stage_error(stage: str, exc: BaseException) -> StageError:
 INTERRUPT_REQUESTED = [False]
 
 
+# What the tool installs in its own process while it runs (loop.Session's patches of
+# DataLoader and os._exit, the CLI's signal handlers) must not act in a process forked
+# from it: DataLoader workers started with fork inherit all of it, and a worker that
+# exits would otherwise run the tool's os._exit (its report, its --json) in the worker.
+# Each installer registers its undo here while installed; a forked child runs them all
+# first thing (os.register_at_fork). A spawned worker starts a fresh interpreter, with
+# none of it installed.
+_UNDO_IN_CHILD: list = []
+
+
+def undo_in_child(undo: Callable[[], None]) -> Callable[[], None]:
+    """Run `undo` in every process forked from this one, until `forget_in_child(undo)`."""
+    _UNDO_IN_CHILD.append(undo)
+    return undo
+
+
+def forget_in_child(undo: Callable[[], None]) -> None:
+    if undo in _UNDO_IN_CHILD:
+        _UNDO_IN_CHILD.remove(undo)
+
+
+def _after_fork_in_child() -> None:
+    undos = _UNDO_IN_CHILD[::-1]
+    _UNDO_IN_CHILD.clear()
+    INTERRUPT_REQUESTED[0] = False
+    for undo in undos:
+        try:
+            undo()
+        except Exception:  # an at-fork hook must not raise; what it could not undo stays
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class StepTimeout(Exception):
     """Raised in the main thread by the watchdog when a step makes no progress, or is
     still running at the run's hard end (`past_end`)."""

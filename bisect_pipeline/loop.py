@@ -24,8 +24,9 @@ How it attaches, with no change to the user's code, while a Session is open:
 Epochs: each iter() of the training loader gives len(loader) batches, so the user's
 epoch ends where it would have; the experiment goes on in the next epoch's iterator. An
 epoch's end, another loader iterated, or a pause far beyond a step voids the window under
-way (visit.Visit): discarded, counted, and the experiment's clock does not count the
-pause (--max-seconds bounds the time the loop spends on the experiment's batches).
+way (visit.Visit): discarded and counted. The pauses are the run's time all the same:
+--max-seconds bounds the run's wall time, the loop's evaluations included (a script
+whose evaluations fill the budget is told so, with the seconds they took).
 
 When the verdict is in, the report goes to `on_report`, and the loop is stopped with
 ScriptStopped (a BaseException: the script's finally blocks run), or, with
@@ -38,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import site
 import sys
 import sysconfig
 import time
@@ -48,12 +50,14 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 
-from . import allocator, api, change, devices, distributed, phases, sources
+from . import allocator, api, change, devices, distributed, faults, phases, sources
 from .errors import BisectError
 from .phases import Options
 from .report import Report
 from .report.ranks import combine
+from .results import Measurements, PointResult
 from .step import to_device
+from .verdict import POINTS
 
 # Frames of these packages are not where a loader is created: its creator is the first
 # frame outside them (the user's script).
@@ -74,19 +78,32 @@ class _Passthrough(Exception):
     """The experiment is over and the loop keeps training on the real loader."""
 
 
-class PausingClock:
-    """A clock that does not count the pauses it is told of (the loop's evaluations,
-    checkpoints, epoch ends): the experiment's own time."""
+class Cadence:
+    """Pauses of the loop that come every K of the experiment's batches: an evaluation
+    loader iterated every K steps (`step % K == 0`). Once two gaps in a row are alike,
+    `room()` says how many batches are left before the next one, as the epoch's end is
+    known ahead (visit.Visit's `room`): windows then end before it instead of being voided
+    by it (at a fast point, every window longer than K steps would be). A pause that does
+    not come when due ends the prediction."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self._clock = clock
-        self.paused = 0.0
+    def __init__(self) -> None:
+        self.gaps: list = []  # the last two gaps, in the experiment's batches
+        self.since = 0  # the experiment's batches handed since the last pause
 
-    def __call__(self) -> float:
-        return self._clock() - self.paused
+    def handed(self) -> None:
+        self.since += 1
 
-    def pause(self, seconds: float) -> None:
-        self.paused += max(0.0, seconds)
+    def paused(self) -> None:
+        if self.since:  # (several loaders iterated in one pause count once)
+            self.gaps = (self.gaps + [self.since])[-2:]
+        self.since = 0
+
+    def room(self) -> Optional[int]:
+        if len(self.gaps) == 2 and self.gaps[0] == self.gaps[1]:
+            if self.since < self.gaps[0]:
+                return self.gaps[0] - self.since
+            self.gaps = []  # it did not come when due
+        return None
 
 
 @dataclasses.dataclass
@@ -97,7 +114,7 @@ class Seen:
     dataset: str
     batch_size: Any
     created_at: Optional[str]
-    batches: int = 0  # handed to the loop from its own iterators
+    batches: int = 0  # handed to the loop by its iterators: its own batches and the experiment's
     with_grad: bool = False  # the loop's last request for a batch had grad enabled
 
     def to_dict(self) -> dict:
@@ -141,7 +158,8 @@ def _install() -> None:
     if _ORIGINAL:
         return
     _ORIGINAL.update(init=DataLoader.__init__, iter=DataLoader.__iter__,
-                     hook=register_optimizer_step_post_hook(_on_optimizer_step))
+                     hook=register_optimizer_step_post_hook(_on_optimizer_step),
+                     undo=faults.undo_in_child(_forget_in_child))
     DataLoader.__init__ = _patched_init
     DataLoader.__iter__ = _patched_iter
 
@@ -152,6 +170,16 @@ def _uninstall() -> None:
     DataLoader.__init__ = _ORIGINAL.pop("init")
     DataLoader.__iter__ = _ORIGINAL.pop("iter")
     _ORIGINAL.pop("hook").remove()
+    faults.forget_in_child(_ORIGINAL.pop("undo"))
+
+
+def _forget_in_child() -> None:
+    """In a process forked from the session's (a DataLoader worker): the patches and
+    os._exit as they were before any session, and no session open."""
+    if _SESSIONS and _SESSIONS[0]._exit is not None:
+        os._exit = _SESSIONS[0]._exit
+    _SESSIONS.clear()
+    _uninstall()
 
 
 def real_iter(loader: DataLoader) -> Any:
@@ -159,21 +187,30 @@ def real_iter(loader: DataLoader) -> Any:
     return _ORIGINAL.get("iter", DataLoader.__iter__)(loader)
 
 
-def _creation_site() -> Optional[str]:
-    """file:line of the first frame outside the standard library, torch, the frameworks
-    and this package: where the user's code created the loader."""
+def _creation_site(loader: DataLoader) -> Optional[str]:
+    """file:line where the user's code created the loader: the first frame outside the
+    standard library, installed packages (a library's DataLoader subclass calling
+    super().__init__), torch, the frameworks and this package, and outside the loader's
+    own __init__ chain (a subclass in the user's code: where it is instantiated)."""
     skipped = _skipped_dirs()
-    f = sys._getframe(2)
+    f = sys._getframe(1)
     while f is not None:
         path = os.path.abspath(f.f_code.co_filename)
-        if not f.f_code.co_filename.startswith("<") and not path.startswith(skipped):
+        if (not f.f_code.co_filename.startswith("<") and not path.startswith(skipped)
+                and f.f_locals.get("self") is not loader):
             return f"{path}:{f.f_lineno}"
         f = f.f_back
     return None
 
 
 def _skipped_dirs() -> tuple:
-    dirs = [sysconfig.get_paths()["stdlib"]]
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}
+    try:
+        dirs.update(site.getsitepackages())
+    except AttributeError:  # an old virtualenv's site module
+        pass
+    dirs = [os.path.abspath(d) + os.sep for d in dirs]
     for name in _FRAMEWORKS:
         m = sys.modules.get(name)
         dirs.extend(os.path.abspath(p) + os.sep for p in (getattr(m, "__path__", None) or ()))
@@ -239,6 +276,7 @@ class LoopIterator:
             if s.chosen is not self.loader or s.state == "done":
                 batch = next(self.real)  # the loader's own batches; StopIteration: its epoch ended
                 self.served += 1
+                self.seen.batches += 1
                 s.observed(self.seen)
                 return batch
             _close(self.real, self.loader)  # chosen since its last batch: the experiment takes over
@@ -255,9 +293,21 @@ class LoopIterator:
                 self.real, self.mode = real_iter(self.loader), "real"
             else:
                 self.served += 1
+                self.seen.batches += 1
+                s.cadence.handed()
                 return batch
+        batch = next(self.real)
         self.served += 1
-        return next(self.real)
+        self.seen.batches += 1
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        """What code that holds the iterator reads of the loader's own (a framework's
+        fetcher): from the loader's real iterator, where there is one."""
+        real = self.__dict__.get("real")
+        if real is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(real, name)
 
 
 class Session:
@@ -291,7 +341,7 @@ class Session:
         self.keep_training = keep_training
         self.progress = progress
         self.on_report = on_report
-        self.clock = PausingClock(clock)
+        self.clock = clock
         self.seen: list = []
         self._seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._loaders: dict = {}  # Seen.index -> weakref to its loader
@@ -305,11 +355,14 @@ class Session:
         self.exp: Any = None
         self.held: Optional[allocator.Held] = None
         self.visit: Any = None  # the visit under way (a pause voids its window)
+        self.cadence = Cadence()
         self.epoch: Optional[LoopIterator] = None  # the epoch the experiment's batches go to
         self.report: Optional[Report] = None
         self.error: Optional[BaseException] = None
+        self.ended: Optional[tuple] = None  # (how, detail): the script ended on its own (script_ended)
         self._gen: Optional[Iterator] = None
         self._exit: Any = None
+        self.pid = os.getpid()
         self._coord: Any = None
         self.argv: Optional[list] = None  # the script's command line, under `run` (the tune section's command)
 
@@ -318,6 +371,7 @@ class Session:
     def __enter__(self) -> "Session":
         _SESSIONS.append(self)
         _install()
+        self.pid = os.getpid()
         self._exit, os._exit = os._exit, self._os_exit
         return self
 
@@ -337,7 +391,9 @@ class Session:
 
     def close(self, interrupted: bool = False) -> Optional[Report]:
         """End the experiment where it stands (its workers shut down) and make the report,
-        partial when the verdict was not in; None when no training loader was chosen."""
+        partial when the verdict was not in. Where no training loader was chosen: a
+        report of nothing measured, with the loaders seen, once the script has ended on
+        its own (script_ended), else None."""
         if self.state == "measuring" and self.exp is not None:
             self.busy = True
             try:
@@ -346,11 +402,26 @@ class Session:
             finally:
                 self.busy = False
             self._report(interrupted=interrupted)
+        elif self.state == "choosing" and self.ended is not None and self.report is None:
+            self.report, self.state = Report.of(self._nothing_measured()), "done"
+            if self.on_report is not None:
+                self.on_report(self.report)
         return self.report
 
+    def script_ended(self, how: str, detail: Any = None) -> None:
+        """The script ended on its own (`how`: ended, exit or raised; `detail`: the exit
+        code or the exception), before the session closes: the report says so first. Not
+        once the experiment is over (a script trained on with keep_training)."""
+        if self.state != "done":
+            self.ended = (how, detail)
+
     def _os_exit(self, code: int) -> None:
-        """os._exit from the script: the partial report first, then the exit."""
+        """os._exit from the script: the partial report first, then the exit (in this
+        process only: a forked worker's exit is its own, should the at-fork undo not have
+        run)."""
         real = self._exit
+        if os.getpid() != self.pid:
+            real(code)
         try:
             self.close()
         finally:
@@ -360,22 +431,22 @@ class Session:
 
     def created(self, loader: DataLoader) -> None:
         self.created_count += 1
-        site = _creation_site()
-        self._sites.setdefault(id(getattr(loader, "dataset", None)), site)  # a framework's copy keeps the creator
+        where = _creation_site(loader)
+        self._sites.setdefault(id(getattr(loader, "dataset", None)), where)  # a framework's copy keeps the creator
 
     def iterate(self, loader: DataLoader) -> Any:
         seen = self._seen_of(loader)
         if self.state == "done" or (self.chosen is not None and loader is not self.chosen):
             if self.state == "measuring":
                 self._void()  # another loader between two of the loop's requests (an evaluation)
-            return real_iter(loader)
+                self.cadence.paused()
+            return LoopIterator(self, loader, seen, real_iter(loader))  # its own batches, counted
         if self.chosen is None and (self.target == seen.index or self.target is loader):
             self.chosen = loader
         return LoopIterator(self, loader, seen, None if loader is self.chosen else real_iter(loader))
 
     def observed(self, seen: Seen) -> None:
         self.current = seen
-        seen.batches += 1
         seen.with_grad = torch.is_grad_enabled()
 
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None:
@@ -389,10 +460,12 @@ class Session:
         self._void()
 
     def _room(self) -> Optional[int]:
-        """Batches left in the loop's epoch, the one being handed out included (None: its
-        epochs do not end)."""
+        """Batches the loop takes before its next pause known ahead, the one being handed
+        out included: the rest of its epoch, or fewer where it evaluates every K batches
+        (Cadence); None where neither is known."""
         e = self.epoch
-        return None if e is None or e.length is None else max(1, e.length - e.served)
+        rooms = [self.cadence.room(), None if e is None or e.length is None else max(1, e.length - e.served)]
+        return min((r for r in rooms if r is not None), default=None)
 
     def _void(self) -> None:
         void = getattr(self.visit, "void", None)
@@ -441,7 +514,7 @@ class Session:
         if coord is not None:
             coord.joinables = _joinables()
         exp = self.exp = api.start(spec, dev, self.options, coord=coord, clock=self.clock, progress=self.progress,
-                                   loop=True, on_pause=self.clock.pause)
+                                   loop=True)
         exp.move = lambda batch: to_device(batch, dev)  # where the device point's batches are put
         exp.room = self._room
         self.held = allocator.Held(self.options.hold_allocator)
@@ -456,11 +529,13 @@ class Session:
             self.visit = None
             self.held.release()
             if exp.isolated is None:
-                exp.isolated, exp.syncs = phases.not_isolated()
+                exp.isolated, exp.syncs = phases.not_isolated("your script ended" if self.ended else "interrupted")
 
     def _report(self, interrupted: bool) -> None:
+        early = self.ended is not None and not interrupted  # the script ended before the experiment did
         m = self.exp.measurements(self.options.points, held=self.held.record(), interrupted=interrupted, mode="loop",
-                                  source=self.source())
+                                  source=self.source(self._shortfall() if early else None),
+                                  unreached="your script ended first" if early else None)
         if m.tune is not None:  # --tune: the best settings written against the script (change.py)
             m = change.patched(m, self.argv)
         report = Report.of(m)
@@ -471,13 +546,46 @@ class Session:
         if self.on_report is not None:
             self.on_report(report)
 
-    def source(self) -> dict:
-        """Which loader the loop trained on, and every loader seen (the report's `source`)."""
+    def source(self, ended: Optional[dict] = None) -> dict:
+        """Which loader the loop trained on, and every loader seen (the report's `source`);
+        `ended`: how the script ended before the experiment did (_shortfall)."""
         seen = self._seen.get(self.chosen) if self.chosen is not None else None
         out = seen.to_dict() if seen is not None else {}
         out.update(chosen_by="--loader" if self.target is not None else "the loader your optimizer steps on",
                    loaders=[x.to_dict() for x in self.seen])
+        if ended is not None:
+            out["ended"] = ended
         return out
+
+    def _shortfall(self) -> dict:
+        """How the script ended, the batches its training loader gave, and the fewest the
+        measurement needs: plan.min_rounds visits of each point measured
+        (Plan.least_visit_steps at the step measured so far, or at the shortest window
+        where none was), and the fewest batches one epoch must have for a window."""
+        how, detail = self.ended
+        exp = self.exp
+        seen = self._seen.get(self.chosen) if self.chosen is not None else None
+        names = [n for n in self.options.points if exp.not_applicable(n) is None]
+        est = exp.step_estimate()
+        needed, per_epoch = 0, 0
+        for name in names:
+            plan, prefetch = exp.visit_plan(name)
+            needed += plan.least_visit_steps(est or plan.window_seconds, prefetch)
+            per_epoch = max(per_epoch, plan.least_epoch_steps(prefetch))
+        detail_text = (f"sys.exit({detail!r})" if how == "exit" else
+                       f"{type(detail).__name__}: {detail}"[:200] if how == "raised" else None)
+        return {"how": how, "detail": detail_text, "batches": seen.batches if seen else 0,
+                "needed": needed * exp.plan.min_rounds, "rounds": exp.plan.min_rounds, "points": len(names),
+                "epoch_batches": _length(self.chosen), "epoch_needs": per_epoch}
+
+    def _nothing_measured(self) -> Any:
+        """The measurements of a run whose script ended before a training loader was
+        chosen: every point not run, and the loaders seen (the partial --json)."""
+        why = f"no training loader was found: {self.summary_of_what_was_seen()}"
+        dev = self.device or self.step_device or devices.resolve(None)
+        return Measurements(device=str(dev), batch_size=1, points=tuple(
+            PointResult(name, "not run", reason=why) for name in POINTS), complete=False, mode="loop",
+            source=dict(self.source(), ended={"how": self.ended[0], "batches": 0, "no_loader": why}))
 
     def summary_of_what_was_seen(self) -> str:
         """What the session saw, for a run that ended without a report."""

@@ -133,10 +133,11 @@ def _tune(exp: Experiment, draft: Any, verify_seconds: Optional[float]):
     return search.result
 
 
-def not_isolated() -> tuple[Isolated, Syncs]:
-    """Why the stages were not timed alone: torchrun, or an interrupt first."""
+def not_isolated(why: str = "interrupted") -> tuple[Isolated, Syncs]:
+    """Why the stages were not timed alone: torchrun, or the run ended first (`why`: an
+    interrupt, the user's script ending)."""
     reason = ("not timed under torch.distributed: isolated steps would break the ranks' lockstep"
-              if distributed.env_world_size() > 1 else "interrupted before the isolated timings")
+              if distributed.env_world_size() > 1 else f"{why} before the isolated timings")
     return Isolated.missing("skipped", reason), Syncs.missing("skipped", reason)
 
 

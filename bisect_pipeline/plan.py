@@ -124,13 +124,22 @@ class Plan:
         e = self.epoch_steps
         return math.ceil(steps / e) * e if e else steps
 
-    def least_visit_seconds(self, sec_per_step: float, prefetch_depth: int = 0, windows: Optional[int] = None) -> float:
-        """The least time one visit takes at `sec_per_step`: its first batch, its untimed
+    def least_visit_steps(self, sec_per_step: float, prefetch_depth: int = 0, windows: Optional[int] = None) -> int:
+        """The fewest steps one visit takes at `sec_per_step`: its first batch, its untimed
         warm-up (and the batches prefetched meanwhile) and the windows it keeps (or
         `windows` windows)."""
         n = self.windows_per_visit if windows is None else windows
-        steps = 1 + self.min_warmup_steps + prefetch_depth + n * self.window_steps(sec_per_step)
-        return steps * sec_per_step
+        return 1 + self.min_warmup_steps + prefetch_depth + n * self.window_steps(sec_per_step)
+
+    def least_visit_seconds(self, sec_per_step: float, prefetch_depth: int = 0, windows: Optional[int] = None) -> float:
+        """The least time one visit takes at `sec_per_step` (least_visit_steps of it)."""
+        return self.least_visit_steps(sec_per_step, prefetch_depth, windows) * sec_per_step
+
+    def least_epoch_steps(self, prefetch_depth: int = 0) -> int:
+        """The fewest batches an epoch of a user's loop must have for one window: each
+        epoch's end voids the window under way, so after it the visit warms up again
+        (visit.Visit) and a window must end before the epoch's last batch."""
+        return self.min_warmup_steps + prefetch_depth + self.min_window_steps + 1
 
     def most_windows(self, keep: Optional[int] = None) -> int:
         """The most windows one visit times: the warm-up ones and those it keeps."""

@@ -1,17 +1,26 @@
-"""Progress on stderr while measuring: one line drawn by click's progress bar.
+"""Progress on stderr while measuring.
 
-It receives the events `api.bisect(progress=...)` emits ({"event": "cache"},
-{"event": "point", "point", "index", "total"}, {"event": "window", "point", "window",
-"max_windows"}, {"event": "confirm", "transform", "where"}, {"event": "verify", "item",
-"settings"}, {"event": "warning", "message"};
-others are ignored) and shows which point is measured, how far along the run is, and the
-time left against --max-seconds (an upper bound: points that settle early end sooner).
-The bar is drawn only when stderr is a terminal; a warning (a budget too short for the
-step, a cache cut short) gets a line of its own there and in a log file or a pipe.
+The phases emit events (`Experiment.emit`: {"event": "cache"}, {"event": "point", "point",
+"index", "total"}, {"event": "window", "point", "window", "max_windows", "index",
+"total"}, {"event": "confirm", "transform", "where"}, {"event": "verify", "item",
+"settings"}, {"event": "warning", "message"}). `describe(event)` turns any of them into
+words, in this one place, as a pure function of the event; the writers only write what
+it returns:
+
+- `Progress`: one line redrawn by click's progress bar, when stderr is a terminal: what
+  is measured, how far along the run is, and the time left against --max-seconds (an
+  upper bound: points that settle early end sooner);
+- `Lines`: whole lines, for a run inside the user's own script (its own output shares
+  the terminal, so nothing is redrawn);
+- `Warnings`: where stderr is a log file or a pipe, the warnings only.
+
+A warning (a budget too short for the step, a cache cut short) gets a line of its own
+from every writer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 import time
@@ -38,9 +47,45 @@ def make_progress(max_seconds: float, *, quiet: bool = False, stream: Optional[T
     return Progress(max_seconds, stream, clock=clock)
 
 
-def warning_line(event: dict) -> Optional[str]:
-    """The line a warning event gets on stderr (None for other events)."""
-    return f"bisect-pipeline: warning: {event['message']}" if event.get("event") == "warning" else None
+@dataclasses.dataclass(frozen=True)
+class Said:
+    """What an event says. `kind`: "status" (what is measured now: the bar's text, a line
+    of `Lines`), "detail" (how far within it: the bar only) or "warning" (a line of its
+    own everywhere)."""
+
+    text: str
+    kind: str = "status"
+
+
+def describe(event: dict) -> Optional[Said]:
+    """The words for one progress event; None for an event no writer shows."""
+    kind = event.get("event")
+    if kind == "cache":
+        return Said("filling the caches")
+    if kind == "point":
+        return Said(f"measuring {event['point']}{_of(event)}")
+    if kind == "window":
+        return Said(f"measuring {event['point']}{_of(event)}, window {event['window']}", "detail")
+    if kind == "confirm":
+        return Said(f"measuring {event['transform']} ({event['where']}) in the pipeline")
+    if kind == "verify":
+        settings = ", ".join(f"{k}={v}" for k, v in (event.get("settings") or {}).items())
+        what = "trying (--tune)" if event.get("item") == "tune" else "measuring the advice"
+        return Said(f"{what}: {settings or 'your settings'}")
+    if kind == "warning":
+        return Said(f"warning: {event['message']}", "warning")
+    return None
+
+
+def _of(event: dict) -> str:
+    """The point's place in the run, " (2/5)", where the event says it."""
+    index, total = event.get("index"), event.get("total")
+    return "" if index is None or total is None else f" ({index + 1}/{total})"
+
+
+def line_of(said: Said) -> str:
+    """A whole line on stderr."""
+    return f"bisect-pipeline: {said.text}"
 
 
 class Warnings:
@@ -51,9 +96,9 @@ class Warnings:
         self.stream = stream
 
     def __call__(self, event: dict) -> None:
-        line = warning_line(event)
-        if line is not None:
-            _write_line(self.stream, line)
+        said = describe(event)
+        if said is not None and said.kind == "warning":
+            _write_line(self.stream, line_of(said))
 
     def done(self) -> None:
         return None
@@ -104,25 +149,19 @@ class Progress:
             return
         if self.start is None:
             self.start = self.clock()  # bisect's own clock starts with its first event
+        said = describe(event)
+        if said is None:
+            return
         kind = event.get("event")
-        if kind == "cache":
-            self.what = "filling the caches"
-        elif kind == "point":
+        if kind == "point":
             self.index, self.total, self.windows = event["index"], event["total"], 0
-            self.what = f"{event['point']} ({self.index + 1}/{self.total})"
         elif kind == "window":
             self.windows = event["window"]
             self.max_windows = event.get("max_windows") or self.max_windows
-            self.what = f"{event['point']} ({self.index + 1}/{self.total}), window {self.windows}"
-        elif kind == "confirm":
-            self.what = f"measuring {event['transform']} ({event['where']}) in the pipeline"
-        elif kind == "verify":
-            self.what = ("trying (--tune): " if event.get("item") == "tune" else "measuring the advice: ") + ", ".join(
-                f"{k}={v}" for k, v in event["settings"].items())
-        elif kind == "warning":  # a line of its own above the bar, which is then drawn again
-            click.echo("\r\033[K" + warning_line(event), file=self.stream)
+        if said.kind == "warning":  # a line of its own above the bar, which is then drawn again
+            click.echo("\r\033[K" + line_of(said), file=self.stream)
         else:
-            return
+            self.what = said.text
         info = f"{self.what}, at most {self.seconds_left():.0f} s left"
         step = max(0, round(self.fraction * STEPS) - self.bar.pos)  # never backwards
         self.bar.update(step, info)
@@ -155,24 +194,12 @@ class Lines:
         self.last = None
 
     def __call__(self, event: dict) -> None:
-        kind = event.get("event")
-        if kind == "cache":
-            text = "filling the caches"
-        elif kind == "point":
-            text = f"measuring {event['point']} ({event['index'] + 1}/{event['total']})"
-        elif kind == "confirm":
-            text = f"measuring {event['transform']} ({event['where']}) in the pipeline"
-        elif kind == "verify":
-            text = ("trying (--tune): " if event.get("item") == "tune" else "measuring the advice: ") + ", ".join(
-                f"{k}={v}" for k, v in event["settings"].items())
-        elif kind == "warning":
-            _write_line(self.stream or sys.stderr, warning_line(event))
+        said = describe(event)
+        if said is None or said.kind == "detail" or said.text == self.last:
             return
-        else:
-            return
-        if text != self.last:
-            self.last = text
-            click.echo(f"bisect-pipeline: {text}", file=self.stream or sys.stderr)
+        if said.kind == "status":
+            self.last = said.text
+        _write_line(self.stream or sys.stderr, line_of(said))
 
     def done(self) -> None:
         return None

@@ -68,6 +68,7 @@ def run(args: tuple, session: Session, *, interrupt_code: Callable[[], int]) -> 
                 raise
             except BaseException as exc:  # the script's own error: shown as its own
                 outcome = ("raised", exc)
+            session.script_ended(*(outcome or ("ended", None)))
     except KeyboardInterrupt:
         pass
     finally:
@@ -108,11 +109,15 @@ def _no_verdict(session: Session, report: Optional[Report], kind: Optional[str],
         why = f"your script exited (sys.exit({detail!r}))"
     else:
         why = "your script ended"
-    if report is None:
+    if session.exp is None:
         return f"{why} before anything was measured: {session.summary_of_what_was_seen()}."
-    return (f"{why} before a verdict ({report.verdict.reason}); the partial report is written. Give it more "
-            "epochs or steps (the experiment needs the loop to keep asking for batches), or a budget it can "
-            "reach with --max-seconds.")
+    if report is None:
+        return f"{why} before a verdict."
+    if session.ended is None:  # the experiment was over first, without a verdict: the tool stopped the script
+        return f"no verdict: {report.verdict.reason}; the partial report is written."
+    if (report.measurements.source or {}).get("ended"):  # the report opens with what it gave and needed
+        return f"{why} before a verdict: no verdict, the partial report is written (see its first paragraph)."
+    return f"{why} before a verdict ({report.verdict.reason}); the partial report is written."
 
 
 def _print_script_traceback(exc: BaseException) -> None:

@@ -20,18 +20,8 @@ import torch
 from bisect_pipeline import script as script_mod
 from bisect_pipeline import loop as loop_mod
 from bisect_pipeline.errors import BisectError
-from bisect_pipeline.loop import PausingClock, ScriptStopped, Session, watching
+from bisect_pipeline.loop import ScriptStopped, Session, watching
 from conftest import FAST_PLAN, PLANTED_DATA, PlantedDataset, Sleep, assert_names, make_loader, tiny_model
-
-
-def test_the_pausing_clock_leaves_out_what_it_is_told():
-    t = [10.0]
-    clock = PausingClock(lambda: t[0])
-    t[0] = 12.0
-    clock.pause(1.5)
-    assert clock() == pytest.approx(10.5)
-    clock.pause(-1.0)  # nothing negative
-    assert clock() == pytest.approx(10.5)
 
 
 def test_the_command_line_after_the_options_is_the_script_and_its_own_arguments(tmp_path):
@@ -88,7 +78,12 @@ def test_the_loader_the_optimizer_steps_on_is_chosen_not_the_evaluation_one():
     with Stubbed() as s:
         loop({"val": val, "train": train}, seen, epochs=20, every=2)  # gradient accumulation: a step every 2 batches
     assert s.chosen is train and [x.index for x in s.seen] == [1, 2]
-    assert s.seen[0].batches == 2 and not s.seen[0].with_grad  # validation: seen, never chosen
+    assert not s.seen[0].with_grad  # validation: seen, never chosen
+    # every batch a loader's iterators handed the loop is counted: its own, the experiment's,
+    # and a loader's iterated after the training loader was chosen
+    val_batches = sum(1 for _, name, _ in seen if name == "val")
+    assert val_batches > 2 and s.seen[0].batches == val_batches
+    assert s.seen[1].batches == sum(1 for _, name, _ in seen if name == "train") == 32  # 2 its own, 30 the experiment's
     # the loader's own batches until the optimizer steps, then the experiment's (zeros)
     train_batches = [b for _, name, b in seen if name == "train"]
     assert [bool(b[0].abs().sum()) for b in train_batches[:4]] == [True, True, False, False]
@@ -250,10 +245,12 @@ def test_a_script_that_raises_shows_its_own_traceback_and_writes_the_partial_rep
 def test_a_script_that_never_iterates_a_loader_or_ends_early_says_what_it_saw(tmp_path):
     (tmp_path / "noloader.py").write_text("import torch\nprint('no loader here')\n")
     proc, doc = run_cli(tmp_path, "noloader.py")
-    assert proc.returncode == 1 and "iterated no DataLoader" in proc.stderr and doc is None, proc.stderr
+    assert proc.returncode == 1 and "iterated no DataLoader" in proc.stderr, proc.stderr
+    assert doc["bottleneck"] is None and "iterated no DataLoader" in doc["source"]["ended"]["no_loader"]
     proc, doc = run_cli(tmp_path, "--max-seconds", "30", "planted.py", "--exit-after", "50")
     assert proc.returncode == 1 and "exited (sys.exit(3))" in proc.stderr, proc.stderr
     assert doc is not None and doc["bottleneck"] is None and "finally ran" in proc.stdout
+    assert doc["source"]["ended"]["how"] == "exit" and doc["source"]["ended"]["detail"] == "sys.exit(3)"
 
 
 @pytest.mark.e2e
@@ -297,3 +294,56 @@ def test_watching_in_python_keeps_training_on_the_real_loader_after_the_verdict(
     assert s.report.verification.status in ("ok", "out of time")  # the advice's check, in the loop too
     assert len(after) > 2 * len(loader)  # the loop went on, with real batches
     assert not loop_mod._SESSIONS
+
+
+def test_created_at_is_the_user_s_line_for_a_library_subclass_and_a_subclass_of_their_own():
+    monai = pytest.importorskip("monai.data")
+
+    class Mine(torch.utils.data.DataLoader):  # the user's own subclass: where it is instantiated counts
+        def __init__(self, dataset, **kw):
+            super().__init__(dataset, **kw)
+
+    with Stubbed() as s:
+        here = sys._getframe().f_lineno
+        library = monai.DataLoader(PlantedDataset(n=16), batch_size=8)  # its super().__init__ is in site-packages
+        mine = Mine(PlantedDataset(n=16), batch_size=4)
+        for loader in (library, mine):
+            next(iter(loader))
+    created = [x.created_at for x in s.seen]
+    assert created == [f"{os.path.abspath(__file__)}:{here + 1}", f"{os.path.abspath(__file__)}:{here + 2}"], created
+
+
+def test_a_loop_that_evaluates_every_k_steps_gets_windows_that_end_before_it():
+    c = loop_mod.Cadence()
+    for _ in range(7):
+        c.handed()
+    c.paused()  # the experiment started mid-way: a first gap of 7
+    assert c.room() is None
+    for _ in range(20):
+        c.handed()
+    c.paused()
+    c.paused()  # two loaders in one pause count once
+    assert c.room() is None  # 7 then 20: no cadence yet
+    for _ in range(20):
+        c.handed()
+    c.paused()
+    assert c.room() == 20  # two gaps of 20: the next pause in 20 batches, this one included
+    for _ in range(15):
+        c.handed()
+    assert c.room() == 5
+    for _ in range(5):
+        c.handed()
+    assert c.room() is None and c.gaps == []  # due, and it did not come: no prediction
+
+
+def test_the_room_is_the_nearer_of_the_epoch_s_end_and_the_next_evaluation():
+    train = make_loader(PlantedDataset(n=80), batch_size=8)  # 10 batches an epoch
+    with Stubbed() as s:
+        it = iter(train)
+        s.epoch = it
+        it.served = 4
+        assert s._room() == 6  # no cadence: the epoch's end
+        s.cadence.gaps, s.cadence.since = [3, 3], 1
+        assert s._room() == 2  # the evaluation comes first
+        s.cadence.gaps = [30, 30]
+        assert s._room() == 6

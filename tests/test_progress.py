@@ -10,7 +10,7 @@ import re
 import pytest
 
 from bisect_pipeline import progress as progress_mod
-from bisect_pipeline.progress import Progress, Warnings, make_progress
+from bisect_pipeline.progress import Lines, Progress, Warnings, describe, make_progress
 from conftest import FakeClock
 
 
@@ -35,12 +35,12 @@ def run_events(p, clock: FakeClock) -> None:
     clock.t += 4
     p({"event": "point", "point": "device", "index": 0, "total": 4})
     clock.t += 1
-    p({"event": "window", "point": "device", "window": 3, "max_windows": 6})
+    p({"event": "window", "point": "device", "window": 3, "max_windows": 6, "index": 0, "total": 4})
     clock.t += 2
     p({"event": "point", "point": "collated", "index": 1, "total": 4})
     clock.t += 3
     p({"event": "warning", "message": "the budget is short"})
-    p({"event": "window", "point": "collated", "window": 6, "max_windows": 6})
+    p({"event": "window", "point": "collated", "window": 6, "max_windows": 6, "index": 1, "total": 4})
 
 
 def test_shows_the_point_how_far_and_time_left_against_max_seconds():
@@ -71,7 +71,7 @@ def test_time_left_never_goes_negative_and_the_bar_never_goes_back():
     p = make_progress(5.0, stream=stream, clock=clock)
     p.columns = 120
     p({"event": "point", "point": "raw", "index": 2, "total": 4})
-    p({"event": "window", "point": "raw", "window": 6, "max_windows": 6})
+    p({"event": "window", "point": "raw", "window": 6, "max_windows": 6, "index": 2, "total": 4})
     clock.t += 60
     p({"event": "point", "point": "raw", "index": 2, "total": 4})  # e.g. a retried point: same index
     shown = frames(stream)
@@ -135,21 +135,89 @@ def test_a_closed_or_odd_stream_counts_as_not_a_terminal():
     odd({"event": "warning", "message": "nowhere to go"})
 
 
-def test_the_line_progress_says_each_phase_of_a_run_on_its_own_line():
-    # `run` prints whole lines (stderr is the script's too): the confirmation of the
-    # costliest transform and the search of --tune included
-    import io
+# --- one renderer: every event the code can emit, through every writer -----------------------
 
-    from bisect_pipeline.progress import Lines
+# A value for each field an event may carry (a field missing here fails the test below: give it one).
+SAMPLE_FIELDS = {"point": "augmented", "index": 1, "total": 4, "window": 2, "max_windows": 6,
+                 "transform": "RandomResizedCrop", "where": "dataset.transform[0]", "item": "workers",
+                 "settings": {"num_workers": 1, "persistent_workers": True}, "message": "the budget is short"}
 
+
+def emitted_events() -> dict:
+    """Every {"event": KIND, ...} dict literal in the package's code, by kind: its other keys."""
+    import ast
+    import pathlib
+
+    import bisect_pipeline
+
+    kinds: dict = {}
+    for path in pathlib.Path(bisect_pipeline.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Dict):
+                continue
+            keys = [k.value for k in node.keys if isinstance(k, ast.Constant)]
+            if "event" not in keys:
+                continue
+            kind = node.values[keys.index("event")]
+            assert isinstance(kind, ast.Constant), f"{path}:{node.lineno}: an event's kind must be a literal"
+            kinds.setdefault(kind.value, set()).update(k for k in keys if k != "event")
+    return kinds
+
+
+def test_the_code_emits_the_known_kinds_of_event():
+    # the scan itself must find the events (else the test below would pass on nothing)
+    assert set(emitted_events()) >= {"cache", "point", "window", "confirm", "verify", "warning"}
+
+
+@pytest.mark.parametrize("kind", sorted(emitted_events()))
+def test_every_event_the_code_emits_is_worded_and_written_by_every_writer(kind):
+    fields = emitted_events()[kind]
+    missing = fields - set(SAMPLE_FIELDS)
+    assert not missing, f"give SAMPLE_FIELDS a value for {missing}"
+    event = {"event": kind, **{k: SAMPLE_FIELDS[k] for k in fields}}
+    said = describe(event)
+    assert said is not None and said.text and said.kind in ("status", "detail", "warning")
+    clock, tty, lines_out, log = FakeClock(1000.0), FakeTTY(), io.StringIO(), io.StringIO()
+    bar = Progress(20.0, tty, clock=clock, columns=200)
+    lines, warnings = Lines(lines_out), Warnings(log)
+    for write in (bar, lines, warnings):
+        write(event)
+    assert said.text in "".join(frames(tty))  # the bar shows the same words
+    written = lines_out.getvalue()
+    if said.kind == "detail":
+        assert written == ""  # whole lines skip the windows within a point
+    else:
+        assert written == f"bisect-pipeline: {said.text}\n"
+    assert log.getvalue() == (f"bisect-pipeline: {said.text}\n" if said.kind == "warning" else "")
+
+
+def test_the_confirm_and_verify_events_are_lines_inside_a_script():
     out = io.StringIO()
     lines = Lines(out)
-    for event in ({"event": "cache"}, {"event": "point", "point": "full", "index": 0, "total": 8},
-                  {"event": "confirm", "transform": "ColorJitter", "where": "dataset.transform[1]"},
-                  {"event": "verify", "item": "num_workers", "settings": {"num_workers": 1}},
-                  {"event": "verify", "item": "tune", "settings": {"num_workers": 2}}):
-        lines(event)
+    lines({"event": "point", "point": "full", "index": 0, "total": 5})
+    lines({"event": "window", "point": "full", "window": 1, "max_windows": 6, "index": 0, "total": 5})
+    lines({"event": "confirm", "transform": "ColorJitter", "where": "dataset.transform[2]"})
+    lines({"event": "confirm", "transform": "ColorJitter", "where": "dataset.transform[2]"})  # same: once
+    lines({"event": "verify", "item": "workers", "settings": {"num_workers": 2}})
+    lines({"event": "verify", "item": "tune", "settings": {"num_workers": 1}})  # the search of --tune
+    lines({"event": "warning", "message": "short"})
     assert out.getvalue().splitlines() == [
-        "bisect-pipeline: filling the caches", "bisect-pipeline: measuring full (1/8)",
-        "bisect-pipeline: measuring ColorJitter (dataset.transform[1]) in the pipeline",
-        "bisect-pipeline: measuring the advice: num_workers=1", "bisect-pipeline: trying (--tune): num_workers=2"]
+        "bisect-pipeline: measuring full (1/5)",
+        "bisect-pipeline: measuring ColorJitter (dataset.transform[2]) in the pipeline",
+        "bisect-pipeline: measuring the advice: num_workers=2",
+        "bisect-pipeline: trying (--tune): num_workers=1",
+        "bisect-pipeline: warning: short"]
+
+
+def test_a_window_event_carries_its_point_s_place_from_the_experiment():
+    from bisect_pipeline.experiment import Experiment
+
+    seen: list = []
+    exp = Experiment.__new__(Experiment)  # only emit's own state
+    exp.progress, exp.at = seen.append, None
+    exp.emit({"event": "point", "point": "raw", "index": 2, "total": 5})
+    exp.emit({"event": "window", "point": "raw", "window": 1, "max_windows": 6})
+    exp.emit({"event": "verify", "item": "workers", "settings": {}})
+    exp.emit({"event": "window", "point": "full", "window": 1, "max_windows": 6})  # the check's visit: no place
+    assert describe(seen[1]).text == "measuring raw (3/5), window 1"
+    assert describe(seen[3]).text == "measuring full, window 1"

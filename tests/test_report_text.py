@@ -375,3 +375,53 @@ def test_a_reorder_found_faster_is_a_line_under_the_breakdown_and_one_not_faster
                                                                                       "ColorJitter", "ToTensor"]
     kinds = [f.kind for f in r.advice]
     assert kinds.index("augment") + 1 == kinds.index("reorder")
+
+
+def _loop_report(source: dict, complete: bool = False, rates: dict = AUGMENT) -> Report:
+    m = planted_report(rates, complete=complete).measurements
+    return Report.of(dataclasses.replace(m, mode="loop", source=source))
+
+
+def test_a_loop_on_a_batch_sampler_says_the_batch_size_counted():
+    r = _loop_report({"index": 1, "dataset": "CocoDetection", "batch_size": None, "created_at": "train.py:9"},
+                     complete=True)
+    assert "on loader #1 (CocoDetection, batch size 32, created at train.py:9)" in " ".join(to_text(r).split())
+
+
+def test_a_script_that_ended_first_opens_the_report_with_what_it_gave_and_needed():
+    short = {"how": "ended", "detail": None, "batches": 100, "needed": 334, "rounds": 2, "points": 5,
+             "epoch_batches": 10, "epoch_needs": 19}
+    r = _loop_report({"index": 1, "dataset": "Data", "batch_size": 2, "ended": short}, rates={})
+    text = to_text(r)
+    first = " ".join(blocks(text)[0])
+    assert first.startswith("Your script ended after 100 batches of its training loader, before the measurement "
+                            "was done: it needs at least about 334 (2 rounds over 5 points")
+    assert "there is no verdict" in first and "Its epochs are 10 batches, fewer than the 19" in first
+    assert "more epochs would not help" in first and "--entry" in first
+    assert "(incomplete run: your script ended first)" in text and "stopped by --max-seconds" not in text
+    html = r._repr_html_()
+    assert "Your script ended after 100 batches" in html and "your script ended first" in html
+    # epochs long enough: more of them is the answer, said with the factor
+    longer = dict(short, epoch_batches=50, how="exit", detail="sys.exit(0)")
+    first = " ".join(blocks(to_text(_loop_report({"ended": longer}, rates={})))[0])
+    assert first.startswith("Your script exited (sys.exit(0)) after 100 batches")
+    assert "about 4x as many batches" in first and "would not help" not in first
+    # enough batches for the least measurement, yet no settled verdict: the one from what was measured
+    enough = dict(short, batches=400, epoch_batches=None)
+    first = " ".join(blocks(to_text(_loop_report({"ended": enough})))[0])
+    assert "needs at least" not in first and "the verdict below is from what was measured" in first
+    assert "more epochs or steps, so that the rounds can settle the noise" in first
+
+
+def test_the_closing_line_says_no_verdict_when_the_tool_stopped_the_script():
+    from types import SimpleNamespace
+
+    from bisect_pipeline import script as script_mod
+
+    report = SimpleNamespace(verdict=SimpleNamespace(reason="out of time before one window"),
+                             measurements=SimpleNamespace(source={}))
+    stopped = SimpleNamespace(exp=object(), ended=None)  # the experiment ended first: the tool stopped it
+    assert script_mod._no_verdict(stopped, report, None, None) == (
+        "no verdict: out of time before one window; the partial report is written.")
+    ended = SimpleNamespace(exp=object(), ended=("ended", None))
+    assert script_mod._no_verdict(ended, report, None, None).startswith("your script ended before a verdict")

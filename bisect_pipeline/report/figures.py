@@ -28,6 +28,43 @@ def batch_size_text(batch_size: float, source: str) -> str:
     return str(batch_size)
 
 
+def ended_text(source: Optional[dict], bottleneck: Optional[str]) -> Optional[str]:
+    """What a report opens with where the user's script ended on its own before the
+    experiment did (loop.Session._shortfall): the batches it gave, the fewest the
+    measurement needs, and what to run instead. None otherwise."""
+    e = (source or {}).get("ended")
+    if not e:
+        return None
+    how = {"exit": f"Your script exited ({e.get('detail')})", "raised": f"Your script raised {e.get('detail')}"}.get(
+        e.get("how"), "Your script ended")
+    if e.get("no_loader"):
+        return f"{how} before anything was measured: {e['no_loader']}."
+    batches, needed = e.get("batches") or 0, e.get("needed") or 0
+    text = f"{how} after {batches:,} batches of its training loader, before the measurement was done"
+    if needed > batches:
+        text += (f": it needs at least about {needed:,} ({e.get('rounds')} rounds over {e.get('points')} points, "
+                 "each visit its first batch, a warm-up and its timed windows)")
+    text += "; " + ("the verdict below is from what was measured." if bottleneck else "there is no verdict.")
+    epoch, per_epoch = e.get("epoch_batches"), e.get("epoch_needs")
+    if epoch and per_epoch and epoch < per_epoch:
+        return (text + f" Its epochs are {epoch:,} batches, fewer than the {per_epoch:,} one timed window needs "
+                "within an epoch (each epoch's end voids the window under way, and the point warms up again "
+                "after it), so more epochs would not help: measure it with --entry (a function that returns your "
+                "model and loader), or with epochs of more batches.")
+    if needed > batches:
+        times = -(-needed // max(batches, 1))
+        return text + (f" Run it for more epochs or steps (about {times}x as many batches), or measure it with "
+                       "--entry (a function that returns your model and loader).")
+    return text + " Run it for more epochs or steps, so that the rounds can settle the noise."
+
+
+def incomplete_why(r_interrupted: bool, source: Optional[dict]) -> str:
+    """Why a run is incomplete, in a few words."""
+    if r_interrupted:
+        return "interrupted"
+    return "your script ended first" if (source or {}).get("ended") else "stopped by --max-seconds"
+
+
 def gain_if_free(s: StageCost, full: Optional[float]) -> Optional[float]:
     """Relative throughput gain if the stage were free: if_free / full - 1 (0.33 = +33%);
     `full` is the full pipeline's samples/s as the report shows it."""

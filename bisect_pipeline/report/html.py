@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..verdict import STAGES, in_question
 from . import plot as plot_mod
-from .figures import POINT_MEANING, batch_size_text
+from .figures import POINT_MEANING, batch_size_text, ended_text, incomplete_why
 from . import text as text_mod
 from .text import noise_text
 
@@ -595,8 +595,11 @@ def to_html(r: "Report", *, style: bool = True, breakdown: str = "bottleneck") -
     parts.append('<p class="title">bisect-pipeline</p>')
     # r.summary, not summary(r): a DistributedReport's names the rank that sets the pace.
     parts.append(f'<p class="verdict {_verdict_class(r.bottleneck)}">{_e(r.summary)}</p>')
+    ended = ended_text(r.measurements.source, r.bottleneck)
+    if ended:
+        parts.append(f'<p class="incomplete ended">{_e(ended)}</p>')
     if not r.complete:
-        why = "interrupted" if r.interrupted else "stopped by --max-seconds"
+        why = incomplete_why(r.interrupted, r.measurements.source)
         parts.append(f'<p class="incomplete">Incomplete run ({_e(why)}): some points were cut short or not run.</p>')
     parts.append("<h3>Throughput at each point</h3>")
     parts.append(chart_svg(r))

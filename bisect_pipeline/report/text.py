@@ -11,7 +11,7 @@ from tabulate import tabulate
 
 from .. import advice as advice_mod
 from ..verdict import POINTS, in_question
-from .figures import batch_size_text, gain_if_free
+from .figures import batch_size_text, ended_text, gain_if_free, incomplete_why
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Report
@@ -170,11 +170,13 @@ def _head(r: "Report") -> list:
     lw = r.loader.get("num_workers")
     if lw is not None:
         head += f", num_workers {lw}, pin_memory {r.loader.get('pin_memory')}"
-    lines = _wrap(head, rest="  ")
+    ended = ended_text(r.measurements.source, r.bottleneck)
+    lines = [*_wrap(ended), ""] if ended else []  # a script that ended first: said before anything else
+    lines += _wrap(head, rest="  ")
     if r.measurements.mode == "loop":
         lines.extend(_wrap(_loop_line(r), rest="  "))
     if not r.complete:
-        lines.append("(incomplete run: " + ("interrupted" if r.interrupted else "stopped by --max-seconds") + ")")
+        lines.append(f"(incomplete run: {incomplete_why(r.interrupted, r.measurements.source)})")
     return lines
 
 
@@ -182,8 +184,9 @@ def _loop_line(r: "Report") -> str:
     """Which loop was measured, in a loop run (loop.py)."""
     src = r.measurements.source or {}
     where = f", created at {src['created_at']}" if src.get("created_at") else ""
+    size = src.get("batch_size") or batch_size_text(r.batch_size, r.batch_size_source)  # a batch sampler's: counted
     return (f"your training loop was the step, on loader #{src.get('index', 1)} ({src.get('dataset', '?')}, batch "
-            f"size {src.get('batch_size', '?')}{where})")
+            f"size {size}{where})")
 
 
 def _point_rows(r: "Report") -> list:
