@@ -23,7 +23,8 @@ JPEGs of 500x375, 2 classes of 256, decoded and augmented as the example does, f
 printing the settings tried, the best with its speed-up, the change (the flag or the
 diff) and the patched script measured against the original beside the search's figure.
 
-    python scripts/bench_tune.py public --examples /path/to/pytorch/examples [--only imagenet-jpeg,mnist,dcgan-small]
+    python scripts/bench_tune.py public --examples /path/to/pytorch/examples --timm /path/to/pytorch-image-models
+        [--only imagenet-jpeg,mnist,timm]
 """
 
 from __future__ import annotations
@@ -162,25 +163,31 @@ def write_jpegs(root: str, per_class: int = 256, val: int = 16) -> None:
 def public(args) -> None:
     import bench_public_scripts as pub
 
-    examples = os.path.abspath(args.examples)
+    roots = {"examples": os.path.abspath(args.examples), "timm": os.path.abspath(args.timm) if args.timm else None}
     out = args.out or tempfile.mkdtemp(prefix="bench_tune_")
     data = os.path.join(out, "data")
-    pub.write_mnist(data)
-    env = dict(os.environ, EXAMPLES=examples, MNIST_ROOT=data)
-    cases = dict(pub.CASES, **{"imagenet-jpeg": ("imagenet/main.py", [os.path.join(out, "jpegs"), "-a",
-                                                                       "mobilenet_v3_small", "-b", "16", "-j", "0",
-                                                                       "--epochs", "30", "--print-freq", "100"], None)})
-    if "imagenet-jpeg" in args.only:
-        write_jpegs(os.path.join(out, "jpegs"))
+    cases = dict(pub.CASES, **{"imagenet-jpeg": pub.Case(
+        "examples", ["imagenet"], "imagenet/main.py", ["{data}/jpegs", "-a", "mobilenet_v3_small", "-b", "16", "-j",
+                                                       "0", "--epochs", "30", "--print-freq", "100"])})
     for name in args.only.split(","):
-        path, script_args, _ = cases[name]
+        case = cases[name]
+        if roots.get(case.repo) is None:
+            print(f"== {name}: needs --{case.repo}")
+            continue
+        for kind in case.data:
+            pub.make_data(kind, data, roots[case.repo])
+        if name == "imagenet-jpeg" and not os.path.isdir(os.path.join(data, "jpegs")):
+            write_jpegs(os.path.join(data, "jpegs"))
+        cwd = os.path.join(out, name)  # mnist reads ../data
+        os.makedirs(os.path.join(cwd, "out"), exist_ok=True)
+        script_args = [a.format(data=data, out=os.path.join(cwd, "out"), src=roots[case.repo]) for a in case.args]
         if name.startswith("imagenet"):  # from 0 workers: the search has somewhere to go
             script_args = [a if prev != "-j" else "0" for prev, a in zip([None] + script_args, script_args)]
-        cwd = os.path.join(out, name)
-        os.makedirs(os.path.join(cwd, "out"), exist_ok=True)
+        env = dict(os.environ)
         js, diff = os.path.join(cwd, "r.json"), os.path.join(cwd, "p.diff")
         cmd = [sys.executable, "-m", "bisect_pipeline", "run", "--tune", "--patch", diff, "--json", js,
-               "--max-seconds", str(args.max_seconds), "--device", "cpu", os.path.join(examples, path), *script_args]
+               "--max-seconds", str(args.max_seconds), "--device", "cpu", os.path.join(roots[case.repo], case.script),
+               *script_args]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
         took = time.perf_counter() - t0
@@ -216,7 +223,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     q = sub.add_parser("public")
     q.add_argument("--examples", required=True, help="a checkout of github.com/pytorch/examples")
-    q.add_argument("--only", default="imagenet-jpeg,mnist,dcgan-small")
+    q.add_argument("--timm", default=None, help="a checkout of github.com/huggingface/pytorch-image-models (train.py)")
+    q.add_argument("--only", default="imagenet-jpeg,mnist,timm")
     q.add_argument("--max-seconds", type=float, default=120.0)
     q.add_argument("--out", default=None)
     args = ap.parse_args()
