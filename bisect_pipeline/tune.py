@@ -362,6 +362,15 @@ def summarize(t: Tuning, batch_size: float) -> Found:
                  _agrees(t.applied, b, batch_size))
 
 
+def pm(spread: Optional[float]) -> str:
+    """A speed-up's spread as the report prints it: "±8%"; beyond 100% ("±>100%") it says
+    only that the figure is unknown (a side with two windows: Student's t at one degree of
+    freedom makes it e38%)."""
+    if spread is None:
+        return ""
+    return "\u00b1>100%" if spread >= 1 else f"\u00b1{spread * 100:.0f}%"
+
+
 def _agrees(applied: Optional[Trial], b: Optional[Tried], batch_size: float) -> Optional[bool]:
     """Does the patched script's speed-up agree with the search's (the one rule on the log
     of their ratio, with both standard errors)? None when either is missing."""
@@ -382,7 +391,7 @@ def _summary(t: Tuning, ts: list, b: Optional[Tried], top: bool, ceiling: Option
         ok = [x for x in ts if x.outcome.status not in ("failed", "not measured")]
         return (f"None of the {len(ts)} setting(s) tried beats yours beyond the noise" + ("" if ok else
                 " (none could be measured)") + ": keep your settings.")
-    fig = f"{b.speedup:.2f}\u00d7" + (f" (\u00b1{b.outcome.spread * 100:.0f}%)" if b.outcome.spread else "")
+    fig = f"{b.speedup:.2f}\u00d7" + (f" ({pm(b.outcome.spread)})" if b.outcome.spread else "")
     where = ("within the noise of the ceiling" if top else
              f"the ceiling is {ceiling:.2f}\u00d7" if ceiling else "the ceiling is not known")
     return f"Best: {settings_text(b.settings)}: {fig} your speed; {where}."

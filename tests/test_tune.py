@@ -215,6 +215,11 @@ def test_a_tuning_record_reads_back_the_same():
 
 
 
+def test_a_spread_past_100_percent_is_said_unknown():
+    assert (tune.pm(0.08), tune.pm(0.999), tune.pm(8.2e36), tune.pm(None)) == ("\u00b18%", "\u00b1100%",
+                                                                               "\u00b1>100%", "")
+
+
 def test_the_report_shows_the_search_the_change_and_the_check(tmp_path):
     import dataclasses
 

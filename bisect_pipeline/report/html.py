@@ -14,6 +14,7 @@ import html
 import math
 from typing import TYPE_CHECKING, Any, Optional
 
+from .. import tune
 from ..verdict import STAGES, in_question
 from . import plot as plot_mod
 from .figures import POINT_MEANING, batch_size_text, ended_text, incomplete_why
@@ -632,7 +633,7 @@ def tune_section(r: "Report") -> str:
     for x in f.tried:
         o = x.outcome
         rows.append(["-" if o.speedup is None else f"{o.speedup:.2f}\u00d7",
-                     "-" if o.spread is None else f"\u00b1{o.spread * 100:.0f}%",
+                     "-" if o.spread is None else tune.pm(o.spread),
                      "-" if not o.ms_per_batch else f"{o.ms_per_batch[0]:.1f} \u2192 {o.ms_per_batch[1]:.1f}",
                      "best" if x is f.best else (o.status if o.status != "failed" else f"failed: {o.reason}"),
                      text_mod.outcome_text(x.settings)])

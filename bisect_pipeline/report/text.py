@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Optional
 
 from tabulate import tabulate
 
-from .. import advice as advice_mod
+from .. import advice as advice_mod, tune
 from ..verdict import POINTS, in_question
 from .figures import batch_size_text, ended_text, gain_if_free, incomplete_why
 
@@ -96,7 +96,7 @@ def tune_lines(r: "Report") -> list:
         for x in f.tried:
             o = x.outcome
             fig = "-" if o.speedup is None else (f"{o.speedup:.2f}\u00d7"
-                                                 + (f" \u00b1{o.spread * 100:.0f}%" if o.spread else ""))
+                                                 + (f" {tune.pm(o.spread)}" if o.spread else ""))
             ms = "-" if not o.ms_per_batch else f"{o.ms_per_batch[0]:.1f} \u2192 {o.ms_per_batch[1]:.1f}"
             note = "best" if x is f.best else o.status if o.status != "failed" else f"failed: {o.reason}"
             rows.append([fig, ms, note, outcome_text(x.settings)])
@@ -154,10 +154,10 @@ def applied_text(f, reason: Optional[str]) -> str:
     a = f.applied
     if a is None or a.speedup is None:
         return f"Not checked after the change: {reason or (a.reason if a is not None else 'not run')}."
-    fig = f"{a.speedup:.2f}\u00d7" + (f" (\u00b1{a.spread * 100:.0f}%)" if a.spread else "")
+    fig = f"{a.speedup:.2f}\u00d7" + (f" ({tune.pm(a.spread)})" if a.spread else "")
     ms = f", {a.ms_per_batch[0]:.1f} \u2192 {a.ms_per_batch[1]:.1f} ms per batch" if a.ms_per_batch else ""
     b = f.best
-    said = (f"; the search said {b.speedup:.2f}\u00d7" + (f" (\u00b1{b.outcome.spread * 100:.0f}%)"
+    said = (f"; the search said {b.speedup:.2f}\u00d7" + (f" ({tune.pm(b.outcome.spread)})"
                                                           if b.outcome.spread else "") if b is not None else "")
     verdict = ("" if f.agrees is None else ": they agree within the noise" if f.agrees
                else ": they differ beyond the noise")
