@@ -20,8 +20,9 @@ JPEGs of 500x375, 2 classes of 256, decoded and augmented as the example does, f
 
     bisect-pipeline run --tune --patch p.diff --json r.json SCRIPT ARGS
 
-printing the settings tried, the best with its speed-up, the change (the flag or the
-diff) and the patched script measured against the original beside the search's figure.
+from 0 workers where the case sets them (`-j`, `--workers`), printing the settings
+tried, the best with its speed-up, the change (the flag or the diff) and the patched
+script measured against the original beside the search's figure.
 
     python scripts/bench_tune.py public --examples /path/to/pytorch/examples --timm /path/to/pytorch-image-models
         [--only imagenet-jpeg,mnist,timm]
@@ -181,8 +182,9 @@ def public(args) -> None:
         cwd = os.path.join(out, name)  # mnist reads ../data
         os.makedirs(os.path.join(cwd, "out"), exist_ok=True)
         script_args = [a.format(data=data, out=os.path.join(cwd, "out"), src=roots[case.repo]) for a in case.args]
-        if name.startswith("imagenet"):  # from 0 workers: the search has somewhere to go
-            script_args = [a if prev != "-j" else "0" for prev, a in zip([None] + script_args, script_args)]
+        # from 0 workers (-j, --workers): the search has somewhere to go
+        script_args = [a if prev not in ("-j", "--workers") else "0" for prev, a in zip([None] + script_args,
+                                                                                          script_args)]
         env = dict(os.environ)
         js, diff = os.path.join(cwd, "r.json"), os.path.join(cwd, "p.diff")
         cmd = [sys.executable, "-m", "bisect_pipeline", "run", "--tune", "--patch", diff, "--json", js,
