@@ -175,8 +175,11 @@ def test_run_tune_patch_gives_the_flag_and_checks_the_change(tmp_path, monkeypat
     # augment sleeps 4 ms a sample (32 ms a batch of 8): workers from the script's own -j
     from conftest import PLANTED_DATA, cli_in_process
 
+    # the check's runs short, and one of each side (the order A B B A is planted above):
+    # each run pays python's and torch's start, about 8 s here
     monkeypatch.setattr(change, "RUN_SECONDS_MIN", 3.0)
     monkeypatch.setattr(change, "RUN_SHARE", 0.0)
+    monkeypatch.setattr(change, "BLOCK", (False, True))
     source = PLANTED_DATA + TUNED
     (tmp_path / "train.py").write_text(source)
     ran = cli_in_process("run", "--tune", "--patch", "p.diff", "--json", "r.json", "--max-seconds", "16",
@@ -189,7 +192,8 @@ def test_run_tune_patch_gives_the_flag_and_checks_the_change(tmp_path, monkeypat
     assert best["num_workers"] >= 1 and doc["patch"]["flags"] == ["-j", str(best["num_workers"])]
     assert doc["patch"]["command"].startswith(f"python train.py -j {best['num_workers']}")
     applied = doc["applied"]
-    assert {w["visit"] for w in applied["user_windows"]} == {0, 1} == {w["visit"] for w in applied["candidate_windows"]}
+    assert {w["visit"] for w in applied["user_windows"]} == {0} == {w["visit"] for w in applied["candidate_windows"]}
+    assert len(applied["user_windows"]) >= 2 and len(applied["candidate_windows"]) >= 2
     assert doc["applied_outcome"]["status"] == "helps"
     assert "Checked after the change: your script with the change ran at" in ran.stderr
     assert (tmp_path / "train.py").read_text() == source

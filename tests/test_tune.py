@@ -298,7 +298,7 @@ def test_bisect_with_tune_finds_workers_for_a_sleeping_augment(one_intra_op_thre
     from conftest import FAST_PLAN, planted as planted_pipeline
 
     model, loader = planted_pipeline("augment", 0)
-    report = bisect(model, loader, device="cpu", max_seconds=24, plan=FAST_PLAN, tune=True)
+    report = bisect(model, loader, device="cpu", max_seconds=18, plan=FAST_PLAN, tune=True)
     f = report.tune
     assert f is not None and f.tried and f.best is not None
     assert f.best.full["num_workers"] >= 1 and f.best.speedup > 1.2
