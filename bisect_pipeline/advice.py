@@ -210,20 +210,20 @@ def _workers_needed(c: _Context) -> Optional[dict]:
 def _worker_side(c: _Context) -> Optional[tuple]:
     """(stage, ms per batch, label) of the work num_workers parallelizes, when it is a
     real cost: the bottleneck when it is load, augment or collate; or, when the verdict is
-    inconclusive between stages, the whole drop from `full` to the first point below
+    a tie between stages, the whole drop from `full` to the first point below
     collate (load + augment + collate together) when that drop is above the noise by the
     verdict's own rule (stats.is_real against t(full))."""
     if c.b in WORKER_STAGES and c.significant(c.b):
         return c.b, c.stage_ms(c.b), c.b
-    if c.b != "inconclusive":
+    if c.b != "tie":
         return None
     full = c.r.throughput("full")
     name = next((p for p in ("collated", "host", "device") if c.r.throughput(p) is not None), None)
     if full is None or name is None:
         return None
     drop = c.t_full - _sec_per_batch(c.r, name)
-    sigma = math.hypot(c.r.sigma("full"), c.r.sigma(name))
-    if not is_real(drop, sigma, c.t_full):
+    sigma = c.r.drop_sigma(name, "full")
+    if sigma is None or not is_real(drop, sigma, c.t_full):
         return None
     costed = [(c.stage_ms(s) or 0.0, s) for s in WORKER_STAGES if c.stage(s) is not None and c.stage(s).status == "ok"]
     if not costed:

@@ -90,6 +90,7 @@ def _measure(exp: Experiment, wl: Workload, options: Options, *, coord: Any, hel
     except KeyboardInterrupt:
         return True
     finally:
+        exp.close_kept()  # a replay loader the rounds kept open, if they were cut short
         held.release()
         if exp.isolated is None:
             exp.isolated, exp.syncs = phases.not_isolated()

@@ -269,6 +269,7 @@ class _Recording:
         self.inst = None
         self.raw_reason: Optional[str] = None
         self.replayed: set = set()  # the names of the proxies whose calls are replayed
+        self.changes: set = set()  # the names of the transforms seen changing their image input (recording.settle_copies)
         if spec.iterable:
             self.raw_reason = ("the dataset is an IterableDataset: its samples come out of one iterator, so its "
                                "transforms cannot be run apart from loading")
@@ -298,6 +299,9 @@ class _Recording:
                 diff = tree.same_structure(recording.replay_sample(sample, calls), sample)
                 if diff:
                     raise SplitError(f"replaying the transforms does not rebuild the sample ({diff})")
+                recording.settle_copies(sample, calls, self.changes)
+            else:
+                recording.mark_copies(calls, self.changes)
         except SplitError as exc:
             self.raw_reason, self.raw_calls = str(exc), None
             return tree.clone(self.dataset[index])

@@ -57,7 +57,8 @@ def load(path: str) -> Report:
     except BisectError:
         raise
     except Exception as exc:  # a wrong-schema document: whatever from_dict tripped on
-        raise BisectError(f"compare: {path!r} is not a bisect-pipeline result of schema_version 1 "
+        raise BisectError(f"compare: {path!r} is not a bisect-pipeline result of schema_version "
+                          f"{doc.get('schema_version')!r} "
                           f"({type(exc).__name__}: {exc}); {hint}.") from None
     return report
 
@@ -70,7 +71,12 @@ def point_change(before: Optional[Throughput], after: Optional[Throughput]) -> d
     se = math.hypot(before.rel_se, after.rel_se)
     threshold = noise_threshold(se, 1.0)  # relative: |log ratio| against 1
     real = is_real(abs(math.log(ratio)), se, 1.0)
-    if not real:
+    if not math.isfinite(se):
+        # a point of one window in either run has no noise estimate: "within noise" would
+        # claim a figure no one measured (a 2x change read as such)
+        real = None
+        label = f"\u00d7{ratio:.2f}, noise unknown (one window)"
+    elif not real:
         label = "within noise"
     elif ratio > 1:
         label = f"{ratio:.2f}\u00d7 faster"
@@ -88,6 +94,9 @@ def stage_change(before, after, t_full: Optional[float]) -> dict:
     sigma = math.hypot(before.sigma or 0.0, after.sigma or 0.0)
     threshold = noise_threshold(sigma, t_full or 0.0)
     real = is_real(abs(diff), sigma, t_full or 0.0)
+    if not math.isfinite(sigma):
+        return {"diff_ms": round(diff * 1e3, 3), "real": None, "threshold_ms": None,
+                "label": f"{diff * 1e3:+.1f} ms per batch, noise unknown (one window)"}
     label = "within noise" if not real else (f"{-diff * 1e3:.1f} ms per batch cheaper" if diff < 0
                                              else f"{diff * 1e3:.1f} ms per batch costlier")
     return {"diff_ms": round(diff * 1e3, 3), "real": real, "threshold_ms": _finite(threshold * 1e3, 3),
@@ -307,6 +316,9 @@ def to_text(c: dict) -> str:
     elif full["real"]:
         lines.append(f"Full pipeline: {full['label']} ({full['before_samples_per_sec']:,.1f} -> "
                      f"{full['after_samples_per_sec']:,.1f} samples/s).")
+    elif full["real"] is None:
+        lines.append(f"Full pipeline: {full['before_samples_per_sec']:,.1f} -> {full['after_samples_per_sec']:,.1f} "
+                     "samples/s; no noise estimate (one window in a run): rerun with a larger --max-seconds.")
     else:
         lines.append(f"Full pipeline: within noise ({full['before_samples_per_sec']:,.1f} -> "
                      f"{full['after_samples_per_sec']:,.1f} samples/s, \u00d7{full['ratio']:.2f}).")

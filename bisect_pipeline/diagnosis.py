@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Optional
 from . import advice as advice_mod, outcome, tune
 from .advice import Finding
 from .results import NOT_SELECTED, CacheInfo, Measurements, Note, PointResult
-from .stats import NOISY_REL_IQR, Throughput, point_sigmas
+from .stats import NOISY_REL_IQR, Throughput
 from .verdict import POINTS, StageCost, Verdict, decide, self_check
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -116,11 +116,20 @@ class Diagnosis:
         p = next((p for p in self.points if p.point == name), None)
         return p.throughput if p is not None and p.status == "ok" else None
 
-    def sigma(self, name: str) -> Optional[float]:
-        """A point's standard error of seconds per batch as the verdict weighs it
-        (stats.point_sigmas over the points measured ok), else None."""
-        ok = {p.point: p.throughput for p in self.points if p.status == "ok" and p.throughput is not None}
-        return point_sigmas(ok).get(name)
+    def drop_sigma(self, upper: str, lower: str) -> Optional[float]:
+        """The noise of t(lower) - t(upper) as the verdict weighs it (stats.Noise: from
+        the per-round differences), else None."""
+        return self.verdict.contrast_sigma({lower: 1, upper: -1})
+
+    def measured_rate(self, name: str) -> Optional[float]:
+        """A point's own samples/s before the ordered fit: its time in a middling round
+        (stats.Noise, the rounds' shared factor taken out), or its windows' median where
+        the windows have no rounds; None when not measured."""
+        noise = self.verdict.noise
+        if noise is not None and name in noise.mu:
+            return self.batch_size / noise.time(name)
+        tp = self.throughput(name)
+        return tp.samples_per_sec if tp else None
 
     def rate(self, name: str) -> Optional[float]:
         """The samples/s the report shows for a point: the verdict's fitted estimate
@@ -278,6 +287,8 @@ def summary(d: Diagnosis) -> str:
                 "so the training step itself is the limit.")
     if v.bottleneck == "inconclusive":
         return f"Inconclusive: {v.reason}."
+    if v.bottleneck == "tie":
+        return _tie_summary(d)
     s = d.stage(v.bottleneck)
     full_rate = d.rate("full")
     gain = (s.samples_per_sec_if_free / full_rate - 1) if full_rate else None
@@ -285,3 +296,13 @@ def summary(d: Diagnosis) -> str:
     return (f"Bottleneck: {v.bottleneck}{parts}. It adds {s.sec_per_batch * 1e3:.1f} ms per batch "
             f"({(s.share_of_gap or 0) * 100:.0f}% of the gap to the ceiling); without it you would train at "
             f"{s.samples_per_sec_if_free:,.0f} samples/s instead of {full_rate:,.0f} (+{gain * 100:.0f}%).")
+
+
+def _tie_summary(d: Diagnosis) -> str:
+    """A tie in one sentence: the stages, what each costs, and what each would buy if free."""
+    v, full_rate = d.verdict, d.rate("full")
+    tied = [d.stage(s) for s in v.tied]
+    share = sum(s.share_of_gap or 0 for s in tied)
+    free = ", ".join(f"without {s.stage} at {s.samples_per_sec_if_free:,.0f}" for s in tied)
+    return (f"Bottleneck: {v.reason}. Together they are {share * 100:.0f}% of the gap to the ceiling; you would "
+            f"train {free} samples/s, instead of {full_rate:,.0f}.")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -89,6 +89,9 @@ class Experiment:
     waits: dict = dataclasses.field(default_factory=dict)  # lockstep: per point, the wait for data per batch
     step_alone: Optional[float] = None  # seconds of one step timed alone (hold_allocator), when it was
     at: Optional[dict] = None  # the last "point" event, while its visit's windows come
+    # point -> (ExitStack, next_batch, move): replay loaders kept open between the visits of
+    # the rounds, their workers started once (open, keep=True; close_kept)
+    kept: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.settle_deadline = min(self.settle_deadline or self.deadline, self.deadline)
@@ -203,24 +206,52 @@ class Experiment:
 
     @contextlib.contextmanager
     def open(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False,
-             threads: Optional[int] = None, calls: Optional[list] = None) -> Iterator[tuple]:
+             threads: Optional[int] = None, calls: Optional[list] = None, *, keep: bool = False) -> Iterator[tuple]:
         """The point's batch source, open: (next_batch, the transfer applied to each batch
         or None when the batches are already on the device). `spec`: other loader settings
         for `full` (verify.py, sweep.py); the user's own by default. `epochs`: `full` ends
         its epochs as the user's loop does (sources.full_loader). `threads`: the step's
         intra-op threads while the source is open, restored after. `calls`: the transform
         calls `raw` replays, one list per cached sample (the recorded ones by default;
-        confirm.py replays part of a Compose from a cached intermediate)."""
+        confirm.py replays part of a Compose from a cached intermediate). `keep`: the
+        user's settings, left open after the visit for the next one (close_kept)."""
         before = torch.get_num_threads()
         if threads:
             torch.set_num_threads(int(threads))
         try:
-            source, move = self._source(name, spec or self.spec, epochs, calls)
-            with source as next_batch:
-                yield next_batch, move
+            if keep:
+                yield from self._kept(name)
+            else:
+                source, move = self._source(name, spec or self.spec, epochs, calls)
+                with source as next_batch:
+                    yield next_batch, move
         finally:
             if threads:
                 torch.set_num_threads(before)
+
+    def _kept(self, name: str) -> Iterator[tuple]:
+        """The point's source as `open` gives it, opened at its first visit and left open
+        after it: a revisit finds its workers started and its prefetch full (which the
+        visit's warm-up skips, as at a first visit). A visit that fails closes it (its
+        workers terminated, as `open` does)."""
+        if name not in self.kept:
+            stack = contextlib.ExitStack()
+            source, move = self._source(name, self.spec, False)
+            self.kept[name] = (stack, stack.enter_context(source), move)
+        stack, next_batch, move = self.kept[name]
+        try:
+            yield next_batch, move
+        except BaseException as exc:
+            del self.kept[name]
+            stack.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    def close_kept(self, keep: Iterable = ()) -> None:
+        """Close the sources kept open between visits (their workers shut down), but those
+        of the points in `keep`."""
+        for name in [n for n in self.kept if n not in keep]:
+            stack = self.kept.pop(name)[0]
+            stack.close()
 
     def _source(self, name: str, spec: LoaderSpec, epochs: bool, calls: Optional[list] = None) -> tuple:
         caches = self.caches
@@ -254,16 +285,18 @@ class Experiment:
 
     def visit(self, name: str, deadline: float, *, spec: Optional[LoaderSpec] = None, epochs: bool = False,
               threads: Optional[int] = None, keep: Optional[int] = None, pace: Pace = LOCAL,
-              end: Optional[float] = None, skip: bool = False, calls: Optional[list] = None) -> Visit:
+              end: Optional[float] = None, skip: bool = False, calls: Optional[list] = None,
+              keep_open: bool = False) -> Visit:
         """One visit of point `name` until `deadline`, for a schedule to hand to its driver
         (visit.drive, or a user's loop). `spec`, `epochs`, `threads`, `calls`: see `open`; `keep`:
         windows to keep (plan.windows_per_visit); `end`: the watchdog's hard end (the
-        run's by default); `skip`: take part in a lockstep point without steps."""
+        run's by default); `skip`: take part in a lockstep point without steps;
+        `keep_open`: the source stays open for the next visit (`open`, keep)."""
         spec = spec or self.spec
         plan, prefetch = self.visit_plan(name, spec, epochs, fit=not pace.lockstep)
         self.visits += 1
         return Visit(
-            name, None if skip else (lambda: self.open(name, spec, epochs, threads, calls)),
+            name, None if skip else (lambda: self.open(name, spec, epochs, threads, calls, keep=keep_open)),
             batch_size=self.batch_size, plan=plan, deadline=deadline,
             clock=self.clock, sync=self.sync, keep=keep, pace=pace, prefetch_depth=prefetch,
             watchdog=lambda: self.watchdog(lambda: f"point {name}", end),

@@ -35,11 +35,15 @@ class Plan:
     steps each; it is warm once two consecutive windows agree within `steady_tolerance`
     (the windows before them are warm-up, at most `max_warmup_windows`), and it keeps
     `windows_per_visit` windows counting that pair. Defaults: about 1 s per visit on a
-    2-core machine, so two rounds over five points take about 10 s.
+    2-core machine, so three rounds over five points take about 12 s.
     """
 
     window_seconds: float = 0.25
-    windows_per_visit: int = 3
+    # The steady pair is the visit: the noise of a point's time is what its visits in
+    # successive rounds show (stats.Noise), and on a shared machine a visit differs from
+    # the next by more than its windows do (the demo: windows within 2%, visits of one
+    # point 70 and 110 ms per batch), so a shorter visit buys more rounds for the noise.
+    windows_per_visit: int = 2
     min_window_steps: int = 3
     # Untimed steps before the first window (plus the batches the workers prefetched,
     # which come out at once): the step's first calls and the loader's start-up.
@@ -48,11 +52,13 @@ class Plan:
     # noisy (stats.NOISY_REL_IQR), so a warm point is one that is not visibly drifting.
     steady_tolerance: float = 0.10
     max_warmup_windows: int = 4
-    # Rounds: at least two (a pair, down then up, so that a machine drifting over the
-    # run weighs on every point alike), then more until the verdict is settled; those
-    # visit only the points that can still change it, so they are short. The deadline
-    # bounds them; max_rounds only stops a run that nothing could settle.
-    min_rounds: int = 2
+    # Rounds: at least three (down, up, down: a machine drifting over the run weighs on
+    # every point alike, and each difference of points gets three per-round values, the
+    # fewest whose spread is an estimate of its noise: stats.Noise; with two, t at one
+    # degree of freedom is 78 z and no cost could be real), then more until the verdict
+    # is settled; those visit only the points that can still change it, so they are
+    # short. The deadline bounds them; max_rounds only stops a run that nothing could settle.
+    min_rounds: int = 3
     max_rounds: int = 24
     # The loader's workers (for_workers): a window spans at least one batch of each.
     workers: int = 0
@@ -87,13 +93,14 @@ class Plan:
         step lasts a window or more, windows of min_window_steps steps and a visit of
         2 + 3 x 3 steps would take a 2-s step 22 s a visit and a verdict minutes: a long
         step gets windows of one batch per worker (one step without workers), no warm-up
-        step beyond the first batch's (untimed already; the first windows must still agree
-        before any is kept), and two windows a visit, the fewest that show a spread. The
-        noise of so few windows is pooled over the points (stats.point_sigmas)."""
+        step beyond the first batch's (untimed already), and one window a visit: the noise comes from the rounds
+        (stats.Noise), and a visit of one window buys a round of `full` and the ceiling
+        in four steps, three rounds of a 2-s step in 24 s; whether a visit is steady is
+        not asked of one window."""
         if not self.long(sec_per_step):
             return self
         return dataclasses.replace(self, min_window_steps=max(1, self.workers), min_warmup_steps=0,
-                                   windows_per_visit=min(2, self.windows_per_visit))
+                                   windows_per_visit=1, max_warmup_windows=0)
 
     def for_epochs(self, batches_per_epoch: Optional[int]) -> "Plan":
         """This plan for a visit whose loader ends an epoch every `batches_per_epoch`

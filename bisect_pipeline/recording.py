@@ -28,6 +28,10 @@ class Call:
     placements: list = dataclasses.field(default_factory=list)
     locate: Optional[Callable] = None  # sample -> placements, when identity cannot find them (integrations)
     tentative: bool = False  # a callable found by the attribute scan: replayed only if it acts as a transform
+    # Replay hands the transform a copy of its recorded input (a transform may change its
+    # input in place); not where the input is images and scalars only that replaying was
+    # seen to leave as they were (settle_copies): the copy is work the pipeline does not do.
+    copy_input: bool = True
 
 
 class Recorder:
@@ -168,7 +172,8 @@ def prepared_sample(template: Any, calls: list[Call]) -> Callable[[], Any]:
     in place): the function returned runs the transforms only, which is what a timer of
     the augment stage must hold (the copy of a 384x384 image is 7% of a blur's cost; the
     pipeline's augment does not copy)."""
-    inputs = [(tree.clone(call.args), tree.clone(call.kwargs)) for call in calls]
+    inputs = [(tree.clone(call.args), tree.clone(call.kwargs)) if call.copy_input else (call.args, call.kwargs)
+              for call in calls]
 
     def run() -> Any:
         sample = template
@@ -176,3 +181,37 @@ def prepared_sample(template: Any, calls: list[Call]) -> Callable[[], Any]:
             sample = place(sample, call.fn(*args, **kwargs), call.placements)
         return sample
     return run
+
+
+def images_only(call: Call) -> bool:
+    """Whether a call's input is PIL images and scalars only: what torchvision's and most
+    users' transforms replace rather than change (a tensor or an array is often changed
+    in place: Normalize(inplace=True), RandomErasing)."""
+    return all(isinstance(x, _SCALARS) or tree._is_pil(x) for _, x in tree.leaves((call.args, call.kwargs)))
+
+
+def settle_copies(template: Any, calls: list, changes: set) -> None:
+    """Replay one sample without copying the inputs of its image-only calls, and keep it
+    so for the calls whose input stayed as it was; a call that changed it (its name is
+    added to `changes`) gets its recorded input back and is copied from then on, as is
+    every later call of that name. On the first samples of the fill (cache.py): the
+    MNIST-sized replay's copy of a 28x28 image (about 25 us a sample) was as large as
+    loading one, and it landed in augment and came off load."""
+    trial = [c for c in calls if c.name not in changes and images_only(c)]
+    saved = {id(c): tree.clone((c.args, c.kwargs)) for c in trial}
+    for c in trial:
+        c.copy_input = False
+    try:
+        replay_sample(template, calls)
+    finally:
+        for c in trial:
+            if not tree.same_values((c.args, c.kwargs), saved[id(c)]):
+                changes.add(c.name)
+                c.args, c.kwargs = saved[id(c)]
+                c.copy_input = True
+
+
+def mark_copies(calls: list, changes: set) -> None:
+    """The copies of a later sample's calls as settle_copies decided on the first ones."""
+    for c in calls:
+        c.copy_input = c.name in changes or not images_only(c)

@@ -10,7 +10,9 @@ deadline, each further round visiting only the points that can still change the 
 when the question is the gap). A point found inconsistent (slower than one doing more
 work) is measured again once, next to that point, before anything is decided. Once a
 step's time is known, a budget too short for the minimum rounds is said (a `budget`
-note and a warning event), and what fits is measured.
+note and a warning event), and what fits is measured. A point's replay loader with
+workers stays open from one visit to the next (Experiment.open, keep), until the point
+leaves the deciding points or the rounds end.
 
 `Rounds` is a schedule: it yields the visits to make, and whoever drives them (the
 tool's step, visit.drive; or a user's loop, loop.py) hands each back measured when it
@@ -44,6 +46,7 @@ class Rounds:
         self.selected = selected
         self.info: dict = {"rounds": 0, "settled": False, "remeasured": []}
         self._budget_checked = False
+        self.round = 0  # the round under way: each window is tagged with it (stats.Noise pairs by round)
         self.tight = False  # the minimum rounds do not fit in --max-seconds (_budget_check)
 
     def __iter__(self) -> Iterator[Visit]:
@@ -61,6 +64,7 @@ class Rounds:
         self._budget_check(todo, visited=())
         try:
             for r in range(exp.plan.max_rounds):
+                self.round = r
                 order = [n for n in (todo if r % 2 == 0 else todo[::-1]) if _live(exp, n) and n in focus]
                 if "full" not in order:
                     break  # no verdict can come of more rounds
@@ -82,18 +86,24 @@ class Rounds:
                     if v is None:
                         return
                     focus = deciding_points(v)
+                    exp.close_kept(keep=focus)
                     continue
                 if r + 1 < exp.plan.min_rounds:
                     continue
                 v = yield from self._consistent()
                 if v is None:
                     return
-                decided = v.bottleneck is not None and (v.bottleneck != "inconclusive" or exp.settle_undecided)
+                # a tie may still be told apart by more rounds: it keeps the whole budget,
+                # unless --tune wants the rest for its search (exp.settle_undecided)
+                decided = v.bottleneck is not None and (v.bottleneck not in ("inconclusive", "tie")
+                                                        or exp.settle_undecided)
                 if settled(v, exp.decide(SETTLE_NOISE_SCALE), exp.decide(1 / SETTLE_NOISE_SCALE)):
                     self.info["settled"] = True
                     break
                 focus = deciding_points(v)
+                exp.close_kept(keep=focus)  # the workers of points no longer visited
         finally:
+            exp.close_kept()
             self.info["verdict_s"] = round(exp.clock() - exp.start, 3)
             self.info["visits"] = exp.visits
 
@@ -132,9 +142,9 @@ class Rounds:
             return False
         share = _weight(name) / (sum(_weight(n) for n in planned) + later)
         exp.emit({"event": "point", "point": name, "index": exp.visits, "total": exp.visits + len(planned) + later})
-        visit = exp.visit(name, exp.visit_deadline(name, left * share, limit))
+        visit = exp.visit(name, exp.visit_deadline(name, left * share, limit), keep_open=_keeps(exp, name))
         yield visit
-        exp.results[name] = pool(exp.results.get(name), exp.result(visit), exp.batch_size)
+        exp.results[name] = pool(exp.results.get(name), in_round(exp.result(visit), self.round), exp.batch_size)
         if exp.results[name].ok:
             self._budget_check(planned, visited=(name,))
         return True
@@ -164,6 +174,27 @@ class Rounds:
                    f"rerun with --max-seconds {suggest}; what fits is measured")
         exp.note("budget", message)
         exp.emit({"event": "warning", "message": message})
+
+
+def in_round(result: PointResult, r: int) -> PointResult:
+    """A visit's result with its windows tagged as measured in round `r`."""
+    if result.throughput is None:
+        return result
+    windows = tuple(dataclasses.replace(w, round=r) for w in result.throughput.windows)
+    return dataclasses.replace(result, throughput=Throughput(windows, result.throughput.batch_size))
+
+
+def _keeps(exp: Experiment, name: str) -> bool:
+    """Whether a point's replay loader stays open between its visits: where your loader
+    keeps its workers alive itself (persistent_workers), so a pool started once is what
+    your loop has, and a revisit does not pay their start again. Not where workers are
+    started every epoch: a pool kept open would go on filling its prefetch queue for a
+    batch or two per worker while the next point is measured, on the same cores (the
+    step must cost the same at every point), and each visit starting them anew is what
+    your loop does every epoch. No point's windows include an epoch's end, so a loader
+    kept open measures what one started anew does."""
+    spec = exp.spec
+    return name not in ("host", "device") and spec.num_workers > 0 and bool(getattr(spec, "persistent_workers", False))
 
 
 def _live(exp: Experiment, name: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 # A point whose windows disagree by more than this (IQR / median of throughput) is
 # flagged as noisy: 10% is where torch.utils.benchmark starts warning too, and
@@ -43,14 +43,71 @@ def small_sample_factor(n: int) -> float:
     return t_factor(n - 1)
 
 
-def t_factor(df: int) -> float:
-    """t / z at Z_NOISE's level for a spread estimated with `df` degrees of freedom."""
+def t_factor(df: float) -> float:
+    """t / z at Z_NOISE's level for a spread estimated with `df` degrees of freedom
+    (math.inf: a spread known exactly, 1)."""
     if df < 1:
         return math.inf
+    if df == math.inf:
+        return 1.0
+    df = int(df)
     if df <= len(_T_AT_Z_NOISE):
         return _T_AT_Z_NOISE[df - 1] / Z_NOISE
     z = Z_NOISE
     return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)) / z
+
+
+def normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def t_cdf(x: float, df: float) -> float:
+    """Student's t distribution function at `x` with `df` degrees of freedom."""
+    if df == math.inf:
+        return normal_cdf(x)
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + x * x))
+    return 1.0 - tail if x >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The `p` quantile of Student's t with `df` degrees of freedom, 0.5 <= p < 1
+    (bisection on t_cdf; math.inf for df < 1: no spread, no bound)."""
+    if df < 1:
+        return math.inf
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+        if hi - lo <= 1e-10 * hi:
+            break
+    return (lo + hi) / 2.0
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b) (continued fraction, Lentz)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 300):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1.0) < 1e-14:
+            break
+    return front * f / a
 
 
 def noise_threshold(sigma: float, reference: float, scale: float = 1.0) -> float:
@@ -166,10 +223,13 @@ WINDOW_DECIMALS = 6
 
 @dataclasses.dataclass(frozen=True)
 class Window:
-    """One timed window: `steps` training steps took `seconds` of wall clock."""
+    """One timed window: `steps` training steps took `seconds` of wall clock, in round
+    `round` of the paired rounds (rounds.Rounds; None where the schedule has no rounds:
+    torchrun's single pass, a document of schema 1)."""
 
     steps: int
     seconds: float
+    round: Optional[int] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seconds", round(float(self.seconds), WINDOW_DECIMALS))
@@ -196,6 +256,16 @@ class Throughput:
     @property
     def n(self) -> int:
         return len(self.windows)
+
+    def round_times(self) -> dict:
+        """Seconds per batch in each round the point was measured in: its windows' total
+        time over their total steps (None: windows without a round)."""
+        seconds: dict = {}
+        steps: dict = {}
+        for w in self.windows:
+            seconds[w.round] = seconds.get(w.round, 0.0) + w.seconds
+            steps[w.round] = steps.get(w.round, 0) + w.steps
+        return {r: seconds[r] / steps[r] for r in seconds if steps[r]}
 
     @property
     def samples_per_sec(self) -> float:
@@ -239,3 +309,131 @@ class Throughput:
     @property
     def seconds(self) -> float:
         return sum(w.seconds for w in self.windows)
+
+
+# --------------------------------------------------------------------------------------
+# Noise from the paired rounds
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Contrast:
+    """A difference of points' times per batch (a stage's cost, a lead between two
+    stages, the gap): its estimate, its standard error, and the degrees of freedom the
+    error was estimated with; `rounds` the rounds it was paired over (None: from the
+    windows, rounds unknown)."""
+
+    estimate: float
+    se: float
+    df: float
+    rounds: Optional[int] = None
+
+    @property
+    def sigma(self) -> float:
+        """The standard error widened for its degrees of freedom (t_factor), so that
+        Z_NOISE of it keeps Z_NOISE's false-alarm rate: the noise every rule compares with."""
+        return self.se * t_factor(self.df) if math.isfinite(self.se) else math.inf
+
+    def upper(self, z: float, scale: float = 1.0) -> float:
+        """The one-sided upper bound at normal_cdf(z) confidence: estimate + t(df) se."""
+        if not math.isfinite(self.se):
+            return math.inf
+        return self.estimate + t_quantile(normal_cdf(z), self.df) * self.se * scale
+
+
+class Noise:
+    """The points' times per batch and the noise of any contrast between them.
+
+    Paired (every window carries its round): a point's time in a round is its windows'
+    total time over their steps, t[p][r]. The times are fitted as t[p][r] = mu[p] * f[r]
+    over the cells measured, by medians of their logs (Tukey's median polish, as a
+    point's windows are summed up by their median: a burst of a busy machine that slows
+    one visit moves neither): f[r] is what a round shares at every point (a busy CPU
+    slows every step by a factor for a while; their median is 1), mu[p] the point's time
+    with it taken out. A contrast sum(c[p] t[p]) (sum c = 0) takes its noise from its
+    per-round values v[r] = sum(c[p] t[p][r]) / f[r] over the rounds that measured all of
+    its points, by the one rule of the windows (median_se: IQR / 1.349 as the spread,
+    1.2533 / sqrt(n) for a median) with n - 1 degrees of freedom. What the points share
+    within a round cancels in v; a drift between the visits of one round does not, and
+    shows in the spread of v (rounds alternate their direction, so its sign flips from
+    one round to the next). As point_sigmas does for windows, a few rounds also take the
+    noise pooled over the points: the spread of the polish's residuals (relative, with
+    cells - points - rounds + 1 degrees of freedom) scaled to the contrast, or the
+    contrast's own spread where larger; whichever error is the smaller once widened for
+    its degrees of freedom.
+
+    Windows without rounds (a document of schema 1, torchrun's single pass): the point's
+    time is its windows' median and a contrast's noise combines the points' own
+    (point_sigmas), as those documents were decided."""
+
+    def __init__(self, measured: Mapping[str, "Throughput"]) -> None:
+        self.cells = {p: tp.round_times() for p, tp in measured.items()}
+        self.paired = bool(self.cells) and all(c and None not in c for c in self.cells.values())
+        if self.paired:
+            logs = {p: {r: math.log(t) for r, t in c.items()} for p, c in self.cells.items()}
+            mu, drift = median_polish(logs)
+            self.mu = {p: math.exp(m) for p, m in mu.items()}
+            self.factor = {r: math.exp(b) for r, b in drift.items()}
+            residuals = [x - mu[p] - drift[r] for p, c in logs.items() for r, x in c.items()]
+            self.pooled_df = len(residuals) - len(mu) - len(drift) + 1
+            self.pooled = (iqr(residuals) / IQR_PER_SIGMA * math.sqrt(len(residuals) / self.pooled_df)
+                           if self.pooled_df >= 1 else math.inf)
+        else:
+            self.mu = {p: tp.sec_per_batch for p, tp in measured.items()}
+            self.factor, self.pooled, self.pooled_df = {}, math.inf, 0
+            self._sigmas = point_sigmas(measured)
+
+    def time(self, point: str) -> float:
+        return self.mu[point]
+
+    def rounds(self, point: str) -> int:
+        """The rounds the point was measured in (0 without rounds)."""
+        return len(self.cells[point]) if self.paired else 0
+
+    def point_sigma(self, point: str) -> float:
+        """A point's own standard error (weights of the ordered fit): the spread of its
+        round times with the rounds' shared factor taken out."""
+        if not self.paired:
+            return self._sigmas[point]
+        return median_se([t / self.factor[r] for r, t in self.cells[point].items()])
+
+    def contrast(self, coef: Mapping[str, float]) -> Contrast:
+        """sum(coef[p] * t[p]) and its noise (see the class)."""
+        coef = {p: c for p, c in coef.items() if c}
+        estimate = sum(c * self.mu[p] for p, c in coef.items())
+        if not self.paired:
+            return Contrast(estimate, math.sqrt(sum((c * self._sigmas[p]) ** 2 for p, c in coef.items())), math.inf)
+        common = set.intersection(*(set(self.cells[p]) for p in coef)) if coef else set()
+        values = [sum(c * self.cells[p][r] for p, c in coef.items()) / self.factor[r] for r in sorted(common)]
+        n = len(values)
+        own = Contrast(estimate, median_se(values) / small_sample_factor(n), n - 1, n) if n >= 2 else \
+            Contrast(estimate, math.inf, 0, n)
+        if n < 1 or not math.isfinite(self.pooled):
+            return own
+        # the machine's noise is alike at every point: its spread pooled over all of them
+        # (the polish's residuals) gives a few rounds more degrees of freedom than the
+        # contrast's own values; a contrast whose own values spread more keeps that spread
+        spread = max(self.pooled * math.sqrt(sum((c * self.mu[p]) ** 2 for p, c in coef.items())),
+                     iqr(values) / IQR_PER_SIGMA if n >= 2 else 0.0)
+        pooled = Contrast(estimate, MEDIAN_SE_FACTOR * spread / math.sqrt(n), self.pooled_df, n)
+        return pooled if pooled.sigma < own.sigma else own
+
+
+def median_polish(cells: Mapping[str, Mapping[int, float]], sweeps: int = 20) -> tuple[dict, dict]:
+    """Tukey's median polish of x[p][r] = mu[p] + b[r] over the cells measured (x: the
+    logs of the times, in Noise): the
+    rounds' effects b (their median 0) and the points' mu, each the median of what the
+    other leaves, swept until they settle."""
+    rounds = sorted({r for c in cells.values() for r in c})
+    b = {r: 0.0 for r in rounds}
+    mu = {p: median(list(c.values())) for p, c in cells.items()}
+    for _ in range(sweeps):
+        new = {r: median([cells[p][r] - mu[p] for p in cells if r in cells[p]]) for r in rounds}
+        centre = median(list(new.values()))
+        new = {r: v - centre for r, v in new.items()}
+        mu_new = {p: median([t - new[r] for r, t in c.items()]) for p, c in cells.items()}
+        moved = max([abs(new[r] - b[r]) for r in rounds] + [abs(mu_new[p] - mu[p]) for p in cells])
+        b, mu = new, mu_new
+        if moved <= 1e-12 * max(abs(m) for m in mu.values()):
+            break
+    return mu, b

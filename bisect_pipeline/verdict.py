@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
-from .stats import NOISY_REL_IQR, Throughput, decreasing_fit, is_real, noise_threshold, point_sigmas
+from .stats import (MIN_REL_DROP, NOISY_REL_IQR, Contrast, Noise, Throughput, decreasing_fit, is_real, noise_threshold,
+                    normal_cdf)
 
 # Upstream to downstream. A stage sits between the point before it and the point after.
 POINTS = ("full", "raw", "augmented", "collated", "host", "device")
@@ -29,6 +30,16 @@ SETTLE_NOISE_SCALE = 1.5
 MIN_REL_SE = 0.01
 
 
+# A contrast whose noise comes from fewer rounds than this says so in the verdict's
+# reason: its standard error is itself known only roughly (t at 2 degrees of freedom is
+# 6.4 z at the noise rule's level), and more rounds of the deciding points would firm it.
+FEW_ROUNDS = 4
+# What the verdict may say: a stage, `tie` (two or more stages lead and the measurements
+# cannot tell which costs more: `Verdict.tied`), `none`, or `inconclusive` (whether the
+# pipeline is input-bound at all is unknown).
+VERDICTS = STAGES + ("tie", "none", "inconclusive")
+
+
 @dataclasses.dataclass(frozen=True)
 class StageCost:
     stage: str
@@ -42,6 +53,22 @@ class StageCost:
     significant: bool = False
     includes: tuple[str, ...] = ()
     reason: Optional[str] = None
+    rounds: Optional[int] = None  # the rounds its noise was paired over (None: from the windows)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lead:
+    """The costliest stage's lead over another costed stage: the difference of their
+    costs, its noise (from the per-round values of that difference), the least lead that
+    is real (stats.noise_threshold), and whether this one is."""
+
+    stage: str
+    over: str
+    sec_per_batch: float
+    sigma: float
+    threshold: float
+    real: bool
+    rounds: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +88,7 @@ class Inconsistency:
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    bottleneck: Optional[str]  # None: no verdict could be made
+    bottleneck: Optional[str]  # None: no verdict could be made; else one of VERDICTS
     stages: tuple[StageCost, ...]
     gap_sec_per_batch: Optional[float] = None
     input_bound_fraction: Optional[float] = None  # share of the step time lost to input
@@ -72,6 +99,16 @@ class Verdict:
     fitted: Mapping[str, float] = dataclasses.field(default_factory=dict)
     inconsistent: tuple[Inconsistency, ...] = ()
     gap_sigma: Optional[float] = None
+    gap_upper: Optional[float] = None  # the gap's one-sided upper bound (Z_UPPER's confidence)
+    gap_rounds: Optional[int] = None
+    tied: tuple[str, ...] = ()  # `tie`: the stages in question, costliest first
+    leads: tuple[Lead, ...] = ()  # the costliest stage over each other costed stage
+    noise: Any = dataclasses.field(default=None, compare=False, repr=False)  # stats.Noise of the points
+
+    def contrast_sigma(self, coef: Mapping[str, float]) -> Optional[float]:
+        """The noise of a difference of points' times (stats.Noise.contrast), as every
+        rule of this verdict weighs it; None without measurements."""
+        return None if self.noise is None else self.noise.contrast(coef).sigma
 
 
 def decide(
@@ -89,8 +126,10 @@ def decide(
     not applicable instead of merged; a point merely not selected is not in it.
     `noise_scale` > 1 asks whether the verdict stands with that much more noise.
 
-    Algorithm (t = seconds per batch, sigma its standard error; each constant above says why):
+    Algorithm (t = seconds per batch; every difference's noise from its per-round
+    values, stats.Noise; each constant above says why):
         no verdict without `full` and one other point
+        t(p) = each point's time with what a round shares at every point taken out
         inconsistent = points slower than one upstream of them beyond the noise,
                        worst first, each left out before looking again  (find_inconsistent)
         fitted = the kept points' t, fitted so none costs more than one upstream of it,
@@ -101,48 +140,59 @@ def decide(
                  the gap), the others between are merged into it, and a stage whose
                  end point does not apply here is skipped  (_cost_stages)
         real = stages whose cost is beyond the noise (stats.is_real)
+        leads = the costliest stage's cost minus each other's, each real or not, its
+                noise from the per-round values of that difference  (_leads)
         verdict (_name):
-            some stage real: the costliest stage when it is real and its lead over the
-                             runner-up is real too; else inconclusive
-            no stage real:   inconclusive if the gap itself is real (spread over stages);
-                             none if gap + Z_UPPER sigma <= NONE_MAX_LOSS t(full);
-                             else inconclusive (too noisy to tell)
+            a stage real or the gap real (input-bound):
+                the costliest stage when every lead is real; else `tie` between it
+                and the stages it does not lead beyond the noise
+            neither: none if the gap's upper bound (Z_UPPER) <= NONE_MAX_LOSS t(full);
+                     else inconclusive, with the rounds that would decide it
     """
     if "full" not in measured:
         return Verdict(None, _unmeasured_stages(skipped), reason="the full pipeline was not measured")
     present = [p for p in POINTS if p in measured]
     if len(present) < 2:
         return Verdict(None, _unmeasured_stages(skipped), reason="no cache point was measured besides the full pipeline")
-    sigma = point_sigmas(measured)
-    inconsistent = find_inconsistent(measured, present, sigma, noise_scale)
+    noise = Noise(measured)
+    inconsistent = find_inconsistent(measured, present, noise, noise_scale)
     left_out = {i.slower for i in inconsistent}
-    fitted = _fit(measured, [p for p in present if p not in left_out], sigma)
+    fitted = _fit(noise, [p for p in present if p not in left_out])
     if len(fitted) < 2:
         return Verdict(None, _unmeasured_stages(skipped), reason="no cache point was consistent with the full pipeline",
-                       inconsistent=inconsistent, fitted=fitted)
-    kept = list(fitted)
-    t_full, ceiling = fitted["full"], kept[-1]
-    gap = max(0.0, t_full - fitted[ceiling])
-    gap_sigma = math.hypot(sigma["full"], sigma[ceiling])
-    stages = _cost_stages(kept, fitted, sigma, skipped=skipped, left_out=left_out, batch_size=batch_size,
+                       inconsistent=inconsistent, fitted=fitted, noise=noise)
+    stages = _cost_stages(list(fitted), fitted, noise, skipped=skipped, left_out=left_out, batch_size=batch_size,
                           noise_scale=noise_scale)
-    bottleneck, reason = _name(stages, sigma, gap=gap, gap_sigma=gap_sigma, t_full=t_full, noise_scale=noise_scale,
-                               measured=measured)
+    return _judge(stages, fitted, noise, measured, inconsistent=inconsistent, noise_scale=noise_scale)
+
+
+def _judge(stages: tuple, fitted: Mapping[str, float], noise: Noise, measured: Mapping[str, Throughput], *,
+           inconsistent: tuple, noise_scale: float) -> Verdict:
+    """The verdict from the costed stages: the gap, the leads, the name (see decide)."""
+    t_full, ceiling = fitted["full"], list(fitted)[-1]
+    gap = max(0.0, t_full - fitted[ceiling])
+    gap_c = dataclasses.replace(noise.contrast({"full": 1, ceiling: -1}), estimate=gap)
+    leads = _leads(stages, noise, t_full, noise_scale)
+    bottleneck, tied, reason = _name(stages, leads, gap_c, t_full=t_full, noise_scale=noise_scale, ceiling=ceiling,
+                                     measured=measured)
     return Verdict(bottleneck, stages, reason=reason, gap_sec_per_batch=gap, input_bound_fraction=gap / t_full,
-                   ceiling=ceiling, fitted=fitted, inconsistent=inconsistent, gap_sigma=gap_sigma)
+                   ceiling=ceiling, fitted=fitted, inconsistent=inconsistent, gap_sigma=gap_c.sigma,
+                   gap_upper=gap_c.upper(Z_UPPER, noise_scale), gap_rounds=gap_c.rounds, tied=tied, leads=leads,
+                   noise=noise)
 
 
-def _fit(measured: Mapping[str, Throughput], kept: list, sigma: Mapping[str, float]) -> dict:
+def _fit(noise: Noise, kept: list) -> dict:
     """The kept points' times per batch, fitted so that none costs more than a point
     upstream of it (stats.decreasing_fit), each weighted by 1/sigma^2 (its noise, at
     least MIN_REL_SE of it: a few windows that happen to agree are not a 0.1% estimate)."""
-    t = {p: measured[p].sec_per_batch for p in kept}
+    t = {p: noise.time(p) for p in kept}
+    sigma = {p: noise.point_sigma(p) for p in kept}
     weights = [1.0 / max(sigma[p], MIN_REL_SE * t[p], 1e-12) ** 2 if math.isfinite(sigma[p]) else 1e-30
                for p in kept]
     return dict(zip(kept, decreasing_fit([t[p] for p in kept], weights)))
 
 
-def _cost_stages(kept: list, fitted: Mapping[str, float], sigma: Mapping[str, float], *, skipped: Mapping[str, str],
+def _cost_stages(kept: list, fitted: Mapping[str, float], noise: Noise, *, skipped: Mapping[str, str],
                  left_out: set, batch_size: float, noise_scale: float) -> tuple:
     """Every stage's StageCost, in STAGES order (see decide)."""
     t_full, ceiling = fitted["full"], kept[-1]
@@ -158,12 +208,12 @@ def _cost_stages(kept: list, fitted: Mapping[str, float], sigma: Mapping[str, fl
             continue
         head = applicable[0]
         cost = max(0.0, fitted[lower] - fitted[upper])
-        s_cost = math.hypot(sigma[lower], sigma[upper])
+        c = noise.contrast({lower: 1, upper: -1})
         stages[head] = StageCost(
-            head, "ok", upper=upper, lower=lower, sec_per_batch=cost, sigma=s_cost,
+            head, "ok", upper=upper, lower=lower, sec_per_batch=cost, sigma=c.sigma,
             share_of_gap=(cost / gap) if gap > 0 else None,
             samples_per_sec_if_free=batch_size / max(t_full - cost, fitted[ceiling]),
-            significant=is_real(cost, s_cost, t_full, noise_scale), includes=tuple(applicable))
+            significant=is_real(cost, c.sigma, t_full, noise_scale), includes=tuple(applicable), rounds=c.rounds)
         between = [p for p in POINTS[POINTS.index(lower) + 1:POINTS.index(upper)] if p in left_out]
         why = (f"measured together with {head}: {', '.join(between)} was inconsistent (left out)" if between
                else f"measured together with {head}: a point between them was not measured")
@@ -173,69 +223,159 @@ def _cost_stages(kept: list, fitted: Mapping[str, float], sigma: Mapping[str, fl
                  for s in STAGES)
 
 
-def _name(stages: tuple, sigma: Mapping[str, float], *, gap: float, gap_sigma: float, t_full: float,
-          noise_scale: float, measured: Mapping[str, Throughput]) -> tuple[str, str]:
-    """(bottleneck, reason) from the costed stages (see decide)."""
-    costed = sorted((c for c in stages if c.status == "ok"), key=lambda c: c.sec_per_batch, reverse=True)
-    real = [c for c in costed if c.significant]
-    if real:
+def _costed(stages: tuple) -> list:
+    """The stages measured, costliest first."""
+    return sorted((c for c in stages if c.status == "ok"), key=lambda c: c.sec_per_batch, reverse=True)
+
+
+def _leads(stages: tuple, noise: Noise, t_full: float, noise_scale: float) -> tuple:
+    """The costliest stage's lead over each other costed stage. Each lead's noise comes
+    from the per-round values of the difference of the two costs (a point the two stages
+    share, adjacent stages, counts with its sign in each round: t(full) - 2 t(raw) +
+    t(augmented) for load over augment), so noise common to both costs cancels."""
+    costed = _costed(stages)
+    out = []
+    for other in costed[1:]:
         top = costed[0]
-        if not top.significant:
-            return "inconclusive", (
-                f"{real[0].stage} adds a real {real[0].sec_per_batch * 1e3:.1f} ms per batch, but {top.stage} may cost "
-                f"more ({top.sec_per_batch * 1e3:.1f} ± {top.sigma * 1e3:.1f} ms, within the noise): measure longer or "
-                "on a quieter machine")
-        second = costed[1] if len(costed) > 1 else None
-        if second is not None and not is_real(top.sec_per_batch - second.sec_per_batch,
-                                              _lead_sigma(top, second, sigma), t_full, noise_scale):
-            return "inconclusive", (
-                f"{top.stage} and {second.stage} cost about the same; neither can be named alone" if second.significant
-                else f"{top.stage} adds a real {top.sec_per_batch * 1e3:.1f} ms per batch, but {second.stage} may cost "
-                     f"as much ({second.sec_per_batch * 1e3:.1f} ± {second.sigma * 1e3:.1f} ms, within the noise)")
-        return top.stage, f"removing {top.stage} buys the most throughput"
-    if is_real(gap, gap_sigma, t_full, noise_scale):
-        return "inconclusive", (f"throughput drops by {gap * 1e3:.1f} ms per batch, but no single stage's drop is "
-                                "above the noise")
-    upper_bound = gap + Z_UPPER * gap_sigma * noise_scale
-    if upper_bound <= NONE_MAX_LOSS * t_full:
-        return "none", "the full pipeline runs at the ceiling within noise"
-    return "inconclusive", too_noisy(measured, upper_bound / t_full)
+        coef: dict = {}
+        for s, sign in ((top, 1), (other, -1)):
+            coef[s.lower] = coef.get(s.lower, 0) + sign
+            coef[s.upper] = coef.get(s.upper, 0) - sign
+        c = noise.contrast(coef)
+        lead = top.sec_per_batch - other.sec_per_batch
+        threshold = noise_threshold(c.sigma, t_full, noise_scale)
+        out.append(Lead(top.stage, other.stage, lead, c.sigma, threshold, lead > threshold, c.rounds))
+    return tuple(out)
 
 
-def _lead_sigma(top: StageCost, second: StageCost, sigma: Mapping[str, float]) -> float:
-    """Standard error of top's cost minus second's, from the points' own: each cost is
-    t(lower) - t(upper), so a point the two stages share (adjacent stages) counts twice."""
-    coef: dict = {}
-    for s, sign in ((top, 1), (second, -1)):
-        coef[s.lower] = coef.get(s.lower, 0) + sign
-        coef[s.upper] = coef.get(s.upper, 0) - sign
-    return math.sqrt(sum((c * sigma[p]) ** 2 for p, c in coef.items()))
+def _name(stages: tuple, leads: tuple, gap: Contrast, *, t_full: float, noise_scale: float, ceiling: str,
+          measured: Mapping[str, Throughput]) -> tuple[str, tuple, str]:
+    """(bottleneck, tied, reason) from the costed stages and the leads (see decide)."""
+    costed = _costed(stages)
+    gap_real = is_real(gap.estimate, gap.sigma, t_full, noise_scale)
+    if costed and (gap_real or any(c.significant for c in costed)):
+        top = costed[0]
+        behind = [lead for lead in leads if not lead.real]
+        if not behind:
+            return top.stage, (), _named_reason(top, leads)
+        tied = (top.stage,) + tuple(lead.over for lead in behind)
+        return "tie", tied, _tie_reason(stages, tied, behind, gap if not top.significant else None)
+    upper = gap.upper(Z_UPPER, noise_scale)
+    if upper <= NONE_MAX_LOSS * t_full:
+        return "none", (), "the full pipeline runs at the ceiling within noise"
+    return "inconclusive", (), undecided(gap, upper, t_full, ceiling, measured)
 
 
-def find_inconsistent(measured: Mapping[str, Throughput], present: list, sigma: Mapping[str, float],
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.1f}"
+
+
+def _and(names: list) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _rounds_note(rounds: Optional[int]) -> str:
+    """', from 2 rounds' where the noise comes from few rounds (FEW_ROUNDS)."""
+    if rounds is None or rounds >= FEW_ROUNDS:
+        return ""
+    return f", noise from {rounds} round{'s' if rounds != 1 else ''}"
+
+
+def _named_reason(top: StageCost, leads: tuple) -> str:
+    if not leads:
+        return f"removing {top.stage} buys the most throughput ({_ms(top.sec_per_batch)} ms per batch)"
+    close = min(leads, key=lambda lead: lead.sec_per_batch / lead.threshold if lead.threshold > 0 else math.inf)
+    return (f"removing {top.stage} buys the most throughput: {_ms(top.sec_per_batch)} ms per batch, ahead of "
+            f"{close.over} by {_ms(close.sec_per_batch)} ms (real above {_ms(close.threshold)} ms)")
+
+
+def _tie_reason(stages: tuple, tied: tuple, behind: list, gap: Optional[Contrast]) -> str:
+    """'load and augment, tied: 45.0 and 42.0 ms per batch; ...' (or, where only the
+    leader's cost is real, 'augment leads, load not ruled out: 30.0 and 0.6 ms per
+    batch; ...') with, for each stage the leader does not lead beyond the noise, why: the
+    lead within its noise, or the other stage's own cost too noisy to rule out."""
+    cost = {s.stage: s for s in stages if s.status == "ok"}
+    parts = []
+    for lead in behind:
+        other = cost[lead.over]
+        if not math.isfinite(lead.sigma):
+            parts.append(f"{lead.stage}'s lead over {lead.over}, {_ms(lead.sec_per_batch)} ms, has no noise "
+                         "estimate yet (their points were measured together in fewer than 2 rounds)")
+            continue
+        within = (f"{lead.stage}'s lead over {lead.over}, {_ms(lead.sec_per_batch)} ms, is within the noise (real "
+                  f"above {_ms(lead.threshold)} ms{_rounds_note(lead.rounds)})")
+        if not other.significant:
+            within = (f"{lead.over}'s own cost is known only to ±{_ms(other.sigma)} ms, so {within}"
+                      if math.isfinite(other.sigma) else f"{lead.over}'s own cost has no noise estimate, so {within}")
+        parts.append(within)
+    head = (f"the pipeline loses a real {_ms(gap.estimate)} ms per batch to input, spread over stages: "
+            if gap is not None else "")
+    costs = _and([_ms(cost[s].sec_per_batch) for s in tied])
+    if cost[tied[0]].significant and not any(cost[s].significant for s in tied[1:]):
+        # the leader's cost is real, the others' are not known well enough to rule them out
+        return (f"{head}{tied[0]} leads, {_and(list(tied[1:]))} not ruled out: {costs} ms per batch; "
+                + "; ".join(parts))
+    return f"{head}{_and(list(tied))}, tied: {costs} ms per batch; " + "; ".join(parts)
+
+
+def undecided(gap: Contrast, upper: float, t_full: float, ceiling: str, measured: Mapping[str, Throughput]) -> str:
+    """Why a run without a real cost cannot say `none`, and the figure that would decide
+    it: the gap's bound against NONE_MAX_LOSS, and about how many rounds of `full` and
+    the ceiling would bring the bound under it or make the gap real."""
+    if gap.rounds is None:  # noise from the windows (a document of schema 1)
+        return too_noisy(measured, upper / t_full)
+    bound = (f"up to {min(upper / t_full, 9.99) * 100:.0f}% at {normal_cdf(Z_UPPER) * 100:.1f}% confidence"
+             if math.isfinite(upper) else "its bound unknown")
+    head = (f"whether the pipeline is input-bound is unknown: it loses {gap.estimate / t_full * 100:.0f}% of its time "
+            f"to input ({bound}, from {gap.rounds} round{'s' if gap.rounds != 1 else ''}), and `none` needs that "
+            f"bound under {NONE_MAX_LOSS * 100:.0f}%")
+    need = rounds_to_decide(gap, t_full)
+    if need is None:
+        return head + ": more rounds would not tell at this noise; close other work on this machine"
+    return (f"{head}: about {need} rounds of full and {ceiling} would tell; raise --max-seconds, or close other work "
+            "on this machine")
+
+
+def rounds_to_decide(gap: Contrast, t_full: float, most: int = 400) -> Optional[int]:
+    """The rounds after which, with the gap and the spread of its per-round values as
+    measured, the gap would either be real or have its upper bound under NONE_MAX_LOSS
+    (at least 2; None when not within `most`)."""
+    n = gap.rounds or 0
+    if n < 2 or not math.isfinite(gap.se):
+        return max(2, n + 2) if n < 2 else None
+    sd = gap.se * math.sqrt(n)
+    for r in range(n + 1, most + 1):
+        c = Contrast(gap.estimate, sd / math.sqrt(r), r - 1, r)
+        if c.upper(Z_UPPER) <= NONE_MAX_LOSS * t_full or is_real(gap.estimate, c.sigma, t_full):
+            return r
+    return None
+
+
+def find_inconsistent(measured: Mapping[str, Throughput], present: list, noise: Noise,
                       noise_scale: float = 1.0) -> tuple:
-    """Points slower than a point upstream of them beyond the noise (`sigma`: each
-    point's standard error, stats.point_sigmas), worst first; each one found is left out
-    before looking again (one slow point makes one inconsistency)."""
-    t = {p: measured[p].sec_per_batch for p in present}
+    """Points slower than a point upstream of them beyond the noise (of their difference,
+    stats.Noise.contrast), worst first; each one found is left out before looking again
+    (one slow point makes one inconsistency)."""
+    t = {p: noise.time(p) for p in present}
     kept, found = list(present), []
     while True:
         worst = None
         for i, up in enumerate(kept):
             for down in kept[i + 1:]:
-                excess = (t[down] - t[up]) / noise_threshold(math.hypot(sigma[up], sigma[down]), t[present[0]],
-                                                             noise_scale)
+                sigma = noise.contrast({down: 1, up: -1}).sigma
+                excess = (t[down] - t[up]) / noise_threshold(sigma, t[present[0]], noise_scale)
                 if excess > 1.0 and (worst is None or excess > worst[0]):
                     worst = (excess, down, up)
         if worst is None:
             return tuple(found)
         _, down, up = worst
-        found.append(Inconsistency(down, up, measured[down].samples_per_sec, measured[up].samples_per_sec))
+        found.append(Inconsistency(down, up, measured[down].batch_size / t[down], measured[up].batch_size / t[up]))
         kept.remove(down)
 
 
 def too_noisy(measured: Mapping[str, Throughput], upper_loss: float) -> str:
-    """Why a run without a real drop cannot say `none`, and what to do."""
+    """Why a run without a real drop cannot say `none`, and what to do (noise from the
+    windows: a document of schema 1)."""
     noisy = sorted(((tp.rel_iqr, p) for p, tp in measured.items() if tp.rel_iqr > NOISY_REL_IQR), reverse=True)
     where = ", ".join([f"{p} ±{r * 100:.0f}%" for r, p in noisy[:3]]
                       + [f"{p}: {tp.n} window" for p, tp in measured.items() if tp.n < 2])
@@ -247,45 +387,48 @@ def settled(v: Verdict, more_noise: Verdict, less_noise: Verdict) -> bool:
     """Is the verdict firm enough to stop measuring? The same decision made with
     SETTLE_NOISE_SCALE times the noise (`more_noise`) must name the same stage; a `none`
     must stay `none` with 1/SETTLE_NOISE_SCALE of it (`less_noise`: no stage would turn
-    real with more windows). Never an inconclusive verdict. (An inconsistent point has
-    been measured again once by the scheduler before this is asked, then left out.)"""
+    real with more rounds); a `tie` settles only where its leads are under MIN_REL_DROP
+    of t(full), the floor no amount of measuring lowers (the stages cost the same for any
+    purpose), and stays the same tie with less noise. Never an inconclusive verdict. (An
+    inconsistent point has been measured again once by the scheduler before this is
+    asked, then left out.)"""
     if v.bottleneck in (None, "inconclusive"):
         return False
     if v.bottleneck == "none":
         return less_noise.bottleneck == "none"
+    if v.bottleneck == "tie":
+        floor = MIN_REL_DROP * v.fitted["full"]
+        return (less_noise.tied == v.tied
+                and all(lead.sec_per_batch <= floor for lead in v.leads if lead.over in v.tied))
     return more_noise.bottleneck == v.bottleneck
 
 
 def in_question(v: Verdict) -> tuple:
-    """The stages the user will look inside: the one named, or, when two lead the
-    verdict too closely to name either (inconclusive, and a stage's cost is real), the
-    two costliest; none for `none`, no verdict, or a gap spread below the noise. The
-    breakdowns are shown and the costliest transform confirmed for these (a decode-heavy
-    ImageNet-like pipeline often has load and augment tied)."""
+    """The stages the user will look inside: the one named, or the stages of a tie
+    (costliest first); none for `none`, `inconclusive` or no verdict. The breakdowns are
+    shown and the costliest transform confirmed for these (a decode-heavy ImageNet-like
+    pipeline often has load and augment tied)."""
     if v.bottleneck in STAGES:
         return (v.bottleneck,)
-    if v.bottleneck != "inconclusive":
-        return ()
-    costed = sorted((s for s in v.stages if s.status == "ok"), key=lambda s: s.sec_per_batch, reverse=True)
-    if not any(s.significant for s in costed):
-        return ()
-    return tuple(s.stage for s in costed[:2])
+    return tuple(v.tied) if v.bottleneck == "tie" else ()
 
 
 def deciding_points(v: Verdict) -> set:
-    """The points whose measurement can still change verdict `v`: around the costliest
-    stage and its runner-up when a stage is named or two are tied; `full` and the
-    ceiling when the question is the gap (none, or too noisy); every costed point when
-    the gap is real but spread over stages."""
-    costed = sorted((s for s in v.stages if s.status == "ok"), key=lambda s: s.sec_per_batch, reverse=True)
-    every = {p for s in costed for p in (s.lower, s.upper)} | {"full"}
+    """The points whose measurement can still change verdict `v`: around the stages of a
+    tie; around the named stage and its runner-up; `full` and the ceiling when the
+    question is the gap (none, or inconclusive after FEW_ROUNDS rounds); every costed
+    point without a verdict or in an inconclusive one of fewer rounds."""
+    costed = _costed(v.stages)
     if v.bottleneck is None:
-        return every
-    if any(s.significant for s in costed):
+        return {p for s in costed for p in (s.lower, s.upper)} | {"full"}
+    if v.bottleneck == "tie":
+        return {p for s in costed if s.stage in v.tied for p in (s.lower, s.upper)} | {"full"}
+    if v.bottleneck in STAGES:
         return {p for s in costed[:2] for p in (s.lower, s.upper)} | {"full"}
-    t_full = v.fitted.get("full")
-    if t_full and v.gap_sigma is not None and is_real(v.gap_sec_per_batch or 0.0, v.gap_sigma, t_full):
-        return every  # the gap is real but spread over stages
+    if v.bottleneck == "inconclusive" and v.gap_rounds is not None and v.gap_rounds < FEW_ROUNDS:
+        # few rounds: a stage's noise is as little known as the gap's, and a stage
+        # measured between adjacent visits may turn real before the gap does
+        return {p for s in costed for p in (s.lower, s.upper)} | {"full"}
     return {"full", v.ceiling}
 
 
@@ -305,6 +448,10 @@ def self_check(points: Mapping[str, float], v: Verdict, num_workers: Optional[in
             out.append(f"the report shows {s.stage} at {s.share_of_gap:.0%} of the gap")
     if v.bottleneck == "none" and real:
         out.append(f"the verdict is none beside real stage cost(s): {', '.join(s.stage for s in real)}")
+    if v.bottleneck in STAGES and any(not lead.real for lead in v.leads):
+        out.append(f"{v.bottleneck} is named with a lead within the noise")
+    if v.bottleneck == "tie" and any(lead.real for lead in v.leads if lead.over in v.tied):
+        out.append(f"the tie of {', '.join(v.tied)} holds a stage led beyond the noise")
     if num_workers == 0 and not pinned_transfer and any(s.stage == "handoff" for s in real):
         out.append("handoff shows a real cost at num_workers=0, where the loop has no handoff work")
     return [f"the report breaks its own rules: {p}. Please report this with the JSON document." for p in out]

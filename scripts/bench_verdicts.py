@@ -67,9 +67,13 @@ def check(path: str) -> str:
     return "; ".join(broken) or "consistent"
 
 
-def grade(verdict, expected: str) -> str:
+def grade(verdict, expected: str, tied: tuple = ()) -> str:
+    """right; tie (a tie led by the expected stage: an answer that has not told it apart
+    from a runner-up yet); inconclusive; or wrong."""
     if verdict == expected:
         return "right"
+    if verdict == "tie" and tied and tied[0] == expected:
+        return "tie"
     return "inconclusive" if verdict == "inconclusive" else "wrong"
 
 
@@ -85,7 +89,7 @@ def run_workload(name: str, make, expected: str, runs: int, max_seconds: float, 
         path = os.path.join(out_dir, f"{name}-{i + 1}.json")
         report.save_json(path)
         verdicts.append(report.bottleneck)
-        grades.append(grade(report.bottleneck, expected))
+        grades.append(grade(report.bottleneck, expected, report.verdict.tied))
         checks.append(check(path))
         s = report.stage(stage) if stage else None
         costs.append(None if s is None or s.sec_per_batch is None else s.sec_per_batch * 1e3)
@@ -105,7 +109,7 @@ def planted_maker(kind: str, workers: int):
 
 def summary_table(rows: list) -> None:
     print()
-    print(f"{'workload':14s} {'expected':9s} {'right':>5s} {'inconcl.':>8s} {'wrong':>5s}  {'cost ms (planted)':>18s} "
+    print(f"{'workload':14s} {'expected':9s} {'right':>5s} {'tie':>4s} {'inconcl.':>8s} {'wrong':>5s}  {'cost ms (planted)':>18s} "
           f"{'wall s med/max':>15s}  reports")
     for r in rows:
         g = r["grades"]
@@ -113,12 +117,13 @@ def summary_table(rows: list) -> None:
         cost = "-" if not costs or r.get("planted_ms") is None else (
             f"{statistics.median(costs):.1f} ({r['planted_ms']:.1f})")
         bad = sum(c != "consistent" for c in r["checks"])
-        print(f"{r['workload']:14s} {r['expected']:9s} {g.count('right'):>5d} {g.count('inconclusive'):>8d} "
+        print(f"{r['workload']:14s} {r['expected']:9s} {g.count('right'):>5d} {g.count('tie'):>4d} {g.count('inconclusive'):>8d} "
               f"{g.count('wrong'):>5d}  {cost:>18s} {statistics.median(r['walls_s']):>7.1f}/{max(r['walls_s']):<7.1f}  "
               f"{len(g) - bad}/{len(g)} consistent")
     grades = [x for r in rows for x in r["grades"]]
     walls = [x for r in rows for x in r["walls_s"]]
-    print(f"all: {grades.count('right')} right, {grades.count('inconclusive')} inconclusive, {grades.count('wrong')} "
+    print(f"all: {grades.count('right')} right, {grades.count('tie')} tie led by it, {grades.count('inconclusive')} "
+          f"inconclusive, {grades.count('wrong')} "
           f"wrong of {len(grades)}; wall median {statistics.median(walls):.1f} s, max {max(walls):.1f} s")
 
 

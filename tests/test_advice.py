@@ -127,11 +127,11 @@ def test_num_workers_from_bisection_costs_when_isolation_is_missing():
 
 
 def test_num_workers_fires_when_load_and_augment_together_starve_the_step():
-    # load 25 ms and augment 24 ms: too close to name one (inconclusive), but together a
-    # 49 ms drop from full to collated, far above the noise: workers parallelize both
+    # load 25 ms and augment 24 ms: too close to name one (a tie), but together a 49 ms
+    # drop from full to collated, far above the noise: workers parallelize both
     ms = {"device": 10, "collated": 10.5, "augmented": 11, "raw": 35, "full": 60}
     r = make_report(ms, isolated=iso_workers(needed=5, cores=8))
-    assert r.bottleneck == "inconclusive"
+    assert r.bottleneck == "tie" and r.verdict.tied == ("load", "augment")
     f = finding(r, "num_workers")
     assert f.stage == "load" and f.numbers["stages"] == "load + augment + collate together"
     assert f.numbers["stage_ms_per_batch"] == pytest.approx(49.5, abs=0.01)  # 60 - 10.5
@@ -141,11 +141,11 @@ def test_num_workers_fires_when_load_and_augment_together_starve_the_step():
     assert "If that work were free" in f.message
 
 
-def test_num_workers_silent_when_inconclusive_but_the_worker_side_drop_is_noise():
-    # handoff and transfer cost 15 ms each (inconclusive); load + augment + collate 0.8 ms
+def test_num_workers_silent_when_tied_but_the_worker_side_drop_is_noise():
+    # handoff and transfer cost 15 ms each (a tie); load + augment + collate 0.8 ms
     ms = {"device": 10, "host": 25, "collated": 40, "augmented": 40.3, "raw": 40.5, "full": 40.8}
     r = make_report(ms, device="cuda:0", isolated=iso_workers(needed=1, cores=8))
-    assert r.bottleneck == "inconclusive"
+    assert r.bottleneck == "tie" and set(r.verdict.tied) == {"handoff", "transfer"}
     assert "num_workers" not in kinds(r) and "cores" not in kinds(r)
 
 

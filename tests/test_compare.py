@@ -129,8 +129,8 @@ ENTRY = textwrap.dedent("""
         # 8 x 10 ms of (sleeping) augment per batch, a ~2 ms step
         return tiny_model(2.0), make_loader(PlantedDataset(transform=Sleep(10.0)), batch_size=8, num_workers=workers)
 
-    def make_w2():
-        return make(2)
+    def make_w4():
+        return make(4)
 """)
 
 
@@ -139,16 +139,30 @@ def test_compare_end_to_end_two_real_runs(tmp_path, no_leftover_workers):
     entry = tmp_path / "cmp_entry.py"
     entry.write_text(ENTRY.format(tests=TESTS))
     runner = CliRunner()
-    for func, name in (("make", "w0.json"), ("make_w2", "w2.json")):
+    for func, name in (("make", "w0.json"), ("make_w4", "w4.json")):
         r = runner.invoke(main, ["--entry", f"{entry}:{func}", "--max-seconds", "7", "--verify-seconds", "0", "--quiet",
                                  "--points",
                                  "full,augmented,device", "--json", str(tmp_path / name)])
         assert r.exit_code == 0, r.output
-    r = runner.invoke(main, ["compare", str(tmp_path / "w0.json"), str(tmp_path / "w2.json")])
+    r = runner.invoke(main, ["compare", str(tmp_path / "w0.json"), str(tmp_path / "w4.json")])
     assert r.exit_code == 0, r.output
-    assert "num_workers 0 -> 2" in r.output
+    assert "num_workers 0 -> 4" in r.output
     full = [line for line in r.output.splitlines() if line.startswith("full ")][0]
-    assert "faster" in full, r.output  # 2 workers overlap the 80 ms of augment per batch
+    assert "faster" in full, r.output  # 4 sleeping workers overlap the 80 ms of augment per batch: ~4x
+
+
+def test_a_point_of_one_window_has_no_noise_estimate_and_says_so():
+    one = Throughput((Window(10, 10 * 61 / 1e3),), BS)
+    c = compare.point_change(one, tp(30.5))
+    assert c["real"] is None and "noise unknown (one window)" in c["label"] and c["threshold_rel"] is None
+    before = make_report(BEFORE)
+    after = make_report(AFTER)
+    doc = compare.compare(before, build(tuple(PointResult(p.point, p.status, one if p.point == "full" else p.throughput,
+                                                          reason=p.reason) for p in after.points), BS, "cpu",
+                                        loader={"num_workers": 2, "pin_memory": False}))
+    assert doc["full"]["real"] is None
+    text = compare.to_text(doc)
+    assert "Full pipeline: within noise" not in text and "no noise estimate" in text
 
 
 def test_compare_warns_when_the_ceiling_itself_moved():

@@ -59,3 +59,50 @@ def test_another_schema_version_is_refused():
     doc["schema_version"] = 99
     with pytest.raises(ValueError, match="schema_version"):
         Report.from_dict(doc)
+
+
+def paired(ms: dict) -> Report:
+    """Each point measured in as many rounds as `ms` lists its ms per batch."""
+    points = []
+    for name in POINTS:
+        if name in ms:
+            wins = tuple(Window(10, 10 * t / 1e3 * f, r) for r, t in enumerate(ms[name]) for f in (0.99, 1.01))
+            points.append(PointResult(name, "ok", Throughput(wins, BS), first_batch_seconds=0.01))
+        else:
+            points.append(PointResult(name, "skipped", reason="no accelerator: host and device coincide"))
+    return build(points, BS, "cpu", loader={"num_workers": 0, "pin_memory": False}, run={"cpu_count": 2})
+
+
+def test_schema_2_keeps_each_windows_round_a_tie_and_the_leads():
+    r = paired({"device": [10, 10.2, 9.9, 10.1], "collated": [10.1] * 4, "augmented": [10.2] * 4,
+                "raw": [55.2, 55.4, 55.0, 55.3], "full": [98.2, 98.6, 98.0, 98.3]})
+    doc = json.loads(r.to_json())
+    assert doc["schema_version"] == 2 and doc["bottleneck"] == "tie"
+    assert doc["verdict"]["tied"] == ["augment", "load"]
+    assert [w["round"] for w in doc["points"][0]["windows"]] == [0, 0, 1, 1, 2, 2, 3, 3]
+    lead = doc["verdict"]["leads"][0]
+    assert (lead["stage"], lead["over"], lead["real"], lead["rounds"]) == ("augment", "load", False, 4)
+    assert lead["ms_per_batch"] < lead["threshold_ms"]
+    assert next(s for s in doc["stages"] if s["stage"] == "augment")["rounds"] == 4
+    again = Report.from_dict(doc)
+    assert again.to_dict() == doc and again.verdict.tied == ("augment", "load")
+
+
+def test_a_schema_1_document_still_reads_and_compares_with_its_windows_noise():
+    from bisect_pipeline import compare
+
+    r = planted({"device": 10, "collated": 10.1, "augmented": 10.2, "raw": 60, "full": 61})
+    doc = json.loads(r.to_json())
+    doc["schema_version"] = 1
+    for p in doc["points"]:  # as written before windows had rounds
+        for w in p["windows"]:
+            w.pop("round", None)
+    old = Report.from_dict(doc)
+    assert old.bottleneck == "augment" and old.verdict.gap_rounds is None  # the windows' noise, rounds unknown
+    assert all(s.rounds is None for s in old.verdict.stages)
+    new = paired({"device": [10] * 3, "collated": [10.1] * 3, "augmented": [10.2] * 3, "raw": [30, 30.1, 29.9],
+                  "full": [31, 31.2, 30.9]})
+    out = compare.compare(old, new)
+    assert out["bottleneck"] == ["augment", "augment"]
+    aug = next(s for s in out["stages"] if s["stage"] == "augment")
+    assert aug["real"] and aug["label"].endswith("cheaper")

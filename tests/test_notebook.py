@@ -73,10 +73,13 @@ def test_example_notebook_executes_and_shows_the_html_report(tmp_path, own_kerne
     printed = "".join(out["text"] for _, out in outputs(nb, "stream"))
     (bottleneck,) = re.findall(r"^bottleneck: (\S+)$", printed, re.M)
     text = html.unescape(verdict.group(2))
-    # the demo is augment-bound: augment, or inconclusive on a machine too busy to tell
-    assert bottleneck in ("augment", "inconclusive"), printed
+    # the demo is augment-bound: augment, or, on a machine too busy to tell in 8 s, a tie
+    # led by augment or inconclusive
+    assert bottleneck in ("augment", "tie", "inconclusive"), printed
     if bottleneck == "augment":
         assert verdict.group(1) == "named" and text.startswith("Bottleneck: augment.")
+    elif bottleneck == "tie":
+        assert verdict.group(1) == "named" and text.startswith("Bottleneck: augment"), text
     else:
         assert verdict.group(1) == "inconclusive" and text.startswith("Inconclusive:")
     # the budget came from the environment: the run context says so

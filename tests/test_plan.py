@@ -48,20 +48,21 @@ def test_windows_are_sized_from_the_step_and_a_plan_fits_its_workers():
     assert plan.for_workers(0) is plan and plan.for_workers(2).for_workers(2) == plan.for_workers(2)
     nxt = next_window([Window(10, 0.5)], 10, plan, seconds_left=100.0)  # re-sized from the first window's rate
     assert nxt.go_on and nxt.steps == 5
-    assert plan.most_windows() == 4 + 1 + 3
+    assert plan.most_windows() == 4 + 1 + 2  # the steady pair is the visit
 
 
-def test_a_long_step_gets_one_batch_per_worker_windows_no_warmup_and_two_windows():
+def test_a_long_step_gets_one_batch_per_worker_windows_no_warmup_and_one_window():
     plan = Plan(window_seconds=0.25, min_window_steps=3)
     assert plan.for_step(None) is plan and plan.for_step(0.2) is plan  # a short step: as it was
     long = plan.for_step(2.0)
-    assert (long.min_window_steps, long.min_warmup_steps, long.windows_per_visit) == (1, 0, 2)
+    assert (long.min_window_steps, long.min_warmup_steps, long.windows_per_visit) == (1, 0, 1)
+    assert long.max_warmup_windows == 0  # one window: its steadiness is not asked
     assert long.window_steps(2.0) == 1 and long.for_step(2.0) == long
     assert plan.for_workers(4).for_step(2.0).min_window_steps == 4  # a burst of the workers' first batches
-    # a visit of a 2 s step: 22 s before (2 warm-up steps and 3 windows of 3 steps, plus
-    # the first batch), 6 s fitted (the first batch and two one-step windows)
-    assert plan.least_visit_seconds(2.0) == pytest.approx(24.0)
-    assert long.least_visit_seconds(2.0) == pytest.approx(6.0)
+    # a visit of a 2 s step: 18 s unfitted (the first batch, 2 warm-up steps and 2 windows
+    # of 3 steps), 4 s fitted (the first batch and one one-step window)
+    assert plan.least_visit_seconds(2.0) == pytest.approx(18.0)
+    assert long.least_visit_seconds(2.0) == pytest.approx(4.0)
 
 
 def test_a_loader_that_ends_short_epochs_gets_windows_of_whole_epochs():

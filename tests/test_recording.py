@@ -146,3 +146,54 @@ def test_a_tentative_proxy_blames_no_stage_until_it_is_settled_as_a_transform():
     proxy.stage = "augment"
     with pytest.raises(StageError, match="augment failed: ValueError: bad input"):
         proxy(torch.ones(1))
+
+
+class Images(Dataset):
+    """28x28 grey PIL images and an int label, then `transform` (MNIST's shape)."""
+
+    def __init__(self, transform):
+        self.transform = transform
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        return self.transform(Image.new("L", (28, 28), color=i * 10)), i
+
+
+def _stamp(img):
+    img.paste(255, (0, 0, 4, 4))  # changes its input in place
+    return torch.zeros(1)
+
+
+def _to_tensor(img):
+    return torch.tensor(list(img.getdata()), dtype=torch.float32).view(1, 28, 28)
+
+
+def test_an_image_input_replaying_leaves_alone_is_not_copied_and_one_it_changes_is():
+    changes: set = set()
+    inst = split.instrument(Images(_to_tensor))
+    sample, calls = recording.record_sample(inst, 1)
+    recording.settle_copies(sample, calls, changes)
+    assert changes == set() and [c.copy_input for c in calls] == [False]
+    assert recording.replay_sample(sample, calls)[0][0, 0, 0] == 10
+    # a transform that pastes into its input: copied, and its recorded input kept as it was
+    stamping = split.instrument(Images(_stamp))
+    sample, calls = recording.record_sample(stamping, 2)
+    recording.settle_copies(sample, calls, changes)
+    assert changes == {"dataset.transform"} and calls[0].copy_input
+    assert calls[0].args[0].getpixel((0, 0)) == 20  # restored after the trial replay
+    recording.replay_sample(sample, calls)
+    assert calls[0].args[0].getpixel((0, 0)) == 20  # copied from then on
+    _, later = recording.record_sample(stamping, 3)
+    recording.mark_copies(later, changes)
+    assert later[0].copy_input
+
+
+def test_a_tensor_input_is_always_copied():
+    inst = split.instrument(PlantedDataset(n=4, transform=Double()))
+    sample, calls = recording.record_sample(inst, 0)
+    recording.settle_copies(sample, calls, set())
+    assert calls and all(c.copy_input for c in calls)

@@ -223,9 +223,10 @@ def test_the_augment_breakdown_is_a_table_under_the_stages_only_when_augment_is_
                                   "full": 320.0})
     assert load_bound.bottleneck == "load"
     assert "transform by transform" not in to_text(load_bound)
-    # load and augment tied for the lead (inconclusive): both are in question, the table shown
+    # load and augment tied for the lead: both are in question, the table shown
     tied = _with_breakdown({"device": 950.0, "collated": 930.0, "augmented": 920.0, "raw": 500.0, "full": 330.0})
-    assert tied.bottleneck == "inconclusive" and "about the same" in tied.verdict.reason
+    assert tied.bottleneck == "tie" and set(tied.verdict.tied) == {"load", "augment"}
+    assert "Bottleneck: augment and load, tied" in str(tied) or "Bottleneck: load and augment, tied" in str(tied)
     assert table(to_text(tied), "The augment stage transform by transform")[3:] == block[3:]
     # unless asked for always (--breakdown all): the same table
     every = load_bound.text(breakdown="all")

@@ -1,5 +1,8 @@
 """verdict.decide on planted numbers: every rule of the verdict, exact values."""
 
+import math
+import re
+
 import pytest
 
 from bisect_pipeline.stats import MIN_REL_DROP, Throughput, Window
@@ -81,18 +84,21 @@ def test_never_none_beside_a_real_stage_even_when_the_ceiling_is_noisy():
     assert v.bottleneck == "augment"
 
 
-def test_two_equal_stages_are_inconclusive():
+def test_two_equal_stages_are_a_tie_named_with_both_costs():
     m = {"device": tp(10), "collated": tp(10), "augmented": tp(10), "raw": tp(40), "full": tp(70)}
     v = decide(m, BS, CPU)
-    assert v.bottleneck == "inconclusive"
-    assert "load" in v.reason and "augment" in v.reason
+    a, b = v.tied
+    assert v.bottleneck == "tie" and {a, b} == {"load", "augment"}
+    assert v.reason.startswith(f"{a} and {b}, tied: 30.0 and 30.0 ms per batch")
+    assert f"{a}'s lead over {b}, 0.0 ms, is within the noise" in v.reason
 
 
-def test_gap_with_no_significant_stage_is_inconclusive():
+def test_a_real_gap_spread_over_stages_is_a_tie_of_them():
     # 4 stages each add 3% of full: the sum is a real gap, no stage stands out
     m = {"device": tp(100), "collated": tp(103), "augmented": tp(106), "raw": tp(109), "full": tp(112)}
     v = decide(m, BS, CPU)
-    assert v.bottleneck == "inconclusive" and "no single stage" in v.reason
+    assert v.bottleneck == "tie" and set(v.tied) == {"load", "augment", "collate", "handoff"}
+    assert v.reason.startswith("the pipeline loses a real 12.0 ms per batch to input, spread over stages")
 
 
 def test_points_out_of_order_within_noise_are_pooled_never_over_100_percent():
@@ -102,7 +108,8 @@ def test_points_out_of_order_within_noise_are_pooled_never_over_100_percent():
          "full": tp(98, 0.3)}
     v = decide(m, BS, CPU)
     c = costs(v)
-    assert v.bottleneck == "augment"
+    # augment leads; load (0 ms, but its noise counts raw's +-20% twice) is not ruled out
+    assert v.bottleneck == "tie" and v.tied == ("augment", "load")
     assert c["load"].sec_per_batch == 0 and c["handoff"].sec_per_batch == 0
     assert all((s.share_of_gap or 0) <= 1.0 for s in v.stages)
     assert shares_add_up(v)
@@ -206,8 +213,8 @@ def test_a_real_small_stage_is_not_named_beside_a_larger_drop_that_is_not_pinned
     v = decide(m, BS, CPU)
     c = costs(v)
     assert c["handoff"].significant and not c["collate"].significant
-    assert v.bottleneck == "inconclusive"
-    assert "handoff adds a real" in v.reason and "collate may cost more" in v.reason
+    assert v.bottleneck == "tie" and v.tied[0] == "collate" and "handoff" in v.tied
+    assert "collate's lead over handoff" in v.reason
 
 
 def test_a_real_top_stage_is_named_only_when_it_beats_the_runner_up():
@@ -215,7 +222,9 @@ def test_a_real_top_stage_is_named_only_when_it_beats_the_runner_up():
     m = {"device": tp(10), "collated": tp(10), "augmented": tp(10), "raw": tp(58), "full": tp(98, 0.5)}
     v = decide(m, BS, CPU)
     assert costs(v)["augment"].significant and not costs(v)["load"].significant
-    assert v.bottleneck == "inconclusive" and "load may cost as much" in v.reason
+    assert v.bottleneck == "tie" and v.tied == ("augment", "load")
+    assert v.reason.startswith("augment leads, load not ruled out: 48.0 and 40.0 ms per batch")
+    assert "load's own cost is known only to" in v.reason
 
 
 def test_handoff_does_not_apply_where_collated_coincides_with_device_but_merges_where_it_is_not_selected():
@@ -227,18 +236,19 @@ def test_handoff_does_not_apply_where_collated_coincides_with_device_but_merges_
     assert costs(merged)["handoff"].status == "merged" and costs(merged)["collate"].includes == ("collate", "handoff")
 
 
-def test_the_suites_verdict_check_takes_only_the_planted_stage_or_an_unsettled_inconclusive_led_by_it():
+def test_the_suites_verdict_check_takes_only_the_planted_stage_or_an_unsettled_tie_led_by_it():
     from conftest import assert_names
 
-    def doc(bottleneck, settled, real):
-        return {"bottleneck": bottleneck, "run": {"settled": settled}, "verdict": {},
+    def doc(bottleneck, settled, real, tied=()):
+        return {"bottleneck": bottleneck, "run": {"settled": settled}, "verdict": {"tied": list(tied)},
                 "stages": [{"stage": s, "status": "ok", "significant": s in real} for s in ("load", "augment", "collate")]}
 
     assert_names(doc("augment", True, ["augment"]), "augment")
-    assert_names(doc("inconclusive", False, ["augment"]), "augment")  # time ran out, augment the only real cost
+    assert_names(doc("tie", False, ["augment"], ("augment", "load")), "augment")  # time ran out, augment the only real cost
     for wrong in (doc("load", True, ["load"]), doc("none", False, []), doc(None, False, []),
-                  doc("inconclusive", True, ["augment"]), doc("inconclusive", False, ["augment", "load"]),
-                  doc("inconclusive", False, ["load"])):
+                  doc("tie", True, ["augment"], ("augment", "load")), doc("tie", False, ["augment", "load"], ("augment", "load")),
+                  doc("tie", False, ["load"], ("load", "augment")), doc("tie", False, ["augment"], ("load", "augment")),
+                  doc("inconclusive", False, ["augment"])):
         with pytest.raises(AssertionError):
             assert_names(wrong, "augment")
     # none: or an unsettled inconclusive with no stage real (the gap too noisy to rule out)
@@ -249,16 +259,201 @@ def test_the_suites_verdict_check_takes_only_the_planted_stage_or_an_unsettled_i
             assert_names(wrong, "none")
 
 
-def test_the_stages_in_question_are_the_named_one_or_the_two_tied_for_the_lead():
+def test_the_stages_in_question_are_the_named_one_or_those_of_a_tie():
     named = decide({"device": tp(10), "collated": tp(11), "augmented": tp(12), "raw": tp(60), "full": tp(62)}, BS, CPU)
     assert in_question(named) == ("augment",)
     tied = decide({"device": tp(10), "collated": tp(10), "augmented": tp(10), "raw": tp(40), "full": tp(70)}, BS, CPU)
-    assert tied.bottleneck == "inconclusive" and set(in_question(tied)) == {"load", "augment"}
+    assert tied.bottleneck == "tie" and set(in_question(tied)) == {"load", "augment"}
     led = decide({"device": tp(10), "collated": tp(10), "augmented": tp(10), "raw": tp(58), "full": tp(98, 0.5)}, BS, CPU)
-    assert led.bottleneck == "inconclusive" and set(in_question(led)) == {"load", "augment"}  # load may cost as much
+    assert led.bottleneck == "tie" and in_question(led) == ("augment", "load")  # load not ruled out
     spread = decide({"device": tp(100), "collated": tp(103), "augmented": tp(106), "raw": tp(109), "full": tp(112)},
                     BS, CPU)
-    assert spread.bottleneck == "inconclusive" and in_question(spread) == ()  # no stage real: nothing to look inside
+    assert spread.bottleneck == "tie" and in_question(spread) == spread.tied
     flat = decide({"device": tp(40), "augmented": tp(40.2), "raw": tp(40.4), "full": tp(40.6)}, BS, CPU)
     assert flat.bottleneck == "none" and in_question(flat) == ()
     assert in_question(decide({"full": tp(10)}, BS, CPU)) == ()  # no verdict
+
+
+# --------------------------------------------------------------------------------------
+# The noise from the paired rounds (stats.Noise): windows carry their round
+# --------------------------------------------------------------------------------------
+
+ORDER = ("device", "augmented", "raw", "full")
+NO_HANDOFF = dict(CPU, collated="num_workers=0: collated and device coincide")
+
+
+def by_round(ms: dict) -> dict:
+    """Each point's ms per batch in each round, as two windows of 10 steps per visit that
+    agree within 1%: the visit is steady, whatever its rounds show."""
+    return {p: Throughput(tuple(Window(10, 10 * t * f / 1e3, r) for r, t in enumerate(ts) for f in (0.995, 1.005)),
+                          BS) for p, ts in ms.items()}
+
+
+def drifting(step_ms, rounds: int, every: int = 4) -> dict:
+    """A step-bound pipeline (every point costs the step) on a machine whose step drifts
+    with time: visit k takes step_ms(k). The schedule of rounds.Rounds: down, up, ...;
+    after `every` rounds only full and the ceiling (the question is the gap)."""
+    ms: dict = {p: {} for p in ORDER}
+    k = 0
+    for r in range(rounds):
+        order = ORDER if r < every else ("device", "full")
+        for p in (order if r % 2 == 0 else order[::-1]):
+            ms[p][r] = step_ms(k)
+            k += 1
+    return {p: Throughput(tuple(Window(10, 10 * t * f / 1e3, r) for r, t in v.items() for f in (0.995, 1.005)), BS)
+            for p, v in ms.items()}
+
+
+def swinging_step(k: int) -> float:
+    """80 to 132 ms: a slow swing and a faster wobble (the issue's memory-bound MLP
+    drifted between 79 and 134 ms within one quiet run)."""
+    return 106 + 22 * math.sin(k / 4.0) + 6 * math.sin(k * 1.7)
+
+
+def test_a_drift_between_rounds_is_not_a_stage():
+    for rounds in range(3, 13):
+        v = decide(drifting(swinging_step, rounds), BS, NO_HANDOFF)
+        assert v.bottleneck in ("none", "inconclusive"), (rounds, v.reason)
+        assert not any(s.significant for s in v.stages), rounds
+        assert_sentences_agree(v)
+    v = decide(drifting(swinging_step, 12), BS, NO_HANDOFF)
+    assert v.bottleneck == "none" and v.gap_rounds == 12 and v.gap_upper < NONE_MAX_LOSS * v.fitted["full"]
+    # the same windows without their rounds (a point's windows pooled, as before): the
+    # visits' drift reads as spread, and nothing can be said
+    stripped = {p: Throughput(tuple(Window(w.steps, w.seconds) for w in tp.windows), BS)
+                for p, tp in drifting(swinging_step, 12).items()}
+    assert decide(stripped, BS, NO_HANDOFF).bottleneck == "inconclusive"
+
+
+def test_what_a_round_shares_at_every_point_cancels():
+    # augment is 30 ms; the machine is 0-40% slower from one round to the next, alike at
+    # every point of a round (a busy CPU slows every step by a factor): the drift is in no
+    # difference; the times are those of a middling round (the rounds' factors' median)
+    slow = [1.0, 1.4, 1.1, 1.25, 1.05, 1.3]
+    base = {"device": 30, "augmented": 30.5, "raw": 60.5, "full": 61}
+    v = decide(by_round({p: [t * f for f in slow] for p, t in base.items()}), BS, NO_HANDOFF)
+    assert v.bottleneck == "augment"
+    c, middle = costs(v), math.sqrt(1.1 * 1.25)
+    assert c["augment"].sec_per_batch == pytest.approx(0.030 * middle) and c["augment"].sigma == pytest.approx(0.0)
+    assert c["augment"].rounds == 6 and v.fitted["full"] == pytest.approx(0.061 * middle)
+
+
+def test_a_clear_lead_over_a_noisy_runner_up_near_zero_is_named():
+    # augment adds 30 ms; full wobbles +-6 ms from round to round, so load (0.6 ms) is
+    # known only to several ms, but augment's lead over it is far beyond that noise
+    wobble = [6, -5, 4, -6, 5, -3]
+    ms = {"device": [30] * 6, "augmented": [30.5] * 6, "raw": [60.5] * 6, "full": [61.1 + w for w in wobble]}
+    v = decide(by_round(ms), BS, NO_HANDOFF)
+    c = costs(v)
+    assert not c["load"].significant and c["load"].sigma > 0.004
+    assert v.bottleneck == "augment", v.reason
+    lead = next(lead for lead in v.leads if lead.over == "load")
+    assert lead.real and lead.sec_per_batch > lead.threshold and lead.rounds == 6
+    assert_sentences_agree(v)
+
+
+def test_a_true_tie_is_named_as_a_tie():
+    # augment 45 and load 42 ms per batch, round after round: the lead (3 ms) is below
+    # MIN_REL_DROP of t(full) (117 ms), so no number of rounds would make it real
+    jitter = [0.5, -0.5, 0.3, -0.3, 0.1, -0.1]
+    ms = {"device": [30] * 6, "augmented": [30.5] * 6, "raw": [75.5 + j for j in jitter],
+          "full": [117.5 + 2 * j for j in jitter]}
+    v, more, less = (decide(by_round(ms), BS, NO_HANDOFF, noise_scale=k) for k in (1, SETTLE_NOISE_SCALE,
+                                                                                 1 / SETTLE_NOISE_SCALE))
+    assert v.bottleneck == "tie" and v.tied == ("augment", "load")
+    assert v.reason.startswith("augment and load, tied: 45.0 and 42.0 ms per batch; augment's lead over load, 3.0 ms,")
+    assert in_question(v) == ("augment", "load") and deciding_points(v) == {"full", "raw", "augmented"}
+    assert settled(v, more, less)  # the lead is under the floor: more rounds would not part them
+    assert_sentences_agree(v)
+
+
+def test_a_tie_whose_lead_more_rounds_could_establish_does_not_settle():
+    wobble = [9, -8, 7, -9, 8, -6]
+    ms = {"device": [30] * 6, "augmented": [30.5] * 6, "raw": [60.5] * 6, "full": [72.5 + w for w in wobble]}
+    v, more, less = (decide(by_round(ms), BS, NO_HANDOFF, noise_scale=k) for k in (1, SETTLE_NOISE_SCALE,
+                                                                                 1 / SETTLE_NOISE_SCALE))
+    assert v.bottleneck == "tie" and v.tied == ("augment", "load"), v.reason
+    assert not settled(v, more, less)
+
+
+def test_few_rounds_are_said_and_one_round_has_no_noise():
+    # two rounds alike: a contrast's own t at 1 degree of freedom is 78 z, but the noise
+    # pooled over the points (3 degrees of freedom here) names a clear 30 ms load
+    two = by_round({"device": [30, 30.2], "augmented": [30.5, 30.4], "raw": [40.5, 41], "full": [71, 70.5]})
+    assert decide(two, BS, NO_HANDOFF).bottleneck == "load"
+    # two rounds far apart: the gap is unknown, and the reason says from how few rounds
+    apart = by_round({"device": [30, 45], "augmented": [30.5, 31], "raw": [31, 44], "full": [33, 31]})
+    v = decide(apart, BS, NO_HANDOFF)
+    assert v.bottleneck == "inconclusive" and "from 2 rounds" in v.reason
+    assert "rounds of full and device would tell" in v.reason
+    one = decide(by_round({"device": [30], "augmented": [30.5], "raw": [60.5], "full": [61]}), BS, NO_HANDOFF)
+    assert all(not s.significant and s.sigma == math.inf for s in one.stages if s.status == "ok")
+    assert one.bottleneck == "inconclusive" and "from 1 round" in one.reason
+    assert_sentences_agree(v)
+    assert_sentences_agree(one)
+
+
+def test_reason_sentences_agree_with_their_numbers_on_random_runs():
+    import random
+
+    rng = random.Random(30)
+    seen = set()
+    for _ in range(300):
+        n = rng.randint(2, 9)
+        noise = rng.choice([0.2, 2.0, 8.0])
+        cost = {s: rng.choice([0.0, 0.5, 5.0, 20.0, 40.0]) for s in ("load", "augment", "collate")}
+        base = {"device": 30.0}
+        base["augmented"] = base["device"] + cost["collate"]
+        base["raw"] = base["augmented"] + cost["augment"]
+        base["full"] = base["raw"] + cost["load"]
+        ms = {p: [t + rng.gauss(0, noise) for _ in range(n)] for p, t in base.items()}
+        v = decide(by_round(ms), BS, NO_HANDOFF)
+        seen.add(v.bottleneck)
+        assert_sentences_agree(v)
+        assert self_check({p: BS / t for p, t in v.fitted.items()}, v, 0, False) == []
+    assert {"tie", "none", "inconclusive", "augment", "load"} <= seen
+
+
+def assert_sentences_agree(v: Verdict) -> None:
+    """Every number a verdict's reason gives agrees with the verdict's own numbers, and
+    every claim holds on them: a lead called real exceeds its threshold, one within the
+    noise does not, a tie's costs are its stages', the bound of an inconclusive one is
+    over NONE_MAX_LOSS."""
+    cost = {s.stage: s for s in v.stages if s.status == "ok"}
+    leads = {lead.over: lead for lead in v.leads}
+    r = v.reason
+    for over, ms_, thr in re.findall(r"ahead of (\w+) by ([\d.]+) ms \(real above ([\d.]+) ms\)", r):
+        assert v.bottleneck == leads[over].stage and leads[over].real and float(ms_) > float(thr) - 0.05
+        assert float(ms_) == pytest.approx(leads[over].sec_per_batch * 1e3, abs=0.051)
+        assert float(thr) == pytest.approx(leads[over].threshold * 1e3, abs=0.051)
+    for top, over, ms_, thr in re.findall(r"(\w+)'s lead over (\w+), ([\d.]+) ms, is within the noise "
+                                          r"\(real above ([\d.]+) ms", r):
+        lead = leads[over]
+        assert lead.stage == top and not lead.real and float(ms_) <= float(thr) + 0.05
+        assert float(ms_) == pytest.approx(lead.sec_per_batch * 1e3, abs=0.051)
+        assert float(ms_) == pytest.approx((cost[top].sec_per_batch - cost[over].sec_per_batch) * 1e3, abs=0.051)
+    for stage, sigma in re.findall(r"(\w+)'s own cost is known only to ±([\d.]+) ms", r):
+        assert not cost[stage].significant and float(sigma) == pytest.approx(cost[stage].sigma * 1e3, abs=0.051)
+    head = r.split("; ")[0].split(": ", 1)[-1] if r.startswith("the pipeline") else r.split("; ")[0]
+    m = re.match(r"(.+), tied: (.+) ms per batch", head) or re.match(r"(\w+) leads, (.+) not ruled out: (.+) ms per batch",
+                                                                      head)
+    if m is not None and m.lastindex == 3:  # only the leader's cost is real
+        assert cost[v.tied[0]].significant and not any(cost[s].significant for s in v.tied[1:])
+        m = re.match(r"(.+)()", f"{m.group(1)}, {m.group(2)}"), m.group(3)
+        names, values = m[0].group(1).replace(" and ", ", ").split(", "), m[1].replace(" and ", ", ").split(", ")
+        assert tuple(names) == v.tied
+        assert [float(x) for x in values] == pytest.approx([cost[s].sec_per_batch * 1e3 for s in v.tied], abs=0.051)
+    elif v.bottleneck == "tie":
+        assert m, r
+        names = m.group(1).replace(" and ", ", ").split(", ")
+        values = m.group(2).replace(" and ", ", ").split(", ")
+        assert tuple(names) == v.tied
+        assert [float(x) for x in values] == pytest.approx([cost[s].sec_per_batch * 1e3 for s in v.tied], abs=0.051)
+    else:
+        assert m is None
+    up = re.search(r"up to (\d+)% at", r)
+    if up:
+        assert v.bottleneck == "inconclusive" and int(up.group(1)) == round(min(v.gap_upper / v.fitted["full"], 9.99) * 100)
+        assert v.gap_upper > NONE_MAX_LOSS * v.fitted["full"]
+    if v.bottleneck == "inconclusive":
+        assert not any(s.significant for s in v.stages)

@@ -40,10 +40,17 @@ if TYPE_CHECKING:  # pragma: no cover
 #       measured in the pipeline with its raw windows); in the advice's numbers, augment's
 #       parts (the costliest transforms, each with its remedy) and collate's
 #       own_work_ms_per_batch and stacking_ms_per_batch; isolated.load.split (load split
-#       into reading files and decoding on the same samples, reads.py); tune (--tune: the
-#       search of the loader's settings, the patch, the patched script's check; versioned
-#       on its own, TUNE_SCHEMA_VERSION).
-SCHEMA_VERSION = 1
+#       into reading files and decoding on the same samples, reads.py).
+#   2 - the noise from the paired rounds (issue 30): each window's `round`; the verdict
+#       `tie` with verdict.tied (the stages in question, costliest first) and
+#       verdict.leads (the costliest stage's lead over each other stage, its noise, the
+#       least lead that is real, real or not); verdict.gap_upper_ms and gap_rounds; per
+#       stage `rounds` (the rounds its noise was paired over). A document of schema 1 is
+#       still read: its windows have no round, so its noise is the windows', as it was
+#       decided. The `tune` section (--tune: the search of the loader's settings, the
+#       patch, the patched script's check) is versioned on its own, TUNE_SCHEMA_VERSION.
+SCHEMA_VERSION = 2
+READS = (1, 2)
 
 
 def to_dict(r: "Report") -> dict:
@@ -71,9 +78,15 @@ def to_dict(r: "Report") -> dict:
             "full_samples_per_sec": finite(full, 1),
             "ceiling": v.ceiling,
             "gap_noise_ms": ms(v.gap_sigma),
+            "gap_upper_ms": ms(v.gap_upper),
+            "gap_rounds": v.gap_rounds,
+            "tied": list(v.tied),
+            "leads": [{"stage": lead.stage, "over": lead.over, "ms_per_batch": ms(lead.sec_per_batch),
+                       "noise_ms": ms(lead.sigma), "threshold_ms": ms(lead.threshold), "real": lead.real,
+                       "rounds": lead.rounds} for lead in v.leads],
             "inconsistent": [dataclasses.asdict(i) for i in v.inconsistent],
         },
-        "points": [point_dict(p, v.fitted.get(p.point)) for p in r.points],
+        "points": [point_dict(p, v.fitted.get(p.point), r.measured_rate(p.point)) for p in r.points],
         "stages": [stage_dict(s, full) for s in v.stages],
         "advice": [f.to_dict() for f in r.advice],
         "loader": r.loader,
@@ -89,31 +102,12 @@ def to_dict(r: "Report") -> dict:
     }
 
 
-# Version of the `tune` section (--tune), within the document's own schema_version:
-#   1 - the search's record (results.Tuning: the space, the raw windows of each candidate's
-#       trial, why it stopped, the patch, the patched script's trial), and what was derived
-#       from it: tried (each candidate's outcome), best, at_ceiling, ceiling_speedup,
-#       summary, applied_outcome and agrees.
-TUNE_SCHEMA_VERSION = 1
-
-
-def tune_dict(r: "Report") -> dict:
-    """The document's `tune` section: {} without --tune."""
-    t, f = r.measurements.tune, r.tune
-    if t is None or f is None:
-        return {}
-    b = f.best
-    return {"schema_version": TUNE_SCHEMA_VERSION, **t.to_dict(),
-            "tried": [{"settings": x.settings, "item": x.item, **x.outcome.to_dict()} for x in f.tried],
-            "best": None if b is None else {"settings": b.settings, **b.outcome.to_dict()},
-            "at_ceiling": f.at_ceiling, "ceiling_speedup": f.ceiling_speedup, "summary": f.summary,
-            "applied_outcome": None if f.applied is None else f.applied.to_dict(), "agrees": f.agrees}
-
-
-def point_dict(p: PointResult, fitted_sec_per_batch: Optional[float] = None) -> dict:
+def point_dict(p: PointResult, fitted_sec_per_batch: Optional[float] = None,
+               measured: Optional[float] = None) -> dict:
     """`fitted_sec_per_batch`: the time the verdict uses (verdict.Verdict.fitted), which
-    the document shows as the point's throughput; the median of the windows stays beside
-    it as `measured_samples_per_sec`."""
+    the document shows as the point's throughput; the point's own rate before that fit
+    (`measured`: Diagnosis.measured_rate; the median of the windows by default) stays
+    beside it as `measured_samples_per_sec`."""
     tp = p.throughput
     shown = (fitted_sec_per_batch or tp.sec_per_batch) if tp is not None and p.status == "ok" else None
     return {
@@ -122,10 +116,10 @@ def point_dict(p: PointResult, fitted_sec_per_batch: Optional[float] = None) -> 
         "samples_per_sec": finite(tp.batch_size / shown, 1) if shown else None,
         "reason": p.reason,
         "ms_per_batch": ms(shown),
-        "measured_samples_per_sec": finite(tp.samples_per_sec, 1) if tp else None,
+        "measured_samples_per_sec": finite(measured or tp.samples_per_sec, 1) if tp else None,
         "iqr_samples_per_sec": finite(tp.iqr, 1) if tp else None,
         "rel_spread": finite(tp.rel_iqr, 4) if tp else None,
-        "windows": [{"steps": w.steps, "seconds": w.seconds} for w in tp.windows] if tp else [],
+        "windows": [_window(w) for w in tp.windows] if tp else [],
         "time_to_first_batch_s": finite(p.first_batch_seconds, 4),
         "warmup_steps": p.warmup_steps,
         "stopped_by_deadline": p.stopped_by_deadline,
@@ -138,6 +132,13 @@ def point_dict(p: PointResult, fitted_sec_per_batch: Optional[float] = None) -> 
         "pauses": p.pauses,
         "paused_seconds": p.paused_seconds,
     }
+
+
+def _window(w: Window) -> dict:
+    out = {"steps": w.steps, "seconds": w.seconds}
+    if w.round is not None:
+        out["round"] = w.round
+    return out
 
 
 def stage_dict(s: StageCost, full: Optional[float] = None) -> dict:
@@ -153,6 +154,7 @@ def stage_dict(s: StageCost, full: Optional[float] = None) -> dict:
         "between": [s.lower, s.upper] if s.lower else None,
         "includes": list(s.includes),
         "reason": s.reason,
+        "rounds": s.rounds,
     }
 
 
@@ -160,8 +162,9 @@ def measurements_of(doc: dict) -> Measurements:
     """The measurements a document holds (for `compare`, and Report.from_dict): points
     and windows, loader, cache, run, isolated timings, syncs, the check's windows and the
     notes seen while measuring; everything derived is derived again from them."""
-    if doc.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"unsupported schema_version {doc.get('schema_version')!r} (this tool reads {SCHEMA_VERSION})")
+    if doc.get("schema_version") not in READS:
+        raise ValueError(f"unsupported schema_version {doc.get('schema_version')!r} (this tool reads "
+                         f"{', '.join(map(str, READS))})")
     bs = doc["batch_size"]
     points = tuple(_point_of(p, bs) for p in doc["points"])
     m = Measurements(device=doc["device"], batch_size=bs, points=points,
@@ -182,7 +185,7 @@ def measurements_of(doc: dict) -> Measurements:
 
 
 def _point_of(p: dict, batch_size: float) -> PointResult:
-    wins = tuple(Window(int(w["steps"]), float(w["seconds"])) for w in p.get("windows", []))
+    wins = tuple(Window(int(w["steps"]), float(w["seconds"]), w.get("round")) for w in p.get("windows", []))
     return PointResult(
         point=p["point"], status=p["status"], throughput=Throughput(wins, batch_size) if wins else None,
         reason=p.get("reason"), first_batch_seconds=p.get("time_to_first_batch_s"),

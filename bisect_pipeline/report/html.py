@@ -101,7 +101,7 @@ def _fit(text: str, width: float) -> str:
 
 
 def _verdict_class(bottleneck: Optional[str]) -> str:
-    if bottleneck in STAGES:
+    if bottleneck in STAGES or bottleneck == "tie":
         return "named"
     if bottleneck in ("none", "inconclusive"):
         return bottleneck
@@ -264,10 +264,9 @@ def _drop_svg(d: _DropBox) -> list:
 
 def _legend(c: "plot_mod.Chart") -> str:
     legend = [f'<span><span class="swatch" style="background:{plot_mod.BAR_COLOR}"></span>samples/s at this point</span>']
-    top = next((d for d in c.drops if d.bottleneck), None)
-    if top is not None:
+    if any(d.bottleneck for d in c.drops):
         legend.append(f'<span><span class="swatch" style="background:{plot_mod.BOTTLENECK_COLOR}"></span>'
-                      f'lost to {_e(top.stage)}, the bottleneck</span>')
+                      f'lost to {_e(plot_mod.bottleneck_label(c))}</span>')
     if any(not d.bottleneck for d in c.drops):
         legend.append(f'<span><span class="swatch" style="background:{plot_mod.DROP_COLOR}"></span>'
                       f'lost to another stage</span>')
@@ -303,7 +302,7 @@ def stage_table(r: "Report") -> str:
                          "; ".join(note)])
         else:
             rows.append([s.stage, "-", "-", "-", f"{s.status}: {s.reason}" if s.reason else s.status])
-        classes.append("bottleneck" if s.stage == r.bottleneck else None)
+        classes.append("bottleneck" if s.stage in in_question(r.verdict) else None)
     return _table(["stage", "ms per batch added", "share of gap", "samples/s if free", "note"], rows, {1, 2, 3}, classes)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..verdict import POINTS
+from ..verdict import POINTS, in_question
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Report
@@ -70,7 +70,8 @@ def chart(report: "Report") -> Chart:
         lo, up = rates[s.lower], rates[s.upper]
         if up <= lo:  # the upstream point is as fast or faster: nothing lost here
             continue
-        drops.append(Drop("+".join(s.includes) or s.stage, s.lower, s.upper, lo, up, s.stage == report.bottleneck))
+        drops.append(Drop("+".join(s.includes) or s.stage, s.lower, s.upper, lo, up,
+                          s.stage in in_question(report.verdict)))
     return Chart(tuple(bars), tuple(drops), max(list(rates.values()) + [1.0]))
 
 
@@ -113,11 +114,20 @@ def plot(report: "Report", ax: Any = None) -> Any:
     ax.spines[["top", "right"]].set_visible(False)
     handles = [Patch(color=BAR_COLOR, label="samples/s at this point")]
     if any(d.bottleneck for d in c.drops):
-        b = next(d for d in c.drops if d.bottleneck)
-        handles.append(Patch(color=BOTTLENECK_COLOR, label=f"lost to {b.stage} (the bottleneck)"))
+        handles.append(Patch(color=BOTTLENECK_COLOR, label=f"lost to {bottleneck_label(c)}"))
     if any(not d.bottleneck for d in c.drops):
         handles.append(Patch(facecolor=DROP_COLOR, hatch="//", edgecolor="white", label="lost to other stages"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.16), ncols=len(handles), fontsize=8,
               frameon=False)
-    ax.set_title(f"bisect-pipeline: bottleneck {report.bottleneck or 'unknown'}", loc="left", fontsize=11)
+    tied = f" ({' and '.join(report.verdict.tied)})" if report.verdict.tied else ""
+    ax.set_title(f"bisect-pipeline: bottleneck {report.bottleneck or 'unknown'}{tied}", loc="left", fontsize=11)
     return fig
+
+
+def bottleneck_label(c: Chart) -> str:
+    """What the bottleneck's colour stands for: 'augment (the bottleneck)', or the stages
+    of a tie, 'load and augment (tied)'."""
+    names = [d.stage for d in c.drops if d.bottleneck]
+    if len(names) == 1:
+        return f"{names[0]} (the bottleneck)"
+    return ", ".join(names[:-1]) + " and " + names[-1] + " (tied)"

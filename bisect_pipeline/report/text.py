@@ -248,21 +248,22 @@ def _verdict_lines(r: "Report") -> list:
 
 
 def noise_text(sigma: Optional[float], unit: str = "") -> str:
-    """' (±0.76)' for a stage's noise; ' (noise unknown: too few windows)' without one."""
+    """' (±0.76)' for a stage's noise; ' (noise unknown: too few rounds)' without one (its points
+    measured together in fewer than 2 rounds; in a document of schema 1, 2 windows)."""
     if sigma is None:
         return ""
-    return f" (±{sigma * 1e3:.2f}{unit})" if math.isfinite(sigma) else " (noise unknown: too few windows)"
+    return f" (±{sigma * 1e3:.2f}{unit})" if math.isfinite(sigma) else " (noise unknown: too few rounds)"
 
 
 def _pooled_note(r: "Report", name: str, rate: Optional[float]) -> str:
     """When the shown rate is not the point's own median (verdict.decide pooled it with
     a neighbour that measured faster within the noise), say so and give the median."""
-    tp = r.throughput(name)
-    if rate is None or tp is None or abs(tp.samples_per_sec - rate) <= 0.005 * rate:
+    own = r.measured_rate(name)
+    if rate is None or own is None or abs(own - rate) <= 0.005 * rate:
         return ""
     t = r.verdict.fitted.get(name)
     with_ = [p for p, u in r.verdict.fitted.items() if p != name and abs(u - t) <= 1e-12 * t]
-    return f"; measured {tp.samples_per_sec:,.1f}, within noise of {', '.join(with_)}"
+    return f"; measured {own:,.1f}, within noise of {', '.join(with_)}"
 
 
 def _time_to_verdict(r: "Report") -> Optional[str]:

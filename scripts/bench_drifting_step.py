@@ -1,0 +1,98 @@
+"""Step-bound pipelines whose step drifts: the verdict must be `none`, never a stage.
+
+Issue 30's case: a large MLP whose step is memory-bound, over data already in memory
+(a TensorDataset), drifted between 79 and 134 ms per step within one quiet run, and the
+tool once called it `load`, 12.8 ms per batch, 12% of the loop. The true input cost is
+under 1 ms per batch (indexing a tensor and stacking it).
+
+Cases (CPU, the step on torch's default threads):
+
+- `mlp`: 2048 -> 4096 -> 4096 -> 10 MLP, batch 128 over a 2048x2048 TensorDataset,
+  num_workers=0: a step of about 100 ms dominated by moving the weights through memory;
+- `convnet`: a 4-layer 64-channel CNN on 3x96x96 tensors in memory (batch 32), with
+  num_workers=2: its activations are memory-bound too, and the workers only index and
+  stack tensors (their handoff, shared memory, costs well under a millisecond per batch).
+
+Expectation, written before running (hand measurement: the input side of both, a loop
+of `next(iter(loader))` without the step, takes under 1 ms per batch, against a step of
+about 100 ms): `none` in every run; `inconclusive` would be an honest miss (the drift
+too large to bound the loss under 10%), a stage a wrong answer.
+
+Each run is `bisect(model, loader, max_seconds=S, verify_seconds=0)` in this process
+(the advice's check has nothing to check on a step-bound pipeline).
+
+    flock /tmp/cpu.lock python scripts/bench_drifting_step.py [--runs 10] [--cases mlp,convnet] [--max-seconds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import torch
+from torch import nn
+
+from bisect_pipeline import bisect
+
+
+def mlp():
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(2048, 2048, generator=g), torch.randint(0, 10, (2048,), generator=g))
+    model = nn.Sequential(nn.Linear(2048, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 10))
+    return model, torch.utils.data.DataLoader(data, batch_size=128, shuffle=True, num_workers=0)
+
+
+def convnet():
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(512, 3, 96, 96, generator=g), torch.randint(0, 10, (512,), generator=g))
+    layers = []
+    for c_in in (3, 64, 64, 64):
+        layers += [nn.Conv2d(c_in, 64, 3, padding=1), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+    return model, torch.utils.data.DataLoader(data, batch_size=32, shuffle=True, num_workers=2)
+
+
+CASES = {"mlp": mlp, "convnet": convnet}
+
+
+def input_ms(loader, n: int = 20) -> float:
+    """The input side alone: ms per batch of the loader without the step."""
+    it = iter(loader)
+    next(it)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        try:
+            next(it)
+        except StopIteration:
+            it = iter(loader)
+            next(it)
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--cases", default="mlp,convnet")
+    ap.add_argument("--max-seconds", type=float, default=30.0)
+    args = ap.parse_args()
+    for name in args.cases.split(","):
+        model, loader = CASES[name]()
+        print(f"== {name}: the input side alone {input_ms(loader):.2f} ms per batch", flush=True)
+        counts: collections.Counter = collections.Counter()
+        for i in range(args.runs):
+            t0 = time.perf_counter()
+            r = bisect(model, loader, max_seconds=args.max_seconds, verify_seconds=0)
+            v = r.verdict
+            t_full = v.fitted.get("full")
+            counts[r.bottleneck] += 1
+            real = [s.stage for s in v.stages if s.status == "ok" and s.significant]
+            print(f"run {i + 1}: {r.bottleneck:12s} loss {v.input_bound_fraction * 100:5.1f}% (up to "
+                  f"{(v.gap_upper or 0) / t_full * 100:5.1f}%), step {r.rate('device') and r.batch_size / r.rate('device') * 1e3:.1f} "
+                  f"ms, {r.run.rounds} rounds, settled {r.run.settled}, verdict after {r.run.verdict_s:.1f} s, "
+                  f"wall {time.perf_counter() - t0:.1f} s, real stages {real}", flush=True)
+        print(f"{name}: " + ", ".join(f"{k} {n}" for k, n in counts.most_common()) + f" of {args.runs}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Each stage's cost on MNIST-sized samples against a hand-measured counterfactual.
+
+torchvision's MNIST (its idx files generated: 6,000 random 28x28 digits), ToTensor +
+Normalize, batch 128, num_workers 0, a small step (the pytorch/examples VAE's
+784-400-20-400-784 network and its loss, Adam). Issue 30: on such samples the `raw`
+point's replay (recorded inputs copied, proxied transforms: 10-35 us a sample) landed
+in augment and came off load (a VAE example: augment 7.3 ms per batch in the pipeline
+against 3.8 timed alone, load 0.3 against 1.3).
+
+The hand counterfactual: the same DataLoader settings and step, four variants, each
+timed over `--batches` batches, in alternating order over `--pairs` rounds:
+
+- full: the dataset as it is (MNIST.__getitem__: Image.fromarray, then the transform);
+- no load: the PIL images built once, the transform in __getitem__;
+- no augment: the transformed samples built once;
+- no collate: the collated batches built once (the step and the loop alone).
+
+A stage's hand cost is the median over rounds of (its variant with it - without it).
+The tool's is `bisect()`'s stage cost (max_seconds 30, the advice's check off). Target:
+each within 15% or 0.3 ms per batch of the hand's.
+
+Expectation, written before running (hand estimate from the per-sample costs: load
+~30 us a sample, ToTensor + Normalize ~60-170 us on this machine): load ~4 ms per
+batch, augment ~10-20 ms, collate ~1 ms.
+
+    flock /tmp/cpu.lock python scripts/bench_mnist_costs.py [--runs 2] [--pairs 7] [--batches 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from bench_public_scripts import write_mnist
+from bisect_pipeline import Workload, bisect
+
+BATCH = 128
+
+
+class VAE(nn.Module):
+    """pytorch/examples vae/main.py's network."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc21, self.fc22 = nn.Linear(784, 400), nn.Linear(400, 20), nn.Linear(400, 20)
+        self.fc3, self.fc4 = nn.Linear(20, 400), nn.Linear(400, 784)
+
+    def forward(self, x):
+        h = F.relu(self.fc1(x.view(-1, 784)))
+        mu, logvar = self.fc21(h), self.fc22(h)
+        z = mu + torch.randn_like(logvar) * torch.exp(0.5 * logvar)
+        return torch.sigmoid(self.fc4(F.relu(self.fc3(z)))), mu, logvar
+
+
+def make_step(model, optimizer):
+    def step(batch):
+        x, _ = batch
+        optimizer.zero_grad(set_to_none=True)
+        recon, mu, logvar = model(x)
+        bce = F.binary_cross_entropy(recon, x.view(-1, 784).clamp(0, 1), reduction="sum")
+        kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+        (bce + kld).backward()
+        optimizer.step()
+    return step
+
+
+class Listed(torch.utils.data.Dataset):
+    def __init__(self, items, transform=None):
+        self.items, self.transform = items, transform
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        x, y = self.items[i]
+        return (self.transform(x) if self.transform else x), y
+
+
+def variants(dataset):
+    """The four loaders (or batch lists) of the counterfactual."""
+    from PIL import Image
+
+    n = 8 * BATCH  # as many samples as the tool caches
+    pil = [(Image.fromarray(dataset.data[i].numpy(), mode="L"), int(dataset.targets[i])) for i in range(n)]
+    done = [(dataset.transform(x), y) for x, y in pil]
+    batches = list(torch.utils.data.DataLoader(Listed(done), batch_size=BATCH))
+    loader = lambda ds: torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True)  # noqa: E731
+    return {"full": loader(dataset), "no load": loader(Listed(pil, dataset.transform)), "no augment": loader(Listed(done)),
+            "no collate": batches}
+
+
+def time_variant(source, step, batches: int) -> float:
+    it = iter(source)
+    for _ in range(2):  # warm-up
+        step(next(it))
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        try:
+            b = next(it)
+        except StopIteration:
+            it = iter(source)
+            b = next(it)
+        step(b)
+    return (time.perf_counter() - t0) / batches * 1e3
+
+
+def hand(dataset, step, pairs: int, batches: int) -> dict:
+    v = variants(dataset)
+    names = list(v)
+    diffs: dict = {"load": [], "augment": [], "collate": []}
+    for k in range(pairs):
+        order = names if k % 2 == 0 else names[::-1]
+        t = {name: time_variant(v[name], step, batches) for name in order}
+        diffs["load"].append(t["full"] - t["no load"])
+        diffs["augment"].append(t["no load"] - t["no augment"])
+        diffs["collate"].append(t["no augment"] - t["no collate"])
+    return {s: statistics.median(d) for s, d in diffs.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=7)
+    ap.add_argument("--batches", type=int, default=20)
+    ap.add_argument("--max-seconds", type=float, default=30.0)
+    args = ap.parse_args()
+    from torchvision import datasets, transforms
+
+    root = tempfile.mkdtemp(prefix="mnist-")
+    write_mnist(root)
+    transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
+    dataset = datasets.MNIST(root, train=True, download=False, transform=transform)
+    torch.manual_seed(0)
+    model = VAE()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    step = make_step(model, optimizer)
+    print(f"{'run':>3}  {'stage':8} {'hand':>7} {'tool':>7} {'tool noise':>10}  within", flush=True)
+    for run in range(args.runs):
+        by_hand = hand(dataset, step, args.pairs, args.batches)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True)
+        r = bisect(workload=Workload(model=model, loader=loader, optimizer=optimizer, step=step),
+                   max_seconds=args.max_seconds, verify_seconds=0)
+        for s in ("load", "augment", "collate"):
+            c = r.stage(s)
+            tool = None if c.sec_per_batch is None else c.sec_per_batch * 1e3
+            ok = tool is not None and (abs(tool - by_hand[s]) <= 0.3 or abs(tool - by_hand[s]) <= 0.15 * abs(by_hand[s]))
+            noise = "-" if c.sigma is None else f"±{c.sigma * 1e3:.2f}"
+            print(f"{run + 1:>3}  {s:8} {by_hand[s]:7.2f} {tool if tool is not None else float('nan'):7.2f} "
+                  f"{noise:>10}  {'yes' if ok else 'NO'}", flush=True)
+        print(f"     verdict {r.bottleneck} ({r.run.rounds} rounds, settled {r.run.settled})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,470 @@
+"""Verdicts on public training pipelines, against their hand-measured counterfactuals.
+
+Issue 30's benchmark: pipelines as their authors wrote them (datasets, transforms and
+loader settings of public repositories, on data generated here), each run `--runs` times
+at `--max-seconds 60` on the CPU. A verdict is an answer when it names a stage, a tie or
+`none`; it is right when it agrees with the hand counterfactual below; `inconclusive` is
+not an answer but not wrong.
+
+Cases (the pipeline as written; the step the authors' model where it is light on 2 CPU
+cores, else a small torchvision/timm/MONAI model, named):
+
+- `mnist`: pytorch/examples mnist/main.py: MNIST (idx files generated, 6,000 digits),
+  ToTensor + Normalize, batch 64, no workers; its Net, Adadelta, nll_loss.
+- `vae`: pytorch/examples vae/main.py: MNIST with ToTensor, batch 128; its VAE and loss.
+- `dcgan`: pytorch/examples dcgan/main.py's `--dataset folder` pipeline: ImageFolder,
+  Resize(64), CenterCrop(64), ToTensor, Normalize(0.5), batch 64, 2 workers; its
+  Generator and Discriminator with ngf = ndf = 16, both stepped per batch.
+- `imagenet`: pytorch/examples imagenet/main.py's train pipeline: ImageFolder,
+  RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize; batch 32, 2
+  workers; MobileNetV3-small.
+- `preset`: torchvision references/classification ClassificationPresetTrain(crop_size=176,
+  auto_augment_policy="ta_wide", random_erase_prob=0.1) (the recipe's TrivialAugmentWide
+  setting), ImageFolder, batch 32, 2 workers; MobileNetV3-small.
+- `timm`: timm.data.create_transform(160, is_training=True, auto_augment
+  "rand-m9-mstd0.5", re_prob 0.25, bicubic: timm's ImageNet recipe) over timm.data.ImageDataset, batch 32,
+  2 workers; timm mobilenetv3_small_050.
+- `monai`: Project-MONAI/tutorials 2d_classification/mednist_tutorial: its
+  MedNISTDataset (transforms called with the file name) and train transforms
+  (LoadImage, EnsureChannelFirst, ScaleIntensity, RandRotate, RandFlip, RandZoom) over
+  64x64 grey PNGs, batch 32 (the tutorial: 300), 2 workers (10); MONAI DenseNet121.
+- `albumentations`: the albumentations classification example's dataset (cv2.imread,
+  cvtColor, transform(image=...)["image"]) and transforms (SmallestMaxSize(160),
+  ShiftScaleRotate, RandomCrop(128), RGBShift, RandomBrightnessContrast, Normalize,
+  ToTensorV2), batch 32, 2 workers; MobileNetV3-small.
+- `mlp`: step-bound: a 2048-4096-4096-10 MLP over a TensorDataset in memory (batch 128,
+  no workers): `none`.
+
+The hand counterfactual (`--hand`), before the tool runs: the same loader settings and
+step, in alternating order over `--pairs` rounds of `--batches` batches: the pipeline as
+it is; the same samples' raw items (what __getitem__ has before its transform) cached
+and the transform run on them; the transformed samples cached; the collated batches
+cached (the step alone). load = full - no load, augment = no load - no augment, the rest
+(collate and handoff) = no augment - step alone, each the median over rounds. Expected:
+`none` when the gap (full - step alone) is under 10% of full; else the costliest stage,
+with the runner-up also accepted (or a tie of both) when it is within 25% of it.
+
+Expectations from the hand runs (2026-11-26, this 2-core machine, filled in before the
+tool ran; ms per batch: load / augment / rest / full, step alone):
+
+    (see the table printed by --hand; copied into docs/benchmarks.md)
+
+    flock /tmp/cpu.lock python scripts/bench_public_pipelines.py --hand [--only mnist,vae]
+    flock /tmp/cpu.lock python scripts/bench_public_pipelines.py --only mnist --runs 3 --expect augment
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import struct
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+DATA = os.environ.get("BENCH_DATA", os.path.join(tempfile.gettempdir(), "bench-public-pipelines"))
+
+
+# --------------------------------------------------------------------------------------
+# Data, generated once
+# --------------------------------------------------------------------------------------
+
+
+def mnist_root() -> str:
+    from bench_public_scripts import write_mnist
+
+    root = os.path.join(DATA, "mnist")
+    if not os.path.exists(os.path.join(root, "MNIST", "raw", "train-images-idx3-ubyte")):
+        write_mnist(root)
+    return root
+
+
+def jpeg_root(n: int = 256) -> str:
+    from bench_inside_stage import write_jpegs
+
+    root = os.path.join(DATA, "jpegs")
+    if not os.path.isdir(root):
+        write_jpegs(root, n)
+    return root
+
+
+def png_files(n: int = 600) -> tuple:
+    from PIL import Image
+
+    root = os.path.join(DATA, "mednist")
+    rng = np.random.default_rng(0)
+    files, labels = [], []
+    os.makedirs(root, exist_ok=True)
+    for i in range(n):
+        path = os.path.join(root, f"{i}.png")
+        if not os.path.exists(path):
+            Image.fromarray(rng.integers(0, 256, (64, 64), dtype=np.uint8), mode="L").save(path)
+        files.append(path)
+        labels.append(i % 6)
+    return files, labels
+
+
+# --------------------------------------------------------------------------------------
+# The pipelines: (workload, raw items, apply) -- raw(i): what __getitem__ holds before
+# its transform; apply(x): the transform as __getitem__ calls it
+# --------------------------------------------------------------------------------------
+
+
+def _examples_module(path: str, name: str, argv: list):
+    """A pytorch/examples script's module (EXAMPLES: a checkout), imported with `argv`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.environ["EXAMPLES"], path))
+    mod = importlib.util.module_from_spec(spec)
+    saved = sys.argv
+    sys.argv = [path] + argv
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.argv = saved
+    return mod
+
+
+def _image_pair(ds, i):
+    path, target = ds.samples[i]
+    return ds.loader(path), target
+
+
+def case_mnist():
+    from torchvision import datasets, transforms
+
+    from bisect_pipeline import Workload
+
+    net = _examples_module("mnist/main.py", "mnist_main", []).Net
+    transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
+    ds = datasets.MNIST(mnist_root(), train=True, download=False, transform=transform)
+    torch.manual_seed(1)
+    model = net()
+    wl = Workload(model=model, loader=torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True),
+                  optimizer=torch.optim.Adadelta(model.parameters(), lr=1.0), loss_fn=F.nll_loss)
+    return wl, lambda i: _mnist_raw(ds, i), transform
+
+
+def _mnist_raw(ds, i):
+    from PIL import Image
+
+    return Image.fromarray(ds.data[i].numpy(), mode="L"), int(ds.targets[i])
+
+
+def case_vae():
+    from torchvision import datasets, transforms
+
+    from bench_mnist_costs import VAE, make_step
+    from bisect_pipeline import Workload
+
+    ds = datasets.MNIST(mnist_root(), train=True, download=False, transform=transforms.ToTensor())
+    torch.manual_seed(1)
+    model = VAE()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    wl = Workload(model=model, loader=torch.utils.data.DataLoader(ds, batch_size=128, shuffle=True), optimizer=opt,
+                  step=make_step(model, opt))
+    return wl, lambda i: _mnist_raw(ds, i), ds.transform
+
+
+def _folder(transform):
+    from torchvision import datasets
+
+    return datasets.ImageFolder(jpeg_root(), transform=transform)
+
+
+def _classifier(ds, batch_size: int, model: nn.Module, workers: int = 2):
+    from bisect_pipeline import Workload
+
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers)
+    return Workload(model=model, loader=loader, optimizer=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
+
+
+def _mobilenet(classes: int = 2) -> nn.Module:
+    from torchvision.models import mobilenet_v3_small
+
+    torch.manual_seed(0)
+    return mobilenet_v3_small(num_classes=classes)
+
+
+def case_dcgan():
+    from torchvision import transforms
+
+    from bisect_pipeline import Workload
+
+    transform = transforms.Compose([transforms.Resize(64), transforms.CenterCrop(64), transforms.ToTensor(),
+                                    transforms.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
+    ds = _folder(transform)
+    torch.manual_seed(0)
+    from bench_public_scripts import dcgan
+
+    wl = dcgan("--ngf", "16", "--ndf", "16")  # its networks and loop body; the folder pipeline below
+    loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True, num_workers=2)
+    return Workload(model=wl.model, loader=loader, step=wl.step), lambda i: _image_pair(ds, i), transform
+
+
+def case_imagenet():
+    from torchvision import transforms
+
+    normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    transform = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                                    transforms.ToTensor(), normalize])
+    ds = _folder(transform)
+    return _classifier(ds, 32, _mobilenet()), lambda i: _image_pair(ds, i), transform
+
+
+def case_preset():
+    import torchvision.transforms as T
+
+    transform = T.Compose([  # ClassificationPresetTrain(crop_size=176, auto_augment_policy="ta_wide", random_erase_prob=0.1)
+        T.RandomResizedCrop(176, interpolation=T.InterpolationMode.BILINEAR), T.RandomHorizontalFlip(0.5),
+        T.TrivialAugmentWide(interpolation=T.InterpolationMode.BILINEAR), T.PILToTensor(),
+        T.ConvertImageDtype(torch.float), T.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
+        T.RandomErasing(p=0.1)])
+    ds = _folder(transform)
+    return _classifier(ds, 32, _mobilenet()), lambda i: _image_pair(ds, i), transform
+
+
+def case_timm():
+    import timm
+    from timm.data import ImageDataset, create_transform
+
+    transform = create_transform(160, is_training=True, auto_augment="rand-m9-mstd0.5", re_prob=0.25,
+                                 interpolation="bicubic")
+    ds = ImageDataset(jpeg_root(), transform=transform)
+    torch.manual_seed(0)
+    model = timm.create_model("mobilenetv3_small_050", num_classes=2)
+
+    def raw(i):
+        from PIL import Image
+
+        path, target = ds.reader[i]
+        return Image.open(path).convert("RGB"), target
+    return _classifier(ds, 32, model), raw, transform
+
+
+class MedNISTDataset(torch.utils.data.Dataset):
+    """The MONAI tutorial's dataset, as written there."""
+
+    def __init__(self, image_files, labels, transforms):
+        self.image_files = image_files
+        self.labels = labels
+        self.transforms = transforms
+
+    def __len__(self):
+        return len(self.image_files)
+
+    def __getitem__(self, index):
+        return self.transforms(self.image_files[index]), self.labels[index]
+
+
+def case_monai():
+    from monai.networks.nets import DenseNet121
+    from monai.transforms import Compose, EnsureChannelFirst, LoadImage, RandFlip, RandRotate, RandZoom, ScaleIntensity
+
+    transform = Compose([LoadImage(image_only=True), EnsureChannelFirst(), ScaleIntensity(),
+                         RandRotate(range_x=np.pi / 12, prob=0.5, keep_size=True), RandFlip(spatial_axis=0, prob=0.5),
+                         RandZoom(min_zoom=0.9, max_zoom=1.1, prob=0.5)])
+    files, labels = png_files()
+    ds = MedNISTDataset(files, labels, transform)
+    torch.manual_seed(0)
+    model = DenseNet121(spatial_dims=2, in_channels=1, out_channels=6)
+    return _classifier(ds, 32, model), lambda i: (files[i], labels[i]), transform
+
+
+class AlbumentationsDataset(torch.utils.data.Dataset):
+    """The albumentations classification example's dataset, as written there."""
+
+    def __init__(self, images_filepaths, transform=None):
+        self.images_filepaths = images_filepaths
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.images_filepaths)
+
+    def __getitem__(self, idx):
+        import cv2
+
+        image_filepath = self.images_filepaths[idx]
+        image = cv2.imread(image_filepath)
+        image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+        label = 1.0 if "class1" in image_filepath else 0.0
+        if self.transform is not None:
+            image = self.transform(image=image)["image"]
+        return image, int(label)
+
+
+def case_albumentations():
+    import albumentations as A
+    import cv2
+    from albumentations.pytorch import ToTensorV2
+
+    transform = A.Compose([A.SmallestMaxSize(max_size=160), A.ShiftScaleRotate(shift_limit=0.05, scale_limit=0.05,
+                                                                               rotate_limit=15, p=0.5),
+                           A.RandomCrop(height=128, width=128), A.RGBShift(r_shift_limit=15, g_shift_limit=15,
+                                                                           b_shift_limit=15, p=0.5),
+                           A.RandomBrightnessContrast(p=0.5), A.Normalize(mean=(0.485, 0.456, 0.406),
+                                                                          std=(0.229, 0.224, 0.225)), ToTensorV2()])
+    root = jpeg_root()
+    paths = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs if f.endswith(".jpg"))
+    ds = AlbumentationsDataset(paths, transform)
+
+    def raw(i):
+        image = cv2.cvtColor(cv2.imread(paths[i]), cv2.COLOR_BGR2RGB)
+        return image, 1 if "class1" in paths[i] else 0
+    return _classifier(ds, 32, _mobilenet()), raw, lambda image: transform(image=image)["image"]
+
+
+def case_mlp():
+    from bench_drifting_step import mlp
+
+    from bisect_pipeline import Workload
+
+    model, loader = mlp()
+    ds = loader.dataset
+    return Workload(model=model, loader=loader), lambda i: tuple(ds[i]), None
+
+
+CASES = {"mnist": case_mnist, "vae": case_vae, "dcgan": case_dcgan, "imagenet": case_imagenet, "preset": case_preset,
+         "timm": case_timm, "monai": case_monai, "albumentations": case_albumentations, "mlp": case_mlp}
+
+
+# --------------------------------------------------------------------------------------
+# The hand counterfactual
+# --------------------------------------------------------------------------------------
+
+
+def Cached(items, apply=None):
+    """(x, y) items, `apply` run on x in __getitem__ (bench_mnist_costs.Listed)."""
+    from bench_mnist_costs import Listed
+
+    return Listed(items, apply)
+
+
+def _like(loader, ds):
+    return torch.utils.data.DataLoader(ds, batch_size=loader.batch_size, shuffle=True, num_workers=loader.num_workers,
+                                       collate_fn=loader.collate_fn, persistent_workers=loader.num_workers > 0)
+
+
+def _time(source, step, batches: int, it_holder: dict, name: str) -> float:
+    fresh = name not in it_holder
+    it = it_holder[name] = it_holder.get(name) or iter(source)
+
+    def nxt():
+        nonlocal it
+        try:
+            return next(it)
+        except StopIteration:  # an epoch's end: the workers persist
+            it = it_holder[name] = iter(source)
+            return next(it)
+    for _ in range(2 + 2 * getattr(source, "num_workers", 0) if fresh else 1):
+        step(nxt())
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        step(nxt())
+    return (time.perf_counter() - t0) / batches * 1e3
+
+
+def hand(name: str, pairs: int, batches: int) -> dict:
+    from bisect_pipeline.step import make_step
+
+    wl, raw, apply = CASES[name]()
+    loader = wl.loader
+    step = make_step(wl.model, wl.optimizer or torch.optim.SGD(wl.model.parameters(), lr=0.01), wl.loss_fn, wl.step)
+    n = min(len(loader.dataset), 8 * loader.batch_size)
+    items = [raw(i) for i in range(n)]
+    done = [(apply(x) if apply is not None else x, y) for x, y in items]
+    batches_cached = list(torch.utils.data.DataLoader(Cached(done), batch_size=loader.batch_size,
+                                                      collate_fn=loader.collate_fn))
+    variants = {"full": loader, "no load": _like(loader, Cached(items, apply)), "no augment": _like(loader, Cached(done)),
+                "step alone": batches_cached}
+    its: dict = {}
+    rounds = {k: [] for k in variants}
+    for k in range(pairs):
+        for v in (list(variants) if k % 2 == 0 else list(variants)[::-1]):
+            rounds[v].append(_time(variants[v], step, batches, its, v))
+    for it in its.values():
+        getattr(it, "_shutdown_workers", lambda: None)()
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    cost = {"load": med([a - b for a, b in zip(rounds["full"], rounds["no load"])]),
+            "augment": med([a - b for a, b in zip(rounds["no load"], rounds["no augment"])]),
+            "rest": med([a - b for a, b in zip(rounds["no augment"], rounds["step alone"])])}
+    full, alone = med(rounds["full"]), med(rounds["step alone"])
+    ranked = sorted(cost, key=cost.get, reverse=True)
+    if full - alone < 0.10 * full:
+        expected = ["none"]
+    else:
+        expected = [ranked[0]] + ([ranked[1]] if cost[ranked[1]] >= 0.75 * cost[ranked[0]] else [])
+    return {"case": name, "full_ms": full, "step_alone_ms": alone, **{f"{s}_ms": c for s, c in cost.items()},
+            "expected": expected}
+
+
+# --------------------------------------------------------------------------------------
+# The tool
+# --------------------------------------------------------------------------------------
+
+
+def right(doc: dict, expected: list) -> str:
+    """'right', 'wrong' or 'no answer' (inconclusive) for a verdict against the hand's."""
+    b = doc["bottleneck"]
+    names = {"rest": ("collate", "handoff")}
+    ok = {s for e in expected for s in names.get(e, (e,))}
+    if b == "inconclusive" or b is None:
+        return "no answer"
+    if b == "tie":
+        return "right" if doc["verdict"]["tied"][0] in ok or set(doc["verdict"]["tied"]) <= ok else "wrong"
+    return "right" if b in ok else "wrong"
+
+
+def tool(name: str, runs: int, max_seconds: float, expected: list, out: str) -> list:
+    from bisect_pipeline import bisect
+
+    rows = []
+    for k in range(runs):
+        wl, _, _ = CASES[name]()
+        t0 = time.perf_counter()
+        r = bisect(workload=wl, max_seconds=max_seconds)
+        doc = r.to_dict()
+        path = os.path.join(out, f"{name}-{k + 1}.json")
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        verdict = doc["bottleneck"] + (f" ({', '.join(doc['verdict']['tied'])})" if doc["bottleneck"] == "tie" else "")
+        costs = ", ".join(f"{s['stage']} {s['ms_per_batch']:.1f}" for s in doc["stages"] if s["status"] == "ok")
+        rows.append({"case": name, "run": k + 1, "verdict": verdict, "expected": "/".join(expected),
+                     "judged": right(doc, expected), "rounds": doc["run"]["rounds"], "settled": doc["run"]["settled"],
+                     "verdict_s": doc["run"]["verdict_s"], "wall_s": round(time.perf_counter() - t0, 1), "costs": costs})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=",".join(CASES))
+    ap.add_argument("--hand", action="store_true", help="the hand counterfactual only")
+    ap.add_argument("--expect", default=None, help="the expected stage(s), '/'-separated (from --hand)")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--batches", type=int, default=12)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--max-seconds", type=float, default=60.0)
+    ap.add_argument("--out", default=os.path.join(DATA, "reports"))
+    args = ap.parse_args()
+    os.environ.setdefault("EXAMPLES", "/tmp/examples")
+    os.makedirs(args.out, exist_ok=True)
+    for name in args.only.split(","):
+        if args.hand:
+            print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in
+                              hand(name, args.pairs, args.batches).items()}), flush=True)
+        else:
+            tool(name, args.runs, args.max_seconds, (args.expect or "").split("/"), args.out)
+
+
+if __name__ == "__main__":
+    main()
