@@ -116,6 +116,12 @@ class Diagnosis:
         p = next((p for p in self.points if p.point == name), None)
         return p.throughput if p is not None and p.status == "ok" else None
 
+    def sigma(self, name: str) -> Optional[float]:
+        """A point's own standard error of seconds per batch as the verdict weighs it (the
+        ordered fit's weight: stats.Noise.point_sigma), else None."""
+        noise = self.verdict.noise
+        return noise.point_sigma(name) if noise is not None and name in noise.mu else None
+
     def drop_sigma(self, upper: str, lower: str) -> Optional[float]:
         """The noise of t(lower) - t(upper) as the verdict weighs it (stats.Noise: from
         the per-round differences), else None."""

@@ -133,13 +133,11 @@ def test_with_tune_an_undecided_verdict_stops_at_the_settle_deadline_after_the_m
     # the same inconclusive run under --tune (settle_undecided): the search needs the
     # ceiling and the stage costs, not a named stage, so the rounds after the minimum
     # leave it its share; the minimum rounds themselves had the whole budget
-    jitter = {n: 0.4 for n in DOWN}
-    run, seen, clock = make_run(monkeypatch, {n: 40.0 for n in DOWN}, jitter=jitter, max_seconds=17.5,
-                                settle_deadline=11.0)
+    run, seen, clock = make_run(monkeypatch, DRIFT, max_seconds=25.5, settle_deadline=16.0)
     run.settle_undecided = True
     info = measure(run, POINTS)
     assert run.decide().bottleneck == "inconclusive" and info["rounds"] >= run.plan.min_rounds
-    assert clock.t <= 11.0 and all(deadline <= 11.0 for _, deadline in seen[2 * len(DOWN):])
+    assert clock.t <= 16.0 and all(deadline <= 16.0 for _, deadline in seen[run.plan.min_rounds * len(DOWN):])
 
 
 def test_a_round_cut_short_keeps_what_the_earlier_round_measured(monkeypatch):

@@ -102,6 +102,27 @@ def to_dict(r: "Report") -> dict:
     }
 
 
+# Version of the `tune` section (--tune), within the document's own schema_version:
+#   1 - the search's record (results.Tuning: the space, the raw windows of each candidate's
+#       trial, why it stopped, the patch, the patched script's trial), and what was derived
+#       from it: tried (each candidate's outcome), best, at_ceiling, ceiling_speedup,
+#       summary, applied_outcome and agrees.
+TUNE_SCHEMA_VERSION = 1
+
+
+def tune_dict(r: "Report") -> dict:
+    """The document's `tune` section: {} without --tune."""
+    t, f = r.measurements.tune, r.tune
+    if t is None or f is None:
+        return {}
+    b = f.best
+    return {"schema_version": TUNE_SCHEMA_VERSION, **t.to_dict(),
+            "tried": [{"settings": x.settings, "item": x.item, **x.outcome.to_dict()} for x in f.tried],
+            "best": None if b is None else {"settings": b.settings, **b.outcome.to_dict()},
+            "at_ceiling": f.at_ceiling, "ceiling_speedup": f.ceiling_speedup, "summary": f.summary,
+            "applied_outcome": None if f.applied is None else f.applied.to_dict(), "agrees": f.agrees}
+
+
 def point_dict(p: PointResult, fitted_sec_per_batch: Optional[float] = None,
                measured: Optional[float] = None) -> dict:
     """`fitted_sec_per_batch`: the time the verdict uses (verdict.Verdict.fitted), which
