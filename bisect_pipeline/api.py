@@ -18,6 +18,7 @@ from .plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Plan
 from .report import Report
 from .report.ranks import combine
 from .verdict import POINTS
+from .tune import TUNE_SHARE
 from .verify import VERIFY_SHARE
 from .visit import drive_all
 from .workload import Workload, validate
@@ -50,6 +51,7 @@ def bisect(
     verify_seconds: Optional[float] = None,
     plan: Optional[Plan] = None,
     hold_allocator: bool = True,
+    tune: bool = False,
     progress: Optional[Callable[[dict], None]] = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Report:
@@ -63,7 +65,7 @@ def bisect(
     dev = devices.resolve(device)
     options = Options(check_options(points, max_seconds=max_seconds, cache_mb=cache_mb, cache_batches=cache_batches,
                                     step_timeout=step_timeout, verify_seconds=verify_seconds),
-                      max_seconds, cache_mb, cache_batches, step_timeout, verify_seconds, plan, hold_allocator)
+                      max_seconds, cache_mb, cache_batches, step_timeout, verify_seconds, plan, hold_allocator, tune)
     coord = distributed.Coordinator.current()  # None unless a process group of 2+ ranks is up
     if coord is not None:
         coord.watch(wl.model)
@@ -104,11 +106,16 @@ def start(spec: loader_mod.LoaderSpec, dev: torch.device, options: Options, *, c
     start_t = clock()
     m = options.max_seconds
     room = 0.0 if coord else isolate.budget(m)  # for the isolated timings
-    # the verification's share is kept from the rounds that only settle the verdict
-    keep = VERIFY_SHARE * m if coord is None and options.verify_seconds is None else 0.0
+    # the verification's share (and the search's, with tune) is kept from the rounds that
+    # only settle the verdict; with tune, an inconclusive one too (the search needs the
+    # ceiling and the stage costs, not a named stage: an undecided verdict would otherwise
+    # take all of it)
+    share = TUNE_SHARE if options.tune else VERIFY_SHARE
+    keep = share * m if coord is None and options.verify_seconds is None else 0.0
     return Experiment(spec, dev, (options.plan or Plan()).for_workers(spec.num_workers), clock,
                       progress or (lambda e: None), options.step_timeout, start=start_t, end=start_t + m,
-                      deadline=start_t + m - room, settle_deadline=start_t + m - room - keep, loop=loop)
+                      deadline=start_t + m - room, settle_deadline=start_t + m - room - keep, loop=loop,
+                      settle_undecided=options.tune)
 
 
 # --------------------------------------------------------------------------------------

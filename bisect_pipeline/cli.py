@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 import traceback
@@ -54,6 +55,12 @@ def run_options(f: Callable) -> Callable:
                           "work): the bottleneck only (or the two stages an inconclusive verdict could not tell apart), or every stage measured by parts (the JSON always holds them)."),
         click.option("--quiet", "-q", is_flag=True, help="No progress; print only the verdict line."),
         click.option("--debug", is_flag=True, help="Show tracebacks of errors."),
+        click.option("--tune", is_flag=True,
+                     help="After the bisection and the check, search the loader's settings (num_workers, "
+                          "persistent_workers, prefetch_factor, pin_memory on an accelerator, the step's threads on a "
+                          "CPU) by measuring them against yours on the full pipeline; under `run`, the best is also "
+                          "written against your script (a diff, or the flags to rerun with). Takes half of "
+                          "--max-seconds; raise it (e.g. 120) for a search that covers your cores."),
         click.option("--sweep", "sweep", multiple=True, metavar="NAME=V1,V2,...",
                      help="What-if sweep instead of the bisection: rerun the full pipeline under each combination "
                           "of these settings and compare with yours. Repeatable; NAME is num_workers, pin_memory, "
@@ -109,8 +116,13 @@ def demo(**opts: Any) -> None:
 @click.option("--keep-training", is_flag=True,
               help="After the verdict, hand the loop back to your real loader and let the script run to its end "
                    "(by default it is stopped cleanly: its finally blocks run).")
+@click.option("--patch", "patch_path", type=click.Path(dir_okay=False, writable=True), default=None, metavar="FILE",
+              help="With --tune: write the change as a unified diff to FILE (git apply FILE, or patch -p1 < FILE; "
+                   "your script is never written), then run your script with the change against it as it is, in "
+                   "alternating runs, and report the speed-up with the change applied.")
 @click.argument("script", nargs=-1, type=click.UNPROCESSED)
-def run_script(script: tuple, loader_index: Optional[int], keep_training: bool, **opts: Any) -> None:
+def run_script(script: tuple, loader_index: Optional[int], keep_training: bool, patch_path: Optional[str],
+               **opts: Any) -> None:
     """Diagnose your own training script, unchanged: SCRIPT [ARGS...] or -m MODULE [ARGS...].
 
     Runs it as python would (same sys.argv, __main__, sys.path[0], working directory) and
@@ -127,7 +139,9 @@ def run_script(script: tuple, loader_index: Optional[int], keep_training: bool, 
     """
     if opts.pop("sweep"):
         raise click.UsageError("--sweep takes an entry (--entry MODULE:FUNCTION), not a script.")
-    _run_script(script, loader_index=loader_index, keep_training=keep_training, **opts)
+    if patch_path and not opts["tune"]:
+        raise click.UsageError("--patch writes the change the search of --tune finds: give --tune too.")
+    _run_script(script, loader_index=loader_index, keep_training=keep_training, patch_path=patch_path, **opts)
 
 
 @main.command()
@@ -178,7 +192,10 @@ def _interrupt_code() -> int:
 
 def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, points, cache_mb, quiet, debug,
          step_timeout=faults.DEFAULT_STEP_TIMEOUT, sweep=(), hold_allocator=True, verify_seconds=None,
-         breakdown="bottleneck") -> None:
+         breakdown="bottleneck", tune=False) -> None:
+    if sweep and tune:
+        raise click.UsageError("--sweep and --tune: the sweep measures the settings you list, the search finds "
+                               "them; give one of them.")
     # Under torchrun: start the process group before the entry builds its DDP model.
     started = distributed.init_from_env(device)
     rank0 = distributed.rank() == 0
@@ -199,7 +216,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
             try:
                 report = api.bisect(workload=workload, device=device, max_seconds=max_seconds, points=point_list,
                                     step_timeout=step_timeout, hold_allocator=hold_allocator,
-                                    verify_seconds=verify_seconds,
+                                    verify_seconds=verify_seconds, tune=tune,
                                     cache_mb=cache_mb, progress=progress)
             finally:
                 if progress:
@@ -234,19 +251,23 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
 
 
 def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_path, max_seconds, device, points,
-                cache_mb, quiet, debug, step_timeout, hold_allocator, verify_seconds, breakdown="bottleneck") -> None:
+                cache_mb, quiet, debug, step_timeout, hold_allocator, verify_seconds, breakdown="bottleneck", tune=False,
+                patch_path=None) -> None:
     from . import script as script_mod
     from .progress import Lines
     from .loop import Session
 
     rank0 = distributed.rank() == 0
+    made: list = []
 
     def on_report(report: Report) -> None:  # once: at the verdict, or partial at the end
+        made.append(report)
         if rank0:
             _write_outputs(report, json_path, html_path, breakdown)
             if (report.measurements.source or {}).get("ended", {}).get("no_loader"):
                 return  # nothing measured: the one paragraph that says why is script.run's
-            click.echo(report.summary if quiet else report.text(breakdown=breakdown), err=True)
+            if not patch_path:  # with --patch: printed once the change is checked
+                click.echo(report.summary if quiet else report.text(breakdown=breakdown), err=True)
 
     _signals_seen.clear()
     faults.INTERRUPT_REQUESTED[0] = False
@@ -256,8 +277,9 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
         point_list = [p.strip() for p in points.split(",") if p.strip()] if points else None
         session = Session(loader=loader_index, keep_training=keep_training, device=device, max_seconds=max_seconds,
                           points=point_list, cache_mb=cache_mb, step_timeout=step_timeout,
-                          verify_seconds=verify_seconds, hold_allocator=hold_allocator,
+                          verify_seconds=verify_seconds, hold_allocator=hold_allocator, tune=tune,
                           progress=None if quiet or not rank0 else Lines(), on_report=on_report)
+        session.argv = list(script) if script[:1] != ("-m",) else ["-m", *script[1:]]
         script_mod.run(script, session, interrupt_code=_interrupt_code)
     except script_mod.Ended as end:
         if end.message and rank0:
@@ -267,12 +289,54 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
         if debug:
             traceback.print_exc()
         _fail(str(exc), exc.exit_code)
+    try:  # SIGTERM still takes the Ctrl-C path: the check's copy of the script is removed
+        if patch_path and made and rank0:
+            interrupted = _change(made[-1], script, patch_path=patch_path, json_path=json_path, html_path=html_path,
+                                  breakdown=breakdown, quiet=quiet, max_seconds=max_seconds,
+                                  checked=code == EXIT_OK and not _signals_seen)
+            if interrupted and code == EXIT_OK:
+                code = _interrupt_code()
     finally:
         put_back()
         faults.INTERRUPT_REQUESTED[0] = False
     if code == EXIT_OK and _signals_seen:
         code = _interrupt_code()
     sys.exit(code)
+
+
+def _change(report: Report, script: tuple, *, patch_path, json_path, html_path, breakdown, quiet, max_seconds,
+            checked: bool) -> bool:
+    """--patch: the diff written to `patch_path`, the change checked by running the
+    script with it against it as it is (change.check; not after an interrupt or a run
+    without a verdict), the outputs written again, the report printed. True when the
+    check was interrupted."""
+    from . import change, script as script_mod
+    from .report import write_atomic
+
+    m = report.measurements
+    interrupted = False
+    p = (m.tune.patch or {}) if m.tune is not None else {}
+    if p.get("diff"):
+        write_atomic(patch_path, p["diff"])
+        m = dataclasses.replace(m, tune=dataclasses.replace(m.tune, patch={**p, "written": patch_path}))
+    elif not quiet:
+        click.echo(f"bisect-pipeline: no diff to write to {patch_path}: "
+                   + (p.get("reason") or "the change is the command line only" if p else "--tune found no change"),
+                   err=True)
+    if checked and m.tune is not None:
+        path, module, args = script_mod.target_of(script)
+        seconds = max(change.RUN_SECONDS_MIN, change.RUN_SHARE * max_seconds)
+        try:
+            m = change.check(m, change.Target(path, module, tuple(args)), seconds=seconds,
+                             emit=(lambda s: None) if quiet else (lambda s: click.echo(f"bisect-pipeline: {s}",
+                                                                                       err=True)))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the report without the check
+            interrupted = True
+            m = dataclasses.replace(m, tune=dataclasses.replace(m.tune, applied_reason="interrupted"))
+    report = Report.of(m)
+    _write_outputs(report, json_path, html_path, breakdown)
+    click.echo(report.summary if quiet else report.text(breakdown=breakdown), err=True)
+    return interrupted
 
 
 def _write_outputs(report: Report, json_path: Optional[str], html_path: Optional[str],

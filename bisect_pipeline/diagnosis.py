@@ -7,6 +7,7 @@
         advice   = advice.findings(...), each with what its check measured
                    (outcome.verified) when the run has a verification block
         summary  = the verdict in one sentence
+        tune     = what the search of --tune found (tune.summarize), when it ran
 
 `to_check(measurements)` is the advice before it is checked: what verify.Trials measures
 (the draft); `diagnose` of the measurements with the trials' windows is the final report.
@@ -17,13 +18,16 @@ what the run said.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from . import advice as advice_mod, outcome
+from . import advice as advice_mod, outcome, tune
 from .advice import Finding
 from .results import NOT_SELECTED, CacheInfo, Measurements, Note, PointResult
 from .stats import NOISY_REL_IQR, Throughput
 from .verdict import POINTS, StageCost, Verdict, decide, self_check
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .tune import Found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +40,7 @@ class Diagnosis:
     notes: tuple[Note, ...] = ()
     advice: tuple[Finding, ...] = ()
     summary: str = ""
+    tune: Optional["Found"] = None  # what the search of --tune found (tune.summarize)
 
     # -- the measurements, as the report reads them ----------------------------------
 
@@ -111,6 +116,12 @@ class Diagnosis:
         p = next((p for p in self.points if p.point == name), None)
         return p.throughput if p is not None and p.status == "ok" else None
 
+    def sigma(self, name: str) -> Optional[float]:
+        """A point's own standard error of seconds per batch as the verdict weighs it (the
+        ordered fit's weight: stats.Noise.point_sigma), else None."""
+        noise = self.verdict.noise
+        return noise.point_sigma(name) if noise is not None and name in noise.mu else None
+
     def drop_sigma(self, upper: str, lower: str) -> Optional[float]:
         """The noise of t(lower) - t(upper) as the verdict weighs it (stats.Noise: from
         the per-round differences), else None."""
@@ -147,12 +158,19 @@ def diagnose(m: Measurements) -> Diagnosis:
     d = dataclasses.replace(d, notes=m.notes + tuple(derived_notes(d)))
     checked = advice_mod.ranked(tuple(_checked(f, m) for f in advice_mod.findings(d)))
     d = dataclasses.replace(d, advice=checked)
-    return dataclasses.replace(d, summary=summary(d))
+    found = tune.summarize(m.tune, m.batch_size) if m.tune is not None else None
+    return dataclasses.replace(d, summary=summary(d), tune=found)
 
 
 def to_check(m: Measurements) -> tuple[Finding, ...]:
     """The advice as it stands before its check (verify.Trials measures its settings)."""
     return tuple(advice_mod.findings(_judged(m)))
+
+
+def judged(m: Measurements) -> Diagnosis:
+    """The verdict and points of the measurements, before notes and advice (what
+    tune.space_of prunes the search from)."""
+    return _judged(m)
 
 
 def _judged(m: Measurements) -> Diagnosis:

@@ -17,7 +17,7 @@ from .integrations import timm
 from .loader import LoaderSpec
 from .plan import Plan
 from .results import (NOT_SELECTED, AllocatorHold, AllocatorTiming, CacheInfo, Isolated, Measurements, Note,
-                      PointResult, RunInfo, Syncs, Verification)
+                      PointResult, RunInfo, Syncs, Tuning, Verification)
 from .stats import Throughput
 from .step import make_step, to_device as default_to_device
 from .verdict import POINTS, Verdict, decide
@@ -63,6 +63,9 @@ class Experiment:
     # when the rounds that only settle the verdict stop (after plan.min_rounds): room
     # left for the verification of the advice (verify.py)
     settle_deadline: float = 0.0
+    # the rounds after the minimum stop at settle_deadline with an inconclusive verdict
+    # too (--tune: the search needs the ceiling and the stage costs, not a named stage)
+    settle_undecided: bool = False
     step: Any = None
     move: Any = None
     caches: Optional[cache.Caches] = None
@@ -82,6 +85,7 @@ class Experiment:
     isolated: Optional[Isolated] = None
     syncs: Optional[Syncs] = None
     verification: Optional[Verification] = None
+    tuning: Optional[Tuning] = None  # the search of --tune (tune.py)
     waits: dict = dataclasses.field(default_factory=dict)  # lockstep: per point, the wait for data per batch
     step_alone: Optional[float] = None  # seconds of one step timed alone (hold_allocator), when it was
     at: Optional[dict] = None  # the last "point" event, while its visit's windows come
@@ -362,7 +366,8 @@ class Experiment:
         return Measurements(device=str(self.device), batch_size=self.batch_size, points=tuple(self.results.values()),
                             batch_size_source=self._size_source(), loader=self.spec.settings(),
                             cache=self._cache_info(), run=run, isolated=isolated, syncs=self.syncs,
-                            verification=self.verification, notes=tuple(self.notes), complete=complete,
+                            verification=self.verification, tune=self.tuning, notes=tuple(self.notes),
+                            complete=complete,
                             interrupted=interrupted, mode=mode, source=source)
 
     def _size_source(self) -> str:

@@ -50,7 +50,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 
-from . import allocator, api, devices, distributed, faults, phases, sources
+from . import allocator, api, change, devices, distributed, faults, phases, sources
 from .errors import BisectError
 from .phases import Options
 from .report import Report
@@ -323,7 +323,7 @@ class Session:
                  max_seconds: float = api.DEFAULT_MAX_SECONDS, points: Any = None, cache_mb: float = api.DEFAULT_CACHE_MB,
                  cache_batches: int = api.DEFAULT_CACHE_BATCHES, step_timeout: Optional[float] = None,
                  verify_seconds: Optional[float] = None, plan: Any = None, hold_allocator: bool = True,
-                 progress: Optional[Callable[[dict], None]] = None,
+                 tune: bool = False, progress: Optional[Callable[[dict], None]] = None,
                  on_report: Optional[Callable[[Report], None]] = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if loader is not None and not isinstance(loader, (int, DataLoader)):
@@ -334,7 +334,8 @@ class Session:
         self.options = Options(api.check_options(points, max_seconds=max_seconds, cache_mb=cache_mb,
                                                  cache_batches=cache_batches, step_timeout=step_timeout,
                                                  verify_seconds=verify_seconds),
-                               max_seconds, cache_mb, cache_batches, step_timeout, verify_seconds, plan, hold_allocator)
+                               max_seconds, cache_mb, cache_batches, step_timeout, verify_seconds, plan, hold_allocator,
+                               tune)
         self.device = devices.resolve(device) if device is not None else None
         self.target = loader
         self.keep_training = keep_training
@@ -363,6 +364,7 @@ class Session:
         self._exit: Any = None
         self.pid = os.getpid()
         self._coord: Any = None
+        self.argv: Optional[list] = None  # the script's command line, under `run` (the tune section's command)
 
     # -- open and close ---------------------------------------------------------------
 
@@ -534,6 +536,8 @@ class Session:
         m = self.exp.measurements(self.options.points, held=self.held.record(), interrupted=interrupted, mode="loop",
                                   source=self.source(self._shortfall() if early else None),
                                   unreached="your script ended first" if early else None)
+        if m.tune is not None:  # --tune: the best settings written against the script (change.py)
+            m = change.patched(m, self.argv)
         report = Report.of(m)
         coord = self._coord
         if coord is not None and not interrupted:

@@ -64,22 +64,31 @@ def outcome(trial: Trial, batch_size: float) -> Outcome:
     """What one trial's windows say (see Outcome)."""
     if trial.error:
         return Outcome(trial.settings, "failed", reason=trial.error)
-    sides = (trial.user_windows, trial.candidate_windows)
-    a, b = (_throughput(ws, batch_size) for ws in sides)
-    if a is None or b is None:
+    compared = speedup(trial, batch_size)
+    if compared is None:
         return Outcome(trial.settings, "not measured", reason="out of time before both settings had two windows")
-    # total steps over total time, not the median window: a training run pays its
-    # stalls, and a worker competing with the step for the cores stalls now and then
-    # (measured: w1 + 1 thread on 2 cores, the median of 3 windows 10-20% above the
-    # visit's own total rate and a hand loop's; at num_workers=0 the two agree)
-    ratio = _rate(b) / _rate(a)
-    se = math.hypot(*(max(tp.rel_se, _visit_rel_se(ws)) for tp, ws in zip((a, b), sides)))
+    ratio, se, per_batch = compared
     spread = math.expm1(noise_threshold(se, 1.0)) if math.isfinite(se) else None
     real = math.isfinite(se) and is_real(abs(math.log(ratio)), se, 1.0)
     status = "no gain" if not real else ("helps" if ratio > 1 else "slower")
-    per_batch = tuple(round(1e3 / _rate(tp), 3) for tp in (a, b))
     return Outcome(trial.settings, status, round(ratio, 4), None if spread is None else round(spread, 4),
-                   ms_per_batch=per_batch)
+                   ms_per_batch=tuple(round(x, 3) for x in per_batch))
+
+
+def speedup(trial: Trial, batch_size: float) -> Optional[tuple]:
+    """(the candidate's speed-up over the user's, the relative standard error of its log,
+    each side's ms per batch, the user's first), or None before both sides have two
+    windows. The speed-up is total steps over total time, not the median window: a
+    training run pays its stalls, and a worker competing with the step for the cores
+    stalls now and then (measured: w1 + 1 thread on 2 cores, the median of 3 windows
+    10-20% above the visit's own total rate and a hand loop's; at num_workers=0 the two
+    agree)."""
+    sides = (trial.user_windows, trial.candidate_windows)
+    a, b = (_throughput(ws, batch_size) for ws in sides)
+    if a is None or b is None:
+        return None
+    se = math.hypot(*(max(tp.rel_se, _visit_rel_se(ws)) for tp, ws in zip((a, b), sides)))
+    return _rate(b) / _rate(a), se, tuple(1e3 / _rate(tp) for tp in (a, b))
 
 
 def _rate(tp: Throughput) -> float:

@@ -24,9 +24,9 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from . import allocator, confirm, distributed, experiment, isolate, sources, tree
+from . import allocator, confirm, distributed, experiment, isolate, sources, tree, tune
 from .cache import DEFAULT_CACHE_BATCHES
-from .diagnosis import to_check
+from .diagnosis import judged, to_check
 from .experiment import Experiment
 from .plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Plan
 from .results import AllocatorTiming, Isolated, Syncs, Verification
@@ -47,6 +47,7 @@ class Options:
     verify_seconds: Optional[float] = None
     plan: Optional[Plan] = None
     hold_allocator: bool = True
+    tune: bool = False  # --tune: the search of tune.py after the check
 
 
 def measure(exp: Experiment, options: Options, *, coord: Any, held: allocator.Held,
@@ -77,18 +78,22 @@ def measure(exp: Experiment, options: Options, *, coord: Any, held: allocator.He
         counted = SyncCount(exp)
         yield counted
         exp.syncs = counted.syncs
-    draft = to_check(exp.measurements(options.points, held=held.record(), interrupted=False))
-    exp.verification = yield from _verify(exp, draft, options.verify_seconds)
+    draft = exp.measurements(options.points, held=held.record(), interrupted=False)
+    exp.verification = yield from _verify(exp, to_check(draft), options.verify_seconds, tuning=options.tune)
+    if options.tune:
+        exp.tuning = yield from _tune(exp, draft, options.verify_seconds)
 
 
-def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float]):
+def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float], tuning: bool = False):
     """The check: when augment is in question (named, or tied for the lead:
     verdict.in_question), its costliest transform measured in
     the pipeline first (confirm.Confirm, CONFIRM_SHARE of the budget); then the advice's
     recommended settings measured against the user's (verify.Trials) in the rest.
     verify_seconds None: in what the bisection leaves of max_seconds (the rounds that
     only settle a verdict already made stop VERIFY_SHARE of it early; an undecided
-    verdict may use it all); 0: off; a number: a budget of its own, on top of max_seconds."""
+    verdict may use it all); 0: off; a number: a budget of its own, on top of max_seconds.
+    `tuning`: the search (tune.Search) comes after and gets what the check leaves of
+    the budget: the check takes tune.CHECK_SHARE of it at most."""
     questioned = in_question(exp.decide())
     if verify_seconds == 0:
         exp.isolated = confirm.skipped(exp.isolated, questioned, "the check is off (verify_seconds=0)")
@@ -105,9 +110,27 @@ def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float]):
         yield from confirming
         exp.isolated = confirm.with_confirmation(exp.isolated, confirming.result)
         budget = max(0.0, budget - (exp.clock() - start))
+    if tuning:
+        budget *= tune.CHECK_SHARE
     trials = Trials(exp, list(advice), budget_s=budget, threads=torch.get_num_threads(), cores=isolate.cores())
     yield from trials
     return trials.result
+
+
+def _tune(exp: Experiment, draft: Any, verify_seconds: Optional[float]):
+    """The search of --tune (tune.Search) in what the check left of its budget (the
+    budget of its own with verify_seconds, less what the check took), seeded with the
+    check's trials. Under torchrun, or with the check off, not run (the ranks would have
+    to agree on every candidate; 0 turns measuring settings off)."""
+    space = tune.space_of(judged(draft), cores=isolate.cores(), threads=torch.get_num_threads())
+    if verify_seconds == 0:
+        space = dataclasses.replace(space, workers=(), reason="the check is off (verify_seconds=0)")
+    checked = exp.verification
+    spent = (checked.elapsed_s or 0.0) if checked is not None else 0.0
+    budget = (max(0.0, exp.end - exp.clock()) if verify_seconds is None else max(0.0, float(verify_seconds) - spent))
+    search = tune.Search(exp, space, budget_s=budget, seeds=tuple(checked.trials) if checked is not None else ())
+    yield from search
+    return search.result
 
 
 def not_isolated(why: str = "interrupted") -> tuple[Isolated, Syncs]:

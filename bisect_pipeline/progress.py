@@ -70,7 +70,8 @@ def describe(event: dict) -> Optional[Said]:
         return Said(f"measuring {event['transform']} ({event['where']}) in the pipeline")
     if kind == "verify":
         settings = ", ".join(f"{k}={v}" for k, v in (event.get("settings") or {}).items())
-        return Said(f"measuring the advice: {settings or 'your settings'}")
+        what = "trying (--tune)" if event.get("item") == "tune" else "measuring the advice"
+        return Said(f"{what}: {settings or 'your settings'}")
     if kind == "warning":
         return Said(f"warning: {event['message']}", "warning")
     return None

@@ -455,6 +455,29 @@ class Verification(Part):
     trials: tuple = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class Tuning(Part):
+    """The search of --tune (tune.py): the space searched, each candidate's trial against
+    the user's settings (raw windows; tune.summarize derives the rest), why it stopped;
+    the driver adds the change written against the user's script (`patch`, patch.Patch's
+    JSON form) and the patched script measured against the original (`applied`)."""
+
+    _nested: ClassVar[dict] = {"trials": Trial, "applied": Trial}
+    budget_s: Optional[float] = None
+    elapsed_s: Optional[float] = None
+    user: Optional[dict] = None  # the user's settings as the search writes them (tune.KEYS)
+    workers: Optional[tuple] = None  # the num_workers the search could try, after pruning
+    start: Optional[int] = None  # the num_workers tried first
+    why: Optional[str] = None  # how the space was pruned, in words
+    ceiling_ms_per_batch: Optional[float] = None
+    ceiling_rel_se: Optional[float] = None
+    trials: tuple = ()
+    stopped: Optional[str] = None
+    patch: Optional[dict] = None
+    applied: Optional[Trial] = None
+    applied_reason: Optional[str] = None
+
+
 # --------------------------------------------------------------------------------------
 # The run as a whole
 # --------------------------------------------------------------------------------------
@@ -530,6 +553,7 @@ class Measurements:
     isolated: Optional[Isolated] = None
     syncs: Optional[Syncs] = None
     verification: Optional[Verification] = None  # None: no check was asked for (a loaded older document)
+    tune: Optional[Tuning] = None  # None: --tune was not asked for
     notes: tuple[Note, ...] = ()  # seen while measuring
     complete: bool = True
     interrupted: bool = False

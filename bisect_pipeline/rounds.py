@@ -93,8 +93,10 @@ class Rounds:
                 v = yield from self._consistent()
                 if v is None:
                     return
-                # a tie may still be told apart by more rounds: it keeps the whole budget
-                decided = v.bottleneck not in (None, "inconclusive", "tie")
+                # a tie may still be told apart by more rounds: it keeps the whole budget,
+                # unless --tune wants the rest for its search (exp.settle_undecided)
+                decided = v.bottleneck is not None and (v.bottleneck not in ("inconclusive", "tie")
+                                                        or exp.settle_undecided)
                 if settled(v, exp.decide(SETTLE_NOISE_SCALE), exp.decide(1 / SETTLE_NOISE_SCALE)):
                     self.info["settled"] = True
                     break

@@ -127,19 +127,23 @@ class Trials:
         return fits(self.exp, "full", deadline)
 
     def _trial(self, item: str, settings: dict, deadline: float, owed: int = 0):
-        """The user's settings and the candidate in A B B A blocks of full-pipeline visits
-        (`alternate`), until a block ends with the candidate decided slower, or decided
-        helping within TARGET_SPREAD."""
-        exp = self.exp
+        return (yield from trial(self.exp, item, settings, deadline, owed=owed))
 
-        def decided(sides: dict) -> bool:
-            o = outcome(Trial(item, dict(settings), dump(sides[False]), dump(sides[True])), exp.batch_size)
-            return o.status == "slower" or (o.status == "helps" and (o.spread or float("inf")) <= TARGET_SPREAD)
-        sides, error = yield from alternate(
-            exp, "full", lambda candidate, visit_deadline: _visit(exp, settings if candidate else {}, visit_deadline,
-                                                                  deadline),
-            deadline, owed=owed, decided=decided)
-        return Trial(item, dict(settings), dump(sides[False]), dump(sides[True]), error)
+
+def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: int = 0):
+    """The user's settings and the candidate `settings` in A B B A blocks of full-pipeline
+    visits (`alternate`), until a block ends with the candidate decided slower, or decided
+    helping within TARGET_SPREAD: a Trial. The advice's check (Trials) and the search of
+    --tune (tune.Search) measure each candidate so."""
+
+    def decided(sides: dict) -> bool:
+        o = outcome(Trial(item, dict(settings), dump(sides[False]), dump(sides[True])), exp.batch_size)
+        return o.status == "slower" or (o.status == "helps" and (o.spread or float("inf")) <= TARGET_SPREAD)
+    sides, error = yield from alternate(
+        exp, "full", lambda candidate, visit_deadline: _visit(exp, settings if candidate else {}, visit_deadline,
+                                                              deadline),
+        deadline, owed=owed, decided=decided)
+    return Trial(item, dict(settings), dump(sides[False]), dump(sides[True]), error)
 
 
 def fits(exp: Experiment, point: str, deadline: float, least: float = 0.0) -> bool:

@@ -23,7 +23,8 @@ MEASURING_AND_DERIVING = ("bisect_pipeline.plan", "bisect_pipeline.visit", "bise
                           "bisect_pipeline.reads", "bisect_pipeline.reorder",
                           "bisect_pipeline.allocator",
                           "bisect_pipeline.stats", "bisect_pipeline.verdict", "bisect_pipeline.advice",
-                          "bisect_pipeline.outcome", "bisect_pipeline.diagnosis", "bisect_pipeline.loop")
+                          "bisect_pipeline.outcome", "bisect_pipeline.diagnosis", "bisect_pipeline.loop",
+                          "bisect_pipeline.patch", "bisect_pipeline.tune")
 
 
 def modules() -> dict:

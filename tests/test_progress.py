@@ -199,11 +199,13 @@ def test_the_confirm_and_verify_events_are_lines_inside_a_script():
     lines({"event": "confirm", "transform": "ColorJitter", "where": "dataset.transform[2]"})
     lines({"event": "confirm", "transform": "ColorJitter", "where": "dataset.transform[2]"})  # same: once
     lines({"event": "verify", "item": "workers", "settings": {"num_workers": 2}})
+    lines({"event": "verify", "item": "tune", "settings": {"num_workers": 1}})  # the search of --tune
     lines({"event": "warning", "message": "short"})
     assert out.getvalue().splitlines() == [
         "bisect-pipeline: measuring full (1/5)",
         "bisect-pipeline: measuring ColorJitter (dataset.transform[2]) in the pipeline",
         "bisect-pipeline: measuring the advice: num_workers=2",
+        "bisect-pipeline: trying (--tune): num_workers=1",
         "bisect-pipeline: warning: short"]
 
 

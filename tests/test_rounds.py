@@ -129,6 +129,17 @@ def test_an_undecided_verdict_may_use_the_time_kept_for_the_check(monkeypatch):
     assert run.deadline - clock.t < 1.0 and clock.t > 16.0  # less than one (planted, 1-s) visit left
 
 
+def test_with_tune_an_undecided_verdict_stops_at_the_settle_deadline_after_the_minimum_rounds(monkeypatch):
+    # the same inconclusive run under --tune (settle_undecided): the search needs the
+    # ceiling and the stage costs, not a named stage, so the rounds after the minimum
+    # leave it its share; the minimum rounds themselves had the whole budget
+    run, seen, clock = make_run(monkeypatch, DRIFT, max_seconds=25.5, settle_deadline=16.0)
+    run.settle_undecided = True
+    info = measure(run, POINTS)
+    assert run.decide().bottleneck == "inconclusive" and info["rounds"] >= run.plan.min_rounds
+    assert clock.t <= 16.0 and all(deadline <= 16.0 for _, deadline in seen[run.plan.min_rounds * len(DOWN):])
+
+
 def test_a_round_cut_short_keeps_what_the_earlier_round_measured(monkeypatch):
     # device, the last visit of round 2, runs out of time before a window: its windows of
     # rounds 1 and 3 stay, and it is still the ceiling.

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 
 from .. import advice as advice_mod
 from ..diagnosis import derived_notes, diagnose
-from ..results import (CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo, Syncs, Verification)
+from ..results import (CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo, Syncs, Tuning, Verification)
 from ..stats import Throughput, Window
 from ..verdict import StageCost
 from .figures import finite, gain_if_free, ms
@@ -47,7 +47,8 @@ if TYPE_CHECKING:  # pragma: no cover
 #       least lead that is real, real or not); verdict.gap_upper_ms and gap_rounds; per
 #       stage `rounds` (the rounds its noise was paired over). A document of schema 1 is
 #       still read: its windows have no round, so its noise is the windows', as it was
-#       decided.
+#       decided. The `tune` section (--tune: the search of the loader's settings, the
+#       patch, the patched script's check) is versioned on its own, TUNE_SCHEMA_VERSION.
 SCHEMA_VERSION = 2
 READS = (1, 2)
 
@@ -97,7 +98,29 @@ def to_dict(r: "Report") -> dict:
         "isolated": r.isolated.to_dict() if r.isolated is not None else {},
         "syncs": r.syncs.to_dict() if r.syncs is not None else {},
         "verification": r.verification.to_dict() if r.verification is not None else {},
+        "tune": tune_dict(r),
     }
+
+
+# Version of the `tune` section (--tune), within the document's own schema_version:
+#   1 - the search's record (results.Tuning: the space, the raw windows of each candidate's
+#       trial, why it stopped, the patch, the patched script's trial), and what was derived
+#       from it: tried (each candidate's outcome), best, at_ceiling, ceiling_speedup,
+#       summary, applied_outcome and agrees.
+TUNE_SCHEMA_VERSION = 1
+
+
+def tune_dict(r: "Report") -> dict:
+    """The document's `tune` section: {} without --tune."""
+    t, f = r.measurements.tune, r.tune
+    if t is None or f is None:
+        return {}
+    b = f.best
+    return {"schema_version": TUNE_SCHEMA_VERSION, **t.to_dict(),
+            "tried": [{"settings": x.settings, "item": x.item, **x.outcome.to_dict()} for x in f.tried],
+            "best": None if b is None else {"settings": b.settings, **b.outcome.to_dict()},
+            "at_ceiling": f.at_ceiling, "ceiling_speedup": f.ceiling_speedup, "summary": f.summary,
+            "applied_outcome": None if f.applied is None else f.applied.to_dict(), "agrees": f.agrees}
 
 
 def point_dict(p: PointResult, fitted_sec_per_batch: Optional[float] = None,
@@ -171,7 +194,8 @@ def measurements_of(doc: dict) -> Measurements:
                      run=RunInfo.from_dict(doc.get("run")) or RunInfo(),
                      isolated=Isolated.from_dict(doc.get("isolated")), syncs=Syncs.from_dict(doc.get("syncs")),
                      verification=Verification.from_dict(doc.get("verification")),
-                     complete=doc.get("complete", True), interrupted=doc.get("interrupted", False),
+                     tune=Tuning.from_dict(doc.get("tune")), complete=doc.get("complete", True),
+                     interrupted=doc.get("interrupted", False),
                      source=doc.get("source"), mode=doc.get("mode", "entry"))
     if "notes" in doc:
         measured = tuple(Note.from_dict(n) for n in doc["notes"] if not n.get("derived"))

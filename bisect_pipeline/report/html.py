@@ -14,6 +14,7 @@ import html
 import math
 from typing import TYPE_CHECKING, Any, Optional
 
+from .. import tune
 from ..verdict import STAGES, in_question
 from . import plot as plot_mod
 from .figures import POINT_MEANING, batch_size_text, ended_text, incomplete_why
@@ -65,6 +66,10 @@ CSS = """
 .bisect-pipeline tr.not-run td{color:#6b7280;font-style:italic}
 .bisect-pipeline tr.whole td{border-top:1px solid #c9ced6;color:#4b5563}
 .bisect-pipeline p.parts-note{margin:4px 0 0;font-size:13px;color:#4b5563;overflow-wrap:anywhere}
+.bisect-pipeline pre.diff{font-size:12px;background:#f6f8fa;padding:8px 10px;overflow-x:auto;margin:4px 0;border-radius:4px}
+.bisect-pipeline pre.diff .add{color:#116329;background:#dafbe1}
+.bisect-pipeline pre.diff .del{color:#82071e;background:#ffebe9}
+.bisect-pipeline pre.diff .hunk{color:#6b7280}
 """.strip()
 
 DOCUMENT_CSS = "html,body{margin:0;padding:0;background:#fff}\n.bisect-pipeline{margin:0 auto}"
@@ -605,6 +610,8 @@ def to_html(r: "Report", *, style: bool = True, breakdown: str = "bottleneck") -
     if advice:
         parts.append('<h3>What to do</h3><ul class="advice">'
                      + "".join(f"<li>{_e(a.message)}</li>" for a in advice) + "</ul>")
+    if r.tune is not None:
+        parts.append(tune_section(r))
     parts.append("<h3>Points</h3>")
     parts.append(point_table(r))
     if r.warnings:
@@ -614,6 +621,43 @@ def to_html(r: "Report", *, style: bool = True, breakdown: str = "bottleneck") -
     parts.append(_context(r))
     parts.append("</div>")
     return "".join(parts)
+
+
+def tune_section(r: "Report") -> str:
+    """The search of --tune: its summary, the settings tried as a table, the change (the
+    diff coloured, the flags, the environment) and the change checked."""
+    t, f = r.measurements.tune, r.tune
+    out = ['<h3>Tuned</h3>', f'<p class="parts-note">{_e(t.why or "")}</p>' if t.why else ""]
+    rows, classes = [], []
+    for x in f.tried:
+        o = x.outcome
+        rows.append(["-" if o.speedup is None else f"{o.speedup:.2f}\u00d7",
+                     "-" if o.spread is None else tune.pm(o.spread),
+                     "-" if not o.ms_per_batch else f"{o.ms_per_batch[0]:.1f} \u2192 {o.ms_per_batch[1]:.1f}",
+                     "best" if x is f.best else (o.status if o.status != "failed" else f"failed: {o.reason}"),
+                     text_mod.outcome_text(x.settings)])
+        classes.append("bottleneck" if x is f.best else None)
+    if rows:
+        out.append(_table(["vs yours", "spread", "ms per batch (yours \u2192 these)", "result", "settings"], rows,
+                          {0, 1, 2}, classes))
+    out.append(f'<p class="parts-note">{_e(f.summary)}</p>')
+    p = t.patch or {}
+    head, items = text_mod.change_items(p)
+    if head is not None:
+        out.append(f'<p class="parts-note">{_e(head)}</p>')
+    if items:
+        out.append('<ul>' + "".join(f"<li>{_e(x)}</li>" for x in items) + "</ul>")
+    if p.get("diff"):
+        out.append('<pre class="diff">' + "".join(_diff_line(ln) for ln in p["diff"].splitlines()) + "</pre>")
+    if f.applied is not None or t.applied_reason:
+        out.append(f'<p class="parts-note">{_e(text_mod.applied_text(f, t.applied_reason))}</p>')
+    return "".join(out)
+
+
+def _diff_line(line: str) -> str:
+    cls = ("hunk" if line.startswith(("@@", "---", "+++")) else "add" if line.startswith("+")
+           else "del" if line.startswith("-") else None)
+    return (f'<span class="{cls}">{_e(line)}</span>' if cls else _e(line)) + "\n"
 
 
 def to_document(r: "Report", *, breakdown: str = "bottleneck") -> str:

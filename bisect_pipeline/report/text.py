@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Optional
 
 from tabulate import tabulate
 
-from .. import advice as advice_mod
+from .. import advice as advice_mod, tune
 from ..verdict import POINTS, in_question
 from .figures import batch_size_text, ended_text, gain_if_free, incomplete_why
 
@@ -80,7 +80,89 @@ def to_text(r: "Report", *, breakdown: str = "bottleneck") -> str:
         lines += ["", "What to do:"]
         for a in r.advice:
             lines.extend(_wrap(a.message, first="  - ", rest="    "))
+    if r.tune is not None:
+        lines += ["", *tune_lines(r)]
     return "\n".join(lines)
+
+
+def tune_lines(r: "Report") -> list:
+    """The search of --tune: what it searched, a table of the settings tried (each against
+    yours in its own alternating visits), the best, the change, and the change checked."""
+    t, f = r.measurements.tune, r.tune
+    head = f"Tuned (--tune): {t.why or 'the loader settings'}; {len(f.tried)} setting(s) in {t.elapsed_s or 0:.1f} s"
+    lines = _wrap(head + (f"; stopped: {t.stopped}." if t.stopped and f.tried else "."), rest="  ")
+    if f.tried:
+        rows = []
+        for x in f.tried:
+            o = x.outcome
+            fig = "-" if o.speedup is None else (f"{o.speedup:.2f}\u00d7"
+                                                 + (f" {tune.pm(o.spread)}" if o.spread else ""))
+            ms = "-" if not o.ms_per_batch else f"{o.ms_per_batch[0]:.1f} \u2192 {o.ms_per_batch[1]:.1f}"
+            note = "best" if x is f.best else o.status if o.status != "failed" else f"failed: {o.reason}"
+            rows.append([fig, ms, note, outcome_text(x.settings)])
+        lines += ["", *_table("Settings tried, each against yours (ms per batch: yours \u2192 these)",
+                              ["vs yours", "ms per batch", "result", "settings (what differs from yours)"], rows,
+                              "rrll")]
+    lines += [""] + _wrap(f.summary)
+    lines += _change_lines(t.patch)
+    if f.applied is not None or t.applied_reason:
+        lines += [""] + _wrap(applied_text(f, t.applied_reason))
+    return lines
+
+
+def outcome_text(settings: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in settings.items()) or "(yours)"
+
+
+def change_items(p: Optional[dict]) -> tuple:
+    """(the heading, the items) of the change written against the script (the patch's
+    JSON form): each setting and how it is applied, the command to rerun with, where the
+    diff was written; or why there is none."""
+    if not p:
+        return None, []
+    if p.get("reason") and not (p.get("diff") or p.get("flags") or p.get("env")):
+        return f"No patch: {p['reason']}.", []
+    head = f"The change, against {p.get('path')}" + (f" (the loader created at line {p['line']})"
+                                                      if p.get("line") else "") + ":"
+    items = [f"{c.get('text')}" + (f" ({c['where']})" if c.get("where") and c.get("how") != "flag" else "")
+             for c in p.get("changes") or () if c.get("how") != "unchanged"]
+    if p.get("command") and (p.get("flags") or p.get("env")):
+        items.append(f"run: {p['command']}")
+    if p.get("written"):
+        where = f" in {p['apply_in']}" if p.get("apply_in") else ""
+        items.append(f"the diff is in {p['written']}: apply it{where} with git apply {p['written']} (or patch -p1 < "
+                     f"{p['written']})")
+    return head, items
+
+
+def _change_lines(p: Optional[dict]) -> list:
+    """The change as text lines: change_items, then the diff."""
+    head, items = change_items(p)
+    if head is None:
+        return []
+    lines = [""] + _wrap(head)
+    for item in items:
+        lines += _wrap(item, first="  - ", rest="    ")
+    if p.get("diff") and not p.get("reason"):
+        lines += ["  " + ln for ln in p["diff"].rstrip("\n").splitlines()]
+    return lines
+
+
+def applied_text(f, reason: Optional[str]) -> str:
+    """The patched script measured against the original (`f`: tune.Found), beside the
+    search's figure."""
+    a = f.applied
+    if a is None or a.speedup is None:
+        return f"Not checked after the change: {reason or (a.reason if a is not None else 'not run')}."
+    fig = f"{a.speedup:.2f}\u00d7" + (f" ({tune.pm(a.spread)})" if a.spread else "")
+    ms = f", {a.ms_per_batch[0]:.1f} \u2192 {a.ms_per_batch[1]:.1f} ms per batch" if a.ms_per_batch else ""
+    b = f.best
+    said = (f"; the search said {b.speedup:.2f}\u00d7" + (f" ({tune.pm(b.outcome.spread)})"
+                                                          if b.outcome.spread else "") if b is not None else "")
+    verdict = ("" if f.agrees is None else ": they agree within the noise" if f.agrees
+               else ": they differ beyond the noise")
+    return (f"Checked after the change: your script with the change ran at {fig} the original's speed, in "
+            f"alternating runs{ms}{said}{verdict}.")
 
 
 def _head(r: "Report") -> list:
