@@ -47,7 +47,22 @@ with the runner-up also accepted (or a tie of both) when it is within 25% of it.
 Expectations from the hand runs (2026-11-26, this 2-core machine, filled in before the
 tool ran; ms per batch: load / augment / rest / full, step alone):
 
-    (see the table printed by --hand; copied into docs/benchmarks.md)
+    case      load   augment  rest    full   step alone   expected
+    mnist     15.3    25.4     1.4     147     102         augment
+    vae       39.4    11.3     0.8      66      12         load
+    dcgan     91.5    81.7    28.1     383     204         load or augment (within 25%)
+    imagenet  292      91      73     1285     723         load
+    preset    279      55      25      858     465         load
+    timm      169     102      40      577     255         load
+    monai     376     328     -35     1552     968         augment: MedNISTDataset hands its
+                                                            transform the file name, so
+                                                            LoadImage is in augment and the
+                                                            hand's load is its own noise on
+                                                            a 1.5-s step
+    mlp       (step-bound by construction: input < 1 ms of ~100)   none
+
+(3 pairs of 12 batches each, on a machine shared with other work: the costs are rough,
+the order of the stages is what the expectations use.)
 
     flock /tmp/cpu.lock python scripts/bench_public_pipelines.py --hand [--only mnist,vae]
     flock /tmp/cpu.lock python scripts/bench_public_pipelines.py --only mnist --runs 3 --expect augment
