@@ -81,11 +81,18 @@ class Rounds:
                         return
                     order = order[1:]
                 self.info["rounds"] = r + 1
+                if r == 0 and not self.tight and any(_unmeasured(exp.results.get(n)) for n in todo):
+                    # a visit of its share ran out before one window (steps of seconds, a
+                    # short epoch whose workers start again): the minimum rounds do not fit
+                    # as planned, so the rounds to come give each visit the whole time left
+                    self.tight = True
+                    self._no_window_note([n for n in todo if _unmeasured(exp.results.get(n))])
                 if self.tight and r == 0:  # the second round visits only what can change the verdict
                     v = yield from self._consistent()
                     if v is None:
                         return
-                    focus = deciding_points(v)
+                    # and the points no visit has measured yet: without them there is no verdict
+                    focus = deciding_points(v) | {n for n in todo if _unmeasured(exp.results.get(n))}
                     exp.close_kept(keep=focus)
                     continue
                 if r + 1 < exp.plan.min_rounds:
@@ -176,6 +183,18 @@ class Rounds:
         exp.emit({"event": "warning", "message": message})
 
 
+    def _no_window_note(self, names: list) -> None:
+        """Say, once, that the first round's visits were too short for a window."""
+        if self._budget_checked:
+            return
+        self._budget_checked = True
+        message = (f"{', '.join(names)}: no window in a visit of its share of --max-seconds (slow steps, or an "
+                   "epoch too short for a window after its workers start); the next rounds give each visit all the "
+                   "time left")
+        self.exp.note("budget", message)
+        self.exp.emit({"event": "warning", "message": message})
+
+
 def in_round(result: PointResult, r: int) -> PointResult:
     """A visit's result with its windows tagged as measured in round `r`."""
     if result.throughput is None:
@@ -198,8 +217,16 @@ def _keeps(exp: Experiment, name: str) -> bool:
 
 
 def _live(exp: Experiment, name: str) -> bool:
+    """Still to be visited: measured ok, not yet, or only out of time before a window so
+    far (a later visit with more time may measure it; one that failed is done)."""
     p = exp.results.get(name)
-    return p is None or p.status == "ok"
+    return p is None or p.status == "ok" or _unmeasured(p)
+
+
+def _unmeasured(p: Optional[PointResult]) -> bool:
+    """A point whose every visit ran out of time before a window (no error, no window)."""
+    return p is not None and p.status == "failed" and p.stopped_by_deadline and p.failed_stage is None \
+        and p.throughput is None
 
 
 def _weight(name: str) -> float:

@@ -153,6 +153,20 @@ def test_a_round_cut_short_keeps_what_the_earlier_round_measured(monkeypatch):
     assert run.decide().ceiling == "device"
 
 
+def test_a_first_round_without_a_window_is_not_the_end_of_the_run(monkeypatch):
+    # every visit of the first round runs out before a window (a short epoch whose workers
+    # start again, steps of seconds): the points stay to be measured, the later rounds give
+    # each visit the whole time left, and the run reaches a verdict instead of stopping
+    # with nothing at a third of its budget (a MONAI tutorial at 25 s of 60)
+    run, seen, clock = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 60, "full": 61},
+                                cut=set(range(len(DOWN))))
+    info = measure(run, POINTS)
+    assert [name for name, _ in seen[:len(DOWN)]] == DOWN
+    assert all(run.results[n].status == "ok" for n in DOWN)
+    assert run.decide().bottleneck == "augment" and info["rounds"] > 1
+    assert any("no window in a visit" in n.message for n in run.notes)
+
+
 def test_no_point_opens_without_a_window_of_time_left(monkeypatch):
     run, seen, clock = make_run(monkeypatch, {n: 10.0 for n in DOWN})
     clock.t = run.deadline - run.plan.window_seconds / 2
