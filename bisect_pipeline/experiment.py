@@ -356,6 +356,10 @@ class Experiment:
             elif name not in self.results:
                 why = "interrupted" if interrupted else (unreached or "out of time")
                 self.results[name] = PointResult(name, "not run", reason=why)
+            elif unreached and not interrupted and no_window(self.results[name]):
+                # its visits ran out before a window and the script then ended: more
+                # --max-seconds would not have measured it
+                self.results[name] = dataclasses.replace(self.results[name], reason=f"no window measured: {unreached}")
         complete = not interrupted and all(p.status != "not run" and not p.stopped_by_deadline
                                            for p in self.results.values())
         run = RunInfo(max_seconds=round(self.end - self.start, 6), elapsed_s=round(self.clock() - self.start, 3),
@@ -540,3 +544,8 @@ def _tagged_copy(spec: LoaderSpec) -> Any:
         return split.instrument(spec.dataset).dataset
     except Exception:  # cannot be copied: the full point runs over a plain copy
         return None
+
+
+def no_window(p: PointResult) -> bool:
+    """A point whose visits all ran out of time before a window (no error)."""
+    return p.status == "failed" and p.stopped_by_deadline and p.failed_stage is None and p.throughput is None

@@ -25,7 +25,7 @@ import dataclasses
 import math
 from typing import Iterator, Optional
 
-from .experiment import MEASURE_ORDER, Experiment
+from .experiment import MEASURE_ORDER, Experiment, no_window
 from .results import PointResult
 from .stats import Throughput
 from .verdict import SETTLE_NOISE_SCALE, deciding_points, settled
@@ -225,8 +225,7 @@ def _live(exp: Experiment, name: str) -> bool:
 
 def _unmeasured(p: Optional[PointResult]) -> bool:
     """A point whose every visit ran out of time before a window (no error, no window)."""
-    return p is not None and p.status == "failed" and p.stopped_by_deadline and p.failed_stage is None \
-        and p.throughput is None
+    return p is not None and no_window(p)
 
 
 def _weight(name: str) -> float:
