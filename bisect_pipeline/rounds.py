@@ -81,12 +81,6 @@ class Rounds:
                         return
                     order = order[1:]
                 self.info["rounds"] = r + 1
-                if r == 0 and not self.tight and any(_unmeasured(exp.results.get(n)) for n in todo):
-                    # a visit of its share ran out before one window (steps of seconds, a
-                    # short epoch whose workers start again): the minimum rounds do not fit
-                    # as planned, so the rounds to come give each visit the whole time left
-                    self.tight = True
-                    self._no_window_note([n for n in todo if _unmeasured(exp.results.get(n))])
                 if self.tight and r == 0:  # the second round visits only what can change the verdict
                     v = yield from self._consistent()
                     if v is None:
@@ -154,6 +148,12 @@ class Rounds:
         exp.results[name] = pool(exp.results.get(name), in_round(exp.result(visit), self.round), exp.batch_size)
         if exp.results[name].ok:
             self._budget_check(planned, visited=(name,))
+        elif _unmeasured(exp.results[name]) and not self.tight:
+            # its share ran out before one window (steps of seconds, a short epoch whose
+            # workers start again): the minimum rounds do not fit as planned, so from now
+            # on each visit gets the whole time left in its round, `full` next
+            self.tight = True
+            self._no_window_note(name)
         return True
 
     def _budget_check(self, todo: list, visited: tuple) -> None:
@@ -183,14 +183,14 @@ class Rounds:
         exp.emit({"event": "warning", "message": message})
 
 
-    def _no_window_note(self, names: list) -> None:
-        """Say, once, that the first round's visits were too short for a window."""
+    def _no_window_note(self, name: str) -> None:
+        """Say, once, that a visit was too short for a window."""
         if self._budget_checked:
             return
         self._budget_checked = True
-        message = (f"{', '.join(names)}: no window in a visit of its share of --max-seconds (slow steps, or an "
-                   "epoch too short for a window after its workers start); the next rounds give each visit all the "
-                   "time left")
+        message = (f"{name}: no window in a visit of its share of --max-seconds (slow steps, or an epoch too short "
+                   "for a window after its workers start); from now on each visit gets all the time left in its "
+                   "round, the full pipeline first")
         self.exp.note("budget", message)
         self.exp.emit({"event": "warning", "message": message})
 
