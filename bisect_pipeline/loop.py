@@ -218,9 +218,13 @@ def _skipped_dirs() -> tuple:
 
 
 def _length(loader: Any) -> Optional[int]:
+    """The batches after which the loader's own iterator ends an epoch: DataLoader's
+    length, not a subclass's __len__ (timm's MultiEpochsDataLoader iterates one endless
+    iterator and ends its epochs in its own __iter__, after len(self) batches); None where
+    the iterator ends no epoch itself."""
     try:
-        return len(loader)
-    except TypeError:  # an IterableDataset without __len__: its epochs do not end here
+        return DataLoader.__len__(loader)
+    except TypeError:  # an IterableDataset without __len__, an endless batch sampler
         return None
 
 

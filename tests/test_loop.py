@@ -92,6 +92,50 @@ def test_the_loader_the_optimizer_steps_on_is_chosen_not_the_evaluation_one():
     assert per_epoch == [5, 5, 5, 5, 5]
 
 
+class _RepeatSampler:
+    """timm.data.loader's: the batch sampler repeated forever (no length)."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __iter__(self):
+        while True:
+            yield from iter(self.sampler)
+
+
+class MultiEpochs(torch.utils.data.DataLoader):
+    """timm's MultiEpochsDataLoader (--use-multi-epochs-loader): one iterator over an
+    endless batch sampler, made in __init__, and len(self) batches of it per epoch."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._DataLoader__initialized = False
+        self.batch_sampler = _RepeatSampler(self.batch_sampler)
+        self._DataLoader__initialized = True
+        self.iterator = super().__iter__()
+
+    def __len__(self):
+        return len(self.batch_sampler.sampler)
+
+    def __iter__(self):
+        for _ in range(len(self)):
+            yield next(self.iterator)
+
+
+def test_a_loader_whose_one_iterator_spans_every_epoch_gets_its_epochs_from_itself():
+    # the iterator made once in __init__ (a LoopIterator while the session is open) never
+    # ends an epoch of its own: the loader's __iter__ does, after len(self) batches. An end
+    # at len(loader) raised StopIteration inside that generator (RuntimeError in timm's
+    # train.py --use-multi-epochs-loader after its first epoch)
+    seen: list = []
+    with Stubbed() as s:
+        train = MultiEpochs(PlantedDataset(n=40), batch_size=8)
+        loop({"train": train}, seen, epochs=20)
+    assert s.chosen is train and s.handed > 30  # the experiment's batches until it stopped the loop
+    per_epoch = [sum(1 for e, _, _ in seen if e == epoch) for epoch in range(6)]
+    assert per_epoch == [5, 5, 5, 5, 5, 5]
+
+
 def test_loader_n_picks_another_loader():
     a = make_loader(PlantedDataset(n=16), batch_size=8)
     b = make_loader(PlantedDataset(n=16), batch_size=8)
