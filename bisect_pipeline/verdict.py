@@ -149,9 +149,12 @@ def decide(
             neither: none if the gap's upper bound (Z_UPPER) <= NONE_MAX_LOSS t(full);
                      else inconclusive, with the rounds that would decide it
     """
-    if "full" not in measured:
-        return Verdict(None, _unmeasured_stages(skipped), reason="the full pipeline was not measured")
     present = [p for p in POINTS if p in measured]
+    if "full" not in measured:
+        # no verdict, but the points shown still agree with each other (a partial run)
+        noise = Noise(measured) if measured else None
+        return Verdict(None, _unmeasured_stages(skipped), reason="the full pipeline was not measured",
+                       fitted=_fit(noise, present) if noise is not None else {}, noise=noise)
     if len(present) < 2:
         return Verdict(None, _unmeasured_stages(skipped), reason="no cache point was measured besides the full pipeline")
     noise = Noise(measured)

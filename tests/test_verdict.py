@@ -457,3 +457,13 @@ def assert_sentences_agree(v: Verdict) -> None:
         assert v.gap_upper > NONE_MAX_LOSS * v.fitted["full"]
     if v.bottleneck == "inconclusive":
         assert not any(s.significant for s in v.stages)
+
+
+def test_a_partial_run_without_full_still_shows_points_that_agree_with_each_other():
+    # the script ended after device and collated, one window each, collated read faster:
+    # no verdict, but the rates the report shows do not contradict the points' order
+    v = decide({"device": tp(305.0, n=1), "collated": tp(235.0, n=1)}, BS)
+    assert v.bottleneck is None and "full" in v.reason
+    assert set(v.fitted) == {"device", "collated"}
+    assert v.fitted["collated"] >= v.fitted["device"] * 0.999
+    assert decide({}, BS).fitted == {}
