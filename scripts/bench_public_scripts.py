@@ -591,8 +591,7 @@ def run_case(name: str, case: Case, repo: str, args, env) -> dict:
         f.write(stdout)
     result = {"name": name, "repo": case.repo, "revision": revision(repo), "script": case.script,
               "args": script_args, "keep_training": case.keep, "workers": case.workers, "what": case.what,
-              "exit": rc, "wall_s": round(wall, 1), "reports": sum(ln.startswith(REPORT_LINE)
-                                                                   for ln in stderr.splitlines()),
+              "exit": rc, "wall_s": round(wall, 1), "reports": stderr.count(REPORT_LINE),  # also after a tqdm bar's text (no newline)
               "json": os.path.exists(report), "stderr_tail": stderr[-1500:]}
     if result["json"]:
         doc = json.load(open(report))
