@@ -121,11 +121,15 @@ class Experiment:
     def step_estimate(self) -> Optional[float]:
         """Seconds a training step takes at most, from what was measured so far: the
         fastest point (its time per batch includes the step), else the step timed alone
-        (hold_allocator); None before either."""
+        (hold_allocator), else the fastest first batch of a visit that ended before a
+        window (a batch and its step: steps of seconds show here first); None before any."""
         measured = [p.throughput.sec_per_batch for p in self.results.values() if p.ok]
         if measured:
             return min(measured)
-        return self.step_alone
+        if self.step_alone is not None:
+            return self.step_alone
+        firsts = [p.first_batch_seconds for p in self.results.values() if no_window(p) and p.first_batch_seconds]
+        return min(firsts) if firsts else None
 
     def least_visit_seconds(self, name: str, spec: Optional[LoaderSpec] = None, *, windows: Optional[int] = None,
                             spare: int = 0) -> float:

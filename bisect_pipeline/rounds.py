@@ -151,9 +151,12 @@ class Rounds:
         elif _unmeasured(exp.results[name]) and not self.tight:
             # its share ran out before one window (steps of seconds, a short epoch whose
             # workers start again): the minimum rounds do not fit as planned, so from now
-            # on each visit gets the whole time left in its round, `full` next
-            self.tight = True
-            self._no_window_note(name)
+            # on each visit gets the whole time left in its round, `full` next; where its
+            # first batch shows the step, the warning names the budget that would fit
+            self._budget_check(planned, visited=())
+            if not self.tight:
+                self.tight = True
+                self._no_window_note(name)
         return True
 
     def _budget_check(self, todo: list, visited: tuple) -> None:
@@ -182,12 +185,8 @@ class Rounds:
         exp.note("budget", message)
         exp.emit({"event": "warning", "message": message})
 
-
     def _no_window_note(self, name: str) -> None:
-        """Say, once, that a visit was too short for a window."""
-        if self._budget_checked:
-            return
-        self._budget_checked = True
+        """Say that a visit was too short for a window (once: the budget is tight after)."""
         message = (f"{name}: no window in a visit of its share of --max-seconds (slow steps, or an epoch too short "
                    "for a window after its workers start); from now on each visit gets all the time left in its "
                    "round, the full pipeline first")

@@ -169,6 +169,22 @@ def test_a_first_round_without_a_window_is_not_the_end_of_the_run(monkeypatch):
     assert any("no window in a visit" in n.message for n in run.notes)
 
 
+def test_a_first_visit_without_a_window_names_the_budget_its_first_batch_shows(monkeypatch):
+    # steps of 7 s (bf16 autocast on a CPU without bf16 units): no visit of a 60-s run
+    # gets a window, and the first one's first batch says how long a verdict would take
+    import dataclasses
+
+    run, seen, clock = make_run(monkeypatch, {n: 7000.0 for n in DOWN}, seconds_per_visit=30.0)
+    planted = run.result
+    monkeypatch.setattr(run, "result", lambda v: dataclasses.replace(planted(v), first_batch_seconds=7.0))
+    measure(run, POINTS)
+    budget = [n.message for n in run.notes if n.kind == "budget"]
+    assert len(budget) == 1 and budget[0].startswith("one step takes 7 s: a verdict needs at least about")
+    assert "rerun with --max-seconds" in budget[0]
+    assert int(budget[0].split("rerun with --max-seconds ")[1].split(";")[0]) > 60
+    assert seen[1][0] == "full"  # and the budget is tight: full next
+
+
 def test_no_point_opens_without_a_window_of_time_left(monkeypatch):
     run, seen, clock = make_run(monkeypatch, {n: 10.0 for n in DOWN})
     clock.t = run.deadline - run.plan.window_seconds / 2
