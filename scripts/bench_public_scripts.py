@@ -35,7 +35,9 @@ The cases (`--list` for their arguments; data sizes are small, written under OUT
 
 - mnist (pytorch/examples mnist/main.py): torchvision MNIST idx files generated (6,000 +
   1,000 random digits), ToTensor + Normalize, batch 64, Adadelta, `--epochs 30`;
-  `mnist-keep`: the same with `--keep-training --epochs 15`;
+  `mnist-keep`: the same with `--keep-training --epochs 15`; vae, siamese, mnist-rnn
+  (pytorch/examples vae/, siamese_network/, mnist_rnn/ main.py, `--epochs 30`) over the
+  same generated digits;
 - dcgan, dcgan-small, imagenet, imagenet-small (pytorch/examples): `--dataset fake` and
   `--dummy` (FakeData), 2 workers; see their entries below;
 - timm (timm train.py): an ImageFolder of 300 + 50 JPEGs (10 classes, 160x120),
@@ -131,6 +133,12 @@ CASES = {
                   workers="none (train and test loaders in process)"),
     "mnist-keep": Case("examples", ["mnist"], "mnist/main.py", ["--epochs", "15"], ["mnist"], keep=True,
                        allowance=400, workers="none"),
+    "vae": Case("examples", ["vae"], "vae/main.py", ["--epochs", "30"], ["mnist"], workers="none",
+                what="MNIST, ToTensor only, batch 128"),
+    "siamese": Case("examples", ["siamese_network"], "siamese_network/main.py", ["--epochs", "30"], ["mnist"],
+                    workers="none", what="a Dataset of MNIST pairs drawn in __getitem__"),
+    "mnist-rnn": Case("examples", ["mnist_rnn"], "mnist_rnn/main.py", ["--epochs", "30"], ["mnist"], workers="none",
+                      what="an LSTM over MNIST rows"),
     "dcgan": Case("examples", ["dcgan"], "dcgan/main.py",
                   ["--dataset", "fake", "--niter", "1000", "--workers", "2", "--outf", "{out}"], entry="dcgan",
                   workers="2, not persistent (one loader)"),
