@@ -141,7 +141,8 @@ def decide(
                  end point does not apply here is skipped  (_cost_stages)
         real = stages whose cost is beyond the noise (stats.is_real)
         leads = the costliest stage's cost minus each other's, each real or not, its
-                noise from the per-round values of that difference  (_leads)
+                noise from the per-round values of that difference, at most the sum
+                of the two costs' own noise  (_leads)
         verdict (_name):
             a stage real or the gap real (input-bound):
                 the costliest stage when every lead is real; else `tie` between it
@@ -235,7 +236,8 @@ def _leads(stages: tuple, noise: Noise, t_full: float, noise_scale: float) -> tu
     """The costliest stage's lead over each other costed stage. Each lead's noise comes
     from the per-round values of the difference of the two costs (a point the two stages
     share, adjacent stages, counts with its sign in each round: t(full) - 2 t(raw) +
-    t(augmented) for load over augment), so noise common to both costs cancels."""
+    t(augmented) for load over augment), so noise common to both costs cancels; it is
+    never taken as more than the sum of the two costs' own noise."""
     costed = _costed(stages)
     out = []
     for other in costed[1:]:
@@ -245,9 +247,15 @@ def _leads(stages: tuple, noise: Noise, t_full: float, noise_scale: float) -> tu
             coef[s.lower] = coef.get(s.lower, 0) + sign
             coef[s.upper] = coef.get(s.upper, 0) - sign
         c = noise.contrast(coef)
+        # the noise of a difference is at most the sum of its terms' (sd(a - b) <= sd(a) +
+        # sd(b)): where the per-round estimate of the difference says more (few rounds, the
+        # estimators differ), the two costs' own noise bounds it; a runner-up whose upper
+        # bound is below the leader's lower bound is then always behind
+        sigma = min(c.sigma, (top.sigma or 0.0) + (other.sigma or 0.0)) \
+            if top.sigma is not None and other.sigma is not None else c.sigma
         lead = top.sec_per_batch - other.sec_per_batch
-        threshold = noise_threshold(c.sigma, t_full, noise_scale)
-        out.append(Lead(top.stage, other.stage, lead, c.sigma, threshold, lead > threshold, c.rounds))
+        threshold = noise_threshold(sigma, t_full, noise_scale)
+        out.append(Lead(top.stage, other.stage, lead, sigma, threshold, lead > threshold, c.rounds))
     return tuple(out)
 
 

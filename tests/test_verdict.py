@@ -467,3 +467,23 @@ def test_a_partial_run_without_full_still_shows_points_that_agree_with_each_othe
     assert set(v.fitted) == {"device", "collated"}
     assert v.fitted["collated"] >= v.fitted["device"] * 0.999
     assert decide({}, BS).fitted == {}
+
+
+def test_a_runner_up_whose_upper_bound_is_under_the_leader_s_lower_bound_is_behind():
+    # the VAE example at 60 s: augment 14.2 +- 2.7, collate 0.4 +- 0.5 ms per batch, and
+    # the per-round estimate of their difference (it counts `augmented` twice) read +-6:
+    # "tied" with a stage whose upper bound (1.9) is under augment's lower bound (6.1)
+    from bisect_pipeline.stats import Contrast
+    from bisect_pipeline.verdict import StageCost, _leads
+
+    class Wide:
+        def contrast(self, coef):
+            return Contrast(0.0, 6.0e-3, 13, 14)
+
+    top = StageCost("augment", "ok", upper="augmented", lower="raw", sec_per_batch=14.2e-3, sigma=2.7e-3)
+    other = StageCost("collate", "ok", upper="device", lower="augmented", sec_per_batch=0.4e-3, sigma=0.5e-3)
+    (lead,) = _leads((top, other), Wide(), t_full=40e-3, noise_scale=1.0)
+    assert lead.sigma == pytest.approx(3.2e-3) and lead.real
+    near = StageCost("load", "ok", upper="raw", lower="full", sec_per_batch=10.0e-3, sigma=3.1e-3)
+    (lead,) = _leads((top, near), Wide(), t_full=40e-3, noise_scale=1.0)
+    assert not lead.real  # 4.2 ms apart: within 3 x (2.7 + 3.1)
