@@ -580,6 +580,7 @@ def run_case(name: str, case: Case, repo: str, args, env) -> dict:
     work = os.path.join(out, "run", name)  # mnist reads ../data: OUT/run/data
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(os.path.join(work, "out"), exist_ok=True)
+    os.makedirs(os.path.join(work, "results"), exist_ok=True)  # vae/main.py saves to ./results (its checkout's)
     if not os.path.exists(os.path.join(out, "run", "data")):
         os.symlink(data, os.path.join(out, "run", "data"))
     cwd = os.path.join(out, "run") if case.cwd == "run" else work  # scripts reading ./data
