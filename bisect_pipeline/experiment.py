@@ -550,6 +550,8 @@ def _tagged_copy(spec: LoaderSpec) -> Any:
         return None
 
 
-def no_window(p: PointResult) -> bool:
-    """A point whose visits all ran out of time before a window (no error)."""
-    return p.status == "failed" and p.stopped_by_deadline and p.failed_stage is None and p.throughput is None
+def no_window(p: Optional[PointResult]) -> bool:
+    """A point whose visits all ran out of time before a window (no error); False for
+    one not visited yet (None)."""
+    return (p is not None and p.status == "failed" and p.stopped_by_deadline and p.failed_stage is None
+            and p.throughput is None)

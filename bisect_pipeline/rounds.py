@@ -86,7 +86,7 @@ class Rounds:
                     if v is None:
                         return
                     # and the points no visit has measured yet: without them there is no verdict
-                    focus = deciding_points(v) | {n for n in todo if _unmeasured(exp.results.get(n))}
+                    focus = deciding_points(v) | {n for n in todo if no_window(exp.results.get(n))}
                     exp.close_kept(keep=focus)
                     continue
                 if r + 1 < exp.plan.min_rounds:
@@ -148,15 +148,17 @@ class Rounds:
         exp.results[name] = pool(exp.results.get(name), in_round(exp.result(visit), self.round), exp.batch_size)
         if exp.results[name].ok:
             self._budget_check(planned, visited=(name,))
-        elif _unmeasured(exp.results[name]) and not self.tight:
+        elif no_window(exp.results[name]) and not self.tight:
             # its share ran out before one window (steps of seconds, a short epoch whose
             # workers start again): the minimum rounds do not fit as planned, so from now
             # on each visit gets the whole time left in its round, `full` next; where its
             # first batch shows the step, the warning names the budget that would fit
             self._budget_check(planned, visited=())
-            if not self.tight:
+            if not self.tight:  # said once: the budget is tight from now on
                 self.tight = True
-                self._no_window_note(name)
+                self._budget_note(f"{name}: no window in a visit of its share of --max-seconds (slow steps, or an "
+                                  "epoch too short for a window after its workers start); from now on each visit "
+                                  "gets all the time left in its round, the full pipeline first")
         return True
 
     def _budget_check(self, todo: list, visited: tuple) -> None:
@@ -179,17 +181,12 @@ class Rounds:
             return
         self.tight = True
         suggest = int(math.ceil(needed / 10.0) * 10)
-        message = (f"one step takes {sec_per_step:.2g} s: a verdict needs at least about {suggest} s "
-                   f"({plan.min_rounds} rounds over {len(todo)} points), more than --max-seconds {max_s:g}: "
-                   f"rerun with --max-seconds {suggest}; what fits is measured")
-        exp.note("budget", message)
-        exp.emit({"event": "warning", "message": message})
+        self._budget_note(f"one step takes {sec_per_step:.2g} s: a verdict needs at least about {suggest} s "
+                          f"({plan.min_rounds} rounds over {len(todo)} points), more than --max-seconds {max_s:g}: "
+                          f"rerun with --max-seconds {suggest}; what fits is measured")
 
-    def _no_window_note(self, name: str) -> None:
-        """Say that a visit was too short for a window (once: the budget is tight after)."""
-        message = (f"{name}: no window in a visit of its share of --max-seconds (slow steps, or an epoch too short "
-                   "for a window after its workers start); from now on each visit gets all the time left in its "
-                   "round, the full pipeline first")
+    def _budget_note(self, message: str) -> None:
+        """A `budget` note in the report, and the same words as a warning event."""
         self.exp.note("budget", message)
         self.exp.emit({"event": "warning", "message": message})
 
@@ -219,12 +216,7 @@ def _live(exp: Experiment, name: str) -> bool:
     """Still to be visited: measured ok, not yet, or only out of time before a window so
     far (a later visit with more time may measure it; one that failed is done)."""
     p = exp.results.get(name)
-    return p is None or p.status == "ok" or _unmeasured(p)
-
-
-def _unmeasured(p: Optional[PointResult]) -> bool:
-    """A point whose every visit ran out of time before a window (no error, no window)."""
-    return p is not None and no_window(p)
+    return p is None or p.status == "ok" or no_window(p)
 
 
 def _weight(name: str) -> float:

@@ -251,8 +251,7 @@ def _leads(stages: tuple, noise: Noise, t_full: float, noise_scale: float) -> tu
         # sd(b)): where the per-round estimate of the difference says more (few rounds, the
         # estimators differ), the two costs' own noise bounds it; a runner-up whose upper
         # bound is below the leader's lower bound is then always behind
-        sigma = min(c.sigma, (top.sigma or 0.0) + (other.sigma or 0.0)) \
-            if top.sigma is not None and other.sigma is not None else c.sigma
+        sigma = c.sigma if top.sigma is None or other.sigma is None else min(c.sigma, top.sigma + other.sigma)
         lead = top.sec_per_batch - other.sec_per_batch
         threshold = noise_threshold(sigma, t_full, noise_scale)
         out.append(Lead(top.stage, other.stage, lead, sigma, threshold, lead > threshold, c.rounds))
