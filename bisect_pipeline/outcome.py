@@ -192,8 +192,17 @@ def _ms(t: Any) -> str:
     return f": {mine:.3g} \u2192 {theirs:.3g} ms/batch"
 
 
+def pm(spread: Optional[float]) -> str:
+    """A speed-up's spread as the report prints it: "±8%"; beyond 100% ("±>100%") it says
+    only that the figure is unknown (a side with two windows: Student's t at one degree of
+    freedom makes it e38%). The advice's check and --tune print it so alike."""
+    if spread is None:
+        return ""
+    return "\u00b1>100%" if spread >= 1 else f"\u00b1{spread * 100:.0f}%"
+
+
 def _fig(t: Outcome) -> str:
-    spread = f" (\u00b1{t.spread * 100:.0f}%)" if t.spread is not None else ""
+    spread = f" ({pm(t.spread)})" if t.spread is not None else ""
     return f"{t.speedup:.2f}\u00d7{spread}"
 
 

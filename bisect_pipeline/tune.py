@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 from .advice import WORKER_STAGES
 from .experiment import Experiment
-from .outcome import THREADS, Outcome, outcome, settings_text, speedup
+from .outcome import THREADS, Outcome, outcome, pm, settings_text, speedup
 from .results import Trial, Tuning
 from .stats import is_real
 from .verify import BLOCK, MIN_BLOCKS, fits, trial
@@ -360,15 +360,6 @@ def summarize(t: Tuning, batch_size: float) -> Found:
     applied = outcome(t.applied, batch_size) if t.applied is not None else None
     return Found(tuple(ts), b, top, ceiling, _summary(t, ts, b, top, ceiling), applied,
                  _agrees(t.applied, b, batch_size))
-
-
-def pm(spread: Optional[float]) -> str:
-    """A speed-up's spread as the report prints it: "±8%"; beyond 100% ("±>100%") it says
-    only that the figure is unknown (a side with two windows: Student's t at one degree of
-    freedom makes it e38%)."""
-    if spread is None:
-        return ""
-    return "\u00b1>100%" if spread >= 1 else f"\u00b1{spread * 100:.0f}%"
 
 
 def _agrees(applied: Optional[Trial], b: Optional[Tried], batch_size: float) -> Optional[bool]:
