@@ -5,6 +5,7 @@ with the planted augment cost found, and the step sees the structure it was buil
 
 import collections
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -147,18 +148,24 @@ def test_dict_and_namedtuple_batches_work_with_the_default_step():
 
 
 class Tokens(Dataset):
-    """Token id sequences of 4..24 tokens; the transform (random token dropout) is augment."""
+    """Token id sequences of 4..24 tokens; the transform (random token dropout) is augment.
+    Loading costs `load_ms` a sample: without a cost of its own, `raw` runs as fast as
+    `full`, and on a busy 2-core machine either may read slower than the other by more
+    than the rule for an inconsistent point allows (CI once left `raw` out so)."""
 
-    def __init__(self, n=64, vocab=50, transform=None):
+    def __init__(self, n=64, vocab=50, transform=None, load_ms=0.0):
         g = torch.Generator().manual_seed(0)
         lengths = torch.randint(4, 25, (n,), generator=g)
         self.seqs = [torch.randint(1, vocab, (int(n_),), generator=g) for n_ in lengths]
         self.transform = transform
+        self.load_ms = load_ms  # a number, not a callable attribute (which the split would try as a transform)
 
     def __len__(self):
         return len(self.seqs)
 
     def __getitem__(self, i):
+        if self.load_ms:
+            time.sleep(self.load_ms / 1e3)
         ids = self.seqs[i].clone()
         if self.transform is not None:
             ids = self.transform(ids)
@@ -210,7 +217,9 @@ def test_padding_collate_for_variable_length_tokens():
         nn.functional.cross_entropy(model(ids, lengths), labels).backward()
         opt.step()
 
-    loader = DataLoader(Tokens(transform=TokenDropout(AUG_MS)), batch_size=8, shuffle=True, collate_fn=pad_collate)
+    # load 1.5 ms a sample, a quarter of augment's: both stages real, augment far ahead
+    loader = DataLoader(Tokens(transform=TokenDropout(AUG_MS), load_ms=AUG_MS / 4), batch_size=8, shuffle=True,
+                        collate_fn=pad_collate)
     report = bisect(model, loader, optimizer=opt, step=step, device="cpu", max_seconds=MAX_S, plan=FAST_PLAN, verify_seconds=0)
     assert {p.point: p.status for p in report.points} == all_measured(report), str(report)
     assert_names(report, "augment")
