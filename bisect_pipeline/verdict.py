@@ -354,11 +354,18 @@ def rounds_to_decide(gap: Contrast, t_full: float, most: int = 400) -> Optional[
     if n < 2 or not math.isfinite(gap.se):
         return max(2, n + 2) if n < 2 else None
     sd = gap.se * math.sqrt(n)
-    for r in range(n + 1, most + 1):
+
+    def decides(r: int) -> bool:  # more rounds only narrow the bound: a bisection finds the first
         c = Contrast(gap.estimate, sd / math.sqrt(r), r - 1, r)
-        if c.upper(Z_UPPER) <= NONE_MAX_LOSS * t_full or is_real(gap.estimate, c.sigma, t_full):
-            return r
-    return None
+        return c.upper(Z_UPPER) <= NONE_MAX_LOSS * t_full or is_real(gap.estimate, c.sigma, t_full)
+
+    if n + 1 > most or not decides(most):
+        return None
+    lo, hi = n + 1, most  # decides(hi)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decides(mid) else (mid + 1, hi)
+    return lo
 
 
 def find_inconsistent(measured: Mapping[str, Throughput], present: list, noise: Noise,

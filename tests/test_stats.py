@@ -3,7 +3,8 @@ import math
 import pytest
 
 from bisect_pipeline.stats import (MIN_REL_DROP, Z_NOISE, Throughput, Window, decreasing_fit, iqr, is_real, median,
-                                   noise_threshold, point_sigmas, quantile, small_sample_factor, t_factor)
+                                   median_se, noise_threshold, order_se, point_sigmas, quantile, small_sample_factor,
+                                   t_factor)
 
 
 def test_median_odd_even():
@@ -121,3 +122,23 @@ def test_a_point_noisier_than_the_rest_keeps_its_own_spread():
 def test_a_single_window_everywhere_has_no_noise_to_pool():
     one = Throughput((Window(10, 1.0),), 10)
     assert point_sigmas({"full": one})["full"] == math.inf  # nothing to pool: no noise known
+
+
+def test_order_se_agrees_with_the_iqr_rule_on_one_cluster_and_spans_two():
+    # one cluster (Gaussian quantiles): about median_se's figure without its small-sample
+    # widening; two clusters 20 apart: half the distance between them, where the IQR
+    # rule says the median is known to a fraction of that
+    n = 61
+    gauss = [math.sqrt(2) * _erfinv(2 * (i + 0.5) / n - 1) for i in range(n)]
+    assert order_se(gauss) == pytest.approx(median_se(gauss) / small_sample_factor(n), rel=0.25)
+    two = [-10.0 + 0.1 * (i % 5) if i % 2 else 10.0 - 0.1 * (i % 5) for i in range(n)]
+    assert order_se(two) > 9.0 and median_se(two) < 4.0
+    assert order_se(two[:7]) == 0.0  # below ORDER_SE_MIN_N: a range, not an error
+
+
+def _erfinv(y: float) -> float:
+    lo, hi = -6.0, 6.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if math.erf(mid) < y else (lo, mid)
+    return (lo + hi) / 2

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from bisect_pipeline.stats import MIN_REL_DROP, Throughput, Window
-from bisect_pipeline.verdict import (NONE_MAX_LOSS, SETTLE_NOISE_SCALE, Verdict, decide, deciding_points,
-                                     in_question, self_check, settled)
+from bisect_pipeline.stats import MIN_REL_DROP, Contrast, Throughput, Window, is_real
+from bisect_pipeline.verdict import (NONE_MAX_LOSS, SETTLE_NOISE_SCALE, Z_UPPER, Verdict, decide, deciding_points,
+                                     in_question, rounds_to_decide, self_check, settled)
 
 BS = 10
 
@@ -487,3 +487,17 @@ def test_a_runner_up_whose_upper_bound_is_under_the_leader_s_lower_bound_is_behi
     near = StageCost("load", "ok", upper="raw", lower="full", sec_per_batch=10.0e-3, sigma=3.1e-3)
     (lead,) = _leads((top, near), Wide(), t_full=40e-3, noise_scale=1.0)
     assert not lead.real  # 4.2 ms apart: within 3 x (2.7 + 3.1)
+
+
+def test_rounds_to_decide_is_the_first_round_count_that_would_tell():
+    # the bisection finds what a scan of every round count from the next finds: the first
+    # count at which the gap's bound is under NONE_MAX_LOSS or the gap is real
+    t_full = 0.1
+    for estimate, se, n in ((0.002, 0.004, 4), (0.0, 0.01, 5), (0.012, 0.003, 6), (0.009, 0.02, 3), (0.02, 0.0001, 9),
+                            (0.0, 0.5, 3)):
+        gap = Contrast(estimate, se, n - 1, n)
+        sd = se * math.sqrt(n)
+        scan = next((r for r in range(n + 1, 401)
+                     if Contrast(estimate, sd / math.sqrt(r), r - 1, r).upper(Z_UPPER) <= NONE_MAX_LOSS * t_full
+                     or is_real(estimate, Contrast(estimate, sd / math.sqrt(r), r - 1, r).sigma, t_full)), None)
+        assert rounds_to_decide(gap, t_full) == scan, (estimate, se, n)
