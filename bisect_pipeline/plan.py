@@ -57,9 +57,13 @@ class Plan:
     # fewest whose spread is an estimate of its noise: stats.Noise; with two, t at one
     # degree of freedom is 78 z and no cost could be real), then more until the verdict
     # is settled; those visit only the points that can still change it, so they are
-    # short. The deadline bounds them; max_rounds only stops a run that nothing could settle.
+    # short. The deadline bounds them: max_rounds is a guard (a clock that does not
+    # advance), set above what a budget buys (a round of `full` and the ceiling takes a
+    # second or more: about 50 in 60 s), so an undecided run uses the time it was given.
+    # (At 24, a drifting step-bound run stopped at 40 s of 60 with its loss bounded at
+    # 10.6%, where `none` needs 10% and the remaining 20 s would have narrowed it.)
     min_rounds: int = 3
-    max_rounds: int = 24
+    max_rounds: int = 100
     # The loader's workers (for_workers): a window spans at least one batch of each.
     workers: int = 0
     # The visit's loader ends an epoch every this many batches (0: never, or too long for

@@ -108,6 +108,38 @@ def test_an_unsettled_verdict_takes_more_rounds_until_the_time_is_up(monkeypatch
     assert v.bottleneck == "inconclusive" and "rounds of full and device would tell" in v.reason
 
 
+def test_an_undecided_run_goes_on_past_24_rounds_while_time_is_left(monkeypatch):
+    # full scatters +-14 ms around the ceiling's 40 ms from one visit to the next, no
+    # input cost: `none` needs its loss bounded under 10%, which takes about 60 rounds of
+    # full and the ceiling; the rounds are not capped before the time is up (a cap of 24,
+    # as before, left it inconclusive with half the budget unused)
+    ms = {"device": 40.0, "collated": 40.0, "augmented": 40.0, "raw": 40.0, "full": [26.0, 32, 36, 40, 44, 48, 54]}
+    run, _, clock = make_run(monkeypatch, ms, max_seconds=120.0, seconds_per_visit=0.5)
+    info = measure(run, POINTS)
+    v = run.decide()
+    assert v.bottleneck == "none" and info["settled"] and 24 < info["rounds"] < run.plan.max_rounds, (info, v.reason)
+    assert clock.t < run.deadline
+    capped, _, capped_clock = make_run(monkeypatch, ms, max_seconds=120.0, seconds_per_visit=0.5,
+                                       plan=Plan(max_rounds=24))
+    info = measure(capped, POINTS)
+    assert capped.decide().bottleneck == "inconclusive" and info["rounds"] == 24 and capped_clock.t < 60.0
+
+
+def test_a_step_alternating_between_two_speeds_is_never_a_stage_however_many_rounds(monkeypatch):
+    # full is 10 ms slower or faster than the ceiling in alternate visits, no input cost:
+    # the per-round differences fall in two clusters, and their median sits on one of
+    # them; an error from their IQR took that median as known to +-2 ms and, after 60
+    # rounds, named `load` at 9 ms a batch. The order of the values (stats.order_se)
+    # says the median is anywhere between the clusters.
+    for wobble in ([12, -10, 9, -11, 10, -10], [8, -7, 6, -8, 7, -6]):
+        ms = {"device": 40.0, "collated": 40.0, "augmented": 40.0, "raw": 40.0, "full": [40.0 + w for w in wobble]}
+        run, _, _ = make_run(monkeypatch, ms, max_seconds=120.0, seconds_per_visit=0.5)
+        info = measure(run, POINTS)
+        v = run.decide()
+        assert v.bottleneck == "inconclusive" and info["rounds"] > 24, (wobble, info, v.reason)
+        assert not any(s.significant for s in v.stages)
+
+
 def test_rounds_settling_a_made_verdict_stop_at_the_settle_deadline(monkeypatch):
     # augment is named after the minimum rounds but (planted) never settles: the rounds
     # after them stop at the settle deadline, leaving the rest for the advice's check
