@@ -63,6 +63,10 @@ def load(path: str) -> Report:
     return report
 
 
+# The fewest windows a point needs in each run for its change to be judged.
+MIN_WINDOWS = 3
+
+
 def point_change(before: Optional[Throughput], after: Optional[Throughput]) -> dict:
     """ratio = after / before throughput; `real` by the rule above."""
     if before is None or after is None:
@@ -71,11 +75,13 @@ def point_change(before: Optional[Throughput], after: Optional[Throughput]) -> d
     se = math.hypot(before.rel_se, after.rel_se)
     threshold = noise_threshold(se, 1.0)  # relative: |log ratio| against 1
     real = is_real(abs(math.log(ratio)), se, 1.0)
-    if not math.isfinite(se):
-        # a point of one window in either run has no noise estimate: "within noise" would
-        # claim a figure no one measured (a 2x change read as such)
+    fewest = min(before.n, after.n)
+    if fewest < MIN_WINDOWS:
+        # a point of one or two windows in either run has no usable noise estimate (two:
+        # Student's t at one degree of freedom is 78 z): "within noise" would claim a figure
+        # no one measured (a 4.5x change read as such, a point of two windows after)
         real = None
-        label = f"\u00d7{ratio:.2f}, noise unknown (one window)"
+        label = f"\u00d7{ratio:.2f}, noise unknown ({fewest} window{'s' if fewest != 1 else ''})"
     elif not real:
         label = "within noise"
     elif ratio > 1:
@@ -318,7 +324,8 @@ def to_text(c: dict) -> str:
                      f"{full['after_samples_per_sec']:,.1f} samples/s).")
     elif full["real"] is None:
         lines.append(f"Full pipeline: {full['before_samples_per_sec']:,.1f} -> {full['after_samples_per_sec']:,.1f} "
-                     "samples/s; no noise estimate (one window in a run): rerun with a larger --max-seconds.")
+                     f"samples/s; no noise estimate ({full['label'].split('(')[-1].rstrip(')')} in a run): rerun with a "
+                     "larger --max-seconds.")
     else:
         lines.append(f"Full pipeline: within noise ({full['before_samples_per_sec']:,.1f} -> "
                      f"{full['after_samples_per_sec']:,.1f} samples/s, \u00d7{full['ratio']:.2f}).")

@@ -130,7 +130,10 @@ ENTRY = textwrap.dedent("""
         return tiny_model(2.0), make_loader(PlantedDataset(transform=Sleep(10.0)), batch_size=8, num_workers=workers)
 
     def make_w4():
-        return make(4)
+        # workers kept between visits (persistent): started once, so a 7-s run gets several
+        # windows of full (started anew each visit, a busy 2-core machine measured two)
+        return tiny_model(2.0), make_loader(PlantedDataset(transform=Sleep(10.0)), batch_size=8, num_workers=4,
+                                            persistent_workers=True)
 """)
 
 
@@ -154,7 +157,14 @@ def test_compare_end_to_end_two_real_runs(tmp_path, no_leftover_workers):
 def test_a_point_of_one_window_has_no_noise_estimate_and_says_so():
     one = Throughput((Window(10, 10 * 61 / 1e3),), BS)
     c = compare.point_change(one, tp(30.5))
-    assert c["real"] is None and "noise unknown (one window)" in c["label"] and c["threshold_rel"] is None
+    assert c["real"] is None and "noise unknown (1 window)" in c["label"] and c["threshold_rel"] is None
+    # two windows: t at one degree of freedom, any change "within noise" by the rule; said
+    # as unknown (CI: 91 -> 412 samples/s, a point of two windows after, read "within noise")
+    two = Throughput((Window(11, 0.184), Window(14, 0.324)), BS)
+    c = compare.point_change(tp(61), two)
+    assert c["real"] is None and "noise unknown (2 windows)" in c["label"] and c["ratio"] > 3
+    three = Throughput((Window(11, 0.184), Window(14, 0.324), Window(12, 0.25)), BS)
+    assert compare.point_change(tp(61), three)["real"] is not None
     before = make_report(BEFORE)
     after = make_report(AFTER)
     doc = compare.compare(before, build(tuple(PointResult(p.point, p.status, one if p.point == "full" else p.throughput,
