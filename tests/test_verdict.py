@@ -6,7 +6,7 @@ import re
 import pytest
 
 from bisect_pipeline.stats import MIN_REL_DROP, Contrast, Throughput, Window, is_real
-from bisect_pipeline.verdict import (NONE_MAX_LOSS, SETTLE_NOISE_SCALE, Z_UPPER, Verdict, decide, deciding_points,
+from bisect_pipeline.verdict import (NONE_MAX_LOSS, SETTLE_NOISE_SCALE, Z_UPPER, Lead, Verdict, decide, deciding_points,
                                      in_question, rounds_to_decide, self_check, settled)
 
 BS = 10
@@ -374,6 +374,18 @@ def test_a_tie_whose_lead_more_rounds_could_establish_does_not_settle():
                                                                                  1 / SETTLE_NOISE_SCALE))
     assert v.bottleneck == "tie" and v.tied == ("augment", "load"), v.reason
     assert not settled(v, more, less)
+
+
+def test_a_tie_settles_only_if_it_stands_with_more_noise():
+    # the rule itself: a tie is an input-bound verdict, so like a named stage it must
+    # stand with SETTLE_NOISE_SCALE times the noise (a drifting step-bound MLP settled a
+    # tie on a cost just over the noise after 4 rounds); its leads are under the floor
+    lead = Lead("augment", "load", 0.001, 0.0005, 0.005, False)
+    tie = Verdict("tie", (), fitted={"full": 0.1}, tied=("augment", "load"), leads=(lead,))
+    assert settled(tie, tie, tie)
+    assert not settled(tie, Verdict("inconclusive", ()), tie)
+    assert not settled(tie, Verdict("tie", (), tied=("augment", "load", "collate")), tie)
+    assert not settled(tie, tie, Verdict("augment", ()))
 
 
 def test_few_rounds_are_said_and_one_round_has_no_noise():
