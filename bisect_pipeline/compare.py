@@ -324,8 +324,8 @@ def to_text(c: dict) -> str:
                      f"{full['after_samples_per_sec']:,.1f} samples/s).")
     elif full["real"] is None:
         lines.append(f"Full pipeline: {full['before_samples_per_sec']:,.1f} -> {full['after_samples_per_sec']:,.1f} "
-                     f"samples/s; no noise estimate ({full['label'].split('(')[-1].rstrip(')')} in a run): rerun with a "
-                     "larger --max-seconds.")
+                     f"samples/s; no noise estimate (fewer than {MIN_WINDOWS} windows in a run): rerun with a larger "
+                     "--max-seconds.")
     else:
         lines.append(f"Full pipeline: within noise ({full['before_samples_per_sec']:,.1f} -> "
                      f"{full['after_samples_per_sec']:,.1f} samples/s, \u00d7{full['ratio']:.2f}).")

@@ -408,8 +408,8 @@ def settled(v: Verdict, more_noise: Verdict, less_noise: Verdict) -> bool:
     of t(full), the floor no amount of measuring lowers (the stages cost the same for any
     purpose), and stays the same tie with less noise and with more (a tie says the
     pipeline is input-bound: like a named stage, that must stand with the margin; a
-    drifting step-bound MLP settled a tie on a `collate` just over the noise after 4
-    rounds). Never an inconclusive verdict. (An inconsistent point has been measured
+    drifting step-bound MLP settled a tie with `collate` real after 4 rounds, where its
+    input costs under 1% of the step). Never an inconclusive verdict. (An inconsistent point has been measured
     again once by the scheduler before this is asked, then left out.)"""
     if v.bottleneck in (None, "inconclusive"):
         return False
@@ -417,7 +417,7 @@ def settled(v: Verdict, more_noise: Verdict, less_noise: Verdict) -> bool:
         return less_noise.bottleneck == "none"
     if v.bottleneck == "tie":
         floor = MIN_REL_DROP * v.fitted["full"]
-        return (less_noise.tied == v.tied and more_noise.bottleneck == "tie" and more_noise.tied == v.tied
+        return (less_noise.tied == v.tied == more_noise.tied  # () for any verdict but a tie
                 and all(lead.sec_per_batch <= floor for lead in v.leads if lead.over in v.tied))
     return more_noise.bottleneck == v.bottleneck
 
