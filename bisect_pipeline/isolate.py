@@ -19,6 +19,8 @@ import dataclasses
 import itertools
 import math
 import os
+import sys
+import threading
 import time
 import warnings
 from typing import Any, Callable, Iterator, Optional
@@ -320,23 +322,85 @@ def _step(train_step, batch, device, share, clock) -> StepTime:
                     source="median of steps timed in isolation")
 
 
+# Frames a sync is not attributed to: torch's own (the call that synchronizes is inside
+# torch; its caller is the site) and the warnings machinery. A sync whose innermost
+# other frame is this package's (a window edge, a batch moved for the step) is the
+# tool's, not the step's: not counted. The planted workloads are user code.
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_WORKLOADS = (os.path.join(_OWN_DIR, "testing.py"), os.path.join(_OWN_DIR, "demo.py"))
+
+
+def sync_site(frame: Any) -> Optional[str]:
+    """Where a host-device sync was asked for, from the Python frame it was reported in:
+    "file:line" of the innermost frame outside torch and the warnings module; None when
+    that frame is this package's (the tool's own sync) or there is none."""
+    f = frame
+    while f is not None and (f.f_code.co_filename.startswith(_TORCH_DIR)
+                             or f.f_globals.get("__name__") in ("warnings", "_py_warnings")):
+        f = f.f_back
+    if f is None:
+        return None
+    name = os.path.abspath(f.f_code.co_filename)
+    if name.startswith(_OWN_DIR) and name not in _WORKLOADS:
+        return None
+    return f"{f.f_code.co_filename}:{f.f_lineno}"
+
+
+class SyncRecorder:
+    """Records the host-device syncs torch reports as warnings (their message says
+    "synchronizing") while it is open, with the site each was asked for at (sync_site):
+    only those of the thread that opened it (the loop's; a sync in another thread does
+    not stall the step) and not the tool's own. Other warnings are swallowed, as the
+    "always" filter would repeat them every step."""
+
+    def __init__(self) -> None:
+        self.sites: list = []
+        self._catch = warnings.catch_warnings()
+        self._thread = None
+
+    def __enter__(self) -> "SyncRecorder":
+        self._thread = threading.get_ident()
+        self._catch.__enter__()
+        warnings.simplefilter("always")
+        warnings.showwarning = self._show
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._catch.__exit__(*exc)
+
+    def _show(self, message: Any, *_: Any) -> None:  # warnings.showwarning's arguments
+        if "synchroniz" not in str(message).lower() or threading.get_ident() != self._thread:
+            return
+        site = sync_site(sys._getframe(1))
+        if site is not None:
+            self.sites.append(site)
+
+    def syncs(self, steps: int) -> Syncs:
+        counts: dict = {}
+        for site in self.sites:
+            counts[site] = counts.get(site, 0) + 1
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
+        return Syncs(steps=steps, total=len(self.sites), per_step=round(len(self.sites) / max(steps, 1), 2),
+                     sites=tuple(SyncSite(k, c) for k, c in top))
+
+
 class SyncCounter:
     """Counts host-device synchronizations while it is open, with
-    torch.cuda.set_sync_debug_mode("warn") (the mode is restored on exit); `syncs(steps)`
-    is the count per step over the `steps` that ran inside. Around the tool's own step
-    (count_syncs) or a span of the user's loop (loop.py)."""
+    torch.cuda.set_sync_debug_mode("warn") (the mode is restored on exit) and a
+    SyncRecorder; `syncs(steps)` is the count per step over the `steps` that ran inside.
+    Around the tool's own step (count_syncs) or a span of the user's loop
+    (phases.SyncCount)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._caught: list = []
-        self._catch = warnings.catch_warnings(record=True)
+        self._recorder = SyncRecorder()
         self._previous = 0
 
     def __enter__(self) -> "SyncCounter":
         torch.cuda.synchronize(self.device)
         self._previous = torch.cuda.get_sync_debug_mode()
-        self._caught = self._catch.__enter__()
-        warnings.simplefilter("always")
+        self._recorder.__enter__()
         torch.cuda.set_sync_debug_mode("warn")
         return self
 
@@ -344,18 +408,11 @@ class SyncCounter:
         try:
             torch.cuda.set_sync_debug_mode(self._previous)
         finally:
-            self._catch.__exit__(*exc)
+            self._recorder.__exit__(*exc)
         torch.cuda.synchronize(self.device)
 
     def syncs(self, steps: int) -> Syncs:
-        found = [w for w in self._caught if "synchroniz" in str(w.message).lower()]
-        sites: dict = {}
-        for w in found:
-            key = f"{w.filename}:{w.lineno}"
-            sites[key] = sites.get(key, 0) + 1
-        top = sorted(sites.items(), key=lambda kv: -kv[1])[:5]
-        return Syncs(steps=steps, total=len(found), per_step=round(len(found) / max(steps, 1), 2),
-                     sites=tuple(SyncSite(k, c) for k, c in top))
+        return self._recorder.syncs(steps)
 
 
 def no_syncs_counted(device: torch.device) -> Optional[Syncs]:

@@ -1,7 +1,11 @@
 """Isolated stage costs (isolate.py): planted costs come back roughly right, the
 workers-needed arithmetic is exact, and syncs are counted on CUDA only."""
 
+import os
+import sys
+import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -224,6 +228,50 @@ def test_sample_structure_counts_what_default_collate_turns_into_tensors():
     assert st["leaves"] == 25
 
 
+SYNC_MESSAGE = "called a synchronizing CUDA operation"  # what torch warns in sync debug mode
+
+
+def _defined_in(path, body: str):
+    """A function `f` whose code says it lives in `path` (a frame of that file)."""
+    ns = {"warnings": warnings, "SYNC_MESSAGE": SYNC_MESSAGE}
+    exec(compile(body, path, "exec"), ns)
+    return ns["f"]
+
+
+def test_a_sync_is_attributed_to_the_users_line_that_asked_for_it_through_torch():
+    # torch's sync is reported inside torch (torch/cuda/__init__.py): the site is the caller
+    inside_torch = _defined_in(os.path.join(os.path.dirname(torch.__file__), "cuda", "fake.py"),
+                               "def f():\n    warnings.warn(SYNC_MESSAGE)\n")
+    with isolate.SyncRecorder() as rec:
+        for _ in range(2):
+            inside_torch(); line = sys._getframe().f_lineno  # noqa: E702
+        warnings.warn("an unrelated warning")  # swallowed, not counted
+    s = rec.syncs(2)
+    assert s.total == 2 and s.per_step == 1.0
+    assert [(x.where, x.count) for x in s.sites] == [(f"{__file__}:{line}", 2)]
+
+
+def test_the_tools_own_syncs_and_other_threads_syncs_are_not_the_steps():
+    own = _defined_in(os.path.join(os.path.dirname(isolate.__file__), "visit.py"),
+                      "def f():\n    warnings.warn(SYNC_MESSAGE)\n")  # a window edge's sync
+    workload = _defined_in(os.path.join(os.path.dirname(isolate.__file__), "testing.py"),
+                           "def f():\n    warnings.warn(SYNC_MESSAGE)\n")  # a planted step: user code
+    with isolate.SyncRecorder() as rec:
+        own()
+        t = threading.Thread(target=lambda: warnings.warn(SYNC_MESSAGE))
+        t.start(); t.join()  # noqa: E702
+        workload()
+    s = rec.syncs(1)
+    assert s.total == 1 and s.sites[0].where.endswith("testing.py:2")
+
+
+def test_warnings_are_as_they_were_after_recording():
+    before = (warnings.showwarning, list(warnings.filters))
+    with isolate.SyncRecorder():
+        warnings.warn(SYNC_MESSAGE)
+    assert (warnings.showwarning, list(warnings.filters)) == before
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="counting host-device syncs needs CUDA")
 def test_cuda_counts_a_planted_item_sync_per_step():
     dev = torch.device("cuda")
@@ -307,3 +355,13 @@ def test_batch_mixers_are_found_where_a_collate_fn_keeps_them():
     assert isolate.batch_mixers(functools.partial(mixes, m=cutmix)) == ("CutMix",)
     assert isolate.batch_mixers(mixup) == ("MixUp",)
     assert isolate.batch_mixers(default_collate) == () and isolate.batch_mixers(lambda b: b) == ()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counting host-device syncs needs CUDA")
+def test_a_step_without_syncs_reads_none_end_to_end_on_cuda():
+    # the tool's own syncs (window edges, batches moved) must not be counted as the step's
+    from bisect_pipeline import bisect
+    from conftest import planted
+    model, loader = planted("augment", 0)
+    r = bisect(model, loader, device="cuda", max_seconds=8)
+    assert r.syncs.status == "ok" and r.syncs.per_step == 0, r.syncs
