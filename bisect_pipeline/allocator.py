@@ -108,11 +108,50 @@ def find() -> tuple[Optional[Glibc], str]:
     try:
         libc = ctypes.CDLL("libc.so.6")
         here = ctypes.CDLL(None)
-        if ctypes.cast(here.malloc, ctypes.c_void_p).value != ctypes.cast(libc.malloc, ctypes.c_void_p).value:
-            return None, "malloc is served by another allocator than glibc's: left as it is"
+        address = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+        other = other_malloc(address(here.malloc), address(libc.malloc), _maps(), os.path.realpath("/proc/self/exe"))
+        if other:
+            return None, other
         return Glibc(libc), f"glibc {version}"
     except (OSError, AttributeError) as exc:
         return None, f"glibc's mallopt could not be reached ({exc})"
+
+
+def _maps() -> str:
+    try:
+        with open("/proc/self/maps") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _mappings(maps: str):
+    """(start, end, path) of each mapping of a /proc/PID/maps text that names a file."""
+    for line in maps.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and "-" in parts[0]:
+            lo, hi = parts[0].split("-")
+            yield int(lo, 16), int(hi, 16), parts[5].strip()
+
+
+def other_malloc(malloc: int, glibc_malloc: int, maps: str, exe: str) -> Optional[str]:
+    """Why malloc in this process is not glibc's, or None when it is. `malloc`: the
+    address the process's symbol lookup gives; `glibc_malloc`: libc.so.6's own.
+
+    They differ where another library defines malloc first (an allocator preloaded or
+    linked in), and also where the executable is not position-independent (Debian's and
+    Ubuntu's python3): there the lookup gives the executable's PLT entry, which the
+    dynamic linker binds to the first library defining malloc, so the libraries loaded
+    say which one serves it."""
+    if malloc == glibc_malloc:
+        return None
+    owner = next((path for lo, hi, path in _mappings(maps) if lo <= malloc < hi), None)
+    if owner is not None and os.path.realpath(owner) == exe:
+        other = next((a for _, _, path in _mappings(maps) for a in _OTHER_ALLOCATORS
+                      if a in os.path.basename(path)), None)
+        return None if other is None else f"{other} is loaded and may serve malloc: left as it is"
+    where = f" ({os.path.basename(owner)})" if owner else ""
+    return f"malloc is served by another allocator than glibc's{where}: left as it is"
 
 
 def after_settings(env: Optional[dict] = None) -> Settings:

@@ -113,3 +113,27 @@ def test_real_glibc_accepts_the_settings():
     finally:
         g.apply(after_settings())
         g.release()
+
+
+EXE = "/usr/bin/python3.12"
+MAPS = """\
+00400000-00420000 r--p 00000000 08:01 1234      /usr/bin/python3.12
+00420000-00700000 r-xp 00020000 08:01 1234      /usr/bin/python3.12
+7f0000000000-7f0000200000 r-xp 00028000 08:01 99 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f0000400000-7f0000500000 rw-p 00000000 00:00 0
+7f0000600000-7f0000700000 r-xp 00000000 08:01 77 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2
+"""
+
+
+def test_a_non_pie_executables_plt_entry_is_glibcs_malloc_when_no_other_allocator_is_loaded():
+    # Ubuntu's python3 is not position-independent: dlsym gives the executable's PLT entry
+    # (0x420620 on an H200 machine), not libc's malloc; that is still glibc's malloc
+    without_jemalloc = "\n".join(line for line in MAPS.splitlines() if "jemalloc" not in line)
+    assert allocator.other_malloc(0x420620, 0x7F0000010000, without_jemalloc, EXE) is None
+    assert "jemalloc" in allocator.other_malloc(0x420620, 0x7F0000010000, MAPS, EXE)
+
+
+def test_malloc_defined_by_another_library_is_left_alone():
+    why = allocator.other_malloc(0x7F0000600100, 0x7F0000010000, MAPS, EXE)
+    assert why and "libjemalloc.so.2" in why
+    assert allocator.other_malloc(0x7F0000010000, 0x7F0000010000, MAPS, EXE) is None  # the same function
