@@ -18,6 +18,11 @@ the environment either way).
     python scripts/bench_overhead.py                  # 5 runs, num_workers 0 and 2
     python scripts/bench_overhead.py --runs 3 --workers 0
     python scripts/bench_overhead.py --step sleep     # a fixed-length step: the harness alone
+    python scripts/bench_overhead.py --device cuda --runs 3   # on a GPU: pinned loader, non_blocking copies
+
+On CUDA both sides move batches the same way (the loader pins them, the copy is
+`non_blocking`: what the tool's `full` does and what a user's loop should) and both
+synchronize only at window edges, so a window's time is the GPU's work, not its queue.
 """
 
 from __future__ import annotations
@@ -32,27 +37,28 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from bisect_pipeline import Plan, bisect, testing
+from bisect_pipeline.step import to_device
 from bisect_pipeline.visit import time_steps
 
 HAND_BLOCK_SECONDS = 1.0
 HAND_WINDOW_SECONDS = 0.25  # the tool's window length (Plan.window_seconds)
 
 
-def make_sleep(workers: int):
+def make_sleep(workers: int, **kw):
     """A step of fixed length (a 5 ms sleep plus a tiny linear layer) and a loader whose
     samples cost 0.2 ms each: immune to the VM's CPU-speed swings, so what differs
     between the tool and the hand loop is the harness."""
     ds = testing.PlantedDataset(n=512, transform=testing.Sleep(0.2))
-    return testing.tiny_model(testing.BENCH_STEP_MS), testing.make_loader(ds, batch_size=16, num_workers=workers)
+    return testing.tiny_model(testing.BENCH_STEP_MS), testing.make_loader(ds, batch_size=16, num_workers=workers, **kw)
 
 
-def make(workers: int):
+def make(workers: int, **kw):
     """A real compute step (no sleep): an MLP on 16 x 1024 inputs, ~3-5 ms on this CPU,
     and a loader with a mild, real augmentation (noise added per sample)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 4))
     ds = testing.PlantedDataset(n=512, features=1024, transform=Noise())
-    return model, testing.make_loader(ds, batch_size=16, num_workers=workers)
+    return model, testing.make_loader(ds, batch_size=16, num_workers=workers, **kw)
 
 
 class Noise:
@@ -72,15 +78,18 @@ def train_step(model):
     return step
 
 
-def block_rate(one, batch_size: int) -> float:
+def block_rate(one, batch_size: int, sync=lambda: None) -> float:
     """A hand-loop block's samples/s as the tool states it: the median over windows of
-    whole steps."""
+    whole steps, synchronized at the window's edges only."""
     rates, end = [], time.perf_counter() + HAND_BLOCK_SECONDS
     while time.perf_counter() < end:
-        n, t0 = 0, time.perf_counter()
+        n = 0
+        sync()
+        t0 = time.perf_counter()
         while time.perf_counter() - t0 < HAND_WINDOW_SECONDS:
             one()
             n += 1
+        sync()
         rates.append(n * batch_size / (time.perf_counter() - t0))
     return statistics.median(rates)
 
@@ -90,13 +99,14 @@ class HandLoops:
     `device` (the step on one cached batch) and `full` (a fresh DataLoader, persistent
     workers, iterated endlessly)."""
 
-    def __init__(self, model, loader, step) -> None:
-        self.step, self.bs = step, loader.batch_size
-        self.batch = next(iter(DataLoader(loader.dataset, batch_size=loader.batch_size)))
+    def __init__(self, model, loader, step, device: torch.device) -> None:
+        self.step, self.bs, self.device = step, loader.batch_size, device
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.batch = to_device(next(iter(DataLoader(loader.dataset, batch_size=loader.batch_size))), device)
         kw = {"multiprocessing_context": "fork", "persistent_workers": True} if loader.num_workers else {}
         fresh = DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=True,
-                           num_workers=loader.num_workers, **kw)
-        self.batches = (b for _ in itertools.count() for b in fresh)
+                           num_workers=loader.num_workers, pin_memory=loader.pin_memory, **kw)
+        self.batches = (to_device(b, device) for _ in itertools.count() for b in fresh)
         self.warm = False
         self.rates: dict = {"device": [], "full": []}
 
@@ -109,16 +119,18 @@ class HandLoops:
                 self.step(next(self.batches))
             self.warm = True
         if event["point"] == "device":
-            self.rates["device"].append(block_rate(lambda: self.step(self.batch), self.bs))
+            self.rates["device"].append(block_rate(lambda: self.step(self.batch), self.bs, self.sync))
         else:
-            self.rates["full"].append(block_rate(lambda: self.step(next(self.batches)), self.bs))
+            self.rates["full"].append(block_rate(lambda: self.step(next(self.batches)), self.bs, self.sync))
 
 
-def one_run(build, workers: int, hold: bool) -> tuple:
-    model, loader = build(workers)
+def one_run(build, workers: int, hold: bool, device: str = "cpu", max_seconds: float = 60) -> tuple:
+    dev = torch.device(device)
+    model, loader = build(workers, pin_memory=dev.type == "cuda")
+    model.to(dev)
     step = train_step(model)
-    hand = HandLoops(model, loader, step)
-    r = bisect(model, loader, step=step, device="cpu", points=("device", "full"), max_seconds=60,
+    hand = HandLoops(model, loader, step, dev)
+    r = bisect(model, loader, step=step, device=device, points=("device", "full"), max_seconds=max_seconds,
                hold_allocator=hold, progress=hand)
     return (r.rate("device"), statistics.median(hand.rates["device"]), r.rate("full"),
             statistics.median(hand.rates["full"]))
@@ -147,16 +159,19 @@ def main() -> None:
     ap.add_argument("--allocator", choices=("held", "as-is"), default="held",
                     help="held: the tool holds glibc's allocator still and the hand blocks run while it does; "
                          "as-is: neither")
+    ap.add_argument("--device", default="cpu", help="where the step runs: cpu (default) or cuda")
+    ap.add_argument("--max-seconds", type=float, default=60.0, help="each bisect() run's budget")
     args = ap.parse_args()
     build = make_sleep if args.step == "sleep" else make
     torch.set_num_threads(1)  # the same intra-op threads for the tool and the hand loops
 
     tool_us, bare_us = harness_us()
     print(f"harness per step (no-op step, cached batch): {tool_us:.2f} us; bare Python loop: {bare_us:.2f} us")
+    print(f"device {args.device}" + (f" ({torch.cuda.get_device_name()})" if args.device.startswith("cuda") else ""))
     for workers in (int(w) for w in args.workers.split(",")):
         dev, full = [], []
         for r in range(args.runs):
-            td, hd, tf, hf = one_run(build, workers, args.allocator == "held")
+            td, hd, tf, hf = one_run(build, workers, args.allocator == "held", args.device, args.max_seconds)
             dev.append(td / hd)
             full.append(tf / hf)
             print(f"  workers={workers} run {r + 1}: device tool {td:.1f} / hand {hd:.1f} = {dev[-1]:.3f};  "
