@@ -278,6 +278,7 @@ def _workers(c: _Context):
         # workers that are not persistent are forked again every epoch, a cost the loop pays
         numbers["recommended"]["persistent_workers"] = True
         keep = " with persistent_workers=True (else they are started again every epoch)"
+    keep += _rebuilt_text(c)
     one = label == stage
     where = ((("runs" if one else "run") + " in the training loop's own process") if c.workers == 0
              else ("is" if one else "are") + f" spread over only {c.workers} worker(s)")
@@ -326,8 +327,18 @@ def _restart(c: _Context):
         f"epoch, every {epoch} batches ({epoch * c.t_full:.2g} s at the full pipeline's {c.t_full * 1e3:.3g} ms a "
         f"batch, which never ends an epoch). Starting them took about {start * 1e3:.0f} ms at the full point (its "
         f"first batch, {first:.2f} s, less one batch's work and the step): about {per_batch * 1e3:.1f} ms more per "
-        "batch in a loop that ends its epochs. Set persistent_workers=True to start them once."
+        "batch in a loop that ends its epochs. Set persistent_workers=True to start them once." + _rebuilt_text(c)
         + _headroom_text(head, "the restart")), numbers)
+
+
+def _rebuilt_text(c: _Context) -> str:
+    """Where the loop builds its DataLoader anew every epoch (loop.Session._succeed):
+    persistent workers die with their loader, so the loader must be built once."""
+    src = c.r.measurements.source or {}
+    if not src.get("rebuilt"):
+        return ""
+    return (f" Your script builds this DataLoader anew every epoch (at {src.get('created_at') or 'one line'}): build "
+            "it once, before the epoch loop, or its workers start again every epoch whatever persistent_workers says.")
 
 
 def ranked(advice: tuple) -> tuple:

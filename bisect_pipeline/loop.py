@@ -22,7 +22,9 @@ How it attaches, with no change to the user's code, while a Session is open:
   are shut down and the experiment starts inside the loop's next request.
 
 Epochs: each iter() of the training loader gives len(loader) batches, so the user's
-epoch ends where it would have; the experiment goes on in the next epoch's iterator. An
+epoch ends where it would have; the experiment goes on in the next epoch's iterator, or
+in a loader built anew for the next epoch at the same line (Session._may_succeed: it takes
+over at the loop's first optimizer step on it, as the first one was chosen). An
 epoch's end, another loader iterated, or a pause far beyond a step voids the window under
 way (visit.Visit): discarded and counted. The pauses are the run's time all the same:
 --max-seconds bounds the run's wall time, the loop's evaluations included (a script
@@ -116,10 +118,14 @@ class Seen:
     created_at: Optional[str]
     batches: int = 0  # handed to the loop by its iterators: its own batches and the experiment's
     with_grad: bool = False  # the loop's last request for a batch had grad enabled
+    rebuilt: int = 0  # loaders built anew in its place for later epochs (Session._succeed)
 
     def to_dict(self) -> dict:
-        return {"index": self.index, "dataset": self.dataset, "batch_size": self.batch_size,
-                "created_at": self.created_at, "batches": self.batches}
+        out = {"index": self.index, "dataset": self.dataset, "batch_size": self.batch_size,
+               "created_at": self.created_at, "batches": self.batches}
+        if self.rebuilt:
+            out["rebuilt"] = self.rebuilt
+        return out
 
 
 # --------------------------------------------------------------------------------------
@@ -265,6 +271,7 @@ class LoopIterator:
         self.mode = "observe" if real is not None else "experiment"
         self.length = _length(loader)
         self.served = 0
+        self.ended = False  # its epoch ran out (StopIteration raised)
 
     def __iter__(self) -> "LoopIterator":
         return self
@@ -287,6 +294,7 @@ class LoopIterator:
             self.real, self.mode = None, "experiment"
         if self.length is not None and self.served >= self.length:
             if self.mode == "experiment":
+                self.ended = True
                 s.epoch_ended()
             raise StopIteration
         if self.mode == "experiment":
@@ -350,6 +358,7 @@ class Session:
         self._seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._loaders: dict = {}  # Seen.index -> weakref to its loader
         self._sites: dict = {}  # id(dataset) -> where its first loader was created
+        self._site_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # loader -> where it was created
         self.created_count = 0
         self.current: Optional[Seen] = None  # the loader whose batch the loop had last
         self.chosen: Optional[DataLoader] = None
@@ -361,6 +370,7 @@ class Session:
         self.visit: Any = None  # the visit under way (a pause voids its window)
         self.cadence = Cadence()
         self.epoch: Optional[LoopIterator] = None  # the epoch the experiment's batches go to
+        self._candidate: Optional[LoopIterator] = None  # maybe the training loader built anew (_may_succeed)
         self.report: Optional[Report] = None
         self.error: Optional[BaseException] = None
         self.ended: Optional[tuple] = None  # (how, detail): the script ended on its own (script_ended)
@@ -437,6 +447,7 @@ class Session:
         self.created_count += 1
         where = _creation_site(loader)
         self._sites.setdefault(id(getattr(loader, "dataset", None)), where)  # a framework's copy keeps the creator
+        self._site_of[loader] = where
 
     def iterate(self, loader: DataLoader) -> Any:
         seen = self._seen_of(loader)
@@ -444,10 +455,42 @@ class Session:
             if self.state == "measuring":
                 self._void()  # another loader between two of the loop's requests (an evaluation)
                 self.cadence.paused()
-            return LoopIterator(self, loader, seen, real_iter(loader))  # its own batches, counted
+            it = LoopIterator(self, loader, seen, real_iter(loader))  # its own batches, counted
+            if self._may_succeed(loader):
+                self._candidate = it  # the training loader built anew? its optimizer step says (optimizer_stepped)
+            return it
         if self.chosen is None and (self.target == seen.index or self.target is loader):
             self.chosen = loader
         return LoopIterator(self, loader, seen, None if loader is self.chosen else real_iter(loader))
+
+    def _may_succeed(self, loader: DataLoader) -> bool:
+        """Could `loader` be the training loader built anew for the next epoch (`for x in
+        DataLoader(...)` inside the epoch loop)? While measuring, once the chosen loader's
+        epoch has ended: a loader created at the same line, over a dataset of the same
+        type, with the same batch size and length. It takes over only when the loop takes
+        an optimizer step between two of its batches, as the first loader was chosen: an
+        evaluation loader made by the same helper never does."""
+        chosen, epoch = self.chosen, self.epoch
+        if (self.state != "measuring" or chosen is None or epoch is None or epoch.loader is not chosen
+                or not epoch.ended or _length(loader) is None):
+            return False
+        site = self._site_of.get(loader)
+        return (site is not None and site == self._site_of.get(chosen)
+                and type(getattr(loader, "dataset", None)) is type(getattr(chosen, "dataset", None))
+                and getattr(loader, "batch_size", None) == getattr(chosen, "batch_size", None)
+                and _length(loader) == _length(chosen))
+
+    def _succeed(self, it: "LoopIterator") -> None:
+        """The candidate's loader is the training loader from now on: its batches count as
+        the chosen loader's (one loader in the report, `rebuilt` times), and its next
+        request gets the experiment's batch (LoopIterator: chosen since its last batch)."""
+        first = self._seen[self.chosen]
+        first.batches += it.seen.batches
+        first.rebuilt += 1
+        if it.seen in self.seen:
+            self.seen.remove(it.seen)
+        self._seen[it.loader] = it.seen = first
+        self.chosen, self._candidate = it.loader, None
 
     def observed(self, seen: Seen) -> None:
         self.current = seen
@@ -456,6 +499,9 @@ class Session:
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None:
         if self.step_device is None:
             self.step_device = _param_device(optimizer)
+        cand = self._candidate
+        if cand is not None and self.state == "measuring" and self.current is cand.seen and cand.seen.with_grad:
+            self._succeed(cand)
         if self.chosen is None and self.target is None and self.current is not None and self.current.with_grad:
             ref = self._loaders.get(self.current.index)
             self.chosen = ref() if ref is not None else None

@@ -87,6 +87,18 @@ def test_num_workers_fires_for_augment_bottleneck_at_zero_workers_with_the_count
     assert "If augment were free" in f.message
 
 
+def test_workers_for_a_loader_built_anew_every_epoch_come_with_building_it_once():
+    import dataclasses
+    r = make_report(AUGMENT_BOUND, isolated=iso_workers(needed=5, cores=8))
+    assert "anew every epoch" not in finding(r, "num_workers").message
+    loop = Report.of(dataclasses.replace(r.measurements, mode="loop", source={
+        "index": 1, "created_at": "train.py:21", "rebuilt": 7}))
+    f = finding(loop, "num_workers")
+    assert "Set num_workers=5 with persistent_workers=True" in f.message
+    assert "builds this DataLoader anew every epoch (at train.py:21): build it once, before the epoch loop" in f.message
+    assert "built anew every epoch, 7 times" in str(loop)
+
+
 def test_num_workers_added_to_persistent_workers_are_not_told_to_be_persistent():
     # workers=1 persistent, augment still bound: more workers, and nothing said about persistence
     r = make_report(AUGMENT_BOUND, loader={"num_workers": 1, "persistent_workers": True},

@@ -92,6 +92,54 @@ def test_the_loader_the_optimizer_steps_on_is_chosen_not_the_evaluation_one():
     assert per_epoch == [5, 5, 5, 5, 5]
 
 
+def build(dataset, batch_size):
+    """A helper that makes every loader of the script at one line (train and val)."""
+    return make_loader(dataset, batch_size=batch_size)
+
+
+def loop_rebuilding(datasets: dict, seen: list, epochs: int = 20, steps_on: str = "train") -> None:
+    """`loop`, but every loader built anew each epoch by `build` (`for x in
+    DataLoader(...)` inside the epoch loop); `datasets`: name -> dataset."""
+    model = tiny_model(0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for epoch in range(epochs):
+        for name, ds in datasets.items():
+            grad = name == steps_on
+            with torch.set_grad_enabled(grad):
+                for batch in build(ds, 8):
+                    seen.append((epoch, name, batch))
+                    if grad:
+                        model(batch[0]).sum().backward()
+                        opt.step()
+
+
+def test_a_training_loader_built_anew_every_epoch_goes_on_with_the_experiment():
+    # before: the second epoch's loader was "another loader", the experiment never got a
+    # request again, and `run` said the script ended after one epoch
+    seen: list = []
+    with Stubbed() as s:
+        loop_rebuilding({"train": PlantedDataset(n=40)}, seen)
+    assert s.handed > 30  # the experiment's batches went on to the stop
+    assert [x.index for x in s.seen] == [1] and s.seen[0].rebuilt >= 5  # one loader, built anew each epoch
+    assert s.seen[0].batches == len(seen)
+    assert [sum(1 for e, _, _ in seen if e == epoch) for epoch in range(6)] == [5] * 6  # len(loader) an epoch
+    # an epoch built anew starts with its own batch, until the optimizer steps on it
+    firsts = [b for i, (e, _, b) in enumerate(seen) if i and seen[i - 1][0] != e]
+    assert firsts and all(bool(b[0].abs().sum()) for b in firsts)
+    assert s.source()["rebuilt"] == s.seen[0].rebuilt
+
+
+@pytest.mark.parametrize("val_n", [16, 40])  # a shorter evaluation set, and one as long as the training set
+def test_an_evaluation_loader_from_the_same_helper_is_never_taken_for_the_training_one(val_n):
+    seen: list = []
+    with Stubbed() as s:
+        loop_rebuilding({"train": PlantedDataset(n=40), "val": PlantedDataset(n=val_n)}, seen)
+    assert s.handed > 30 and s.seen[0].rebuilt >= 5
+    val = [b for _, name, b in seen if name == "val"]
+    assert val and all(bool(b[0].abs().sum()) for b in val)  # its own batches, never the experiment's zeros
+    assert sum(x.batches for x in s.seen[1:]) == len(val)  # each evaluation loader counted as its own
+
+
 class _RepeatSampler:
     """timm.data.loader's: the batch sampler repeated forever (no length)."""
 

@@ -143,6 +143,42 @@ REPRO = textwrap.dedent('''
 ''')
 
 
+# The epoch loop builds its loaders anew each epoch (`for x, y in DataLoader(...)`), train
+# and evaluation through one helper line; the augment costs many times the step.
+REBUILT = PLANTED_DATA + textwrap.dedent('''
+    import torch.nn as nn
+    from torch.utils.data import DataLoader
+
+    def loader(data):
+        return DataLoader(data, batch_size=8, shuffle=True)
+
+    train_data, val_data = Data(128, 4.0), Data(32, 0.0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for epoch in range(1000):
+        for x, y in loader(train_data):
+            opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step()
+        with torch.no_grad():
+            for x, _ in loader(val_data):
+                model(x)
+''')
+
+
+@pytest.mark.e2e
+def test_a_script_that_builds_its_loader_every_epoch_is_measured_across_the_epochs(tmp_path):
+    # 16-batch epochs of 32 ms a batch: the experiment spans many of them (it said "your
+    # script ended after 16 batches" before, and exited 1)
+    proc, doc, _ = run(tmp_path, REBUILT, "--max-seconds", "20", "--verify-seconds", "0", "train.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert reports_printed(proc.stderr) == 1
+    assert_names(doc, "augment")
+    src = doc["source"]
+    assert src["rebuilt"] >= 2 and "ended" not in src
+    assert "built anew every epoch" in proc.stderr
+    assert [x["index"] for x in src["loaders"]][0] == 1 and src["loaders"][0]["rebuilt"] == src["rebuilt"]
+    assert_consistent(tmp_path / "r.json")
+
+
 @pytest.mark.e2e
 def test_the_issue_s_reproduction_reports_once_within_its_budget(tmp_path):
     proc, doc, took = run(tmp_path, REPRO, "--max-seconds", "20", "train.py")

@@ -185,8 +185,9 @@ def _loop_line(r: "Report") -> str:
     src = r.measurements.source or {}
     where = f", created at {src['created_at']}" if src.get("created_at") else ""
     size = src.get("batch_size") or batch_size_text(r.batch_size, r.batch_size_source)  # a batch sampler's: counted
+    again = f"; built anew every epoch, {src['rebuilt']} times" if src.get("rebuilt") else ""
     return (f"your training loop was the step, on loader #{src.get('index', 1)} ({src.get('dataset', '?')}, batch "
-            f"size {size}{where})")
+            f"size {size}{where}{again})")
 
 
 def _point_rows(r: "Report") -> list:
