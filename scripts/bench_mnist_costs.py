@@ -15,7 +15,9 @@ timed over `--batches` batches, in alternating order over `--pairs` rounds:
 - no augment: the transformed samples built once;
 - no collate: the collated batches built once (the step and the loop alone).
 
-A stage's hand cost is the median over rounds of (its variant with it - without it).
+A stage's hand cost is the median over rounds of (its variant with it - without it); the
+interquartile range of those differences is printed beside it (how much the hand's own
+counterfactual moves between rounds).
 The tool's is `bisect()`'s stage cost (max_seconds 30, the advice's check off). Target:
 each within 15% or 0.3 ms per batch of the hand's.
 
@@ -121,7 +123,16 @@ def hand(dataset, step, pairs: int, batches: int) -> dict:
         diffs["load"].append(t["full"] - t["no load"])
         diffs["augment"].append(t["no load"] - t["no augment"])
         diffs["collate"].append(t["no augment"] - t["no collate"])
-    return {s: statistics.median(d) for s, d in diffs.items()}
+    return {s: statistics.median(d) for s, d in diffs.items()}, {s: _iqr(d) for s, d in diffs.items()}
+
+
+def _iqr(values: list) -> float:
+    """The interquartile range of the hand's per-round differences: how much the
+    counterfactual itself moves between rounds on this machine."""
+    if len(values) < 4:
+        return float("nan")
+    q = statistics.quantiles(values, n=4)
+    return q[2] - q[0]
 
 
 def main() -> None:
@@ -141,9 +152,9 @@ def main() -> None:
     model = VAE()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     step = make_step(model, optimizer)
-    print(f"{'run':>3}  {'stage':8} {'hand':>7} {'tool':>7} {'tool noise':>10}  within", flush=True)
+    print(f"{'run':>3}  {'stage':8} {'hand':>7} {'hand IQR':>8} {'tool':>7} {'tool noise':>10}  within", flush=True)
     for run in range(args.runs):
-        by_hand = hand(dataset, step, args.pairs, args.batches)
+        by_hand, hand_iqr = hand(dataset, step, args.pairs, args.batches)
         loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True)
         r = bisect(workload=Workload(model=model, loader=loader, optimizer=optimizer, step=step),
                    max_seconds=args.max_seconds, verify_seconds=0)
@@ -152,7 +163,7 @@ def main() -> None:
             tool = None if c.sec_per_batch is None else c.sec_per_batch * 1e3
             ok = tool is not None and (abs(tool - by_hand[s]) <= 0.3 or abs(tool - by_hand[s]) <= 0.15 * abs(by_hand[s]))
             noise = "-" if c.sigma is None else f"±{c.sigma * 1e3:.2f}"
-            print(f"{run + 1:>3}  {s:8} {by_hand[s]:7.2f} {tool if tool is not None else float('nan'):7.2f} "
+            print(f"{run + 1:>3}  {s:8} {by_hand[s]:7.2f} {hand_iqr[s]:8.2f} {tool if tool is not None else float('nan'):7.2f} "
                   f"{noise:>10}  {'yes' if ok else 'NO'}", flush=True)
         print(f"     verdict {r.bottleneck} ({r.run.rounds} rounds, settled {r.run.settled})", flush=True)
 
