@@ -40,13 +40,14 @@ def test_the_command_line_after_the_options_is_the_script_and_its_own_arguments(
 
 
 def loop(loaders: dict, seen: list, epochs: int = 2, steps_on: str = "train", every: int = 1) -> None:
-    """A training loop over `loaders` (name -> loader): an optimizer step every `every`
-    batches of `steps_on`, the others iterated under no_grad; `seen` gets (epoch, name,
-    batch) for every batch."""
+    """A training loop over `loaders` (name -> loader, or name -> a function that builds
+    it anew every epoch): an optimizer step every `every` batches of `steps_on`, the
+    others iterated under no_grad; `seen` gets (epoch, name, batch) for every batch."""
     model = tiny_model(0.0)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for epoch in range(epochs):
         for name, loader in loaders.items():
+            loader = loader() if callable(loader) else loader
             grad = name == steps_on
             with torch.set_grad_enabled(grad):
                 for i, batch in enumerate(loader):
@@ -97,20 +98,9 @@ def build(dataset, batch_size):
     return make_loader(dataset, batch_size=batch_size)
 
 
-def loop_rebuilding(datasets: dict, seen: list, epochs: int = 20, steps_on: str = "train") -> None:
-    """`loop`, but every loader built anew each epoch by `build` (`for x in
-    DataLoader(...)` inside the epoch loop); `datasets`: name -> dataset."""
-    model = tiny_model(0.0)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for epoch in range(epochs):
-        for name, ds in datasets.items():
-            grad = name == steps_on
-            with torch.set_grad_enabled(grad):
-                for batch in build(ds, 8):
-                    seen.append((epoch, name, batch))
-                    if grad:
-                        model(batch[0]).sum().backward()
-                        opt.step()
+def rebuilt(dataset):
+    """A loader built anew every epoch, by the one helper line (`build`)."""
+    return lambda: build(dataset, 8)
 
 
 def test_a_training_loader_built_anew_every_epoch_goes_on_with_the_experiment():
@@ -118,7 +108,7 @@ def test_a_training_loader_built_anew_every_epoch_goes_on_with_the_experiment():
     # request again, and `run` said the script ended after one epoch
     seen: list = []
     with Stubbed() as s:
-        loop_rebuilding({"train": PlantedDataset(n=40)}, seen)
+        loop({"train": rebuilt(PlantedDataset(n=40))}, seen, epochs=20)
     assert s.handed > 30  # the experiment's batches went on to the stop
     assert [x.index for x in s.seen] == [1] and s.seen[0].rebuilt >= 5  # one loader, built anew each epoch
     assert s.seen[0].batches == len(seen)
@@ -133,7 +123,7 @@ def test_a_training_loader_built_anew_every_epoch_goes_on_with_the_experiment():
 def test_an_evaluation_loader_from_the_same_helper_is_never_taken_for_the_training_one(val_n):
     seen: list = []
     with Stubbed() as s:
-        loop_rebuilding({"train": PlantedDataset(n=40), "val": PlantedDataset(n=val_n)}, seen)
+        loop({"train": rebuilt(PlantedDataset(n=40)), "val": rebuilt(PlantedDataset(n=val_n))}, seen, epochs=20)
     assert s.handed > 30 and s.seen[0].rebuilt >= 5
     val = [b for _, name, b in seen if name == "val"]
     assert val and all(bool(b[0].abs().sum()) for b in val)  # its own batches, never the experiment's zeros
