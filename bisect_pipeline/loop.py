@@ -370,7 +370,7 @@ class Session:
         self.visit: Any = None  # the visit under way (a pause voids its window)
         self.cadence = Cadence()
         self.epoch: Optional[LoopIterator] = None  # the epoch the experiment's batches go to
-        self._candidate: Optional[LoopIterator] = None  # maybe the training loader built anew (_may_succeed)
+        self._candidate: Any = None  # weakref to the iterator of maybe the training loader built anew (_may_succeed)
         self.report: Optional[Report] = None
         self.error: Optional[BaseException] = None
         self.ended: Optional[tuple] = None  # (how, detail): the script ended on its own (script_ended)
@@ -456,8 +456,9 @@ class Session:
                 self._void()  # another loader between two of the loop's requests (an evaluation)
                 self.cadence.paused()
             it = LoopIterator(self, loader, seen, real_iter(loader))  # its own batches, counted
-            if self._may_succeed(loader):
-                self._candidate = it  # the training loader built anew? its optimizer step says (optimizer_stepped)
+            # the training loader built anew? its optimizer step says (optimizer_stepped); held
+            # weakly: a candidate that never steps (an evaluation) goes with its iterator
+            self._candidate = weakref.ref(it) if self._may_succeed(loader) else None
             return it
         if self.chosen is None and (self.target == seen.index or self.target is loader):
             self.chosen = loader
@@ -499,7 +500,7 @@ class Session:
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None:
         if self.step_device is None:
             self.step_device = _param_device(optimizer)
-        cand = self._candidate
+        cand = self._candidate() if self._candidate is not None else None
         if cand is not None and self.state == "measuring" and self.current is cand.seen and cand.seen.with_grad:
             self._succeed(cand)
         if self.chosen is None and self.target is None and self.current is not None and self.current.with_grad:
