@@ -271,10 +271,14 @@ class LoopIterator:
         self.mode = "observe" if real is not None else "experiment"
         self.length = _length(loader)
         self.served = 0
-        self.ended = False  # its epoch ran out (StopIteration raised)
 
     def __iter__(self) -> "LoopIterator":
         return self
+
+    @property
+    def ended(self) -> bool:
+        """Its epoch has run out: len(loader) batches handed."""
+        return self.length is not None and self.served >= self.length
 
     def __len__(self) -> int:
         if self.length is None:
@@ -294,7 +298,6 @@ class LoopIterator:
             self.real, self.mode = None, "experiment"
         if self.length is not None and self.served >= self.length:
             if self.mode == "experiment":
-                self.ended = True
                 s.epoch_ended()
             raise StopIteration
         if self.mode == "experiment":
@@ -473,13 +476,13 @@ class Session:
         evaluation loader made by the same helper never does."""
         chosen, epoch = self.chosen, self.epoch
         if (self.state != "measuring" or chosen is None or epoch is None or epoch.loader is not chosen
-                or not epoch.ended or _length(loader) is None):
+                or not epoch.ended):
             return False
         site = self._site_of.get(loader)
         return (site is not None and site == self._site_of.get(chosen)
                 and type(getattr(loader, "dataset", None)) is type(getattr(chosen, "dataset", None))
                 and getattr(loader, "batch_size", None) == getattr(chosen, "batch_size", None)
-                and _length(loader) == _length(chosen))
+                and _length(loader) == epoch.length)
 
     def _succeed(self, it: "LoopIterator") -> None:
         """The candidate's loader is the training loader from now on: its batches count as

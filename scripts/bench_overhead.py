@@ -100,7 +100,7 @@ class HandLoops:
     workers, iterated endlessly)."""
 
     def __init__(self, model, loader, step, device: torch.device) -> None:
-        self.step, self.bs, self.device = step, loader.batch_size, device
+        self.step, self.bs = step, loader.batch_size
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.batch = to_device(next(iter(DataLoader(loader.dataset, batch_size=loader.batch_size))), device)
         kw = {"multiprocessing_context": "fork", "persistent_workers": True} if loader.num_workers else {}
