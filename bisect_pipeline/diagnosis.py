@@ -125,7 +125,8 @@ class Diagnosis:
     def drop_sigma(self, upper: str, lower: str) -> Optional[float]:
         """The noise of t(lower) - t(upper) as the verdict weighs it (stats.Noise: from
         the per-round differences), else None."""
-        return self.verdict.contrast_sigma({lower: 1, upper: -1})
+        c = self.verdict.drop(lower, upper)
+        return None if c is None else c.sigma
 
     def measured_rate(self, name: str) -> Optional[float]:
         """A point's own samples/s before the ordered fit: its time in a middling round

@@ -131,17 +131,26 @@ def decreasing_fit(values: Sequence[float], weights: Sequence[float]) -> list:
     one that does the least, it is the estimate that respects the physics: a point never
     costs more than one that does all of its work and more. Points that violate the
     order within the noise are pooled to their weighted mean."""
-    blocks: list = []  # [mean, weight, count]
-    for v, w in zip(values, weights):
-        blocks.append([float(v), float(w), 1])
-        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
-            m2, w2, n2 = blocks.pop()
-            m1, w1, n1 = blocks.pop()
-            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
     out: list = []
-    for m, _, n in blocks:
-        out.extend([m] * n)
+    for block in decreasing_blocks(values, weights):
+        w = sum(weights[i] for i in block)
+        out.extend([sum(values[i] * weights[i] for i in block) / w] * len(block))
     return out
+
+
+def decreasing_blocks(values: Sequence[float], weights: Sequence[float]) -> list:
+    """The blocks of decreasing_fit: lists of consecutive indices whose values are pooled
+    to their weighted mean (one index where a value keeps its own). Each fitted value is
+    thus a linear combination of the values, and a difference of fitted values a
+    contrast whose noise can be estimated like any other (verdict._fit)."""
+    blocks: list = []  # [mean, weight, indices]
+    for i, (v, w) in enumerate(zip(values, weights)):
+        blocks.append([float(v), float(w), [i]])
+        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+            m2, w2, i2 = blocks.pop()
+            m1, w1, i1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, i1 + i2])
+    return [b[2] for b in blocks]
 
 
 def median(values: Sequence[float]) -> float:
@@ -417,11 +426,18 @@ class Noise:
         return len(self.cells[point]) if self.paired else 0
 
     def point_sigma(self, point: str) -> float:
-        """A point's own standard error (weights of the ordered fit): the spread of its
-        round times with the rounds' shared factor taken out."""
+        """A point's standard error (weights of the ordered fit): the spread of its round
+        times with the rounds' shared factor taken out, and never less than the machine's
+        noise pooled over every point (the polish's residuals) at its number of rounds:
+        a point measured in few rounds that happened to agree is not known better than
+        the machine lets any point be known."""
         if not self.paired:
             return self._sigmas[point]
-        return median_se([t / self.factor[r] for r, t in self.cells[point].items()])
+        values = [t / self.factor[r] for r, t in self.cells[point].items()]
+        own = median_se(values)
+        if not math.isfinite(self.pooled):
+            return own
+        return max(own, self.pooled * self.mu[point] * MEDIAN_SE_FACTOR / math.sqrt(len(values)))
 
     def contrast(self, coef: Mapping[str, float]) -> Contrast:
         """sum(coef[p] * t[p]) and its noise (see the class)."""

@@ -6,8 +6,8 @@ import dataclasses
 import math
 from typing import Any, Mapping, Optional
 
-from .stats import (MIN_REL_DROP, NOISY_REL_IQR, Contrast, Noise, Throughput, decreasing_fit, is_real, noise_threshold,
-                    normal_cdf)
+from .stats import (MIN_REL_DROP, NOISY_REL_IQR, Contrast, Noise, Throughput, decreasing_blocks, is_real, noise_threshold,
+                    normal_cdf, t_factor)
 
 # Upstream to downstream. A stage sits between the point before it and the point after.
 POINTS = ("full", "raw", "augmented", "collated", "host", "device")
@@ -104,11 +104,15 @@ class Verdict:
     tied: tuple[str, ...] = ()  # `tie`: the stages in question, costliest first
     leads: tuple[Lead, ...] = ()  # the costliest stage over each other costed stage
     noise: Any = dataclasses.field(default=None, compare=False, repr=False)  # stats.Noise of the points
+    # each fitted point's time as a combination of the points' own (_fit): {point: {q: weight}}
+    fit_coef: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
-    def contrast_sigma(self, coef: Mapping[str, float]) -> Optional[float]:
-        """The noise of a difference of points' times (stats.Noise.contrast), as every
-        rule of this verdict weighs it; None without measurements."""
-        return None if self.noise is None else self.noise.contrast(coef).sigma
+    def drop(self, lower: str, upper: str) -> Optional[Contrast]:
+        """fitted(lower) - fitted(upper) with its noise (_drop), as every rule of this
+        verdict weighs it; None without measurements."""
+        if self.noise is None or lower not in self.fit_coef or upper not in self.fit_coef:
+            return None
+        return _drop(self.noise, self.fit_coef, lower, upper)
 
 
 def decide(
@@ -137,7 +141,8 @@ def decide(
         ceiling = the last kept point; gap = fitted(full) - fitted(ceiling)
         stages = for each pair of adjacent kept points (lower, upper), the first stage
                  between them costs fitted(lower) - fitted(upper) (the costs add up to
-                 the gap), the others between are merged into it, and a stage whose
+                 the gap), its noise that of the points pooled into either  (_drop),
+                 the others between are merged into it, and a stage whose
                  end point does not apply here is skipped  (_cost_stages)
         real = stages whose cost is beyond the noise (stats.is_real)
         leads = the costliest stage's cost minus each other's, each real or not, its
@@ -154,49 +159,88 @@ def decide(
     if "full" not in measured:
         # no verdict, but the points shown still agree with each other (a partial run)
         noise = Noise(measured) if measured else None
+        fitted, coef = _fit(noise, present) if noise is not None else ({}, {})
         return Verdict(None, _unmeasured_stages(skipped), reason="the full pipeline was not measured",
-                       fitted=_fit(noise, present) if noise is not None else {}, noise=noise)
+                       fitted=fitted, noise=noise, fit_coef=coef)
     if len(present) < 2:
         return Verdict(None, _unmeasured_stages(skipped), reason="no cache point was measured besides the full pipeline")
     noise = Noise(measured)
     inconsistent = find_inconsistent(measured, present, noise, noise_scale)
     left_out = {i.slower for i in inconsistent}
-    fitted = _fit(noise, [p for p in present if p not in left_out])
+    fitted, coef = _fit(noise, [p for p in present if p not in left_out])
     if len(fitted) < 2:
         return Verdict(None, _unmeasured_stages(skipped), reason="no cache point was consistent with the full pipeline",
-                       inconsistent=inconsistent, fitted=fitted, noise=noise)
-    stages = _cost_stages(list(fitted), fitted, noise, skipped=skipped, left_out=left_out, batch_size=batch_size,
-                          noise_scale=noise_scale)
-    return _judge(stages, fitted, noise, measured, inconsistent=inconsistent, noise_scale=noise_scale)
+                       inconsistent=inconsistent, fitted=fitted, noise=noise, fit_coef=coef)
+    stages = _cost_stages(list(fitted), fitted, coef, noise, skipped=skipped, left_out=left_out,
+                          batch_size=batch_size, noise_scale=noise_scale)
+    return _judge(stages, fitted, coef, noise, measured, inconsistent=inconsistent, noise_scale=noise_scale)
 
 
-def _judge(stages: tuple, fitted: Mapping[str, float], noise: Noise, measured: Mapping[str, Throughput], *,
-           inconsistent: tuple, noise_scale: float) -> Verdict:
+def _judge(stages: tuple, fitted: Mapping[str, float], coef: Mapping, noise: Noise, measured: Mapping[str, Throughput],
+           *, inconsistent: tuple, noise_scale: float) -> Verdict:
     """The verdict from the costed stages: the gap, the leads, the name (see decide)."""
     t_full, ceiling = fitted["full"], list(fitted)[-1]
     gap = max(0.0, t_full - fitted[ceiling])
-    gap_c = dataclasses.replace(noise.contrast({"full": 1, ceiling: -1}), estimate=gap)
-    leads = _leads(stages, noise, t_full, noise_scale)
+    gap_c = dataclasses.replace(_drop(noise, coef, "full", ceiling), estimate=gap)
+    leads = _leads(stages, coef, noise, t_full, noise_scale)
     bottleneck, tied, reason = _name(stages, leads, gap_c, t_full=t_full, noise_scale=noise_scale, ceiling=ceiling,
                                      measured=measured)
     return Verdict(bottleneck, stages, reason=reason, gap_sec_per_batch=gap, input_bound_fraction=gap / t_full,
                    ceiling=ceiling, fitted=fitted, inconsistent=inconsistent, gap_sigma=gap_c.sigma,
                    gap_upper=gap_c.upper(Z_UPPER, noise_scale), gap_rounds=gap_c.rounds, tied=tied, leads=leads,
-                   noise=noise)
+                   noise=noise, fit_coef=coef)
 
 
-def _fit(noise: Noise, kept: list) -> dict:
+def _fit(noise: Noise, kept: list) -> tuple[dict, dict]:
     """The kept points' times per batch, fitted so that none costs more than a point
-    upstream of it (stats.decreasing_fit), each weighted by 1/sigma^2 (its noise, at
-    least MIN_REL_SE of it: a few windows that happen to agree are not a 0.1% estimate)."""
+    upstream of it (stats.decreasing_blocks), each weighted by 1/sigma^2 (its noise, at
+    least MIN_REL_SE of it: a few windows that happen to agree are not a 0.1% estimate);
+    and each fitted time as the weighted mean of the points pooled into it, {point: {q:
+    weight}}, so that a difference of fitted times is a contrast of the points' own and
+    its noise is that contrast's (_drop)."""
     t = {p: noise.time(p) for p in kept}
     sigma = {p: noise.point_sigma(p) for p in kept}
     weights = [1.0 / max(sigma[p], MIN_REL_SE * t[p], 1e-12) ** 2 if math.isfinite(sigma[p]) else 1e-30
                for p in kept]
-    return dict(zip(kept, decreasing_fit([t[p] for p in kept], weights)))
+    fitted, coef = {}, {}
+    for block in decreasing_blocks([t[p] for p in kept], weights):
+        total = sum(weights[i] for i in block)
+        c = {kept[i]: weights[i] / total for i in block}
+        for i in block:
+            fitted[kept[i]], coef[kept[i]] = sum(w * t[q] for q, w in c.items()), c
+    return dict(sorted(fitted.items(), key=lambda kv: kept.index(kv[0]))), coef
 
 
-def _cost_stages(kept: list, fitted: Mapping[str, float], noise: Noise, *, skipped: Mapping[str, str],
+def _pooled(coef: Mapping, *points: str) -> bool:
+    """Whether any of `points` was pooled with another in the ordered fit."""
+    return any(len(coef[p]) > 1 for p in points)
+
+
+def _drop(noise: Noise, coef: Mapping, lower: str, upper: str) -> Contrast:
+    """fitted(lower) - fitted(upper) and its noise. Each fitted time is the weighted mean
+    of the points pooled into it (_fit), so the difference is sum(a_i b_j (t_i - t_j))
+    over the points i pooled into `lower` and j into `upper` (weights a, b): its noise is
+    at most sum(a_i b_j sigma_ij) (sd(x + y) <= sd(x) + sd(y)), each pair's own from the
+    rounds that pair shares (a point measured in a few early rounds and pooled with one
+    measured in all of them weighs with its few rounds, by its weight), and never less
+    than the noise of the two points' own difference. Two points pooled together differ
+    by nothing; the noise of that nothing is their own difference's."""
+    own = noise.contrast({lower: 1, upper: -1})
+    if coef[lower] is coef[upper]:
+        return dataclasses.replace(own, estimate=0.0)
+    estimate = (sum(a * noise.time(i) for i, a in coef[lower].items())
+                - sum(b * noise.time(j) for j, b in coef[upper].items()))
+    if not _pooled(coef, lower, upper):
+        return dataclasses.replace(own, estimate=estimate)
+    pairs = [(a * b, noise.contrast({i: 1, j: -1})) for i, a in coef[lower].items() for j, b in coef[upper].items()]
+    sigma = sum(w * c.sigma for w, c in pairs)
+    if own.sigma >= sigma:
+        return dataclasses.replace(own, estimate=estimate)
+    main = max(pairs, key=lambda wc: wc[0] * wc[1].sigma)[1]  # its degrees of freedom and rounds are said
+    return Contrast(estimate, sigma / t_factor(main.df), main.df, main.rounds)
+
+
+def _cost_stages(kept: list, fitted: Mapping[str, float], coef: Mapping, noise: Noise, *, skipped: Mapping[str, str],
                  left_out: set, batch_size: float, noise_scale: float) -> tuple:
     """Every stage's StageCost, in STAGES order (see decide)."""
     t_full, ceiling = fitted["full"], kept[-1]
@@ -212,7 +256,7 @@ def _cost_stages(kept: list, fitted: Mapping[str, float], noise: Noise, *, skipp
             continue
         head = applicable[0]
         cost = max(0.0, fitted[lower] - fitted[upper])
-        c = noise.contrast({lower: 1, upper: -1})
+        c = _drop(noise, coef, lower, upper)
         stages[head] = StageCost(
             head, "ok", upper=upper, lower=lower, sec_per_batch=cost, sigma=c.sigma,
             share_of_gap=(cost / gap) if gap > 0 else None,
@@ -232,21 +276,35 @@ def _costed(stages: tuple) -> list:
     return sorted((c for c in stages if c.status == "ok"), key=lambda c: c.sec_per_batch, reverse=True)
 
 
-def _leads(stages: tuple, noise: Noise, t_full: float, noise_scale: float) -> tuple:
+def _leads(stages: tuple, coef: Mapping, noise: Noise, t_full: float, noise_scale: float) -> tuple:
     """The costliest stage's lead over each other costed stage. Each lead's noise comes
     from the per-round values of the difference of the two costs (a point the two stages
     share, adjacent stages, counts with its sign in each round: t(full) - 2 t(raw) +
     t(augmented) for load over augment), so noise common to both costs cancels; it is
-    never taken as more than the sum of the two costs' own noise."""
+    never taken as more than the sum of the two costs' own noise. Where a point of either
+    was pooled with another in the ordered fit, the same difference of the fitted times
+    (over the rounds all its points share) counts too, where its noise is the larger."""
     costed = _costed(stages)
     out = []
     for other in costed[1:]:
         top = costed[0]
-        coef: dict = {}
+        own: dict = {}
         for s, sign in ((top, 1), (other, -1)):
-            coef[s.lower] = coef.get(s.lower, 0) + sign
-            coef[s.upper] = coef.get(s.upper, 0) - sign
-        c = noise.contrast(coef)
+            own[s.lower] = own.get(s.lower, 0) + sign
+            own[s.upper] = own.get(s.upper, 0) - sign
+        c = noise.contrast(own)
+        if _pooled(coef, top.lower, top.upper, other.lower, other.upper):
+            # the costs are fitted ones: the same difference of the fitted times, paired
+            # over the rounds all of its points share, where that says more
+            fitted: dict = {}
+            for s, sign in ((top, 1), (other, -1)):
+                for q, w in coef[s.lower].items():
+                    fitted[q] = fitted.get(q, 0.0) + sign * w
+                for q, w in coef[s.upper].items():
+                    fitted[q] = fitted.get(q, 0.0) - sign * w
+            fitted = {q: w for q, w in fitted.items() if abs(w) > 1e-12}
+            if fitted:
+                c = max(c, noise.contrast(fitted), key=lambda x: x.sigma)
         # the noise of a difference is at most the sum of its terms' (sd(a - b) <= sd(a) +
         # sd(b)): where the per-round estimate of the difference says more (few rounds, the
         # estimators differ), the two costs' own noise bounds it; a runner-up whose upper

@@ -23,13 +23,14 @@ too large to bound the loss under 10%), a stage a wrong answer.
 Each run is `bisect(model, loader, max_seconds=S, verify_seconds=0)` in this process
 (the advice's check has nothing to check on a step-bound pipeline).
 
-    flock /tmp/cpu.lock python scripts/bench_drifting_step.py [--runs 10] [--cases mlp,convnet] [--max-seconds 30]
+    flock /tmp/cpu.lock python scripts/bench_drifting_step.py [--runs 10] [--cases mlp,convnet] [--max-seconds 30] [--json-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import time
 
 import torch
@@ -77,6 +78,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--cases", default="mlp,convnet")
     ap.add_argument("--max-seconds", type=float, default=30.0)
+    ap.add_argument("--json-dir", help="write each run's report here as CASE-RUN.json")
     args = ap.parse_args()
     for name in args.cases.split(","):
         model, loader = CASES[name]()
@@ -86,6 +88,9 @@ def main() -> None:
             t0 = time.perf_counter()
             r = bisect(model, loader, max_seconds=args.max_seconds, verify_seconds=0)
             v = r.verdict
+            if args.json_dir:
+                os.makedirs(args.json_dir, exist_ok=True)
+                r.save_json(os.path.join(args.json_dir, f"{name}-{i + 1}.json"))
             t_full = v.fitted.get("full")
             counts[r.bottleneck] += 1
             real = [s.stage for s in v.stages if s.status == "ok" and s.significant]
