@@ -237,7 +237,7 @@ def _drop(noise: Noise, coef: Mapping, lower: str, upper: str) -> Contrast:
     if own.sigma >= sigma:
         return dataclasses.replace(own, estimate=estimate)
     main = max(pairs, key=lambda wc: wc[0] * wc[1].sigma)[1]  # its degrees of freedom and rounds are said
-    return Contrast(estimate, sigma / t_factor(main.df), main.df, main.rounds)
+    return Contrast(estimate, sigma / t_factor(main.df) if math.isfinite(sigma) else math.inf, main.df, main.rounds)
 
 
 def _cost_stages(kept: list, fitted: Mapping[str, float], coef: Mapping, noise: Noise, *, skipped: Mapping[str, str],

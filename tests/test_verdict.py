@@ -549,3 +549,23 @@ def test_rounds_to_decide_is_the_first_round_count_that_would_tell():
                      if Contrast(estimate, sd / math.sqrt(r), r - 1, r).upper(Z_UPPER) <= NONE_MAX_LOSS * t_full
                      or is_real(estimate, Contrast(estimate, sd / math.sqrt(r), r - 1, r).sigma, t_full)), None)
         assert rounds_to_decide(gap, t_full) == scan, (estimate, se, n)
+
+
+def test_a_pooled_point_without_a_noise_estimate_leaves_the_drop_s_noise_unknown_not_undefined():
+    # augmented pooled with device (weights 1:3); the pair full - augmented has no noise
+    # estimate (one round, nothing pooled to lend it one): the fitted gap's noise is
+    # unknown (infinite), never NaN, and its estimate is the fitted one
+    from bisect_pipeline.verdict import _drop
+
+    class OneRound:
+        def contrast(self, coef):
+            if "augmented" in coef:
+                return Contrast(0.0, math.inf, 0, 1)
+            return Contrast(0.0, 1e-3, 9, 10)
+
+        def time(self, point):
+            return {"full": 0.110, "augmented": 0.090, "device": 0.100}[point]
+
+    block = {"augmented": 0.25, "device": 0.75}
+    c = _drop(OneRound(), {"full": {"full": 1.0}, "augmented": block, "device": block}, "full", "device")
+    assert c.estimate == pytest.approx(0.110 - 0.0975) and c.se == c.sigma == c.upper(2.0) == math.inf
