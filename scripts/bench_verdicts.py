@@ -69,10 +69,11 @@ def check(path: str) -> str:
 
 def grade(verdict, expected: str, tied: tuple = ()) -> str:
     """right; tie (a tie led by the expected stage: an answer that has not told it apart
-    from a runner-up yet); inconclusive; or wrong."""
-    if verdict == expected:
+    from a runner-up yet); inconclusive; or wrong. `expected` may name alternatives,
+    '/'-separated (a hand counterfactual at the 5% floor: none/handoff)."""
+    if verdict in expected.split("/"):
         return "right"
-    if verdict == "tie" and tied and tied[0] == expected:
+    if verdict == "tie" and tied and tied[0] in expected.split("/"):
         return "tie"
     return "inconclusive" if verdict == "inconclusive" else "wrong"
 
