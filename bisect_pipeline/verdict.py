@@ -109,9 +109,12 @@ class Verdict:
 
     def drop(self, lower: str, upper: str) -> Optional[Contrast]:
         """fitted(lower) - fitted(upper) with its noise (_drop), as every rule of this
-        verdict weighs it; None without measurements."""
-        if self.noise is None or lower not in self.fit_coef or upper not in self.fit_coef:
+        verdict weighs it; the points' own difference where one was left out of the fit
+        (inconsistent); None without measurements of both."""
+        if self.noise is None or lower not in self.noise.mu or upper not in self.noise.mu:
             return None
+        if lower not in self.fit_coef or upper not in self.fit_coef:
+            return self.noise.contrast({lower: 1, upper: -1})
         return _drop(self.noise, self.fit_coef, lower, upper)
 
 

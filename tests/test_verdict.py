@@ -569,3 +569,13 @@ def test_a_pooled_point_without_a_noise_estimate_leaves_the_drop_s_noise_unknown
     block = {"augmented": 0.25, "device": 0.75}
     c = _drop(OneRound(), {"full": {"full": 1.0}, "augmented": block, "device": block}, "full", "device")
     assert c.estimate == pytest.approx(0.110 - 0.0975) and c.se == c.sigma == c.upper(2.0) == math.inf
+
+
+def test_a_drop_to_a_point_left_out_is_the_points_own_difference():
+    # device inconsistent (slower than collated beyond noise) is out of the fit, but the
+    # advice still weighs full - device: its own difference, not None
+    m = {"device": tp(23.0), "collated": tp(16.3), "augmented": tp(16.5), "raw": tp(50), "full": tp(51)}
+    v = decide(m, BS, CPU)
+    assert "device" not in v.fitted and v.drop("full", "device").estimate == pytest.approx(0.051 - 0.023, rel=0.01)
+    assert v.drop("full", "collated").estimate == pytest.approx(v.fitted["full"] - v.fitted["collated"])
+    assert v.drop("full", "host") is None  # not measured
