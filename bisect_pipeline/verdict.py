@@ -6,8 +6,8 @@ import dataclasses
 import math
 from typing import Any, Mapping, Optional
 
-from .stats import (MIN_REL_DROP, NOISY_REL_IQR, Contrast, Noise, Throughput, decreasing_blocks, is_real, noise_threshold,
-                    normal_cdf, t_factor)
+from .stats import (MIN_REL_DROP, NOISY_REL_IQR, Contrast, Noise, Throughput, decreasing_blocks, is_real,
+                    noise_threshold, normal_cdf, t_factor)
 
 # Upstream to downstream. A stage sits between the point before it and the point after.
 POINTS = ("full", "raw", "augmented", "collated", "host", "device")
@@ -95,7 +95,7 @@ class Verdict:
     reason: str = ""
     ceiling: Optional[str] = None  # the point taken as the ceiling
     # Each consistent point's time per batch as the verdict uses it: the measured times
-    # fitted so that no point costs more than one upstream of it (stats.decreasing_fit).
+    # fitted so that no point costs more than one upstream of it (stats.decreasing_fit, by blocks: fit_coef).
     fitted: Mapping[str, float] = dataclasses.field(default_factory=dict)
     inconsistent: tuple[Inconsistency, ...] = ()
     gap_sigma: Optional[float] = None
