@@ -296,7 +296,7 @@ class LoopIterator:
                 return batch
             _close(self.real, self.loader)  # chosen since its last batch: the experiment takes over
             self.real, self.mode = None, "experiment"
-        if self.length is not None and self.served >= self.length:
+        if self.ended:
             if self.mode == "experiment":
                 s.epoch_ended()
             raise StopIteration

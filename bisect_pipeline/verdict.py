@@ -206,12 +206,13 @@ def _fit(noise: Noise, kept: list) -> tuple[dict, dict]:
     weights = [1.0 / max(sigma[p], MIN_REL_SE * t[p], 1e-12) ** 2 if math.isfinite(sigma[p]) else 1e-30
                for p in kept]
     fitted, coef = {}, {}
-    for block in decreasing_blocks([t[p] for p in kept], weights):
+    for block in decreasing_blocks([t[p] for p in kept], weights):  # consecutive, in kept's order
         total = sum(weights[i] for i in block)
         c = {kept[i]: weights[i] / total for i in block}
+        value = sum(w * t[q] for q, w in c.items())
         for i in block:
-            fitted[kept[i]], coef[kept[i]] = sum(w * t[q] for q, w in c.items()), c
-    return dict(sorted(fitted.items(), key=lambda kv: kept.index(kv[0]))), coef
+            fitted[kept[i]], coef[kept[i]] = value, c
+    return fitted, coef
 
 
 def _pooled(coef: Mapping, *points: str) -> bool:
@@ -291,21 +292,11 @@ def _leads(stages: tuple, coef: Mapping, noise: Noise, t_full: float, noise_scal
     out = []
     for other in costed[1:]:
         top = costed[0]
-        own: dict = {}
-        for s, sign in ((top, 1), (other, -1)):
-            own[s.lower] = own.get(s.lower, 0) + sign
-            own[s.upper] = own.get(s.upper, 0) - sign
-        c = noise.contrast(own)
+        c = noise.contrast(_lead_coef(top, other, lambda p: {p: 1.0}))
         if _pooled(coef, top.lower, top.upper, other.lower, other.upper):
             # the costs are fitted ones: the same difference of the fitted times, paired
             # over the rounds all of its points share, where that says more
-            fitted: dict = {}
-            for s, sign in ((top, 1), (other, -1)):
-                for q, w in coef[s.lower].items():
-                    fitted[q] = fitted.get(q, 0.0) + sign * w
-                for q, w in coef[s.upper].items():
-                    fitted[q] = fitted.get(q, 0.0) - sign * w
-            fitted = {q: w for q, w in fitted.items() if abs(w) > 1e-12}
+            fitted = _lead_coef(top, other, coef.__getitem__)
             if fitted:
                 c = max(c, noise.contrast(fitted), key=lambda x: x.sigma)
         # the noise of a difference is at most the sum of its terms' (sd(a - b) <= sd(a) +
@@ -317,6 +308,19 @@ def _leads(stages: tuple, coef: Mapping, noise: Noise, t_full: float, noise_scal
         threshold = noise_threshold(sigma, t_full, noise_scale)
         out.append(Lead(top.stage, other.stage, lead, sigma, threshold, lead > threshold, c.rounds))
     return tuple(out)
+
+
+def _lead_coef(top: StageCost, other: StageCost, of) -> dict:
+    """cost(top) - cost(other) as coefficients of the points' own times, each point's
+    time standing for `of(point)` ({q: weight}: itself, or the points pooled into it).
+    A point the two stages share counts with its sign in each (t(full) - 2 t(raw) +
+    t(augmented) for load over augment)."""
+    out: dict = {}
+    for s, sign in ((top, 1.0), (other, -1.0)):
+        for p, k in ((s.lower, sign), (s.upper, -sign)):
+            for q, w in of(p).items():
+                out[q] = out.get(q, 0.0) + k * w
+    return {q: w for q, w in out.items() if abs(w) > 1e-12}
 
 
 def _name(stages: tuple, leads: tuple, gap: Contrast, *, t_full: float, noise_scale: float, ceiling: str,

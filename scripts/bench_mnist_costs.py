@@ -98,9 +98,11 @@ def variants(dataset):
             "no collate": batches}
 
 
-def time_variant(source, step, batches: int) -> float:
+def time_variant(source, step, batches: int, warmup: int = 2) -> float:
+    """ms per batch of `step` over `source`, after `warmup` untimed steps on a fresh
+    iterator (an epoch's end inside the timed batches starts the next one)."""
     it = iter(source)
-    for _ in range(2):  # warm-up
+    for _ in range(warmup):
         step(next(it))
     t0 = time.perf_counter()
     for _ in range(batches):

@@ -34,10 +34,10 @@ import multiprocessing
 import os
 import statistics
 import tempfile
-import time
 
 import torch
 
+from bench_mnist_costs import time_variant
 from bench_verdicts import planted_maker, run_workload, summary_table
 from bisect_pipeline import testing
 
@@ -95,10 +95,11 @@ def workloads(only: str, busy: bool = False) -> list:
 
 
 def hand_handoff(busy: bool, pairs: int = 7, skip: int = 6, n: int = 20) -> list:
-    """The model-bound workload with two workers, by hand: seconds per batch of its step
-    fed by its loader, and of the same step over its collated batches cached in this
-    process (no workers, so no handoff), in alternating pairs; each pair times `n`
-    batches after `skip` (the workers' start and prefetch) inside one epoch."""
+    """The model-bound workload with two workers, by hand: ms per batch of its step fed
+    by its loader, and of the same step over its collated batches cached in this process
+    (no workers, so no handoff), in alternating pairs; each pair times `n` batches after
+    `skip` (the workers' start and prefetch), inside one epoch of 32 batches
+    (bench_mnist_costs.time_variant)."""
     model, loader = testing.benchmark("model", 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -111,19 +112,11 @@ def hand_handoff(busy: bool, pairs: int = 7, skip: int = 6, n: int = 20) -> list
 
     cached = list(torch.utils.data.DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=True))
 
-    def timed(batches) -> float:
-        for _ in range(skip):
-            step(next(batches))
-        t0 = time.perf_counter()
-        for _ in range(n):
-            step(next(batches))
-        return (time.perf_counter() - t0) / n
-
     def fed() -> float:
-        return timed(iter(loader))
+        return time_variant(loader, step, n, warmup=skip)
 
     def alone() -> float:
-        return timed(iter(cached))
+        return time_variant(cached, step, n, warmup=skip)
 
     rows = []
     with neighbour(busy):
@@ -136,13 +129,13 @@ def hand_handoff(busy: bool, pairs: int = 7, skip: int = 6, n: int = 20) -> list
                 b = alone()
                 a = fed()
             rows.append((a, b))
-            print(f"  pair {k + 1}: fed by the loader {a * 1e3:.1f} ms, cached {b * 1e3:.1f} ms, handoff "
-                  f"{(a - b) * 1e3:.1f} ms ({(a - b) / a:.1%})", flush=True)
+            print(f"  pair {k + 1}: fed by the loader {a:.1f} ms, cached {b:.1f} ms, handoff "
+                  f"{a - b:.1f} ms ({(a - b) / a:.1%})", flush=True)
     d = [a - b for a, b in rows]
     q1, _, q3 = statistics.quantiles(d, n=4)
     full = statistics.median(a for a, _ in rows)
-    print(f"{'busy neighbour' if busy else 'quiet'}: handoff {statistics.median(d) * 1e3:.2f} ms per batch "
-          f"({statistics.median(d) / full:.1%} of {full * 1e3:.1f} ms), IQR {q1 * 1e3:.2f}-{q3 * 1e3:.2f}", flush=True)
+    print(f"{'busy neighbour' if busy else 'quiet'}: handoff {statistics.median(d):.2f} ms per batch "
+          f"({statistics.median(d) / full:.1%} of {full:.1f} ms), IQR {q1:.2f}-{q3:.2f}", flush=True)
     return rows
 
 

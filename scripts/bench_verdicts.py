@@ -71,9 +71,10 @@ def grade(verdict, expected: str, tied: tuple = ()) -> str:
     """right; tie (a tie led by the expected stage: an answer that has not told it apart
     from a runner-up yet); inconclusive; or wrong. `expected` may name alternatives,
     '/'-separated (a hand counterfactual at the 5% floor: none/handoff)."""
-    if verdict in expected.split("/"):
+    alternatives = expected.split("/")
+    if verdict in alternatives:
         return "right"
-    if verdict == "tie" and tied and tied[0] in expected.split("/"):
+    if verdict == "tie" and tied and tied[0] in alternatives:
         return "tie"
     return "inconclusive" if verdict == "inconclusive" else "wrong"
 
