@@ -11,6 +11,7 @@ import os
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
+from torch.utils.data import DataLoader
 
 from . import allocator, cache, devices, faults, sources, split, tree
 from .integrations import timm
@@ -89,8 +90,8 @@ class Experiment:
     waits: dict = dataclasses.field(default_factory=dict)  # lockstep: per point, the wait for data per batch
     step_alone: Optional[float] = None  # seconds of one step timed alone (hold_allocator), when it was
     at: Optional[dict] = None  # the last "point" event, while its visit's windows come
-    # point -> (ExitStack, next_batch, move): replay loaders kept open between the visits of
-    # the rounds, their workers started once (open, keep=True; close_kept)
+    # point -> (ExitStack, next_batch, move, source): replay loaders kept between the visits
+    # of the rounds, their workers started once (keeps; open, keep=True; close_kept)
     kept: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -233,22 +234,60 @@ class Experiment:
             if threads:
                 torch.set_num_threads(before)
 
+    def keeps(self, name: str) -> bool:
+        """Whether point `name`'s replay loader stays open from one visit to the next
+        (`open`, keep): its workers started once. Each visit of a loader started anew
+        pays for the start in its first steps, beyond the untimed first batch: a worker
+        pool forked from this process shares its memory copy-on-write, so the step after
+        the fork copies every page it writes (a MobileNet step on 2 cores: 1.9 s instead
+        of 0.85, the next one 1.0), time a long step's visit has no warm-up for, and a
+        few seconds of every round with steps of a second. A loader parked between
+        visits (`parks`) does no work meanwhile; one that cannot be parked is kept open
+        only where your workers are persistent (it finishes the batches in flight, a
+        batch or two per worker, while the next point starts, as at the end of a visit
+        of your loop's own pool). A pool is kept only while the machine has the memory
+        for it (room_for_a_pool)."""
+        if name in self.kept:
+            return True
+        if name in ("host", "device") or self.spec.num_workers == 0:
+            return False
+        return (self.parks(name) or bool(getattr(self.spec, "persistent_workers", False))) and room_for_a_pool()
+
+    def parks(self, name: str) -> bool:
+        """Whether point `name`'s replay loader can be parked between visits (sources.
+        LoaderSource.park): a DataLoader over a map-style dataset (the cached points,
+        and `full` but for an IterableDataset), not behind a loader wrapper, with
+        workers. Its workers are then persistent, a setting that differs from yours only
+        at an epoch's end, which no window holds (the advice's check measures that end
+        with your setting)."""
+        spec = self.spec
+        return (name not in ("host", "device") and spec.num_workers > 0 and self.wrapper is None
+                and spec.loader_cls is DataLoader and not (name == "full" and spec.iterable))
+
     def _kept(self, name: str) -> Iterator[tuple]:
-        """The point's source as `open` gives it, opened at its first visit and left open
-        after it: a revisit finds its workers started and its prefetch full (which the
-        visit's warm-up skips, as at a first visit). A visit that fails closes it (its
-        workers terminated, as `open` does)."""
+        """The point's source as `open` gives it, opened at its first visit and kept
+        after it: parked (its epoch ended after the batches in flight, its workers idle)
+        and resumed at the next visit, whose first batch and warm-up then go as at a
+        first visit without the workers' start; or, where it cannot be parked, left
+        open. A visit that fails closes it (its workers terminated, as `open` does)."""
         if name not in self.kept:
             stack = contextlib.ExitStack()
-            source, move = self._source(name, self.spec, False)
-            self.kept[name] = (stack, stack.enter_context(source), move)
-        stack, next_batch, move = self.kept[name]
+            source, move = self._source(name, self.spec, False, park=self.parks(name))
+            self.kept[name] = (stack, stack.enter_context(source), move, source)
+        stack, next_batch, move, source = self.kept[name]
+        gated = isinstance(source, sources.LoaderSource) and source.gate is not None
+        if gated:
+            source.resume()  # (nothing to resume at the first visit)
         try:
             yield next_batch, move
+            parked = source.park() if gated else None
         except BaseException as exc:
             del self.kept[name]
             stack.__exit__(type(exc), exc, exc.__traceback__)
             raise
+        if parked is False:  # its epoch did not end: not left running beside the next point
+            del self.kept[name]
+            stack.close()
 
     def close_kept(self, keep: Iterable = ()) -> None:
         """Close the sources kept open between visits (their workers shut down), but those
@@ -257,20 +296,21 @@ class Experiment:
             stack = self.kept.pop(name)[0]
             stack.close()
 
-    def _source(self, name: str, spec: LoaderSpec, epochs: bool, calls: Optional[list] = None) -> tuple:
+    def _source(self, name: str, spec: LoaderSpec, epochs: bool, calls: Optional[list] = None,
+                park: bool = False) -> tuple:
         caches = self.caches
         if name == "device":
             host = sources.host_batches(caches, spec, self.device)
             return sources.cached_source(sources.device_batches(host, self.move, self.device), self.fresh), None
         if name == "full":
-            source = sources.full_loader(spec, caches.dataset if caches else _tagged_copy(spec), epochs)
+            source = sources.full_loader(spec, caches.dataset if caches else _tagged_copy(spec), epochs, park)
         elif name == "raw":
             source = sources.sample_loader(spec, sources.RawReplay(caches.samples, calls or caches.raw_calls),
-                                           caches.groups)
+                                           caches.groups, park)
         elif name == "augmented":
-            source = sources.sample_loader(spec, sources.SampleCache(caches.samples), caches.groups)
+            source = sources.sample_loader(spec, sources.SampleCache(caches.samples), caches.groups, park)
         elif name == "collated":
-            source = sources.batch_loader(spec, caches.batches, self.fresh and self.device.type == "cpu")
+            source = sources.batch_loader(spec, caches.batches, self.fresh and self.device.type == "cpu", park)
         else:  # host
             source = sources.cached_source(sources.host_batches(caches, spec, self.device))
         if self.loop:  # the user's loop moves its batches itself
@@ -537,6 +577,22 @@ def _code_of(fn: Any) -> Any:
     if code is None:
         code = getattr(getattr(type(fn), "__call__", None), "__code__", None)
     return code
+
+
+def room_for_a_pool() -> bool:
+    """Whether the machine has the memory for one more worker pool kept open: more
+    available than twice this process's resident size. A pool forked from this process
+    shares its pages copy-on-write and comes to hold the old copy of every page the step
+    writes afterwards (the ImageNet example's MobileNet on 2 cores: 0.6 GB a pool, 2.5 GB
+    for four). True where /proc cannot tell."""
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        with open("/proc/self/statm") as f:
+            resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, StopIteration, ValueError, IndexError):
+        return True
+    return available > 2 * resident
 
 
 def _tagged_copy(spec: LoaderSpec) -> Any:

@@ -11,8 +11,8 @@ when the question is the gap). A point found inconsistent (slower than one doing
 work) is measured again once, next to that point, before anything is decided. Once a
 step's time is known, a budget too short for the minimum rounds is said (a `budget`
 note and a warning event), and what fits is measured. A point's replay loader with
-workers stays open from one visit to the next (Experiment.open, keep), until the point
-leaves the deciding points or the rounds end.
+workers is kept from one visit to the next, parked between them (Experiment.keeps,
+open), until the point leaves the deciding points or the rounds end.
 
 `Rounds` is a schedule: it yields the visits to make, and whoever drives them (the
 tool's step, visit.drive; or a user's loop, loop.py) hands each back measured when it
@@ -143,7 +143,7 @@ class Rounds:
             return False
         share = _weight(name) / (sum(_weight(n) for n in planned) + later)
         exp.emit({"event": "point", "point": name, "index": exp.visits, "total": exp.visits + len(planned) + later})
-        visit = exp.visit(name, exp.visit_deadline(name, left * share, limit), keep_open=_keeps(exp, name))
+        visit = exp.visit(name, exp.visit_deadline(name, left * share, limit), keep_open=exp.keeps(name))
         yield visit
         exp.results[name] = pool(exp.results.get(name), in_round(exp.result(visit), self.round), exp.batch_size)
         if exp.results[name].ok:
@@ -197,19 +197,6 @@ def in_round(result: PointResult, r: int) -> PointResult:
         return result
     windows = tuple(dataclasses.replace(w, round=r) for w in result.throughput.windows)
     return dataclasses.replace(result, throughput=Throughput(windows, result.throughput.batch_size))
-
-
-def _keeps(exp: Experiment, name: str) -> bool:
-    """Whether a point's replay loader stays open between its visits: where your loader
-    keeps its workers alive itself (persistent_workers), so a pool started once is what
-    your loop has, and a revisit does not pay their start again. Not where workers are
-    started every epoch: a pool kept open would go on filling its prefetch queue for a
-    batch or two per worker while the next point is measured, on the same cores (the
-    step must cost the same at every point), and each visit starting them anew is what
-    your loop does every epoch. No point's windows include an epoch's end, so a loader
-    kept open measures what one started anew does."""
-    spec = exp.spec
-    return name not in ("host", "device") and spec.num_workers > 0 and bool(getattr(spec, "persistent_workers", False))
 
 
 def _live(exp: Experiment, name: str) -> bool:

@@ -60,6 +60,35 @@ class Groups(Sampler):
         return ENDLESS
 
 
+class Gate(Sampler):
+    """The index sampler of a replay loader kept between visits: the order of `inner`
+    (endless) continued from one epoch to the next, each epoch lasting until `close()`.
+    Closed, it ends the epoch under way: the loader hands out the batches its workers
+    have in hand and stops, and with persistent workers the next iter() starts another
+    epoch on the same workers (LoaderSource.park, resume)."""
+
+    def __init__(self, inner: Sampler) -> None:
+        self.inner = inner
+        self._order: Optional[Iterator] = None
+        self._open = True
+
+    def __iter__(self):
+        if self._order is None:
+            self._order = iter(self.inner)
+        self._open = True
+        return self._epoch()
+
+    def _epoch(self):
+        while self._open:
+            yield next(self._order)
+
+    def close(self) -> None:
+        self._open = False
+
+    def __len__(self) -> int:
+        return ENDLESS
+
+
 class _FromIterator(Sampler):
     def __init__(self, it: Iterator) -> None:
         self.it = it
@@ -170,7 +199,9 @@ def only(items: list) -> Any:
 
 
 class LoaderSource:
-    """A replay DataLoader, iterated once; its workers are shut down on exit."""
+    """A replay DataLoader; its workers are shut down on exit. One built with `park`
+    (its index sampler a Gate, its workers persistent) can be parked between visits
+    and resumed (`park`, `resume`), its workers started once."""
 
     def __init__(self, make_loader: Callable[[], DataLoader], restart: bool = False) -> None:
         self._make = make_loader
@@ -178,13 +209,48 @@ class LoaderSource:
         self.loader: Optional[DataLoader] = None
         self._it = None
         self.restarts = 0
+        self.gate: Optional[Gate] = None
+        self._parked = False
 
     def __enter__(self) -> Callable[[], Any]:
         self.loader = self._make()
         self._it = iter(self.loader)
-        if not self._restart:
-            return self._it.__next__
-        return self._next_restarting
+        if self._restart:
+            return self._next_restarting
+        index = self.loader.batch_sampler if self.loader.batch_sampler is not None else self.loader.sampler
+        if isinstance(index, Gate) and self.loader.num_workers > 0 and self.loader.persistent_workers:
+            self.gate = index
+            return self._next
+        return self._it.__next__
+
+    def _next(self) -> Any:
+        return next(self._it)
+
+    def park(self) -> bool:
+        """End the epoch under way and take the batches the workers have in hand (those
+        in flight: prefetch_factor per worker at most), so that the workers sit idle
+        until `resume`: a parked loader does no work while other points are measured.
+        False where it cannot be parked (no gate, or its epoch did not end after the
+        batches in flight): close it instead. What the pipeline raises meanwhile goes
+        through, as in a window."""
+        if self.gate is None or self._it is None:
+            return False
+        self.gate.close()
+        in_flight = (self.loader.prefetch_factor or 2) * self.loader.num_workers
+        try:
+            for _ in range(in_flight + 1):
+                next(self._it)
+        except StopIteration:
+            self._parked = True
+            return True
+        return False
+
+    def resume(self) -> None:
+        """The next epoch of a parked loader, on its workers (DataLoader's reset of an
+        iterator with persistent workers: the prefetch is primed again, as at a start)."""
+        if self._parked:
+            self._it = iter(self.loader)
+            self._parked = False
 
     def _next_restarting(self) -> Any:
         try:
@@ -272,10 +338,20 @@ def _generator() -> torch.Generator:
     return torch.Generator().manual_seed(0)
 
 
-def _kwargs(spec: LoaderSpec, collate_fn: Callable) -> dict:
-    """The user's worker settings, with its code tagged so a failure names its stage."""
-    return spec.worker_kwargs(generator=_generator(), collate_fn=collate_fn,
-                              worker_init_fn=faults.tag(spec.worker_init_fn, "worker_init_fn"))
+def _kwargs(spec: LoaderSpec, collate_fn: Callable, park: bool = False) -> dict:
+    """The user's worker settings, with its code tagged so a failure names its stage.
+    `park`: workers persistent, so that the loader can be parked between visits (its
+    epochs end only there, outside any window, where persistence is all it changes)."""
+    kw = spec.worker_kwargs(generator=_generator(), collate_fn=collate_fn,
+                            worker_init_fn=faults.tag(spec.worker_init_fn, "worker_init_fn"))
+    if park and spec.num_workers > 0:
+        kw["persistent_workers"] = True
+    return kw
+
+
+def _index(sampler: Sampler, park: bool) -> Sampler:
+    """A replay loader's index sampler, behind a Gate when the loader is to be parked."""
+    return Gate(sampler) if park else sampler
 
 
 def loader_class(spec: LoaderSpec) -> tuple[LoaderSpec, Optional[str]]:
@@ -301,7 +377,7 @@ def loader_class(spec: LoaderSpec) -> tuple[LoaderSpec, Optional[str]]:
             "measured.")
 
 
-def full_loader(spec: LoaderSpec, dataset: Any = None, epochs: bool = False) -> LoaderSource:
+def full_loader(spec: LoaderSpec, dataset: Any = None, epochs: bool = False, park: bool = False) -> LoaderSource:
     """`full`: the user's pipeline rebuilt as it is, over a copy of the dataset, in the
     user's sampler order cycled forever. `dataset` is that copy when the caller has one
     (with its transforms proxied, so their failures are named `augment`).
@@ -310,9 +386,12 @@ def full_loader(spec: LoaderSpec, dataset: Any = None, epochs: bool = False) -> 
     on the loader, which forks the workers again unless they are persistent (verify.py:
     adding workers adds that cost per epoch, which a loop at num_workers=0 never pays;
     measured on the demo, 16 batches per epoch: 1.2x with workers forked every epoch,
-    1.45x steady). The points of the bisection all run without epoch ends, alike."""
+    1.45x steady). The points of the bisection all run without epoch ends, alike.
+    `park`: a loader that can be parked between visits (LoaderSource.park; map-style
+    datasets without `epochs` only)."""
     dataset = copy_or_same(spec.dataset) if dataset is None else dataset
-    kw = _kwargs(spec, faults.Tagged(spec.collate_fn, "collate"))
+    park = park and not (spec.iterable or epochs)
+    kw = _kwargs(spec, faults.Tagged(spec.collate_fn, "collate"), park)
     if spec.iterable:
         def make() -> DataLoader:
             if spec.auto_collation:
@@ -324,34 +403,36 @@ def full_loader(spec: LoaderSpec, dataset: Any = None, epochs: bool = False) -> 
         # one epoch of a copy of the user's sampler per iter(), or its order cycled forever
         sampler = sampler_copy(spec) if epochs else _FromIterator(index_order(spec))
         if spec.batch_sampler is not None:
-            return spec.loader_cls(dataset, batch_sampler=sampler, **kw)
+            return spec.loader_cls(dataset, batch_sampler=_index(sampler, park), **kw)
         if spec.auto_collation:
-            return spec.loader_cls(dataset, batch_sampler=BatchSampler(sampler, spec.batch_size, spec.drop_last), **kw)
-        return spec.loader_cls(dataset, batch_size=None, sampler=sampler, **kw)
+            batches = BatchSampler(sampler, spec.batch_size, spec.drop_last)
+            return spec.loader_cls(dataset, batch_sampler=_index(batches, park), **kw)
+        return spec.loader_cls(dataset, batch_size=None, sampler=_index(sampler, park), **kw)
     return LoaderSource(make, restart=epochs)
 
 
-def sample_loader(spec: LoaderSpec, dataset: Dataset, groups: list) -> LoaderSource:
+def sample_loader(spec: LoaderSpec, dataset: Dataset, groups: list, park: bool = False) -> LoaderSource:
     """`raw` and `augmented`: samples from a cache dataset, in the groups the user's
-    sampler formed (cache.Caches.groups)."""
-    kw = _kwargs(spec, faults.Tagged(spec.collate_fn, "collate"))
+    sampler formed (cache.Caches.groups). `park`: see full_loader."""
+    kw = _kwargs(spec, faults.Tagged(spec.collate_fn, "collate"), park)
 
     def make() -> DataLoader:
         if not spec.auto_collation:
-            return spec.loader_cls(dataset, batch_size=None, sampler=Forever(len(dataset)), **kw)
-        return spec.loader_cls(dataset, batch_sampler=Groups(groups), **kw)
+            return spec.loader_cls(dataset, batch_size=None, sampler=_index(Forever(len(dataset)), park), **kw)
+        return spec.loader_cls(dataset, batch_sampler=_index(Groups(groups), park), **kw)
     return LoaderSource(make)
 
 
-def batch_loader(spec: LoaderSpec, batches: list, fresh: bool = False) -> LoaderSource:
-    """`collated`: whole batches through the user's workers and pinning (the handoff)."""
-    kw = _kwargs(spec, only)
+def batch_loader(spec: LoaderSpec, batches: list, fresh: bool = False, park: bool = False) -> LoaderSource:
+    """`collated`: whole batches through the user's workers and pinning (the handoff).
+    `park`: see full_loader."""
+    kw = _kwargs(spec, only, park)
     dataset = BatchCache(batches, fresh)
     # groups of one batch, through a batch_sampler like every other point: the form a
     # DataLoader subclass is probed with (sources.loader_class); timm's
     # MultiEpochsDataLoader cannot take batch_size=None with a sampler of no length
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0)).tolist()
-    return LoaderSource(lambda: spec.loader_cls(dataset, batch_sampler=Groups([[i] for i in order]), **kw))
+    return LoaderSource(lambda: spec.loader_cls(dataset, batch_sampler=_index(Groups([[i] for i in order]), park), **kw))
 
 
 def host_batches(caches: Any, spec: LoaderSpec, device: torch.device, n: Optional[int] = None) -> list:

@@ -10,7 +10,7 @@ from typing import Optional
 import pytest
 import torch
 
-from bisect_pipeline import rounds
+from bisect_pipeline import experiment, rounds
 from bisect_pipeline.experiment import Experiment
 from bisect_pipeline.plan import Plan
 from bisect_pipeline.results import PointResult
@@ -42,7 +42,7 @@ def make_run(monkeypatch, ms: dict, *, seconds_per_visit: float = 1.0, max_secon
     clock = FakeClock()
     seen: list = []
     spec = type("Spec", (), {"batch_size": BS, "num_workers": 2, "pin_memory": False,  # every point applies
-                             "prefetch_depth": 4})()
+                             "prefetch_depth": 4, "persistent_workers": False, "loader_cls": None, "iterable": False})()
     exp = Experiment(spec, torch.device("cpu"), plan, clock, lambda e: None, None, start=0.0, end=max_seconds,
                      deadline=max_seconds, settle_deadline=settle_deadline)
 
@@ -365,7 +365,7 @@ def kept_run(monkeypatch, ms: dict, max_seconds: float, fail_at: Optional[tuple]
     the loader has workers, so the rounds keep each worker point's source open."""
     clock = FakeClock()
     spec = type("Spec", (), {"batch_size": BS, "num_workers": 2, "pin_memory": False, "prefetch_depth": 0,
-                             "persistent_workers": True})()
+                             "persistent_workers": True, "loader_cls": None, "iterable": False})()
     exp = Experiment(spec, torch.device("cpu"), Plan(), clock, lambda e: None, None, start=0.0, end=max_seconds,
                      deadline=max_seconds)
     events: list = []
@@ -388,7 +388,8 @@ def kept_run(monkeypatch, ms: dict, max_seconds: float, fail_at: Optional[tuple]
             raise
         events.append(("close", name, None))
 
-    monkeypatch.setattr(exp, "_source", lambda name, spec, epochs, calls=None: (counted(name), None))
+    monkeypatch.setattr(exp, "_source", lambda name, spec, epochs, calls=None, park=False: (counted(name), None))
+    monkeypatch.setattr(experiment, "room_for_a_pool", lambda: True)
     schedule = rounds.Rounds(exp, ("device", "augmented", "raw", "full"))
     for v in schedule:
         drive(v, lambda batch: None)
@@ -411,14 +412,3 @@ def test_a_kept_loader_that_fails_is_closed_with_its_error_and_the_point_fails(m
     assert ("close", "raw", "RuntimeError") in events
     assert exp.results["raw"].status == "failed" and exp.kept == {}
     assert [e[1] for e in events if e[0] == "open"].count("raw") == 1
-
-
-def test_only_a_loader_with_persistent_workers_keeps_its_replay_loaders_open_between_visits():
-    def exp(workers, persistent):
-        spec = type("Spec", (), {"num_workers": workers, "persistent_workers": persistent})()
-        return type("Exp", (), {"spec": spec})()
-
-    assert rounds._keeps(exp(2, True), "full") and rounds._keeps(exp(2, True), "raw")
-    assert not rounds._keeps(exp(2, True), "device")  # cached on the device: no workers
-    assert not rounds._keeps(exp(2, False), "full")  # started every epoch by your loop: every visit too
-    assert not rounds._keeps(exp(0, True), "full")

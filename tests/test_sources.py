@@ -106,6 +106,58 @@ def test_full_with_epochs_ends_them_as_the_users_loop_does(persistent, no_leftov
 
 
 
+class CountsFetches(Dataset):
+    """Each sample is (its index, the pid of the worker that made it); every fetch is
+    counted in shared memory, seen by the main process."""
+
+    def __init__(self) -> None:
+        import multiprocessing
+
+        self.fetched = multiprocessing.get_context("fork").Value("i", 0)
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        with self.fetched.get_lock():
+            self.fetched.value += 1
+        return torch.tensor([i, os.getpid()])
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_parked_loader_does_no_work_until_resumed_on_the_same_workers(persistent, no_leftover_workers):
+    # Kept between the visits of the rounds (Experiment._kept): parked, it ends its epoch
+    # after the batches in flight and its workers sit idle while other points are
+    # measured; resumed, it goes on in the same order on the same workers (not forked
+    # again: the step after a fork pays for copy-on-write). Without parking, its workers
+    # would go on filling the prefetch queue beside the next point.
+    ds = CountsFetches()
+    loader = DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork", prefetch_factor=2,
+                        persistent_workers=persistent)
+    source = full_loader(describe(loader), park=True)
+    with source as next_batch:
+        first = [next_batch() for _ in range(3)]
+        assert source.park()
+        time.sleep(0.3)
+        parked = ds.fetched.value
+        time.sleep(0.3)
+        assert ds.fetched.value == parked == 2 * (3 + 4)  # the 3 taken and the 4 in flight: no more
+        source.resume()
+        later = [next_batch() for _ in range(3)]
+    pids = {int(p) for b in first + later for p in b[:, 1]}
+    assert len(pids) == 2  # two workers, started once
+    order = [int(i) for b in first + later for i in b[:, 0]]
+    assert order == list(range(6)) + list(range(14, 20))  # the 4 batches drained are skipped, not repeated
+
+
+def test_a_loader_without_a_gate_is_not_parked(no_leftover_workers):
+    loader = DataLoader(CountsFetches(), batch_size=2, num_workers=1, multiprocessing_context="fork")
+    source = full_loader(describe(loader))
+    with source as next_batch:
+        next_batch()
+        assert source.gate is None and not source.park()
+
+
 class HangsAt(Dataset):
     """Sample `hang` never comes: its worker sleeps in user code."""
 
