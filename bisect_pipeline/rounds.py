@@ -213,9 +213,13 @@ def _weight(name: str) -> float:
 def pool(before: Optional[PointResult], now: PointResult, batch_size: float) -> PointResult:
     """A point's result over its visits: the windows of every visit. A visit that ran out
     of time before a window keeps what the others measured; one that failed fails the
-    point, with the windows measured before kept in the document."""
-    if before is None or before.status != "ok" or before.throughput is None:
+    point, with the windows measured before kept in the document. The first batch is the
+    first visit's: the one that started the point's workers (a kept loader's next visits
+    do not start them again; advice.py reads their start from it)."""
+    if before is None:
         return now
+    if before.status != "ok" or before.throughput is None:
+        return dataclasses.replace(now, first_batch_seconds=before.first_batch_seconds or now.first_batch_seconds)
     if now.status == "ok":
         windows = before.throughput.windows + now.throughput.windows
         return dataclasses.replace(before, throughput=Throughput(windows, batch_size),

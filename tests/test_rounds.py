@@ -263,6 +263,17 @@ def test_pool_keeps_earlier_windows_on_a_failure_and_on_running_out():
     assert both.throughput.n == 6 and both.visits == 2
 
 
+def test_pool_keeps_the_first_batch_of_the_visit_that_started_the_workers():
+    # a kept loader's later visits do not start its workers: the first visit's first
+    # batch is the start the advice reads, also when that visit ran out before a window
+    started = PointResult("full", "ok", Throughput(windows(10), BS), first_batch_seconds=2.5)
+    later = PointResult("full", "ok", Throughput(windows(10), BS), first_batch_seconds=0.9)
+    assert rounds.pool(started, later, BS).first_batch_seconds == 2.5
+    late = PointResult("full", "failed", reason="out of time", stopped_by_deadline=True, first_batch_seconds=2.5)
+    assert rounds.pool(late, later, BS).first_batch_seconds == 2.5
+    assert rounds.pool(None, later, BS).first_batch_seconds == 0.9
+
+
 def budget_notes(exp) -> list:
     return [n.message for n in exp.notes if n.kind == "budget"]
 
