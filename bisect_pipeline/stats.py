@@ -465,20 +465,32 @@ class Noise:
         return pooled if pooled.sigma < own.sigma else own
 
 
+# A residual this close to 0 is a cell the median polish fitted exactly (logs of times).
+EXACT_FIT = 1e-9
+
+
 def residual_noise(residuals: Sequence[float], df: int) -> float:
     """The noise of one cell (relative) from a median polish's residuals, with `df`
-    degrees of freedom: their root mean square over df (the residual mean square of the
-    two-way table), the estimate the t factor at df is calibrated for. Their IQR, used
-    before, read low on tables of the rounds' shapes: simulated with Gaussian noise, a
-    median of 0.42-0.70 of the true sigma (5 points over 2-4 rounds, 3 points over 15),
-    and 0 where the polish fits half the cells exactly (it fits a cell wherever a point's
-    or a round's median is that cell): the ImageNet example at 2-3 rounds had 4 zeros in
-    9 residuals, a noise of 0, and every cost real (it named load where augment leads).
-    A visit slowed by a burst weighs on it in full: a machine that bursts is noisier.
-    inf without a degree of freedom."""
-    if df < 1:
+    degrees of freedom: their spread (IQR / 1.349, robust to a visit slowed by a burst,
+    as the points' medians are), scaled to df. A polish fits a cell exactly wherever a
+    point's or a round's median is that cell, and its zeros carry no spread: counted in,
+    they fill the interquartile range (the ImageNet example at 2-3 rounds: 4 zeros in 9
+    residuals, a noise of 0, every cost real, a wrong stage named). So the spread is
+    taken over all residuals scaled by sqrt(cells / df), and over those not fitted
+    exactly scaled by sqrt(their number / df), and the larger kept: the first reads low
+    where zeros are many, the second where they are few. Simulated with Gaussian noise
+    on tables of the rounds' shapes (tests/test_stats.py), its median is 0.67-1.04 of
+    the true sigma, under 0.2 sigma in 7% of sparse tables; the first alone gave
+    0.42-0.70, under 0.2 sigma in 26%. Still low on small tables (the polish's medians
+    fit part of the noise): the root mean square over df is calibrated (0.96-1.13) but
+    takes a burst in full, and on the demo's rounds it read 12% where the IQR read 3.5%,
+    making augment at 59.5 ms a tie with load at 1.3. inf without a degree of freedom or
+    two residuals."""
+    free = [r for r in residuals if abs(r) > EXACT_FIT]
+    if df < 1 or len(free) < 2:
         return math.inf
-    return math.sqrt(sum(r * r for r in residuals) / df)
+    return max(iqr(residuals) * math.sqrt(len(residuals) / df),
+               iqr(free) * math.sqrt(len(free) / df)) / IQR_PER_SIGMA
 
 
 def median_polish(cells: Mapping[str, Mapping[int, float]], sweeps: int = 20) -> tuple[dict, dict]:
