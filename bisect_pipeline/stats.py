@@ -484,13 +484,16 @@ def residual_noise(residuals: Sequence[float], df: int) -> float:
     0.42-0.70, under 0.2 sigma in 26%. Still low on small tables (the polish's medians
     fit part of the noise): the root mean square over df is calibrated (0.96-1.13) but
     takes a burst in full, and on the demo's rounds it read 12% where the IQR read 3.5%,
-    making augment at 59.5 ms a tie with load at 1.3. inf without a degree of freedom or
-    two residuals."""
-    free = [r for r in residuals if abs(r) > EXACT_FIT]
-    if df < 1 or len(free) < 2:
+    making augment at 59.5 ms a tie with load at 1.3. A table fitted exactly in all but
+    one cell has no second spread: its times agree, and the first is what they show.
+    inf without a degree of freedom."""
+    if df < 1:
         return math.inf
-    return max(iqr(residuals) * math.sqrt(len(residuals) / df),
-               iqr(free) * math.sqrt(len(free) / df)) / IQR_PER_SIGMA
+    free = [r for r in residuals if abs(r) > EXACT_FIT]
+    spread = iqr(residuals) * math.sqrt(len(residuals) / df)
+    if len(free) >= 2:
+        spread = max(spread, iqr(free) * math.sqrt(len(free) / df))
+    return spread / IQR_PER_SIGMA
 
 
 def median_polish(cells: Mapping[str, Mapping[int, float]], sweeps: int = 20) -> tuple[dict, dict]:
