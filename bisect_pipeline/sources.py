@@ -432,7 +432,8 @@ def batch_loader(spec: LoaderSpec, batches: list, fresh: bool = False, park: boo
     # DataLoader subclass is probed with (sources.loader_class); timm's
     # MultiEpochsDataLoader cannot take batch_size=None with a sampler of no length
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0)).tolist()
-    return LoaderSource(lambda: spec.loader_cls(dataset, batch_sampler=_index(Groups([[i] for i in order]), park), **kw))
+    groups = Groups([[i] for i in order])
+    return LoaderSource(lambda: spec.loader_cls(dataset, batch_sampler=_index(groups, park), **kw))
 
 
 def host_batches(caches: Any, spec: LoaderSpec, device: torch.device, n: Optional[int] = None) -> list:

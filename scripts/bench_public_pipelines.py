@@ -382,8 +382,8 @@ def _like(loader, ds):
     loader itself, whose 8-batch epochs forked its workers again inside most timings of
     `full` only: 'load' took in those restarts (ImageNet example: 292 ms of 1285)."""
     sampler = torch.utils.data.RandomSampler(ds, num_samples=10**8, generator=torch.Generator().manual_seed(0))
-    return torch.utils.data.DataLoader(ds, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
-                                       collate_fn=loader.collate_fn)
+    return torch.utils.data.DataLoader(ds, batch_size=loader.batch_size, sampler=sampler,
+                                       num_workers=loader.num_workers, collate_fn=loader.collate_fn)
 
 
 def _time(source, step, batches: int, it_holder: dict, name: str) -> float:
@@ -410,7 +410,8 @@ def hand(name: str, pairs: int, batches: int) -> dict:
     done = [(apply(x) if apply is not None else x, y) for x, y in items]
     batches_cached = list(torch.utils.data.DataLoader(Cached(done), batch_size=loader.batch_size,
                                                       collate_fn=loader.collate_fn))
-    variants = {"full": _like(loader, loader.dataset), "no load": _like(loader, Cached(items, apply)), "no augment": _like(loader, Cached(done)),
+    variants = {"full": _like(loader, loader.dataset), "no load": _like(loader, Cached(items, apply)),
+                "no augment": _like(loader, Cached(done)),
                 "step alone": itertools.cycle(batches_cached)}
     its: dict = {}
     rounds = {k: [] for k in variants}
