@@ -280,12 +280,12 @@ class Experiment:
             source.resume()  # (nothing to resume at the first visit)
         try:
             yield next_batch, move
-            parked = source.park() if gated else None
+            parked = not gated or source.park()  # (not parkable: left open, its workers persistent)
         except BaseException as exc:
             del self.kept[name]
             stack.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        if parked is False:  # its epoch did not end: not left running beside the next point
+        if not parked:  # its epoch did not end: not left running beside the next point
             del self.kept[name]
             stack.close()
 

@@ -387,16 +387,14 @@ def _like(loader, ds):
 
 
 def _time(source, step, batches: int, it_holder: dict, name: str) -> float:
+    """bench_mnist_costs.time_variant on the variant's iterator, kept from one pair to
+    the next (its workers started once; no epoch ends: _like), after an untimed warm-up
+    of the step's first calls and the batches prefetched meanwhile, at a start and again
+    at each return (the queue filled while the other variants were timed)."""
+    from bench_mnist_costs import time_variant
+
     it = it_holder[name] = it_holder.get(name) or iter(source)
-    nxt = it.__next__  # (no epoch ends: _like)
-    # untimed: the step's first calls and the batches prefetched meanwhile, at a start
-    # and again at each return (the queue filled while the other variants were timed)
-    for _ in range(2 + 2 * getattr(source, "num_workers", 0)):
-        step(nxt())
-    t0 = time.perf_counter()
-    for _ in range(batches):
-        step(nxt())
-    return (time.perf_counter() - t0) / batches * 1e3
+    return time_variant(it, step, batches, warmup=2 + 2 * getattr(source, "num_workers", 0))
 
 
 def hand(name: str, pairs: int, batches: int) -> dict:
