@@ -150,6 +150,26 @@ def test_a_parked_loader_does_no_work_until_resumed_on_the_same_workers(persiste
     assert order == list(range(6)) + list(range(14, 20))  # the 4 batches drained are skipped, not repeated
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pin_memory's thread needs CUDA")
+def test_a_parked_loader_with_pinned_memory_resumes_pinned_on_the_same_workers(no_leftover_workers):
+    # pin_memory adds a thread between the workers and the step; DataLoader's reset
+    # (persistent workers) starts its prefetch again as at a start. Parked and resumed
+    # under the tool, the batches must still come pinned, in order, from the same workers.
+    ds = CountsFetches()
+    loader = DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork", prefetch_factor=2,
+                        pin_memory=True)
+    source = full_loader(describe(loader), park=True)
+    with source as next_batch:
+        first = [next_batch() for _ in range(3)]
+        assert source.park()
+        source.resume()
+        later = [next_batch() for _ in range(3)]
+    assert all(b.is_pinned() for b in first + later)
+    assert len({int(p) for b in first + later for p in b[:, 1]}) == 2
+    order = [int(i) for b in first + later for i in b[:, 0]]
+    assert order == list(range(6)) + list(range(14, 20))
+
+
 def test_a_loader_without_a_gate_is_not_parked(no_leftover_workers):
     loader = DataLoader(CountsFetches(), batch_size=2, num_workers=1, multiprocessing_context="fork")
     source = full_loader(describe(loader))
