@@ -264,6 +264,17 @@ class Experiment:
         return (name not in ("host", "device") and spec.num_workers > 0 and self.wrapper is None
                 and spec.loader_cls is DataLoader and not (name == "full" and spec.iterable))
 
+    def resumes(self, name: str) -> bool:
+        """Whether the next visit of point `name` resumes its parked replay loader: its
+        queue was emptied at the park and its workers idle since, so at the resume they
+        all start at once and only each one's first batch comes out at once, as behind a
+        long step at a start (visit_plan). Its warm-up then counts one batch per worker
+        instead of the whole prefetch: the prefetch only fills ahead of the step where
+        the step is the slower side, and that is the step's steady state. (A pool kept
+        open without parking made its batches in flight meanwhile: the whole prefetch.)"""
+        source = self.kept[name][3] if name in self.kept else None
+        return isinstance(source, sources.LoaderSource) and source.parked
+
     def _kept(self, name: str) -> Iterator[tuple]:
         """The point's source as `open` gives it, opened at its first visit and kept
         after it: parked (its epoch ended after the batches in flight, its workers idle)
@@ -338,11 +349,14 @@ class Experiment:
         `keep_open`: the source stays open for the next visit (`open`, keep)."""
         spec = spec or self.spec
         plan, prefetch = self.visit_plan(name, spec, epochs, fit=not pace.lockstep)
+        # a parked pool resumed: only each worker's first batch comes out at once (resumes)
+        first_prefetch = min(prefetch, spec.num_workers) if keep_open and self.resumes(name) else prefetch
         self.visits += 1
         return Visit(
             name, None if skip else (lambda: self.open(name, spec, epochs, threads, calls, keep=keep_open)),
             batch_size=self.batch_size, plan=plan, deadline=deadline,
             clock=self.clock, sync=self.sync, keep=keep, pace=pace, prefetch_depth=prefetch,
+            first_prefetch=first_prefetch,
             watchdog=lambda: self.watchdog(lambda: f"point {name}", end),
             on_window=lambda i, w: self.emit({"event": "window", "point": name, "window": i,
                                               "max_windows": keep or self.plan.windows_per_visit}),

@@ -212,6 +212,11 @@ class LoaderSource:
         self.gate: Optional[Gate] = None
         self._parked = False
 
+    @property
+    def parked(self) -> bool:
+        """Parked (`park`): its queue empty and its workers idle until `resume`."""
+        return self._parked
+
     def __enter__(self) -> Callable[[], Any]:
         self.loader = self._make()
         self._it = iter(self.loader)

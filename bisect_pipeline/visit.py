@@ -12,8 +12,10 @@ user's training loop iterating a loader whose batches come from the visit (loop.
 
 Algorithm (one visit):
     t_first = time of the first batch and its step
-    untimed warm-up: min_warmup_steps + prefetch_depth steps; est = time per step of its
-                     second half (the batches workers prefetched come out at once)
+    untimed warm-up: min_warmup_steps + first_prefetch steps (the batches the loader may
+                     hold ready at its start: prefetch_depth, or one per worker where a
+                     parked pool resumes); est = time per step of its second half
+                     (the batches workers prefetched come out at once)
     plan = plan.at_step(est)  (a long step: windows of one batch per worker; a loader
                                that ends short epochs: windows of whole epochs)
     n = plan.window_steps(est)
@@ -101,11 +103,15 @@ class Visit:
     (next_batch, move): `move` runs on each batch before it is handed out (the transfer
     to the device), or is None. None for `open_source`: this process takes part without
     steps (a lockstep point another rank measures). `watchdog()`: a context manager with
-    a `beat()` per step (faults.Watchdog), or None. `deadline` is on `clock`."""
+    a `beat()` per step (faults.Watchdog), or None. `deadline` is on `clock`.
+    `prefetch_depth`: the batches the loader can hold ready after a pause (the warm-up
+    after a voided window steps through them); `first_prefetch`: those it may hold at
+    the visit's start (prefetch_depth by default)."""
 
     def __init__(self, point: str, open_source: Optional[Callable[[], ContextManager]], *, batch_size: float,
                  plan: Plan, deadline: float, clock: Clock, sync: Callable[[], None] = _nothing,
-                 prefetch_depth: int = 0, keep: Optional[int] = None, pace: Pace = LOCAL,
+                 prefetch_depth: int = 0, first_prefetch: Optional[int] = None, keep: Optional[int] = None,
+                 pace: Pace = LOCAL,
                  watchdog: Optional[Callable[[], Any]] = None,
                  on_window: Callable[[int, Window], None] = _nothing, gap: float = math.inf,
                  gap_factor: Optional[float] = None, on_pause: Callable[[float], None] = _nothing,
@@ -117,6 +123,7 @@ class Visit:
         self.clock = clock
         self.sync = sync
         self.prefetch_depth = prefetch_depth
+        self.first_prefetch = prefetch_depth if first_prefetch is None else first_prefetch
         self.keep = keep
         self.pace = pace
         self.on_window = on_window
@@ -283,7 +290,7 @@ class Visit:
         self.first_batch_seconds = clock() - t0
         times: list = []
         w0 = clock()
-        if not (yield from self._warm(plan.min_warmup_steps + self.prefetch_depth, times)):
+        if not (yield from self._warm(plan.min_warmup_steps + self.first_prefetch, times)):
             return None
         self.warmup_seconds = clock() - w0
         tail = times[len(times) // 2:] or [max(self.first_batch_seconds, 1e-6)]

@@ -212,3 +212,24 @@ def test_a_pool_is_kept_only_while_the_machine_has_the_memory_for_it(monkeypatch
     exp.kept["raw"] = ("already open",)
     assert exp.keeps("raw")  # a pool already kept stays so
     exp.kept.clear()
+
+
+def test_a_resumed_pool_warms_up_through_one_batch_per_worker_not_the_whole_prefetch(no_leftover_workers):
+    # At a start the workers may fill the whole prefetch while the first steps run slow
+    # (the fork's copy-on-write): the warm-up steps through it. A parked pool's queue was
+    # emptied at the park and its workers sat idle: resumed, they start together and
+    # only each one's first batch comes out at once (Experiment.resumes).
+    loader = torch.utils.data.DataLoader(Pids(), batch_size=4, num_workers=2, prefetch_factor=3,
+                                         multiprocessing_context="fork")
+    exp = experiment(loader)
+    warm = []
+    for _ in range(2):
+        visit = exp.visit("full", 1e9, keep=1, keep_open=exp.keeps("full"))
+        assert visit.prefetch_depth == 6  # a pause inside a visit still warms up through all of it
+        warm.append(visit.first_prefetch)
+        with visit as batches:
+            for _, batch in zip(range(12), batches):
+                pass
+    assert warm == [6, 2] and exp.resumes("full")
+    exp.close_kept()
+    assert not exp.resumes("full")
