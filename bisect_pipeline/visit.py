@@ -13,8 +13,8 @@ user's training loop iterating a loader whose batches come from the visit (loop.
 Algorithm (one visit):
     t_first = time of the first batch and its step
     untimed warm-up: min_warmup_steps + first_prefetch steps (the batches the loader may
-                     hold ready at its start: prefetch_depth, or one per worker where a
-                     parked pool resumes); est = time per step of its second half
+                     hold ready at its start: prefetch_depth, none where a parked
+                     pool resumes); est = time per step of its second half
                      (the batches workers prefetched come out at once)
     plan = plan.at_step(est)  (a long step: windows of one batch per worker; a loader
                                that ends short epochs: windows of whole epochs)
