@@ -353,8 +353,9 @@ class Experiment:
         `keep_open`: the source stays open for the next visit (`open`, keep)."""
         spec = spec or self.spec
         plan, prefetch = self.visit_plan(name, spec, epochs, fit=not pace.lockstep)
-        # a parked pool resumed holds no batch ahead of the step (resumes)
-        first_prefetch = 0 if keep_open and self.resumes(name) else prefetch
+        # a parked pool resumed holds no batch ahead of the step (resumes); under torchrun
+        # every rank warms up alike, whether its own pool was kept (room_for_a_pool) or not
+        first_prefetch = 0 if keep_open and not pace.lockstep and self.resumes(name) else prefetch
         self.visits += 1
         return Visit(
             name, None if skip else (lambda: self.open(name, spec, epochs, threads, calls, keep=keep_open)),
