@@ -124,16 +124,20 @@ class CountsFetches(Dataset):
         return torch.tensor([i, os.getpid()])
 
 
+@pytest.mark.parametrize("pin", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="pin_memory's thread needs CUDA"))])
 @pytest.mark.parametrize("persistent", [False, True])
-def test_a_parked_loader_does_no_work_until_resumed_on_the_same_workers(persistent, no_leftover_workers):
+def test_a_parked_loader_does_no_work_until_resumed_on_the_same_workers(persistent, pin, no_leftover_workers):
     # Kept between the visits of the rounds (Experiment._kept): parked, it ends its epoch
     # after the batches in flight and its workers sit idle while other points are
     # measured; resumed, it goes on in the same order on the same workers (not forked
     # again: the step after a fork pays for copy-on-write). Without parking, its workers
-    # would go on filling the prefetch queue beside the next point.
+    # would go on filling the prefetch queue beside the next point. With pin_memory (a
+    # thread between the workers and the step, primed again by DataLoader's reset) the
+    # batches still come pinned after the resume.
     ds = CountsFetches()
     loader = DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork", prefetch_factor=2,
-                        persistent_workers=persistent)
+                        persistent_workers=persistent, pin_memory=pin)
     source = full_loader(describe(loader), park=True)
     with source as next_batch:
         first = [next_batch() for _ in range(3)]
@@ -144,30 +148,11 @@ def test_a_parked_loader_does_no_work_until_resumed_on_the_same_workers(persiste
         assert ds.fetched.value == parked == 2 * (3 + 4)  # the 3 taken and the 4 in flight: no more
         source.resume()
         later = [next_batch() for _ in range(3)]
+    assert all(b.is_pinned() == pin for b in first + later)
     pids = {int(p) for b in first + later for p in b[:, 1]}
     assert len(pids) == 2  # two workers, started once
     order = [int(i) for b in first + later for i in b[:, 0]]
     assert order == list(range(6)) + list(range(14, 20))  # the 4 batches drained are skipped, not repeated
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="pin_memory's thread needs CUDA")
-def test_a_parked_loader_with_pinned_memory_resumes_pinned_on_the_same_workers(no_leftover_workers):
-    # pin_memory adds a thread between the workers and the step; DataLoader's reset
-    # (persistent workers) starts its prefetch again as at a start. Parked and resumed
-    # under the tool, the batches must still come pinned, in order, from the same workers.
-    ds = CountsFetches()
-    loader = DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork", prefetch_factor=2,
-                        pin_memory=True)
-    source = full_loader(describe(loader), park=True)
-    with source as next_batch:
-        first = [next_batch() for _ in range(3)]
-        assert source.park()
-        source.resume()
-        later = [next_batch() for _ in range(3)]
-    assert all(b.is_pinned() for b in first + later)
-    assert len({int(p) for b in first + later for p in b[:, 1]}) == 2
-    order = [int(i) for b in first + later for i in b[:, 0]]
-    assert order == list(range(6)) + list(range(14, 20))
 
 
 def test_a_loader_without_a_gate_is_not_parked(no_leftover_workers):
