@@ -271,7 +271,8 @@ class Experiment:
         no batch is ready ahead of the step but where the step is the slower side, which
         is that steady state too. Its warm-up is then the plan's alone, without the
         prefetch that a start (the first steps slow after the fork, the workers filling
-        the queue meanwhile) or a pause (the queue filled) holds. Measured (DCGAN example,
+        the queue meanwhile) or a pause (the queue filled) holds. Measured (scripts/
+        bench_resume_steps.py; DCGAN example,
         2 workers, 6 resumes, median ms by step after the resume): 1193, 677, 614, 572,
         580, 568 ... (steps 2-3 slower, within the plan's 2 warm-up steps, none faster);
         ImageNet example (a long step, no warm-up step): 1699, 1086, 1108, 1096, 1135.

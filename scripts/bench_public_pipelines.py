@@ -482,7 +482,8 @@ def tool(name: str, runs: int, max_seconds: float, expected: list, out: str) -> 
         verdict = doc["bottleneck"] + (f" ({', '.join(doc['verdict']['tied'])})" if doc["bottleneck"] == "tie" else "")
         costs = ", ".join(f"{s['stage']} {s['ms_per_batch']:.1f}" for s in doc["stages"] if s["status"] == "ok")
         rows.append({"case": name, "run": k + 1, "verdict": verdict, "expected": "/".join(expected),
-                     "judged": right(doc, expected), "lenient": lenient(doc, expected), "rounds": doc["run"]["rounds"], "settled": doc["run"]["settled"],
+                     "judged": right(doc, expected), "lenient": lenient(doc, expected),
+                     "rounds": doc["run"]["rounds"], "settled": doc["run"]["settled"],
                      "verdict_s": doc["run"]["verdict_s"], "wall_s": round(time.perf_counter() - t0, 1), "costs": costs})
         print(json.dumps(rows[-1]), flush=True)
     return rows
