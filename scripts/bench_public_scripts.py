@@ -267,15 +267,16 @@ def dcgan(*options: str):
 
     from bisect_pipeline import Workload
 
+    argv, cwd = sys.argv, os.getcwd()
     sys.argv = ["main.py", "--dataset", "fake", "--outf", tempfile.mkdtemp(), *options]
-    cwd = os.getcwd()
     os.chdir(tempfile.mkdtemp())
     try:  # its networks are defined at module level, beside its training loop: run up to there
         src = open(os.path.join(os.environ["EXAMPLES"], "dcgan/main.py")).read()
         head = src[:src.index("criterion = nn.BCELoss()")]
         ns: dict = {"__name__": "dcgan_entry"}
         exec(compile(head, "dcgan/main.py", "exec"), ns)
-    finally:
+    finally:  # the caller's arguments and directory, as they were
+        sys.argv = argv
         os.chdir(cwd)
     net_g, net_d, nz = ns["netG"], ns["netD"], ns["nz"]
     criterion = nn.BCELoss()

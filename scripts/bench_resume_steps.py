@@ -43,9 +43,7 @@ def main() -> None:
     from bisect_pipeline.sources import full_loader
     from bisect_pipeline.step import make_step
 
-    argv = list(sys.argv)
-    wl, _, _ = b.CASES[args.case]()  # (some cases parse sys.argv as their script does)
-    sys.argv = argv
+    wl, _, _ = b.CASES[args.case]()
     step = make_step(wl.model, wl.optimizer or torch.optim.SGD(wl.model.parameters(), lr=0.01), wl.loss_fn, wl.step)
     source = full_loader(describe(wl.loader), park=True)
     rows = []
