@@ -142,7 +142,7 @@ class Experiment:
             return 0.0
         plan, prefetch = self.visit_plan(name, spec)
         n = (plan.windows_per_visit if windows is None else windows) + spare
-        return plan.least_visit_seconds(sec_per_step, 0 if spec is None and self.resumes(name) else prefetch, n)
+        return plan.least_visit_seconds(sec_per_step, self.start_prefetch(name, prefetch, spec is None), n)
 
     def visit_plan(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False,
                    fit: bool = True) -> tuple[Plan, int]:
@@ -280,6 +280,13 @@ class Experiment:
         source = self.kept[name][3] if name in self.kept else None
         return isinstance(source, sources.LoaderSource) and source.parked
 
+    def start_prefetch(self, name: str, prefetch: int, kept: bool, lockstep: bool = False) -> int:
+        """The batches a visit of `name` may find ready at its start (its warm-up steps
+        through them): `prefetch`, or none where it resumes a parked pool (`kept`: it uses
+        the kept source; resumes). Under torchrun every rank warms up alike, whether its
+        own pool was kept (room_for_a_pool) or not: the whole prefetch."""
+        return 0 if kept and not lockstep and self.resumes(name) else prefetch
+
     def _kept(self, name: str) -> Iterator[tuple]:
         """The point's source as `open` gives it, opened at its first visit and kept
         after it: parked (its epoch ended after the batches in flight, its workers idle)
@@ -354,9 +361,7 @@ class Experiment:
         `keep_open`: the source stays open for the next visit (`open`, keep)."""
         spec = spec or self.spec
         plan, prefetch = self.visit_plan(name, spec, epochs, fit=not pace.lockstep)
-        # a parked pool resumed holds no batch ahead of the step (resumes); under torchrun
-        # every rank warms up alike, whether its own pool was kept (room_for_a_pool) or not
-        first_prefetch = 0 if keep_open and not pace.lockstep and self.resumes(name) else prefetch
+        first_prefetch = self.start_prefetch(name, prefetch, keep_open, pace.lockstep)
         self.visits += 1
         return Visit(
             name, None if skip else (lambda: self.open(name, spec, epochs, threads, calls, keep=keep_open)),
