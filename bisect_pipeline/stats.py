@@ -114,10 +114,11 @@ def _betainc(a: float, b: float, x: float) -> float:
     return front * f / a
 
 
-def noise_threshold(sigma: float, reference: float, scale: float = 1.0) -> float:
-    """The smallest difference that is real: max(Z_NOISE * sigma, MIN_REL_DROP * reference).
-    `scale` > 1 asks for a margin: the difference must stay real with that much more noise."""
-    return max(Z_NOISE * sigma * scale, MIN_REL_DROP * reference)
+def noise_threshold(sigma: float, reference: float, scale: float = 1.0, z: float = Z_NOISE) -> float:
+    """The smallest difference that is real: max(z * sigma, MIN_REL_DROP * reference),
+    `sigma` widened for z's level (Contrast.widened). `scale` > 1 asks for a margin: the
+    difference must stay real with that much more noise."""
+    return max(z * sigma * scale, MIN_REL_DROP * reference)
 
 
 def is_real(diff: float, sigma: float, reference: float, scale: float = 1.0) -> bool:
@@ -368,6 +369,14 @@ class Contrast:
         """The standard error widened for its degrees of freedom (t_factor), so that
         Z_NOISE of it keeps Z_NOISE's false-alarm rate: the noise every rule compares with."""
         return self.se * t_factor(self.df) if math.isfinite(self.se) else math.inf
+
+    def widened(self, z: float) -> float:
+        """The standard error widened for its degrees of freedom at z's one-sided level,
+        so that z of it is Student's bound there: t(df) at normal_cdf(z) / z * se
+        (`sigma` is widened(Z_NOISE))."""
+        if not math.isfinite(self.se):
+            return math.inf
+        return self.se * t_quantile(normal_cdf(z), self.df) / z
 
     def upper(self, z: float, scale: float = 1.0) -> float:
         """The one-sided upper bound at normal_cdf(z) confidence: estimate + t(df) se."""

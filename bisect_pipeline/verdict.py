@@ -20,6 +20,18 @@ STAGES = ("load", "augment", "collate", "handoff", "transfer")
 # out more than that has not shown that the pipeline keeps up, and says `inconclusive`.
 Z_UPPER = 2.0
 NONE_MAX_LOSS = 0.10
+# Which stage leads is asked only of a pipeline already known to be input-bound (a stage
+# or the gap real by the noise rule, Z_NOISE): it picks among the stages that cost, and
+# is decided at the confidence of the `none` bound, 97.7% one-sided (t(df) at that level
+# times the lead's standard error). Z_NOISE (99.865%) there asked 9.2 se at 4 rounds
+# where this asks 3.3: leads of 60-90 ms on steps of 500 ms and more, a 60-s run's 4-7
+# rounds, stayed ties (docs/benchmarks.md). Two stages alike are named as one of them
+# about 1 time in 20 (either can lead, so both tails count: 4.6% for Gaussian noise;
+# simulated, 3-9% at 10-4 rounds where Z_NOISE gave 0.3-1%), and such a stage is within
+# its noise of the costliest; a lead of 1.5x at 6 rounds is named in 84% of simulated
+# runs where Z_NOISE named it in 45% (tests/test_verdict.py). Stopping early still asks
+# it with SETTLE_NOISE_SCALE more noise.
+Z_LEAD = Z_UPPER
 # A run stops measuring once its verdict would stand with this much more noise than
 # measured (a named stage) or this much less (`none`: more data could only reveal a
 # stage): the margin of the sequential rule, since each extra look at the data is another
@@ -54,13 +66,15 @@ class StageCost:
     includes: tuple[str, ...] = ()
     reason: Optional[str] = None
     rounds: Optional[int] = None  # the rounds its noise was paired over (None: from the windows)
+    df: Optional[float] = None  # the degrees of freedom of its noise (None: from the windows)
 
 
 @dataclasses.dataclass(frozen=True)
 class Lead:
     """The costliest stage's lead over another costed stage: the difference of their
-    costs, its noise (from the per-round values of that difference), the least lead that
-    is real (stats.noise_threshold), and whether this one is."""
+    costs, its noise (from the per-round values of that difference, its standard error
+    widened for its degrees of freedom at Z_LEAD's level: Contrast.widened), the least
+    lead that is real (stats.noise_threshold at Z_LEAD), and whether this one is."""
 
     stage: str
     over: str
@@ -148,9 +162,9 @@ def decide(
                  the others between are merged into it, and a stage whose
                  end point does not apply here is skipped  (_cost_stages)
         real = stages whose cost is beyond the noise (stats.is_real)
-        leads = the costliest stage's cost minus each other's, each real or not, its
-                noise from the per-round values of that difference, at most the sum
-                of the two costs' own noise  (_leads)
+        leads = the costliest stage's cost minus each other's, real or not at Z_LEAD
+                (97.7%), its noise from the per-round values of that difference, at
+                most the sum of the two costs' own noise  (_leads)
         verdict (_name):
             a stage real or the gap real (input-bound):
                 the costliest stage when every lead is real; else `tie` between it
@@ -265,7 +279,8 @@ def _cost_stages(kept: list, fitted: Mapping[str, float], coef: Mapping, noise: 
             head, "ok", upper=upper, lower=lower, sec_per_batch=cost, sigma=c.sigma,
             share_of_gap=(cost / gap) if gap > 0 else None,
             samples_per_sec_if_free=batch_size / max(t_full - cost, fitted[ceiling]),
-            significant=is_real(cost, c.sigma, t_full, noise_scale), includes=tuple(applicable), rounds=c.rounds)
+            significant=is_real(cost, c.sigma, t_full, noise_scale), includes=tuple(applicable), rounds=c.rounds,
+            df=c.df)
         between = [p for p in POINTS[POINTS.index(lower) + 1:POINTS.index(upper)] if p in left_out]
         why = (f"measured together with {head}: {', '.join(between)} was inconsistent (left out)" if between
                else f"measured together with {head}: a point between them was not measured")
@@ -303,11 +318,19 @@ def _leads(stages: tuple, coef: Mapping, noise: Noise, t_full: float, noise_scal
         # sd(b)): where the per-round estimate of the difference says more (few rounds, the
         # estimators differ), the two costs' own noise bounds it; a runner-up whose upper
         # bound is below the leader's lower bound is then always behind
-        sigma = c.sigma if top.sigma is None or other.sigma is None else min(c.sigma, top.sigma + other.sigma)
+        sigma = min(c.widened(Z_LEAD), _cost_noise(top).widened(Z_LEAD) + _cost_noise(other).widened(Z_LEAD))
         lead = top.sec_per_batch - other.sec_per_batch
-        threshold = noise_threshold(sigma, t_full, noise_scale)
+        threshold = noise_threshold(sigma, t_full, noise_scale, Z_LEAD)
         out.append(Lead(top.stage, other.stage, lead, sigma, threshold, lead > threshold, c.rounds))
     return tuple(out)
+
+
+def _cost_noise(s: StageCost) -> Contrast:
+    """A costed stage's cost with its noise as a Contrast (its sigma is the standard error
+    widened at Z_NOISE's level for `df`; no df: noise from windows, known)."""
+    df = math.inf if s.df is None else s.df
+    se = s.sigma / t_factor(df) if s.sigma is not None and math.isfinite(s.sigma) else math.inf
+    return Contrast(s.sec_per_batch, se, df, s.rounds)
 
 
 def _lead_coef(top: StageCost, other: StageCost, of) -> dict:
