@@ -176,3 +176,15 @@ def test_a_table_the_polish_fits_exactly_in_half_its_cells_still_has_noise():
     assert stats.iqr(residuals) == 0.0  # the spread of them all says no noise at all
     assert stats.residual_noise(residuals, 4) == pytest.approx(stats.iqr(free) / stats.IQR_PER_SIGMA)
     assert stats.residual_noise(residuals, 0) == math.inf
+
+
+def test_a_contrast_widened_at_a_level_gives_student_s_bound_there():
+    # sigma is the error widened at Z_NOISE's level; at 97.7% (z = 2) and 4 rounds
+    # (3 degrees of freedom) z of it is t = 3.31 standard errors, and with no spread
+    # estimated (df 0) there is no bound
+    c = stats.Contrast(10.0, 1.5, 3, 4)
+    assert c.widened(Z_NOISE) == pytest.approx(c.sigma, rel=1e-3)
+    assert 2.0 * c.widened(2.0) == pytest.approx(3.3068 * 1.5, rel=1e-3)
+    assert 2.0 * c.widened(2.0) + c.estimate == pytest.approx(c.upper(2.0))
+    assert stats.Contrast(10.0, 1.5, math.inf).widened(2.0) == pytest.approx(1.5)
+    assert stats.Contrast(10.0, 1.5, 0).widened(2.0) == math.inf
