@@ -6,8 +6,8 @@ import dataclasses
 import math
 from typing import Any, Mapping, Optional
 
-from .stats import (MIN_REL_DROP, NOISY_REL_IQR, Contrast, Noise, Throughput, decreasing_blocks, is_real,
-                    noise_threshold, normal_cdf, t_factor)
+from .stats import (MIN_REL_DROP, NOISY_REL_IQR, Z_NOISE, Contrast, Noise, Throughput, decreasing_blocks,
+                    is_real, noise_threshold, normal_cdf, t_factor)
 
 # Upstream to downstream. A stage sits between the point before it and the point after.
 POINTS = ("full", "raw", "augmented", "collated", "host", "device")
@@ -30,7 +30,12 @@ NONE_MAX_LOSS = 0.10
 # simulated, 3-9% at 10-4 rounds where Z_NOISE gave 0.3-1%), and such a stage is within
 # its noise of the costliest; a lead of 1.5x at 6 rounds is named in 84% of simulated
 # runs where Z_NOISE named it in 45% (tests/test_verdict.py). Stopping early still asks
-# it with SETTLE_NOISE_SCALE more noise.
+# it with SETTLE_NOISE_SCALE more noise. A lead paired over fewer than FEW_ROUNDS rounds
+# is asked at Z_NOISE: there its error leans on the noise pooled over the points, which
+# reads low on small tables (stats.residual_noise), and the ImageNet example at 3 rounds
+# (a `raw` visit 13% under the ceiling's, the pooled noise 3.3% a cell where its 2-step
+# windows spread 6-12%) named load, 162 ms, over an augment of 0 that the hand puts at
+# 106 ms.
 Z_LEAD = Z_UPPER
 # A run stops measuring once its verdict would stand with this much more noise than
 # measured (a named stage) or this much less (`none`: more data could only reveal a
@@ -163,8 +168,9 @@ def decide(
                  end point does not apply here is skipped  (_cost_stages)
         real = stages whose cost is beyond the noise (stats.is_real)
         leads = the costliest stage's cost minus each other's, real or not at Z_LEAD
-                (97.7%), its noise from the per-round values of that difference, at
-                most the sum of the two costs' own noise  (_leads)
+                (97.7%; Z_NOISE over fewer than FEW_ROUNDS rounds), its noise from the
+                per-round values of that difference, at most the sum of the two costs'
+                own noise  (_leads)
         verdict (_name):
             a stage real or the gap real (input-bound):
                 the costliest stage when every lead is real; else `tie` between it
@@ -318,9 +324,12 @@ def _leads(stages: tuple, coef: Mapping, noise: Noise, t_full: float, noise_scal
         # sd(b)): where the per-round estimate of the difference says more (few rounds, the
         # estimators differ), the two costs' own noise bounds it; a runner-up whose upper
         # bound is below the leader's lower bound is then always behind
-        sigma = min(c.widened(Z_LEAD), _cost_noise(top).widened(Z_LEAD) + _cost_noise(other).widened(Z_LEAD))
+        # at Z_LEAD where the lead was paired over FEW_ROUNDS rounds or more; over fewer
+        # (or from windows: a document of schema 1), at the noise rule's level
+        z = Z_LEAD if (c.rounds or 0) >= FEW_ROUNDS else Z_NOISE
+        sigma = min(c.widened(z), _cost_noise(top).widened(z) + _cost_noise(other).widened(z))
         lead = top.sec_per_batch - other.sec_per_batch
-        threshold = noise_threshold(sigma, t_full, noise_scale, Z_LEAD)
+        threshold = noise_threshold(sigma, t_full, noise_scale, z)
         out.append(Lead(top.stage, other.stage, lead, sigma, threshold, lead > threshold, c.rounds))
     return tuple(out)
 

@@ -110,11 +110,9 @@ def test_points_out_of_order_within_noise_are_pooled_never_over_100_percent():
          "full": tp(98, 0.3)}
     v = decide(m, BS, CPU)
     c = costs(v)
-    # augment leads load (0 ms, but its noise counts raw's +-20% twice) by 67 ms, beyond
-    # that noise at the lead's confidence (97.7%): load's upper bound, 2 sigma over 0, is
-    # under augment's lower bound
-    lead = next(lead for lead in v.leads if lead.over == "load")
-    assert v.bottleneck == "augment" and lead.real and lead.threshold > 0.05
+    # augment leads; load (0 ms, but its noise counts raw's +-20% twice) is not ruled out
+    # (noise from windows, not rounds: the lead is asked at the noise rule's level)
+    assert v.bottleneck == "tie" and v.tied == ("augment", "load")
     assert c["load"].sec_per_batch == 0 and c["handoff"].sec_per_batch == 0
     assert all((s.share_of_gap or 0) <= 1.0 for s in v.stages)
     assert shares_add_up(v)
@@ -165,7 +163,7 @@ def test_settled_asks_for_a_margin():
              "full": tp(61, 0.02)}
     assert settled(*decisions(clear))
     # augment is real at the measured noise, but not with 1.5x as much: measure more.
-    close = {"device": tp(40, 0.12), "augmented": tp(40, 0.12), "raw": tp(60, 0.12), "full": tp(60, 0.12)}
+    close = {"device": tp(40, 0.08), "augmented": tp(40, 0.08), "raw": tp(60, 0.08), "full": tp(60, 0.08)}
     v, more, less = decisions(close)
     assert v.bottleneck == "augment" and more.bottleneck != "augment"
     assert not settled(v, more, less)
