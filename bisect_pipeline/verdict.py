@@ -78,8 +78,9 @@ class StageCost:
 class Lead:
     """The costliest stage's lead over another costed stage: the difference of their
     costs, its noise (from the per-round values of that difference, its standard error
-    widened for its degrees of freedom at Z_LEAD's level: Contrast.widened), the least
-    lead that is real (stats.noise_threshold at Z_LEAD), and whether this one is."""
+    widened for its degrees of freedom at the level the lead is asked at: Z_LEAD, or
+    Z_NOISE over fewer than FEW_ROUNDS rounds; Contrast.widened), the least lead that is
+    real there (stats.noise_threshold), and whether this one is."""
 
     stage: str
     over: str

@@ -44,9 +44,10 @@ if TYPE_CHECKING:  # pragma: no cover
 #   2 - the noise from the paired rounds (issue 30): each window's `round`; the verdict
 #       `tie` with verdict.tied (the stages in question, costliest first) and
 #       verdict.leads (the costliest stage's lead over each other stage, its noise, the
-#       least lead that is real, real or not; since 2026-11-26 (night) real at 97.7% one-sided from 4 rounds on,
-#       noise_ms widened at that level, where it was 99.865%: a document is decided
-#       again as it is read, by the rule of the version reading it); verdict.gap_upper_ms and gap_rounds; per
+#       least lead that is real, real or not; since 2026-11-26 (night) real at 97.7%
+#       one-sided from 4 rounds on and noise_ms widened at that level, where it was
+#       99.865%: a document is decided again as it is read, by the rule of the version
+#       reading it); verdict.gap_upper_ms and gap_rounds; per
 #       stage `rounds` (the rounds its noise was paired over). A document of schema 1 is
 #       still read: its windows have no round, so its noise is the windows', as it was
 #       decided. The `tune` section (--tune: the search of the loader's settings, the
