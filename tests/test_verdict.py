@@ -615,3 +615,25 @@ def test_the_lead_rule_splits_a_true_tie_rarely_and_names_a_clear_lead():
     # augment 36 against load 24, the same noise: augment named in most runs, load never
     lead = simulated({"device": 30, "augmented": 30.5, "raw": 66.5, "full": 90.5}, rounds=6, runs=300, seed=2)
     assert set(lead) <= {"augment", "tie augment,load"} and lead["augment"] >= 0.75 * 300
+
+
+def test_a_lead_paired_over_few_rounds_is_asked_at_the_noise_rule_s_level():
+    # the same lead and error: at 97.7% from FEW_ROUNDS rounds on, at 3 sigma below (the
+    # error then leans on the noise pooled over the points, which reads low on small tables)
+    from bisect_pipeline.verdict import FEW_ROUNDS, StageCost, _leads
+
+    class Paired:
+        def __init__(self, rounds):
+            self.rounds = rounds
+
+        def contrast(self, coef):
+            return Contrast(0.0, 5.0e-3, 8, self.rounds)
+
+    own = {p: {p: 1.0} for p in ("full", "raw", "augmented")}
+    top = StageCost("augment", "ok", upper="augmented", lower="raw", sec_per_batch=30e-3, sigma=20e-3, df=8)
+    other = StageCost("load", "ok", upper="raw", lower="full", sec_per_batch=14e-3, sigma=20e-3, df=8)
+    (few,) = _leads((top, other), own, Paired(FEW_ROUNDS - 1), t_full=100e-3, noise_scale=1.0)
+    (enough,) = _leads((top, other), own, Paired(FEW_ROUNDS), t_full=100e-3, noise_scale=1.0)
+    # 16 ms: over t(8) at 97.7% x 5 ms (11.8), under t(8) at 99.865% x 5 ms (21.4)
+    assert enough.real and enough.threshold == pytest.approx(11.83e-3, rel=0.01)
+    assert not few.real and few.threshold == pytest.approx(21.38e-3, rel=0.01)
