@@ -521,28 +521,34 @@ def test_a_partial_run_without_full_still_shows_points_that_agree_with_each_othe
     assert decide({}, BS).fitted == {}
 
 
+class OneContrast:
+    """A stats.Noise stand-in whose every contrast is `c` (the noise of a lead, planted)."""
+
+    def __init__(self, c: Contrast) -> None:
+        self.c = c
+
+    def contrast(self, coef):
+        return self.c
+
+    def time(self, point):
+        return 0.0
+
+
 def test_a_runner_up_whose_upper_bound_is_under_the_leader_s_lower_bound_is_behind():
     # the VAE example at 60 s: augment 14.2 +- 2.7, collate 0.4 +- 0.5 ms per batch, and
     # the per-round estimate of their difference (it counts `augmented` twice) read +-6:
     # "tied" with a stage whose upper bound (1.9) is under augment's lower bound (6.1)
-    from bisect_pipeline.stats import Contrast
     from bisect_pipeline.verdict import StageCost, _leads
 
-    class Wide:
-        def contrast(self, coef):
-            return Contrast(0.0, 6.0e-3, 13, 14)
-
-        def time(self, point):
-            return 0.0
-
+    wide = OneContrast(Contrast(0.0, 6.0e-3, 13, 14))
     own = {p: {p: 1.0} for p in ("full", "raw", "augmented", "device")}  # no point pooled with another
 
     top = StageCost("augment", "ok", upper="augmented", lower="raw", sec_per_batch=14.2e-3, sigma=2.7e-3)
     other = StageCost("collate", "ok", upper="device", lower="augmented", sec_per_batch=0.4e-3, sigma=0.5e-3)
-    (lead,) = _leads((top, other), own, Wide(), t_full=40e-3, noise_scale=1.0)
+    (lead,) = _leads((top, other), own, wide, t_full=40e-3, noise_scale=1.0)
     assert lead.sigma == pytest.approx(3.2e-3) and lead.real
     near = StageCost("load", "ok", upper="raw", lower="full", sec_per_batch=10.0e-3, sigma=3.1e-3)
-    (lead,) = _leads((top, near), own, Wide(), t_full=40e-3, noise_scale=1.0)
+    (lead,) = _leads((top, near), own, wide, t_full=40e-3, noise_scale=1.0)
     assert not lead.real  # 4.2 ms apart: within 2 x (2.7 + 3.1), Z_LEAD's bound of the two
 
 
@@ -622,18 +628,13 @@ def test_a_lead_paired_over_few_rounds_is_asked_at_the_noise_rule_s_level():
     # error then leans on the noise pooled over the points, which reads low on small tables)
     from bisect_pipeline.verdict import FEW_ROUNDS, StageCost, _leads
 
-    class Paired:
-        def __init__(self, rounds):
-            self.rounds = rounds
-
-        def contrast(self, coef):
-            return Contrast(0.0, 5.0e-3, 8, self.rounds)
-
     own = {p: {p: 1.0} for p in ("full", "raw", "augmented")}
     top = StageCost("augment", "ok", upper="augmented", lower="raw", sec_per_batch=30e-3, sigma=20e-3, df=8)
     other = StageCost("load", "ok", upper="raw", lower="full", sec_per_batch=14e-3, sigma=20e-3, df=8)
-    (few,) = _leads((top, other), own, Paired(FEW_ROUNDS - 1), t_full=100e-3, noise_scale=1.0)
-    (enough,) = _leads((top, other), own, Paired(FEW_ROUNDS), t_full=100e-3, noise_scale=1.0)
+    (few,) = _leads((top, other), own, OneContrast(Contrast(0.0, 5.0e-3, 8, FEW_ROUNDS - 1)), t_full=100e-3,
+                    noise_scale=1.0)
+    (enough,) = _leads((top, other), own, OneContrast(Contrast(0.0, 5.0e-3, 8, FEW_ROUNDS)), t_full=100e-3,
+                       noise_scale=1.0)
     # 16 ms: over t(8) at 97.7% x 5 ms (11.8), under t(8) at 99.865% x 5 ms (21.4)
     assert enough.real and enough.threshold == pytest.approx(11.83e-3, rel=0.01)
     assert not few.real and few.threshold == pytest.approx(21.38e-3, rel=0.01)
