@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from . import tree
 from .faults import StageError, StepTimeout, stage_error
@@ -162,9 +162,11 @@ def place(sample: Any, output: Any, placements: list) -> Any:
 
 
 def replay_sample(template: Any, calls: list[Call]) -> Any:
-    """Rebuild a sample: run each recorded transform on its cached input and put the
-    parts of its output where they landed in the original sample."""
-    return prepared_sample(template, calls)()
+    """Rebuild a sample: run each recorded transform on its cached input (a copy where
+    it may change it: Call.copy_input) and put the parts of its output where they landed
+    in the original sample. Kept lean: it runs per sample inside the `raw` point's
+    timed windows, where whatever it adds to the transforms lands in augment."""
+    return _run(template, calls, map(_inputs, calls))
 
 
 def prepared_sample(template: Any, calls: list[Call]) -> Callable[[], Any]:
@@ -172,15 +174,20 @@ def prepared_sample(template: Any, calls: list[Call]) -> Callable[[], Any]:
     in place): the function returned runs the transforms only, which is what a timer of
     the augment stage must hold (the copy of a 384x384 image is 7% of a blur's cost; the
     pipeline's augment does not copy)."""
-    inputs = [(tree.clone(call.args), tree.clone(call.kwargs)) if call.copy_input else (call.args, call.kwargs)
-              for call in calls]
+    inputs = [_inputs(call) for call in calls]
+    return lambda: _run(template, calls, inputs)
 
-    def run() -> Any:
-        sample = template
-        for call, (args, kwargs) in zip(calls, inputs):
-            sample = place(sample, call.fn(*args, **kwargs), call.placements)
-        return sample
-    return run
+
+def _run(template: Any, calls: list[Call], inputs: Iterable) -> Any:
+    sample = template
+    for call, (args, kwargs) in zip(calls, inputs):
+        sample = place(sample, call.fn(*args, **kwargs), call.placements)
+    return sample
+
+
+def _inputs(call: Call) -> tuple:
+    """The (args, kwargs) a replay hands the transform: copies where it may change them."""
+    return (tree.clone(call.args), tree.clone(call.kwargs)) if call.copy_input else (call.args, call.kwargs)
 
 
 def images_only(call: Call) -> bool:

@@ -156,6 +156,10 @@ def replace(obj: Any, path: Path, value: Any) -> Any:
     if not path:
         return value
     key, rest = path[0], path[1:]
+    if type(obj) in (tuple, list) and type(key) is int and 0 <= key < len(obj):  # the common sample: no walk
+        items = list(obj)
+        items[key] = replace(items[key], rest, value)
+        return tuple(items) if type(obj) is tuple else items
     current = dict(children(obj))
     if key not in current:
         raise KeyError(f"{key!r} is not in a {type(obj).__name__}")

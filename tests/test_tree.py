@@ -101,6 +101,17 @@ def test_the_depth_limit_stops_a_self_reference():
 def test_replace_refuses_a_missing_key():
     with pytest.raises(KeyError):
         tree.replace({"a": 1}, ("b",), 2)
+    for seq, key in (((1, 2), 2), ([1, 2], -1), ((1, 2), "0")):  # a tuple's or list's keys are its indices
+        with pytest.raises(KeyError):
+            tree.replace(seq, (key,), 0)
+
+
+def test_replace_in_a_plain_tuple_or_list_keeps_its_type_and_leaves_the_original():
+    sample = (t(2), 7)
+    new = tree.replace(sample, (0,), "X")
+    assert new == ("X", 7) and type(new) is tuple and sample[1] == 7 and isinstance(sample[0], torch.Tensor)
+    nested = [(1, [2, 3]), 4]
+    assert tree.replace(nested, (0, 1, 0), 9) == [(1, [9, 3]), 4] and nested == [(1, [2, 3]), 4]
 
 
 def test_same_structure_accepts_what_a_transform_accepts():
