@@ -357,12 +357,16 @@ class Contrast:
     """A difference of points' times per batch (a stage's cost, a lead between two
     stages, the gap): its estimate, its standard error, and the degrees of freedom the
     error was estimated with; `rounds` the rounds it was paired over (None: from the
-    windows, rounds unknown)."""
+    windows, rounds unknown); `own_se`, the standard error its own per-round values give
+    (their spread, IQR / 1.349, as median_se takes it, without the small-sample factor),
+    where `se` may come from the noise pooled over the points (Noise.contrast): what a
+    projection to more rounds keeps (verdict.rounds_to_tell); nan where unknown."""
 
     estimate: float
     se: float
     df: float
     rounds: Optional[int] = None
+    own_se: float = math.nan
 
     @property
     def sigma(self) -> float:
@@ -461,8 +465,8 @@ class Noise:
         # error would take it as known to within that cluster's spread (a step alternating
         # +-10 ms round by round was read as a real 9 ms gap after 60 rounds)
         floor = order_se(values)
-        own = Contrast(estimate, max(median_se(values) / small_sample_factor(n), floor), n - 1, n) if n >= 2 else \
-            Contrast(estimate, math.inf, 0, n)
+        own_se = max(median_se(values) / small_sample_factor(n), floor) if n >= 2 else math.inf
+        own = Contrast(estimate, own_se, n - 1 if n >= 2 else 0, n, own_se)
         if n < 1 or not math.isfinite(self.pooled):
             return own
         # the machine's noise is alike at every point: its spread pooled over all of them
@@ -470,7 +474,7 @@ class Noise:
         # contrast's own values; a contrast whose own values spread more keeps that spread
         spread = max(self.pooled * math.sqrt(sum((c * self.mu[p]) ** 2 for p, c in coef.items())),
                      iqr(values) / IQR_PER_SIGMA if n >= 2 else 0.0)
-        pooled = Contrast(estimate, max(MEDIAN_SE_FACTOR * spread / math.sqrt(n), floor), self.pooled_df, n)
+        pooled = Contrast(estimate, max(MEDIAN_SE_FACTOR * spread / math.sqrt(n), floor), self.pooled_df, n, own_se)
         return pooled if pooled.sigma < own.sigma else own
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from .stats import (MIN_REL_DROP, NOISY_REL_IQR, Z_NOISE, Contrast, Noise, Throughput, decreasing_blocks,
-                    is_real, noise_threshold, normal_cdf, t_factor)
+                    is_real, noise_threshold, normal_cdf, t_factor, t_quantile)
 
 # Upstream to downstream. A stage sits between the point before it and the point after.
 POINTS = ("full", "raw", "augmented", "collated", "host", "device")
@@ -51,6 +51,9 @@ MIN_REL_SE = 0.01
 # reason: its standard error is itself known only roughly (t at 2 degrees of freedom is
 # 6.4 z at the noise rule's level), and more rounds of the deciding points would firm it.
 FEW_ROUNDS = 4
+# The most rounds a projection looks at (rounds_to_decide, rounds_to_tell): a verdict
+# further off than that is not one more measuring would give on this machine.
+MOST_ROUNDS = 400
 # What the verdict may say: a stage, `tie` (two or more stages lead and the measurements
 # cannot tell which costs more: `Verdict.tied`), `none`, or `inconclusive` (whether the
 # pipeline is input-bound at all is unknown).
@@ -89,6 +92,11 @@ class Lead:
     threshold: float
     real: bool
     rounds: Optional[int] = None
+    # A lead within its noise: the rounds (in all) after which it would be real if it and
+    # the spread of its per-round values stayed as measured (rounds_to_tell); None where
+    # it is real, has no spread yet, or is not within MOST_ROUNDS (one under
+    # MIN_REL_DROP of t(full) never is: the stages cost the same for any purpose).
+    rounds_to_tell: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,7 +270,8 @@ def _drop(noise: Noise, coef: Mapping, lower: str, upper: str) -> Contrast:
     if own.sigma >= sigma:
         return dataclasses.replace(own, estimate=estimate)
     main = max(pairs, key=lambda wc: wc[0] * wc[1].sigma)[1]  # its degrees of freedom and rounds are said
-    return Contrast(estimate, sigma / t_factor(main.df) if math.isfinite(sigma) else math.inf, main.df, main.rounds)
+    return Contrast(estimate, sigma / t_factor(main.df) if math.isfinite(sigma) else math.inf, main.df, main.rounds,
+                    own.own_se)
 
 
 def _cost_stages(kept: list, fitted: Mapping[str, float], coef: Mapping, noise: Noise, *, skipped: Mapping[str, str],
@@ -331,8 +340,33 @@ def _leads(stages: tuple, coef: Mapping, noise: Noise, t_full: float, noise_scal
         sigma = min(c.widened(z), _cost_noise(top).widened(z) + _cost_noise(other).widened(z))
         lead = top.sec_per_batch - other.sec_per_batch
         threshold = noise_threshold(sigma, t_full, noise_scale, z)
-        out.append(Lead(top.stage, other.stage, lead, sigma, threshold, lead > threshold, c.rounds))
+        real = lead > threshold
+        tell = None if real else rounds_to_tell(lead, sigma, c, t_full, noise_scale)
+        out.append(Lead(top.stage, other.stage, lead, sigma, threshold, real, c.rounds, tell))
     return tuple(out)
+
+
+def rounds_to_tell(lead: float, sigma: float, c: Contrast, t_full: float, noise_scale: float = 1.0) -> Optional[int]:
+    """The rounds after which a lead would be real, its estimate and the spread of its
+    per-round values staying as measured over c.rounds rounds. Its standard error, the
+    one under its noise `sigma` (widened at the level asked there) or, where larger, the
+    one its own per-round values give (c.own_se: the noise pooled over the points reads
+    low on small tables, e.g. where only `full` is noisy), narrows as 1/sqrt(r), widened
+    again for r - 1 degrees of freedom at the level asked at r rounds. None where there is
+    no spread yet, or not within MOST_ROUNDS."""
+    n = c.rounds
+    if n is None or n < 2 or not math.isfinite(sigma) or lead <= 0:
+        return None
+    z_now = Z_LEAD if n >= FEW_ROUNDS else Z_NOISE
+    se = sigma * z_now / t_quantile(normal_cdf(z_now), n - 1)
+    if math.isfinite(c.own_se):
+        se = max(se, c.own_se)
+    sd = se * math.sqrt(n)
+
+    def tells(r: int) -> bool:
+        z = Z_LEAD if r >= FEW_ROUNDS else Z_NOISE
+        return lead > noise_threshold(sd / math.sqrt(r) * t_quantile(normal_cdf(z), r - 1) / z, t_full, noise_scale, z)
+    return first_round(n, tells)
 
 
 def _cost_noise(s: StageCost) -> Contrast:
@@ -389,6 +423,14 @@ def _rounds_note(rounds: Optional[int]) -> str:
     return f", noise from {rounds} round{'s' if rounds != 1 else ''}"
 
 
+def _tell_note(lead: Lead) -> str:
+    """'; at its spread, real from about 9 rounds (5 so far)' for a lead that more
+    rounds would show real (Lead.rounds_to_tell)."""
+    if lead.rounds_to_tell is None:
+        return ""
+    return f"; at its spread, real from about {lead.rounds_to_tell} rounds ({lead.rounds} so far)"
+
+
 def _named_reason(top: StageCost, leads: tuple) -> str:
     if not leads:
         return f"removing {top.stage} buys the most throughput ({_ms(top.sec_per_batch)} ms per batch)"
@@ -411,7 +453,7 @@ def _tie_reason(stages: tuple, tied: tuple, behind: list, gap: Optional[Contrast
                          "estimate yet (their points were measured together in fewer than 2 rounds)")
             continue
         within = (f"{lead.stage}'s lead over {lead.over}, {_ms(lead.sec_per_batch)} ms, is within the noise (real "
-                  f"above {_ms(lead.threshold)} ms{_rounds_note(lead.rounds)})")
+                  f"above {_ms(lead.threshold)} ms{_rounds_note(lead.rounds)}{_tell_note(lead)})")
         if not other.significant:
             within = (f"{lead.over}'s own cost is known only to ±{_ms(other.sigma)} ms, so {within}"
                       if math.isfinite(other.sigma) else f"{lead.over}'s own cost has no noise estimate, so {within}")
@@ -444,19 +486,25 @@ def undecided(gap: Contrast, upper: float, t_full: float, ceiling: str, measured
             "on this machine")
 
 
-def rounds_to_decide(gap: Contrast, t_full: float, most: int = 400) -> Optional[int]:
+def rounds_to_decide(gap: Contrast, t_full: float, most: int = MOST_ROUNDS) -> Optional[int]:
     """The rounds after which, with the gap and the spread of its per-round values as
-    measured, the gap would either be real or have its upper bound under NONE_MAX_LOSS
-    (at least 2; None when not within `most`)."""
+    measured (its standard error, or where larger the one its own per-round values give:
+    Contrast.own_se, as rounds_to_tell), the gap would either be real or have its upper
+    bound under NONE_MAX_LOSS (at least 2; None when not within `most`)."""
     n = gap.rounds or 0
     if n < 2 or not math.isfinite(gap.se):
         return max(2, n + 2) if n < 2 else None
-    sd = gap.se * math.sqrt(n)
+    sd = (max(gap.se, gap.own_se) if math.isfinite(gap.own_se) else gap.se) * math.sqrt(n)
 
-    def decides(r: int) -> bool:  # more rounds only narrow the bound: a bisection finds the first
+    def decides(r: int) -> bool:
         c = Contrast(gap.estimate, sd / math.sqrt(r), r - 1, r)
         return c.upper(Z_UPPER) <= NONE_MAX_LOSS * t_full or is_real(gap.estimate, c.sigma, t_full)
+    return first_round(n, decides, most)
 
+
+def first_round(n: int, decides: Callable[[int], bool], most: int = MOST_ROUNDS) -> Optional[int]:
+    """The fewest rounds after `n` at which `decides` holds (more rounds only narrow a
+    bound, so a bisection finds the first); None when not within `most`."""
     if n + 1 > most or not decides(most):
         return None
     lo, hi = n + 1, most  # decides(hi)

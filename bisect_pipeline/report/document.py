@@ -47,8 +47,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #       least lead that is real, real or not; since 2026-11-26 (night) real at 97.7%
 #       one-sided from 4 rounds on and noise_ms widened at that level, where it was
 #       99.865%: a document is decided again as it is read, by the rule of the version
-#       reading it); verdict.gap_upper_ms and gap_rounds; per
-#       stage `rounds` (the rounds its noise was paired over). A document of schema 1 is
+#       reading it; since 2026-11-27 each lead within its noise with rounds_to_tell, the
+#       rounds after which it would be real at its spread); verdict.gap_upper_ms and
+#       gap_rounds; per stage `rounds` (the rounds its noise was paired over). A document of schema 1 is
 #       still read: its windows have no round, so its noise is the windows', as it was
 #       decided. The `tune` section (--tune: the search of the loader's settings, the
 #       patch, the patched script's check) is versioned on its own, TUNE_SCHEMA_VERSION.
@@ -86,7 +87,7 @@ def to_dict(r: "Report") -> dict:
             "tied": list(v.tied),
             "leads": [{"stage": lead.stage, "over": lead.over, "ms_per_batch": ms(lead.sec_per_batch),
                        "noise_ms": ms(lead.sigma), "threshold_ms": ms(lead.threshold), "real": lead.real,
-                       "rounds": lead.rounds} for lead in v.leads],
+                       "rounds": lead.rounds, "rounds_to_tell": lead.rounds_to_tell} for lead in v.leads],
             "inconsistent": [dataclasses.asdict(i) for i in v.inconsistent],
         },
         "points": [point_dict(p, v.fitted.get(p.point), r.measured_rate(p.point)) for p in r.points],
