@@ -179,6 +179,7 @@ def prepared_sample(template: Any, calls: list[Call]) -> Callable[[], Any]:
 
 
 def _run(template: Any, calls: list[Call], inputs: Iterable) -> Any:
+    """The transforms run on `inputs` (one (args, kwargs) per call), each output placed."""
     sample = template
     for call, (args, kwargs) in zip(calls, inputs):
         sample = place(sample, call.fn(*args, **kwargs), call.placements)

@@ -358,9 +358,9 @@ class Contrast:
     stages, the gap): its estimate, its standard error, and the degrees of freedom the
     error was estimated with; `rounds` the rounds it was paired over (None: from the
     windows, rounds unknown); `own_se`, the standard error its own per-round values give
-    (their spread, IQR / 1.349, as median_se takes it, without the small-sample factor),
-    where `se` may come from the noise pooled over the points (Noise.contrast): what a
-    projection to more rounds keeps (verdict.rounds_to_tell); nan where unknown."""
+    (Noise.contrast: their spread, IQR / 1.349, at least their order statistics'), where
+    `se` may come from the noise pooled over the points: what a projection to more rounds
+    keeps (verdict.rounds_to_tell); nan where unknown."""
 
     estimate: float
     se: float

@@ -358,7 +358,7 @@ def rounds_to_tell(lead: float, sigma: float, c: Contrast, t_full: float, noise_
     if n is None or n < 2 or not math.isfinite(sigma) or lead <= 0:
         return None
     z_now = Z_LEAD if n >= FEW_ROUNDS else Z_NOISE
-    se = sigma * z_now / t_quantile(normal_cdf(z_now), n - 1)
+    se = sigma * z_now / t_quantile(normal_cdf(z_now), c.df)  # (c.df: pooled over the points, or n - 1)
     if math.isfinite(c.own_se):
         se = max(se, c.own_se)
     sd = se * math.sqrt(n)
