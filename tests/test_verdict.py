@@ -508,9 +508,11 @@ def assert_sentences_agree(v: Verdict) -> None:
         assert v.bottleneck == leads[over].stage and leads[over].real and float(ms_) > float(thr) - 0.05
         assert float(ms_) == pytest.approx(leads[over].sec_per_batch * 1e3, abs=0.051)
         assert float(thr) == pytest.approx(leads[over].threshold * 1e3, abs=0.051)
-    for top, over, ms_, thr, tell, so_far in re.findall(
-            r"(\w+)'s lead over (\w+), ([\d.]+) ms, is within the noise \(real above ([\d.]+) ms"
-            r"(?:, noise from \d+ rounds?)?(?:; at its spread, real from about (\d+) rounds \((\d+) so far\))?\)", r):
+    within = re.findall(r"(\w+)'s lead over (\w+), ([\d.]+) ms, is within the noise \(real above ([\d.]+) ms"
+                        r"(?:, noise from \d+ rounds?)?(?:; at its spread, real from about (\d+) rounds \((\d+) so far\))?\)",
+                        r)
+    assert len(within) == r.count("is within the noise (real above")  # every such clause in the form checked
+    for top, over, ms_, thr, tell, so_far in within:
         lead = leads[over]
         assert lead.stage == top and not lead.real and float(ms_) <= float(thr) + 0.05
         assert (int(tell) if tell else None) == lead.rounds_to_tell  # said where more rounds would tell
