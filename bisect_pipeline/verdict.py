@@ -358,15 +358,21 @@ def rounds_to_tell(lead: float, sigma: float, c: Contrast, t_full: float, noise_
     if n is None or n < 2 or not math.isfinite(sigma) or lead <= 0:
         return None
     z_now = Z_LEAD if n >= FEW_ROUNDS else Z_NOISE
-    se = sigma * z_now / t_quantile(normal_cdf(z_now), c.df)  # (c.df: pooled over the points, or n - 1)
-    if math.isfinite(c.own_se):
-        se = max(se, c.own_se)
-    sd = se * math.sqrt(n)
+    sd = _projected_sd(sigma * z_now / t_quantile(normal_cdf(z_now), c.df), c)  # (c.df: pooled, or n - 1)
 
     def tells(r: int) -> bool:
         z = Z_LEAD if r >= FEW_ROUNDS else Z_NOISE
         return lead > noise_threshold(sd / math.sqrt(r) * t_quantile(normal_cdf(z), r - 1) / z, t_full, noise_scale, z)
     return first_round(n, tells)
+
+
+def _projected_sd(se: float, c: Contrast) -> float:
+    """The spread of one round's value that a projection to more rounds keeps: `se`
+    (the standard error over c.rounds rounds) or, where larger, the one the contrast's
+    own per-round values give (Contrast.own_se), times sqrt(rounds)."""
+    if math.isfinite(c.own_se):
+        se = max(se, c.own_se)
+    return se * math.sqrt(c.rounds)
 
 
 def _cost_noise(s: StageCost) -> Contrast:
@@ -494,7 +500,7 @@ def rounds_to_decide(gap: Contrast, t_full: float, most: int = MOST_ROUNDS) -> O
     n = gap.rounds or 0
     if n < 2 or not math.isfinite(gap.se):
         return max(2, n + 2) if n < 2 else None
-    sd = (max(gap.se, gap.own_se) if math.isfinite(gap.own_se) else gap.se) * math.sqrt(n)
+    sd = _projected_sd(gap.se, gap)
 
     def decides(r: int) -> bool:
         c = Contrast(gap.estimate, sd / math.sqrt(r), r - 1, r)

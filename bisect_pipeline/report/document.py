@@ -49,10 +49,11 @@ if TYPE_CHECKING:  # pragma: no cover
 #       99.865%: a document is decided again as it is read, by the rule of the version
 #       reading it; since 2026-11-27 each lead within its noise with rounds_to_tell, the
 #       rounds after which it would be real at its spread); verdict.gap_upper_ms and
-#       gap_rounds; per stage `rounds` (the rounds its noise was paired over). A document of schema 1 is
-#       still read: its windows have no round, so its noise is the windows', as it was
-#       decided. The `tune` section (--tune: the search of the loader's settings, the
-#       patch, the patched script's check) is versioned on its own, TUNE_SCHEMA_VERSION.
+#       gap_rounds; per stage `rounds` (the rounds its noise was paired over). A document
+#       of schema 1 is still read: its windows have no round, so its noise is the
+#       windows', as it was decided. The `tune` section (--tune: the search of the
+#       loader's settings, the patch, the patched script's check) is versioned on its
+#       own, TUNE_SCHEMA_VERSION.
 SCHEMA_VERSION = 2
 READS = (1, 2)
 
