@@ -472,14 +472,17 @@ def reference(rounds: dict) -> dict:
     # Can the hand itself rank its top two? Their per-round difference, its spread, and
     # the pairs after which that lead would be 2 standard errors (97.7%, one-sided, z):
     # where that is far above `pairs`, the hand's expected stage is a guess too.
-    lead = [a - b for a, b in zip(diffs[ranked[0]], diffs[ranked[1]])]
+    def lead_over(s: str) -> list:  # the top's lead over stage `s`, per round
+        return [a - b for a, b in zip(diffs[ranked[0]], diffs[s])]
+
+    lead = lead_over(ranked[1])
     lead_sd = statistics.stdev(lead) if len(lead) > 1 else None
     lead_mean = statistics.fmean(lead)
     pairs_to_tell = (math.ceil((2 * lead_sd / lead_mean) ** 2)
                      if lead_sd is not None and lead_mean > 0 else None)
 
     def ruled_out(s: str) -> bool:  # the top's lead over `s` is 2 standard errors or more
-        d = [a - b for a, b in zip(diffs[ranked[0]], diffs[s])]
+        d = lead_over(s)
         return len(d) > 1 and statistics.fmean(d) > 2 * statistics.stdev(d) / math.sqrt(len(d))
 
     not_ruled_out = [ranked[0]] + [s for s in ranked[1:] if not ruled_out(s)]
