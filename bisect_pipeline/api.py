@@ -1,4 +1,4 @@
-"""`bisect()`: describe, fill, hold, measure the points, isolate, report. Never prints."""
+"""`bisect()`: describe, fill, hold, isolate, measure the points, report. Never prints."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from . import allocator, devices, distributed, faults, isolate, phases, state
+from . import allocator, devices, distributed, faults, phases, state
 from . import loader as loader_mod
 from .cache import DEFAULT_CACHE_BATCHES
 from .errors import BisectError
@@ -105,7 +105,6 @@ def start(spec: loader_mod.LoaderSpec, dev: torch.device, options: Options, *, c
         coord.broadcast([0.0])
     start_t = clock()
     m = options.max_seconds
-    room = 0.0 if coord else isolate.budget(m)  # for the isolated timings
     # the verification's share (and the search's, with tune) is kept from the rounds that
     # only settle the verdict; with tune, an inconclusive one too (the search needs the
     # ceiling and the stage costs, not a named stage: an undecided verdict would otherwise
@@ -114,7 +113,7 @@ def start(spec: loader_mod.LoaderSpec, dev: torch.device, options: Options, *, c
     keep = share * m if coord is None and options.verify_seconds is None else 0.0
     return Experiment(spec, dev, (options.plan or Plan()).for_workers(spec.num_workers), clock,
                       progress or (lambda e: None), options.step_timeout, start=start_t, end=start_t + m,
-                      deadline=start_t + m - room, settle_deadline=start_t + m - room - keep, loop=loop,
+                      deadline=start_t + m, settle_deadline=start_t + m - keep, loop=loop,
                       settle_undecided=options.tune)
 
 

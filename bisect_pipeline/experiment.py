@@ -60,7 +60,7 @@ class Experiment:
     step_timeout: Optional[float]
     start: float
     end: float  # start + max_seconds: the hard end
-    deadline: float  # when measuring points stops (room left for the isolated timings)
+    deadline: float  # when measuring points stops
     # when the rounds that only settle the verdict stop (after plan.min_rounds): room
     # left for the verification of the advice (verify.py)
     settle_deadline: float = 0.0

@@ -64,7 +64,8 @@ def cores() -> int:
 def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Callable[[Any], Any],
                 train_step: Optional[Callable[[Any], Any]], *, step_sec_per_batch: Optional[float], budget_s: float,
                 clock: Callable[[], float] = time.perf_counter, end: float = math.inf,
-                step_estimate_s: Optional[float] = None) -> tuple[Isolated, Syncs]:
+                step_estimate_s: Optional[float] = None,
+                step_source: str = "the device point (batches cached on the device)") -> tuple[Isolated, Syncs]:
     """(isolated, syncs). Never raises for a failing measurement: a part that fails says
     so with its reason; KeyboardInterrupt propagates. `train_step` None: the step is the
     user's own loop (loop.py), timed only at the device point; no syncs are counted here.
@@ -96,8 +97,7 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
     except Exception as exc:
         syncs = Syncs.missing("failed", _reason(exc))
     if step_sec_per_batch is not None:
-        parts["step"] = StepTime(ms_per_batch=round(step_sec_per_batch * 1e3, 3),
-                                 source="the device point (batches cached on the device)")
+        parts["step"] = StepTime(ms_per_batch=round(step_sec_per_batch * 1e3, 3), source=step_source)
     elif device_batch is not None and train_step is not None and not fits(STEP_WARMUP + 1):
         parts["step"] = StepTime.missing("skipped", out_of_time(STEP_WARMUP + 1))
     elif device_batch is not None and train_step is not None:
@@ -518,31 +518,48 @@ def _kind(obj: Any) -> str:
     return "containers" if tree.is_container(obj) else "other"
 
 
-def after_points(exp: Any, *, max_seconds: float) -> tuple[Isolated, Syncs]:
-    """After the points are measured, before the user's state is restored: the step time
-    comes from the device point (the ceiling) when it was measured. Guarded by the run's
-    watchdog; skipped when a point already hung, and within what is left of --max-seconds
-    (a hard bound: the parts that run the training step are skipped where they would pass
+def before_points(exp: Any, *, max_seconds: float) -> tuple[Isolated, Syncs]:
+    """Before the points are measured, once the caches are filled and the step probed:
+    the stages timed alone, so that every verdict of the rounds (verdict.decide, the
+    second witness) can hold the drops it measures against them. The step's time is the
+    one timed alone while the allocator was held (Experiment.step_alone) where it was,
+    else timed here (the tool's step), else left to the device point (a user's loop:
+    with_ceiling). Guarded by the run's watchdog, within what is left of --max-seconds (a
+    hard bound: the parts that run the training step are skipped where they would pass
     it). Not on CUDA, syncs say so whatever happened here."""
     no_cuda = no_syncs_counted(exp.device)
-    hung = [name for name, p in exp.results.items() if p.failed_stage == "hang"]
     left = exp.end - exp.clock()
-    if hung or left <= 0:
-        reason = f"point {hung[0]} hung: nothing is timed again" if hung else "out of time: the points used all of " \
-                                                                              "--max-seconds"
+    if left <= 0:
+        reason = "out of time: the caches used all of --max-seconds"
         return Isolated.missing("skipped", reason), no_cuda or Syncs.missing("skipped", reason)
-    dp = exp.results.get("device")
-    step = dp.throughput.sec_per_batch if dp is not None and dp.ok else None
     try:
         with exp.watchdog(lambda: "the isolated stage timing") as dog:
             def beating_clock() -> float:  # every timed item beats the watchdog
                 dog.beat()
                 return exp.clock()
-            return time_stages(exp.spec, exp.caches, exp.device, exp.move, exp.step, step_sec_per_batch=step,
+            return time_stages(exp.spec, exp.caches, exp.device, exp.move, exp.step, step_sec_per_batch=exp.step_alone,
                                budget_s=min(budget(max_seconds), left), clock=beating_clock, end=exp.end,
-                               step_estimate_s=exp.step_estimate())
+                               step_estimate_s=exp.step_estimate(), step_source=STEP_ALONE)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # never costs the run its verdict
         return Isolated.missing("failed", _reason(exc)), no_cuda or Syncs.missing("failed", _reason(exc))
 
+
+STEP_ALONE = "the step timed alone while the allocator was held"
+STEP_CEILING = "the device point (batches cached on the device)"
+
+
+def with_ceiling(iso: Optional[Isolated], results: dict) -> Optional[Isolated]:
+    """The isolated costs once the points are measured: the step's time taken from the
+    device point (the ceiling, the step as the rounds ran it) where it was measured, and
+    the workers that would feed it computed again from it."""
+    dp = results.get("device")
+    if iso is None or not iso.ok or dp is None or not dp.ok:
+        return iso
+    step = StepTime(ms_per_batch=round(dp.throughput.sec_per_batch * 1e3, 3), source=STEP_CEILING)
+    out = dataclasses.replace(iso, step=step)
+    w = iso.workers
+    threads = w.step_threads if w is not None and w.step_threads is not None else 0
+    return dataclasses.replace(out, workers=workers_needed(out, iso.items_per_batch or iso.batch_size or 1, cores(),
+                                                           step_threads=threads))

@@ -3,8 +3,9 @@
     fill the caches (cache.fill)
     probe the step: does it change its batch in place?
     hold the allocator still (timing the step alone first, when the tool owns the step)
+    the stage costs timed alone (isolate.py): the verdict's second witness
     the points: rounds.Rounds (one process) or distributed.LockstepPoints (torchrun)
-    the stage costs timed alone (isolate.py); a user's loop on CUDA: its syncs counted
+    a user's loop on CUDA: its syncs counted
     the check: the costliest transform in the pipeline (confirm.Confirm, when augment is
         the bottleneck); verify.Trials of the advice as it stands (diagnosis.to_check)
 
@@ -70,10 +71,11 @@ def measure(exp: Experiment, options: Options, *, coord: Any, held: allocator.He
         yield from schedule
         exp.waits = schedule.waits
         return
+    exp.isolated, exp.syncs = isolate.before_points(exp, max_seconds=options.max_seconds)
     rounds = Rounds(exp, options.points)
     yield from rounds
     exp.schedule = rounds.info
-    exp.isolated, exp.syncs = isolate.after_points(exp, max_seconds=options.max_seconds)
+    exp.isolated = isolate.with_ceiling(exp.isolated, exp.results)
     if exp.loop and exp.caches is not None:
         counted = SyncCount(exp)
         yield counted

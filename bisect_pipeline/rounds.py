@@ -165,7 +165,7 @@ class Rounds:
         """Once a step's time is known (Experiment.step_estimate: the step timed alone,
         else the first point measured), say whether the minimum rounds fit in
         --max-seconds: the least time of the visits they still owe (each as
-        Experiment.visit would plan it), the time spent, and the isolated timings' share.
+        Experiment.visit would plan it) and the time spent.
         Measuring goes on either way: what fits is measured."""
         exp = self.exp
         sec_per_step = None if self._budget_checked else exp.step_estimate()

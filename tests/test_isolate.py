@@ -15,6 +15,7 @@ from PIL import Image
 from bisect_pipeline import cache, faults, isolate, loader as loader_mod
 from bisect_pipeline.experiment import Experiment
 from bisect_pipeline.results import Isolated
+from bisect_pipeline.stats import Throughput, Window
 from bisect_pipeline.step import make_step
 from bisect_pipeline.report import PointResult
 from bisect_pipeline.step import to_device
@@ -140,14 +141,9 @@ def test_syncs_skipped_on_cpu_with_reason():
     assert calls == []  # nothing run for nothing
 
 
-def test_unfilled_caches_and_hung_points_skip_isolation():
+def test_unfilled_caches_skip_isolation():
     iso, syncs = isolate.time_stages(None, None, CPU, None, None, step_sec_per_batch=None, budget_s=1.0)
     assert iso.status == syncs.status == "unavailable"
-    hung = {"full": PointResult("full", "failed", reason="no batch in 5 s", failed_stage="hang")}
-    run = Experiment(None, CPU, None, time.perf_counter, lambda e: None, None, start=0.0, end=10.0, deadline=10.0,
-                      results=hung)
-    iso, syncs = isolate.after_points(run, max_seconds=10)
-    assert iso.status == "skipped" and "hung" in iso.reason and syncs.status == "skipped"
 
 
 def heavy_stages(step_s: float, end_in: float, estimate):
@@ -185,16 +181,30 @@ def experiment_at(clock, end, results=None, step=None):
 
 def test_isolation_after_the_end_is_skipped_and_syncs_say_why_on_cpu():
     clock = FakeClock(100.0)
-    iso, syncs = isolate.after_points(experiment_at(clock, end=clock.t - 1.0), max_seconds=60)
+    iso, syncs = isolate.before_points(experiment_at(clock, end=clock.t - 1.0), max_seconds=60)
     assert iso.status == "skipped" and "out of time" in iso.reason
     assert syncs.status == "skipped" and "no CUDA device" in syncs.reason
+
+
+def test_the_step_comes_from_the_device_point_once_measured():
+    clock = FakeClock(100.0)
+    exp = experiment_at(clock, end=clock.t + 60.0, step=lambda b: None)
+    exp.step_alone = 0.5
+    iso, _ = isolate.before_points(exp, max_seconds=60)
+    assert iso.step.ms_per_batch == 500.0 and iso.step.source == isolate.STEP_ALONE
+    assert iso.workers.step_ms_per_batch == 500.0
+    device = PointResult("device", "ok", Throughput((Window(10, 0.2), Window(10, 0.2)), 4))
+    iso = isolate.with_ceiling(iso, {"device": device})
+    assert iso.step.ms_per_batch == 20.0 and iso.step.source == isolate.STEP_CEILING
+    assert iso.workers.step_ms_per_batch == 20.0  # the workers that feed it, from the ceiling's step
+    assert isolate.with_ceiling(iso, {}) is iso
 
 
 def test_isolation_cut_by_the_watchdog_still_says_syncs_are_not_counted_on_cpu():
     def step(batch):
         raise faults.StepTimeout("the run's end passed")  # as the watchdog raises it in the main thread
 
-    iso, syncs = isolate.after_points(experiment_at(time.perf_counter, end=time.perf_counter() + 60, step=step),
+    iso, syncs = isolate.before_points(experiment_at(time.perf_counter, end=time.perf_counter() + 60, step=step),
                                       max_seconds=60)
     assert iso.status == "failed" and "StepTimeout" in iso.reason
     assert syncs.status == "skipped" and "no CUDA device" in syncs.reason  # not "failed (StepTimeout)"

@@ -273,7 +273,7 @@ def test_the_report_shows_the_search_the_change_and_the_check(tmp_path):
 
 
 def test_with_tune_the_rounds_after_the_minimum_leave_half_of_max_seconds_even_undecided():
-    from bisect_pipeline import api, isolate
+    from bisect_pipeline import api
     from bisect_pipeline.phases import Options
     from conftest import planted as planted_pipeline
 
@@ -281,8 +281,8 @@ def test_with_tune_the_rounds_after_the_minimum_leave_half_of_max_seconds_even_u
     clock = FakeClock(100.0)
     for tune_on, kept in ((True, 30.0), (False, 15.0)):  # half of --max-seconds with --tune, a quarter without
         exp = api.start(spec, torch.device("cpu"), Options(("full",), 60.0, tune=tune_on), coord=None, clock=clock)
-        assert exp.deadline == pytest.approx(160.0 - isolate.budget(60))  # the first rounds may use it all
-        assert exp.settle_deadline == pytest.approx(160.0 - isolate.budget(60) - kept)
+        assert exp.deadline == pytest.approx(160.0)  # the first rounds may use it all (isolation comes first)
+        assert exp.settle_deadline == pytest.approx(160.0 - kept)
         assert exp.settle_undecided is tune_on
 
 
