@@ -202,7 +202,7 @@ class Experiment:
             return PointResult(name, "skipped", reason="no accelerator: host and device coincide")
         if name == "collated" and self.spec.num_workers == 0 and not (self.spec.pin_memory and self.device.type != "cpu"):
             return PointResult(name, "skipped", reason="num_workers=0: no worker hands batches over and nothing pins "
-                                                       "them, so collated and device coincide (no handoff)")
+                                                       "them, so collated and host coincide (no handoff)")
         if name == "raw" and self.caches is not None and self.caches.raw_calls is None:
             return PointResult(name, "unavailable", reason=self.caches.raw_reason)
         return None
