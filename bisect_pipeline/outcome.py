@@ -1,8 +1,10 @@
 """What the advice's check measured (verify.py), read from its raw windows: pure.
 
 Each trial holds the windows of the full pipeline with the user's settings and with a
-candidate's, visit by visit. `outcome` says whether the candidate helps, by how much and
-within what spread (the one rule, stats.is_real, on the log of the speed-up); `verified`
+candidate's, visit by visit, the visits alternating (A B B A). `outcome` says whether
+the candidate helps, by how much and within what interval: the one comparison of the
+tool (stats.compare) on the pairs of visits taken next to each other (stats.paired: the
+log of each pair's speed-up, their spread at pairs - 1 degrees of freedom); `verified`
 gives each advice item its `verified` block, so a report loaded from JSON says exactly
 what the run said; `sentence` is the line the advice's message gets.
 """
@@ -11,11 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from .results import AllocatorTiming, Isolated, Record, Trial, Verification
-from .stats import Throughput, Window, is_real, noise_threshold
+from .stats import Comparison, Contrast, compare, paired
 
 if TYPE_CHECKING:  # pragma: no cover
     from .advice import Finding
@@ -30,16 +31,22 @@ ALLOCATOR_SOURCE = "the training step alone, paired: this process's malloc setti
 @dataclasses.dataclass(frozen=True)
 class Outcome(Record):
     """One candidate against the user's settings: status helps, no gain, slower, failed or
-    not measured; the speed-up (candidate over user, total steps over total time), the
-    spread the noise alone could make (Z_NOISE combined standard errors, at least the 5%
-    floor), and the time per batch of each side, the user's first (the same totals)."""
+    not measured; the speed-up (candidate over user: the geometric mean of its pairs of
+    visits), the least relative change that is real at its noise (`spread`: the
+    comparison's threshold, at least the 5% floor), the speed-up's interval at the level
+    it is asked at (`low`, `high`), the pairs it came from, and the time per batch of each
+    side, the user's first (total steps over total time)."""
 
+    _keep_none: ClassVar[tuple] = ()
     settings: dict = dataclasses.field(default_factory=dict)
     status: str = "not measured"
     speedup: Optional[float] = None
     spread: Optional[float] = None
     reason: Optional[str] = None
     ms_per_batch: Optional[tuple] = None
+    low: Optional[float] = None
+    high: Optional[float] = None
+    pairs: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,66 +65,71 @@ class Checked(Record):
     source: Optional[str] = None
     reason: Optional[str] = None
     ms_per_batch: Optional[tuple] = None
+    low: Optional[float] = None  # the speed-up's interval (Outcome)
+    high: Optional[float] = None
 
 
 def outcome(trial: Trial, batch_size: float) -> Outcome:
     """What one trial's windows say (see Outcome)."""
     if trial.error:
         return Outcome(trial.settings, "failed", reason=trial.error)
-    compared = speedup(trial, batch_size)
-    if compared is None:
-        return Outcome(trial.settings, "not measured", reason="out of time before both settings had two windows")
-    ratio, se, per_batch = compared
-    spread = math.expm1(noise_threshold(se, 1.0)) if math.isfinite(se) else None
-    real = math.isfinite(se) and is_real(abs(math.log(ratio)), se, 1.0)
-    status = "no gain" if not real else ("helps" if ratio > 1 else "slower")
-    return Outcome(trial.settings, status, round(ratio, 4), None if spread is None else round(spread, 4),
-                   ms_per_batch=tuple(round(x, 3) for x in per_batch))
+    c = compared(trial)
+    if c is None:
+        return Outcome(trial.settings, "not measured",
+                       reason="out of time before two pairs of visits (one with your settings, one with these)")
+    cmp = judged(c)
+    real = cmp.real and math.isfinite(cmp.sigma)
+    status = "no gain" if not real else ("helps" if c.estimate > 0 else "slower")
+    spread = math.expm1(cmp.threshold) if math.isfinite(cmp.threshold) else None
+    low, high = (_exp(cmp.low), _exp(cmp.high)) if math.isfinite(cmp.sigma) else (None, None)
+    return Outcome(trial.settings, status, round(math.exp(c.estimate), 4), None if spread is None else round(spread, 4),
+                   ms_per_batch=per_batch(trial), low=low, high=high, pairs=c.rounds)
 
 
-def speedup(trial: Trial, batch_size: float) -> Optional[tuple]:
-    """(the candidate's speed-up over the user's, the relative standard error of its log,
-    each side's ms per batch, the user's first), or None before both sides have two
-    windows. The speed-up is total steps over total time, not the median window: a
-    training run pays its stalls, and a worker competing with the step for the cores
-    stalls now and then (measured: w1 + 1 thread on 2 cores, the median of 3 windows
-    10-20% above the visit's own total rate and a hand loop's; at num_workers=0 the two
-    agree)."""
-    sides = (trial.user_windows, trial.candidate_windows)
-    a, b = (_throughput(ws, batch_size) for ws in sides)
-    if a is None or b is None:
+def _exp(x: float) -> Optional[float]:
+    return round(math.exp(x), 4) if x < 700 else None
+
+
+def compared(trial: Trial) -> Optional[Contrast]:
+    """The log of the candidate's speed-up over the user's from the pairs of visits taken
+    next to each other (stats.paired on each visit's time per batch: its windows' total
+    time over their steps); None before two pairs. Visit i of one side was taken next to
+    visit i of the other (verify.alternate keeps a visit without windows in the count);
+    windows written without their visit (an older document) are each a visit."""
+    a, b = _visit_times(trial.user_windows), _visit_times(trial.candidate_windows)
+    pairs = sorted(set(a) & set(b))
+    if len(pairs) < 2:
         return None
-    se = math.hypot(*(max(tp.rel_se, _visit_rel_se(ws)) for tp, ws in zip((a, b), sides)))
-    return _rate(b) / _rate(a), se, tuple(1e3 / _rate(tp) for tp in (a, b))
+    return paired([b[v] for v in pairs], [a[v] for v in pairs])  # log(user time / candidate time)
 
 
-def _rate(tp: Throughput) -> float:
-    return tp.steps / tp.seconds if tp.seconds > 0 else math.inf
+def judged(c: Contrast) -> Comparison:
+    """The one comparison (stats.compare) of a log speed-up against 1 (the 5% floor)."""
+    return compare(c, 1.0)
 
 
-def _visit_rel_se(windows: tuple) -> float:
-    """The relative standard error of a side's throughput from its visits' agreement:
-    windows of one visit share its conditions (the machine's state for that second or
-    two), so n windows from a few visits are fewer than n independent measurements, and
-    visits that disagree (measured here: a 2-thread step on 2 cores scatters +-10-15%
-    from one 1-s visit to the next in a hand loop, settings unchanged) must widen the
-    figure. sd of the visits' log throughputs over sqrt(visits); 0 with fewer than two
-    visits, or windows written without their visit."""
+def _visit_times(windows: tuple) -> dict:
+    """Each visit's time per step: its windows' total time over their total steps."""
     by_visit: dict = {}
-    for w in windows:
-        if w.visit is None:
-            return 0.0
-        steps, seconds = by_visit.get(w.visit, (0, 0.0))
-        by_visit[w.visit] = (steps + int(w.steps), seconds + float(w.seconds))
-    logs = [math.log(st / sec) for st, sec in by_visit.values() if st > 0 and sec > 0]
-    if len(logs) < 2:
-        return 0.0
-    return statistics.stdev(logs) / math.sqrt(len(logs))
+    for k, w in enumerate(windows):
+        v = w.visit if w.visit is not None else -1 - k
+        steps, seconds = by_visit.get(v, (0, 0.0))
+        by_visit[v] = (steps + int(w.steps), seconds + float(w.seconds))
+    if any(v < 0 for v in by_visit):  # no visits written: the windows in order
+        by_visit = {i: by_visit[v] for i, v in enumerate(sorted(by_visit, reverse=True))}
+    return {v: sec / st for v, (st, sec) in by_visit.items() if st > 0 and sec > 0}
 
 
-def _throughput(windows: tuple, batch_size: float) -> Optional[Throughput]:
-    ws = tuple(Window(int(w.steps), float(w.seconds)) for w in windows)
-    return Throughput(ws, batch_size) if len(ws) >= 2 else None
+def per_batch(trial: Trial) -> Optional[tuple]:
+    """Each side's ms per batch, the user's first: total time over total steps (a
+    training run pays its stalls); None where a side has no window."""
+    out = []
+    for ws in (trial.user_windows, trial.candidate_windows):
+        steps, seconds = sum(int(w.steps) for w in ws), sum(float(w.seconds) for w in ws)
+        if steps <= 0 or seconds <= 0:
+            return None
+        out.append(round(seconds / steps * 1e3, 3))
+    return tuple(out)
 
 
 def verified(finding: "Finding", verification: Optional[Verification], isolated: Optional[Isolated],
@@ -143,7 +155,7 @@ def verified(finding: "Finding", verification: Optional[Verification], isolated:
     best = next((t for t in tried if t.status == "helps"), measured[-1] if measured else tried[-1])
     return Checked(best.status, best.speedup, best.spread, best.settings, predicted(finding), tried,
                    "the full pipeline with your settings and with these, in alternating visits", best.reason,
-                   best.ms_per_batch)
+                   best.ms_per_batch, best.low, best.high)
 
 
 def predicted(finding: "Finding") -> Optional[float]:
@@ -192,18 +204,20 @@ def _ms(t: Any) -> str:
     return f": {mine:.3g} \u2192 {theirs:.3g} ms/batch"
 
 
-def pm(spread: Optional[float]) -> str:
-    """A speed-up's spread as the report prints it: "±8%"; beyond 100% ("±>100%") it says
-    only that the figure is unknown (a side with two windows: Student's t at one degree of
-    freedom makes it e38%). The advice's check and --tune print it so alike."""
-    if spread is None:
+def interval(o: Any) -> str:
+    """A speed-up's interval as the report prints it: "2.90-4.55x", the candidate's speed
+    over yours at the level it was asked at (stats.compare); "" where unknown. The advice's
+    check, --tune and compare print it so alike."""
+    low, high = getattr(o, "low", None), getattr(o, "high", None)
+    if low is None:
         return ""
-    return "\u00b1>100%" if spread >= 1 else f"\u00b1{spread * 100:.0f}%"
+    top = f"{high:.2f}" if high is not None and high < 1e3 else "∞"
+    return f"{low:.2f}–{top}×"
 
 
-def _fig(t: Outcome) -> str:
-    spread = f" ({pm(t.spread)})" if t.spread is not None else ""
-    return f"{t.speedup:.2f}\u00d7{spread}"
+def _fig(t: Any) -> str:
+    around = interval(t)
+    return f"{t.speedup:.2f}×" + (f" ({around})" if around else "")
 
 
 def _tried_text(t: Outcome) -> str:

@@ -114,6 +114,94 @@ def _betainc(a: float, b: float, x: float) -> float:
     return front * f / a
 
 
+# Which of two is the larger, or the faster (the verdict's costliest stage over another,
+# a setting over the user's in the advice's check and in --tune, a run over another in
+# compare), is asked only once there is something to choose between, and is decided at
+# 97.7% one-sided: Student's t at that level and the degrees of freedom of the
+# difference's noise, times its standard error (Contrast.widened), and never below
+# MIN_REL_DROP of the reference. One function says it for every caller: `compare`.
+Z_LEAD = 2.0
+# A difference whose noise leans on the noise pooled over other points of a table (a
+# Noise of many points) and comes from fewer rounds than this is asked at Z_NOISE instead:
+# that pooled noise reads low on small tables (residual_noise), and the ImageNet example at
+# 3 rounds (a `raw` visit 13% under the ceiling's, the pooled noise 3.3% a cell where its
+# 2-step windows spread 6-12%) named load, 162 ms, over an augment of 0 that the hand puts
+# at 106 ms. A difference whose noise is its own paired values' (the two sides of a trial,
+# Student's t at their degrees of freedom) needs no such margin: t is the margin.
+FEW_ROUNDS = 4
+
+
+def level(c: "Contrast") -> float:
+    """The z a difference is asked at (see Z_LEAD, FEW_ROUNDS): Z_NOISE where its noise
+    was pooled over other points from fewer than FEW_ROUNDS rounds, or comes from
+    windows without rounds (a document of schema 1); else Z_LEAD."""
+    if c.rounds is None or (c.pooled and c.rounds < FEW_ROUNDS):
+        return Z_NOISE
+    return Z_LEAD
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """The one answer to "is this larger (or faster) than that, beyond the noise?"
+    (`compare`): the difference, its noise widened at the level it is asked at (`z`,
+    `level`), the least difference that is real there (noise_threshold), whether this
+    one is, and the rounds (pairs) and degrees of freedom its noise came from."""
+
+    estimate: float
+    sigma: float
+    threshold: float
+    z: float
+    real: bool
+    rounds: Optional[int] = None
+    df: float = math.inf
+
+    @property
+    def low(self) -> float:
+        """The interval's lower end at the level asked (estimate - z * sigma)."""
+        return self.estimate - self.z * self.sigma
+
+    @property
+    def high(self) -> float:
+        return self.estimate + self.z * self.sigma
+
+
+def compare(c: "Contrast", reference: float, *, scale: float = 1.0,
+            bound: Sequence["Contrast"] = ()) -> Comparison:
+    """Is the difference `c` (positive: the first term larger) real? Asked at `level(c)`,
+    its standard error widened for its degrees of freedom there (Contrast.widened), at
+    most the sum of the noise of `bound` widened alike (sd(a - b) <= sd(a) + sd(b): the
+    two costs a lead is the difference of), against noise_threshold at `reference`
+    (MIN_REL_DROP of it at least) with `scale` more noise (stopping early asks for a
+    margin). One-sided: `real` says the estimate is beyond the threshold in its own
+    direction (abs: a comparison of two settings asks both ways, each at 97.7%)."""
+    z = level(c)
+    sigma = c.widened(z)
+    if bound:
+        sigma = min(sigma, sum(b.widened(z) for b in bound))
+    threshold = noise_threshold(sigma, reference, scale, z)
+    return Comparison(c.estimate, sigma, threshold, z, abs(c.estimate) > threshold, c.rounds, c.df)
+
+
+def paired(a: Sequence[float], b: Sequence[float]) -> "Contrast":
+    """The log of b over a from measurements taken in alternation: pair i is a[i] and
+    b[i], measured next to each other (a drift of the machine over the pairs weighs on
+    both alike and cancels in each pair's log ratio). The estimate is the mean of the
+    pairs' log ratios, its standard error their standard deviation over sqrt(pairs), with
+    pairs - 1 degrees of freedom (Student's paired t); pairs with a side missing or not
+    positive are left out. Its `own_se` is its se: the noise is the pairs' own."""
+    logs = [math.log(y / x) for x, y in zip(a, b) if x and y and x > 0 and y > 0
+            and math.isfinite(x) and math.isfinite(y)]
+    n = len(logs)
+    if n == 0:
+        return Contrast(math.nan, math.inf, 0, 0)
+    mean = sum(logs) / n
+    if n < 2:
+        return Contrast(mean, math.inf, 0, 1)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    se = sd / math.sqrt(n)
+    return Contrast(mean, se, n - 1, n, se)
+
+
 def noise_threshold(sigma: float, reference: float, scale: float = 1.0, z: float = Z_NOISE) -> float:
     """The smallest difference that is real: max(z * sigma, MIN_REL_DROP * reference),
     `sigma` widened for z's level (Contrast.widened). `scale` > 1 asks for a margin: the
@@ -360,13 +448,17 @@ class Contrast:
     windows, rounds unknown); `own_se`, the standard error its own per-round values give
     (Noise.contrast: their spread, IQR / 1.349, at least their order statistics'), where
     `se` may come from the noise pooled over the points: what a projection to more rounds
-    keeps (verdict.rounds_to_tell); nan where unknown."""
+    keeps (verdict.rounds_to_tell); nan where unknown. `pooled`: `se` is that pooled noise,
+    borrowed from other points (see level)."""
 
     estimate: float
     se: float
     df: float
     rounds: Optional[int] = None
     own_se: float = math.nan
+    # the noise leans on the one pooled over other points of the table (Noise.contrast):
+    # asked at Z_NOISE over fewer than FEW_ROUNDS rounds (level)
+    pooled: bool = False
 
     @property
     def sigma(self) -> float:
@@ -474,7 +566,10 @@ class Noise:
         # contrast's own values; a contrast whose own values spread more keeps that spread
         spread = max(self.pooled * math.sqrt(sum((c * self.mu[p]) ** 2 for p, c in coef.items())),
                      iqr(values) / IQR_PER_SIGMA if n >= 2 else 0.0)
-        pooled = Contrast(estimate, max(MEDIAN_SE_FACTOR * spread / math.sqrt(n), floor), self.pooled_df, n, own_se)
+        # borrowed from other points only where the table has points besides the contrast's
+        borrowed = len(self.mu) > len(coef)
+        pooled = Contrast(estimate, max(MEDIAN_SE_FACTOR * spread / math.sqrt(n), floor), self.pooled_df, n, own_se,
+                          borrowed)
         return pooled if pooled.sigma < own.sigma else own
 
 

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 from .advice import WORKER_STAGES
 from .experiment import Experiment
-from .outcome import THREADS, Outcome, outcome, pm, settings_text, speedup
+from .outcome import THREADS, Outcome, compared, interval, outcome, settings_text
 from .results import Trial, Tuning
-from .stats import is_real
+from .stats import Contrast, compare, is_real
 from .verify import BLOCK, MIN_BLOCKS, fits, trial
 from .visit import Visit
 
@@ -157,12 +157,13 @@ def space_of(d: "Diagnosis", *, cores: int, threads: int) -> Space:
 @dataclasses.dataclass(frozen=True)
 class Tried:
     """One candidate as measured: its settings (those that differ from the user's), the
-    effective whole, the trial's outcome, and its speed-up's relative standard error."""
+    effective whole, the trial's outcome, and the log of its speed-up over the user's
+    with its noise, from its pairs of visits (outcome.compared)."""
 
     settings: dict
     full: dict
     outcome: Outcome
-    se: Optional[float] = None
+    log: Optional[Contrast] = None
     item: str = "tune"
 
     @property
@@ -179,29 +180,34 @@ def tried(space: Space, trials: tuple, batch_size: float) -> list:
     out = []
     for t in trials:
         full = effective({**space.user, **t.settings})
-        compared = speedup(t, batch_size) if not t.error else None
-        out.append(Tried(space.delta(full), full, outcome(t, batch_size), compared[1] if compared else None,
+        out.append(Tried(space.delta(full), full, outcome(t, batch_size), compared(t) if not t.error else None,
                          t.item or "tune"))
     return out
 
 
 def at_ceiling(space: Space, t: Tried) -> bool:
     """Is this candidate, one that helps, within the noise of the ceiling's time per batch
-    (or below it)? (One that does not help is no closer to the ceiling than the user's.)"""
+    (or below it)? Its time over the ceiling's, in logs, by the one comparison: the
+    noise of its speed-up's pairs and the ceiling's own (relative) noise. (One that does
+    not help is no closer to the ceiling than the user's.)"""
     ms, ceiling = t.ms_per_batch, space.ceiling_ms
-    if ms is None or ceiling is None or t.se is None or not math.isfinite(t.se) or t.outcome.status != "helps":
+    if ms is None or not ceiling or t.log is None or not math.isfinite(t.log.se) or t.outcome.status != "helps":
         return False
-    sigma = math.hypot(t.se * ms, space.ceiling_rel_se * ceiling)
-    return not is_real(ms - ceiling, sigma, ms)
+    c = Contrast(math.log(ms / ceiling), math.hypot(t.log.se, space.ceiling_rel_se), t.log.df, t.log.rounds)
+    return not (c.estimate > 0 and compare(c, 1.0).real)
 
 
 def beats(a: Tried, b: Tried) -> bool:
-    """Is `a` faster than `b` beyond the noise (their speed-ups over the user's, by the
-    one rule on the log of their ratio)?"""
-    if a.speedup is None or b.speedup is None or a.se is None or b.se is None:
+    """Is `a` faster than `b` beyond the noise? Each was measured against the user's in
+    its own pairs of visits: the log of their speed-ups' ratio, its noise both trials'
+    (at the fewer degrees of freedom), by the one comparison."""
+    if a.log is None or b.log is None or a.speedup is None or b.speedup is None:
         return False
-    se = math.hypot(a.se, b.se)
-    return math.isfinite(se) and is_real(math.log(a.speedup / b.speedup), se, 1.0)
+    se = math.hypot(a.log.se, b.log.se)
+    if not math.isfinite(se):
+        return False
+    c = Contrast(a.log.estimate - b.log.estimate, se, min(a.log.df, b.log.df), min(a.log.rounds, b.log.rounds))
+    return c.estimate > 0 and compare(c, 1.0).real
 
 
 def best(ts: list) -> Optional[Tried]:
@@ -363,14 +369,16 @@ def summarize(t: Tuning, batch_size: float) -> Found:
 
 
 def _agrees(applied: Optional[Trial], b: Optional[Tried], batch_size: float) -> Optional[bool]:
-    """Does the patched script's speed-up agree with the search's (the one rule on the log
-    of their ratio, with both standard errors)? None when either is missing."""
-    compared = speedup(applied, batch_size) if applied is not None and not applied.error else None
-    if compared is None or b is None or b.se is None or not math.isfinite(b.se):
+    """Does the patched script's speed-up agree with the search's (the one comparison on
+    the log of their ratio, with both trials' noise)? None when either is missing."""
+    c = compared(applied) if applied is not None and not applied.error else None
+    if c is None or b is None or b.log is None:
         return None
-    ratio, se, _ = compared
-    both = math.hypot(se, b.se)
-    return None if not math.isfinite(both) else not is_real(abs(math.log(ratio / b.speedup)), both, 1.0)
+    se = math.hypot(c.se, b.log.se)
+    if not math.isfinite(se):
+        return None
+    return not compare(Contrast(c.estimate - b.log.estimate, se, min(c.df, b.log.df), min(c.rounds, b.log.rounds)),
+                       1.0).real
 
 
 def _summary(t: Tuning, ts: list, b: Optional[Tried], top: bool, ceiling: Optional[float]) -> str:
@@ -382,7 +390,7 @@ def _summary(t: Tuning, ts: list, b: Optional[Tried], top: bool, ceiling: Option
         ok = [x for x in ts if x.outcome.status not in ("failed", "not measured")]
         return (f"None of the {len(ts)} setting(s) tried beats yours beyond the noise" + ("" if ok else
                 " (none could be measured)") + ": keep your settings.")
-    fig = f"{b.speedup:.2f}\u00d7" + (f" ({pm(b.outcome.spread)})" if b.outcome.spread else "")
+    fig = f"{b.speedup:.2f}\u00d7" + (f" ({interval(b.outcome)})" if interval(b.outcome) else "")
     where = ("within the noise of the ceiling" if top else
              f"the ceiling is {ceiling:.2f}\u00d7" if ceiling else "the ceiling is not known")
     return f"Best: {settings_text(b.settings)}: {fig} your speed; {where}."

@@ -6,8 +6,8 @@ import dataclasses
 import math
 from typing import Any, Callable, Mapping, Optional
 
-from .stats import (MIN_REL_DROP, NOISY_REL_IQR, Z_NOISE, Contrast, Noise, Throughput, decreasing_blocks,
-                    is_real, noise_threshold, normal_cdf, t_factor, t_quantile)
+from .stats import (FEW_ROUNDS, MIN_REL_DROP, NOISY_REL_IQR, Z_LEAD, Z_NOISE, Contrast, Noise, Throughput, compare,
+                    decreasing_blocks, is_real, level, noise_threshold, normal_cdf, t_factor, t_quantile)
 
 # Upstream to downstream. A stage sits between the point before it and the point after.
 POINTS = ("full", "raw", "augmented", "collated", "host", "device")
@@ -21,22 +21,17 @@ STAGES = ("load", "augment", "collate", "handoff", "transfer")
 Z_UPPER = 2.0
 NONE_MAX_LOSS = 0.10
 # Which stage leads is asked only of a pipeline already known to be input-bound (a stage
-# or the gap real by the noise rule, Z_NOISE): it picks among the stages that cost, and
-# is decided at the confidence of the `none` bound, 97.7% one-sided (t(df) at that level
-# times the lead's standard error). Z_NOISE (99.865%) there asked 9.2 se at 4 rounds
-# where this asks 3.3: leads of 60-90 ms on steps of 500 ms and more, a 60-s run's 4-7
-# rounds, stayed ties (docs/benchmarks.md). Two stages alike are named as one of them
-# about 1 time in 20 (either can lead, so both tails count: 4.6% for Gaussian noise;
-# simulated, 3-9% at 10-4 rounds where Z_NOISE gave 0.3-1%), and such a stage is within
-# its noise of the costliest; a lead of 1.5x at 6 rounds is named in 84% of simulated
-# runs where Z_NOISE named it in 45% (tests/test_verdict.py). Stopping early still asks
-# it with SETTLE_NOISE_SCALE more noise. A lead paired over fewer than FEW_ROUNDS rounds
-# is asked at Z_NOISE: there its error leans on the noise pooled over the points, which
-# reads low on small tables (stats.residual_noise), and the ImageNet example at 3 rounds
-# (a `raw` visit 13% under the ceiling's, the pooled noise 3.3% a cell where its 2-step
-# windows spread 6-12%) named load, 162 ms, over an augment of 0 that the hand puts at
-# 106 ms.
-Z_LEAD = Z_UPPER
+# or the gap real by the noise rule, Z_NOISE): it picks among the stages that cost, by the
+# one comparison of the tool (stats.compare: 97.7% one-sided, Student's t at the lead's
+# degrees of freedom, Z_NOISE where its noise is pooled over the points from fewer than
+# FEW_ROUNDS rounds). Z_NOISE (99.865%) everywhere asked 9.2 se at 4 rounds where this
+# asks 3.3: leads of 60-90 ms on steps of 500 ms and more, a 60-s run's 4-7 rounds, stayed
+# ties (docs/benchmarks.md). Two stages alike are named as one of them about 1 time in
+# 20 (either can lead, so both tails count: 4.6% for Gaussian noise; simulated, 3-9% at
+# 10-4 rounds where Z_NOISE gave 0.3-1%), and such a stage is within its noise of the
+# costliest; a lead of 1.5x at 6 rounds is named in 84% of simulated runs where Z_NOISE
+# named it in 45% (tests/test_verdict.py). Stopping early still asks it with
+# SETTLE_NOISE_SCALE more noise.
 # A run stops measuring once its verdict would stand with this much more noise than
 # measured (a named stage) or this much less (`none`: more data could only reveal a
 # stage): the margin of the sequential rule, since each extra look at the data is another
@@ -47,10 +42,9 @@ SETTLE_NOISE_SCALE = 1.5
 MIN_REL_SE = 0.01
 
 
-# A contrast whose noise comes from fewer rounds than this says so in the verdict's
+# A contrast whose noise comes from fewer than FEW_ROUNDS rounds says so in the verdict's
 # reason: its standard error is itself known only roughly (t at 2 degrees of freedom is
 # 6.4 z at the noise rule's level), and more rounds of the deciding points would firm it.
-FEW_ROUNDS = 4
 # The most rounds a projection looks at (rounds_to_decide, rounds_to_tell): a verdict
 # further off than that is not one more measuring would give on this machine.
 MOST_ROUNDS = 400
@@ -271,7 +265,7 @@ def _drop(noise: Noise, coef: Mapping, lower: str, upper: str) -> Contrast:
         return dataclasses.replace(own, estimate=estimate)
     main = max(pairs, key=lambda wc: wc[0] * wc[1].sigma)[1]  # its degrees of freedom and rounds are said
     return Contrast(estimate, sigma / t_factor(main.df) if math.isfinite(sigma) else math.inf, main.df, main.rounds,
-                    own.own_se)
+                    own.own_se, main.pooled)
 
 
 def _cost_stages(kept: list, fitted: Mapping[str, float], coef: Mapping, noise: Noise, *, skipped: Mapping[str, str],
@@ -333,16 +327,14 @@ def _leads(stages: tuple, coef: Mapping, noise: Noise, t_full: float, noise_scal
         # the noise of a difference is at most the sum of its terms' (sd(a - b) <= sd(a) +
         # sd(b)): where the per-round estimate of the difference says more (few rounds, the
         # estimators differ), the two costs' own noise bounds it; a runner-up whose upper
-        # bound is below the leader's lower bound is then always behind
-        # at Z_LEAD where the lead was paired over FEW_ROUNDS rounds or more; over fewer
-        # (or from windows: a document of schema 1), at the noise rule's level
-        z = Z_LEAD if (c.rounds or 0) >= FEW_ROUNDS else Z_NOISE
-        sigma = min(c.widened(z), _cost_noise(top).widened(z) + _cost_noise(other).widened(z))
+        # bound is below the leader's lower bound is then always behind (stats.compare, at
+        # the level stats.level asks: Z_LEAD, or Z_NOISE where pooled over few rounds)
         lead = top.sec_per_batch - other.sec_per_batch
-        threshold = noise_threshold(sigma, t_full, noise_scale, z)
-        real = lead > threshold
-        tell = None if real else rounds_to_tell(lead, sigma, c, t_full, noise_scale)
-        out.append(Lead(top.stage, other.stage, lead, sigma, threshold, real, c.rounds, tell))
+        cmp = compare(dataclasses.replace(c, estimate=lead), t_full, scale=noise_scale,
+                      bound=(_cost_noise(top), _cost_noise(other)))
+        real = lead > cmp.threshold
+        tell = None if real else rounds_to_tell(lead, cmp.sigma, c, t_full, noise_scale)
+        out.append(Lead(top.stage, other.stage, lead, cmp.sigma, cmp.threshold, real, c.rounds, tell))
     return tuple(out)
 
 
@@ -357,11 +349,11 @@ def rounds_to_tell(lead: float, sigma: float, c: Contrast, t_full: float, noise_
     n = c.rounds
     if n is None or n < 2 or not math.isfinite(sigma) or lead <= 0:
         return None
-    z_now = Z_LEAD if n >= FEW_ROUNDS else Z_NOISE
+    z_now = level(c)
     sd = _projected_sd(sigma * z_now / t_quantile(normal_cdf(z_now), c.df), c)  # (c.df: pooled, or n - 1)
 
     def tells(r: int) -> bool:
-        z = Z_LEAD if r >= FEW_ROUNDS else Z_NOISE
+        z = level(Contrast(lead, math.nan, r - 1, r, pooled=c.pooled))
         return lead > noise_threshold(sd / math.sqrt(r) * t_quantile(normal_cdf(z), r - 1) / z, t_full, noise_scale, z)
     return first_round(n, tells)
 

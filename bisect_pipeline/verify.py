@@ -4,8 +4,9 @@ When the advice recommends settings the tool can apply itself (num_workers, pin_
 prefetch_factor, persistent_workers, the step's torch threads), the full pipeline runs
 with them and with the user's own in alternating visits (user, candidate, candidate,
 user, ...: a machine drifting over the trial weighs on both alike), within the
-verification's budget. The speed-up is the ratio of the two sides' pooled throughputs,
-real when beyond the noise by the one rule (outcome.py). A candidate that does not help
+verification's budget. The speed-up is the geometric mean of the pairs of visits taken
+next to each other, real when beyond the noise by the one comparison (outcome.py,
+stats.compare on stats.paired). A candidate that does not help
 is said so, and the next one is tried while the budget lasts (the workers with fewer
 torch threads, the workers alone, one worker fewer).
 
@@ -204,8 +205,9 @@ def alternate(exp: Experiment, point: str, visit_of: Callable[[bool, float], Vis
         leads[side].learn(m, exp.clock() - now)
         if m.error is not None:  # this side breaks the pipeline: say so
             return sides, f"{type(m.error).__name__}: {m.error}"[:300]
-        if m.windows:
-            sides[side].append(list(m.windows))
+        # a visit without a window keeps its place: visit i of one side is paired with
+        # visit i of the other (outcome.compared)
+        sides[side].append(list(m.windows))
         if (i + 1) % len(BLOCK) == 0 and (i + 1) // len(BLOCK) >= MIN_BLOCKS and decided(sides):
             break
     return sides, None

@@ -109,14 +109,14 @@ def test_the_change_is_checked_in_alternating_runs_of_the_patched_copy(script):
     m = change.patched(measured(script), ["train.py"])
     target = change.Target("train.py", None, ("--epochs", "3"))
     seen: list = []
-    checked = change.check(m, target, seconds=5.0, run=planted_runs({False: 10.0, True: 19.0}, seen))
+    checked = change.check(m, target, seconds=5.0, run=planted_runs({False: 10.0, True: 19.5}, seen))
     assert [s[0] for s in seen] == [False, True, True, False]  # A B B A
     copies = [s[1] for s in seen if s[0]]
     assert copies[0] == copies[1] and os.path.dirname(copies[0]) == os.path.dirname(script)  # beside the original
     assert all(s[2] for s in seen if s[0]) and not os.path.exists(copies[0])  # there while it ran, gone after
     found = tune.summarize(checked.tune, BS)
-    assert found.applied.status == "helps" and found.applied.speedup == pytest.approx(1.9, rel=1e-3)
-    assert found.agrees is True  # 1.9x against the search's 2.0x, within the noise
+    assert found.applied.status == "helps" and found.applied.speedup == pytest.approx(1.95, rel=1e-3)
+    assert found.agrees is True  # 1.95x against the search's 2.0x, within the 5% floor
     wrong = change.check(m, target, seconds=5.0, run=planted_runs({False: 10.0, True: 12.0}, []))
     assert tune.summarize(wrong.tune, BS).agrees is False
 

@@ -90,7 +90,7 @@ def test_the_figures_come_from_the_windows_of_the_two_sides():
     same = confirm.confirmation(t, Trial("confirm", {}, with_, with_), 8, predicted=32.0)
     assert same.ok and not same.real and same.measured_ms_per_batch == 0.0
     short = confirm.confirmation(t, Trial("confirm", {}, with_[:1], ()), 8, predicted=32.0)
-    assert short.status == "not run" and short.predicted_ms_per_batch == 32.0 and "two windows" in short.reason
+    assert short.status == "not run" and short.predicted_ms_per_batch == 32.0 and "two pairs of visits" in short.reason
     # the document keeps the raw windows: the figures can be derived again
     again = type(c).from_dict(c.to_dict())
     assert again == c and again.trial.user_windows == with_

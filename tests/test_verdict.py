@@ -658,18 +658,23 @@ def test_the_lead_rule_splits_a_true_tie_rarely_and_names_a_clear_lead():
     assert set(lead) <= {"augment", "tie augment,load"} and lead["augment"] >= 0.75 * 300
 
 
-def test_a_lead_paired_over_few_rounds_is_asked_at_the_noise_rule_s_level():
-    # the same lead and error: at 97.7% from FEW_ROUNDS rounds on, at 3 sigma below (the
-    # error then leans on the noise pooled over the points, which reads low on small tables)
+def test_a_lead_pooled_over_few_rounds_is_asked_at_the_noise_rule_s_level():
+    # the same lead and error: at 97.7% from FEW_ROUNDS rounds on, at 3 sigma below where
+    # the error leans on the noise pooled over the points (which reads low on small
+    # tables); a lead whose error is its own per-round values' is asked at 97.7% at any
+    # number of rounds, Student's t at its degrees of freedom being the margin
     from bisect_pipeline.verdict import FEW_ROUNDS, StageCost, _leads
 
     own = {p: {p: 1.0} for p in ("full", "raw", "augmented")}
     top = StageCost("augment", "ok", upper="augmented", lower="raw", sec_per_batch=30e-3, sigma=20e-3, df=8)
     other = StageCost("load", "ok", upper="raw", lower="full", sec_per_batch=14e-3, sigma=20e-3, df=8)
-    (few,) = _leads((top, other), own, OneContrast(Contrast(0.0, 5.0e-3, 8, FEW_ROUNDS - 1)), t_full=100e-3,
-                    noise_scale=1.0)
-    (enough,) = _leads((top, other), own, OneContrast(Contrast(0.0, 5.0e-3, 8, FEW_ROUNDS)), t_full=100e-3,
-                       noise_scale=1.0)
+
+    def lead(rounds, pooled):
+        (out,) = _leads((top, other), own, OneContrast(Contrast(0.0, 5.0e-3, 8, rounds, pooled=pooled)),
+                        t_full=100e-3, noise_scale=1.0)
+        return out
+    few, enough = lead(FEW_ROUNDS - 1, True), lead(FEW_ROUNDS, True)
     # 16 ms: over t(8) at 97.7% x 5 ms (11.8), under t(8) at 99.865% x 5 ms (21.4)
     assert enough.real and enough.threshold == pytest.approx(11.83e-3, rel=0.01)
     assert not few.real and few.threshold == pytest.approx(21.38e-3, rel=0.01)
+    assert lead(FEW_ROUNDS - 1, False).threshold == pytest.approx(11.83e-3, rel=0.01)

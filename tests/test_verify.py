@@ -96,14 +96,18 @@ def run_trials(run, advice, **kw) -> dict:
     return trials.result.to_dict()  # the document's form
 
 
-def plant_visits(monkeypatch, clock: FakeClock, rates: dict, visit_s: float = 1.0, jitter: float = 0.01) -> list:
+def plant_visits(monkeypatch, clock: FakeClock, rates: dict, visit_s: float = 1.0, jitter: float = 0.01,
+                 between: float = 0.0) -> list:
     """verify's visits planted: each takes `visit_s` of the fake clock (or what is left
-    before its deadline) and yields 3 windows at rates[settings] steps/s (+-jitter)."""
+    before its deadline) and yields 3 windows at rates[settings] steps/s (+-jitter), the
+    visit's rate moved by 1 - between, 1 + between, 1, ... in the order of the visits
+    (what a machine's state does to one visit and not the next)."""
     calls: list = []
 
     def visit(exp, settings, deadline, end):
+        g = 1 + between * ((len(calls) + 2) % 3 - 1)
         calls.append((dict(settings), clock.t, deadline))
-        rate = rates[tuple(sorted(settings.items()))]
+        rate = rates[tuple(sorted(settings.items()))] * g
         return PlantedVisit(clock, deadline, visit_s,
                             lambda: [Window(10, 10 / (rate * f)) for f in (1 - jitter, 1.0, 1 + jitter)])
 
@@ -139,7 +143,7 @@ def test_a_candidate_that_does_not_help_is_said_so_and_the_next_one_is_tried(mon
     assert v.speedup == pytest.approx(1.3, rel=1e-3) and v.predicted == pytest.approx(1.5)
     assert [t.status for t in v.tried] == ["no gain", "helps"]
     text = outcome.sentence(v)
-    assert "Measured before printing: 1.30\u00d7 (\u00b1" in text and "predicted up to 1.50\u00d7" in text
+    assert "Measured before printing: 1.30\u00d7 (1.30\u2013" in text and "predicted up to 1.50\u00d7" in text
     assert "Tried first: num_workers=1: 1.01\u00d7" in text and "within noise" in text
 
 
@@ -155,9 +159,9 @@ def test_slower_everywhere_is_not_presented_as_a_fix(monkeypatch):
 
 def test_a_slower_candidate_stops_after_one_block_and_leaves_the_budget_to_the_next(monkeypatch):
     clock = FakeClock(1000.0)
-    # windows +-25%: "slower" is decided after one block, with a figure far wider than
-    # TARGET_SPREAD; a slower candidate needs no more precision
-    calls = plant_visits(monkeypatch, clock, {USER: 10.0, W1T1: 3.0, W1: 30.0}, jitter=0.25)
+    # visits +-15% apart: "slower" is decided after one block, with a figure far wider
+    # than TARGET_SPREAD; a slower candidate needs no more precision
+    calls = plant_visits(monkeypatch, clock, {USER: 10.0, W1T1: 3.0, W1: 30.0}, jitter=0.25, between=0.15)
     out = run_trials(FakeRun(clock), [item({"num_workers": 1, "torch_num_threads": 1})], budget_s=60,
                             threads=2, cores=2)
     first, second = out["trials"]
@@ -472,5 +476,5 @@ def test_a_trial_cut_short_before_two_windows_each_says_not_measured_and_why():
     ver = {"status": "ok", "trials": [{"item": "num_workers", "settings": {"num_workers": 1},
                                        "user_windows": windows(16.0, 1), "candidate_windows": [], "error": None}]}
     f = next(a for a in planted_report(ver).advice if a.kind == "num_workers")
-    assert f.verified.status == "not measured" and "two windows" in f.verified.reason
+    assert f.verified.status == "not measured" and "two pairs of visits" in f.verified.reason
     assert "Not measured before printing: num_workers=1: not measured (out of time" in " ".join(f.message.split())

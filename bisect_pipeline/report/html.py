@@ -632,13 +632,13 @@ def tune_section(r: "Report") -> str:
     for x in f.tried:
         o = x.outcome
         rows.append(["-" if o.speedup is None else f"{o.speedup:.2f}\u00d7",
-                     "-" if o.spread is None else tune.pm(o.spread),
+                     tune.interval(o) or "-",
                      "-" if not o.ms_per_batch else f"{o.ms_per_batch[0]:.1f} \u2192 {o.ms_per_batch[1]:.1f}",
                      "best" if x is f.best else (o.status if o.status != "failed" else f"failed: {o.reason}"),
                      text_mod.outcome_text(x.settings)])
         classes.append("bottleneck" if x is f.best else None)
     if rows:
-        out.append(_table(["vs yours", "spread", "ms per batch (yours \u2192 these)", "result", "settings"], rows,
+        out.append(_table(["vs yours", "interval", "ms per batch (yours \u2192 these)", "result", "settings"], rows,
                           {0, 1, 2}, classes))
     out.append(f'<p class="parts-note">{_e(f.summary)}</p>')
     p = t.patch or {}

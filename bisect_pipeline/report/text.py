@@ -96,7 +96,7 @@ def tune_lines(r: "Report") -> list:
         for x in f.tried:
             o = x.outcome
             fig = "-" if o.speedup is None else (f"{o.speedup:.2f}\u00d7"
-                                                 + (f" {tune.pm(o.spread)}" if o.spread else ""))
+                                                 + (f" ({tune.interval(o)})" if tune.interval(o) else ""))
             ms = "-" if not o.ms_per_batch else f"{o.ms_per_batch[0]:.1f} \u2192 {o.ms_per_batch[1]:.1f}"
             note = "best" if x is f.best else o.status if o.status != "failed" else f"failed: {o.reason}"
             rows.append([fig, ms, note, outcome_text(x.settings)])
@@ -154,11 +154,11 @@ def applied_text(f, reason: Optional[str]) -> str:
     a = f.applied
     if a is None or a.speedup is None:
         return f"Not checked after the change: {reason or (a.reason if a is not None else 'not run')}."
-    fig = f"{a.speedup:.2f}\u00d7" + (f" ({tune.pm(a.spread)})" if a.spread else "")
+    fig = f"{a.speedup:.2f}\u00d7" + (f" ({tune.interval(a)})" if tune.interval(a) else "")
     ms = f", {a.ms_per_batch[0]:.1f} \u2192 {a.ms_per_batch[1]:.1f} ms per batch" if a.ms_per_batch else ""
     b = f.best
-    said = (f"; the search said {b.speedup:.2f}\u00d7" + (f" ({tune.pm(b.outcome.spread)})"
-                                                          if b.outcome.spread else "") if b is not None else "")
+    said = (f"; the search said {b.speedup:.2f}\u00d7" + (f" ({tune.interval(b.outcome)})"
+                                                          if tune.interval(b.outcome) else "") if b is not None else "")
     verdict = ("" if f.agrees is None else ": they agree within the noise" if f.agrees
                else ": they differ beyond the noise")
     return (f"Checked after the change: your script with the change ran at {fig} the original's speed, in "
