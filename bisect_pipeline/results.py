@@ -529,6 +529,11 @@ class RunInfo(Record):
     remeasured: Optional[tuple] = None
     verdict_s: Optional[float] = None
     visits: Optional[int] = None
+    # --max-seconds divided before anything was measured (plan.Budget.to_dict: seconds of
+    # bisecting, checking, searching, patching), and the seconds before the tool could act
+    # (imports; under `run`, the script up to its training loader's creation), not counted
+    budget: Optional[dict] = None
+    startup_s: Optional[float] = None
 
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> Any:
