@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any, Callable, Iterable, Optional
 
@@ -14,11 +15,11 @@ from .cache import DEFAULT_CACHE_BATCHES
 from .errors import BisectError
 from .experiment import Experiment
 from .phases import Options
-from .plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Plan
+from .plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Budget, Plan, plan_budget
 from .report import Report
 from .report.ranks import combine
 from .verdict import POINTS
-from .tune import TUNE_SHARE
+from .tune import CHECK_SHARE, TUNE_SHARE
 from .verify import VERIFY_SHARE
 from .visit import drive_all
 from .workload import Workload, validate
@@ -99,22 +100,70 @@ def _measure(exp: Experiment, wl: Workload, options: Options, *, coord: Any, hel
 
 def start(spec: loader_mod.LoaderSpec, dev: torch.device, options: Options, *, coord: Any,
           clock: Callable[[], float], progress: Optional[Callable[[dict], None]] = None,
-          loop: bool = False) -> Experiment:
-    """The Experiment, its clock started (on every rank together under torchrun)."""
+          loop: bool = False, started: Optional[float] = None) -> Experiment:
+    """The Experiment, its clock started (on every rank together under torchrun) at
+    `started` where the run began before (a user's script: when it created its training
+    loader), else now; --max-seconds divided up front (plan_budget): the change's check
+    (--patch) is kept after `end`, and the rounds that only settle a verdict stop where
+    the bisection's share ends, leaving the check and the search theirs (with --tune an
+    inconclusive verdict too: the search needs the ceiling and the stage costs, not a
+    named stage; without, an undecided verdict may take all of it)."""
     if coord is not None:
         coord.broadcast([0.0])
-    start_t = clock()
+    now = clock()
+    start_t = now if started is None else min(started, now)
+    budget = run_budget(options, coord is None, startup_s(start_t, clock))
     m = options.max_seconds
-    # the verification's share (and the search's, with tune) is kept from the rounds that
-    # only settle the verdict; with tune, an inconclusive one too (the search needs the
-    # ceiling and the stage costs, not a named stage: an undecided verdict would otherwise
-    # take all of it)
-    share = TUNE_SHARE if options.tune else VERIFY_SHARE
-    keep = share * m if coord is None and options.verify_seconds is None else 0.0
-    return Experiment(spec, dev, (options.plan or Plan()).for_workers(spec.num_workers), clock,
-                      progress or (lambda e: None), options.step_timeout, start=start_t, end=start_t + m,
-                      deadline=start_t + m, settle_deadline=start_t + m - keep, loop=loop,
-                      settle_undecided=options.tune)
+    end = start_t + m - budget.patching
+    settle = start_t + budget.bisecting if coord is None and options.verify_seconds is None else end
+    exp = Experiment(spec, dev, (options.plan or Plan()).for_workers(spec.num_workers), clock,
+                     progress or (lambda e: None), options.step_timeout, start=start_t, end=end,
+                     deadline=end, settle_deadline=settle, loop=loop, settle_undecided=options.tune)
+    exp.budget = budget
+    return exp
+
+
+def run_budget(options: Options, one_process: bool = True, startup: Optional[float] = None) -> Budget:
+    """--max-seconds divided for these options (plan.plan_budget): the check's share
+    (verify.VERIFY_SHARE; with --tune, tune.CHECK_SHARE of the search's tune.TUNE_SHARE),
+    and the change's check with --patch. Under torchrun only the points run."""
+    if not one_process:
+        return Budget(options.max_seconds, options.max_seconds, startup_s=startup)
+    return plan_budget(options.max_seconds, check_share=CHECK_SHARE if options.tune else VERIFY_SHARE,
+                       search_share=TUNE_SHARE if options.tune else 0.0, patch=options.patch and options.tune,
+                       startup_s=startup, verify_seconds=options.verify_seconds)
+
+
+# When this process started, on time.perf_counter's clock: set by the command line
+# (mark_process_start), so that a run's start-up (imports, the entry function or the
+# script up to its loader) is reported; None in a Python session, where it means nothing.
+PROCESS_START: list = [None]
+
+
+def mark_process_start() -> None:
+    """Note when this process started (Linux: /proc/self/stat's start time against
+    /proc/uptime; elsewhere: now, the imports then not counted)."""
+    PROCESS_START[0] = time.perf_counter() - _process_age()
+
+
+def _process_age() -> float:
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def startup_s(start_t: float, clock: Callable[[], float]) -> Optional[float]:
+    """Seconds from this process's start to `start_t` (on `clock`), where the command line
+    marked it and `clock` is time.perf_counter's."""
+    born = PROCESS_START[0]
+    if born is None or clock is not time.perf_counter:
+        return None
+    return round(max(0.0, start_t - born), 3)
 
 
 # --------------------------------------------------------------------------------------

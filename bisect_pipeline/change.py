@@ -21,23 +21,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Callable, Optional
 
 from . import patch as patch_mod, tune
 from .outcome import THREADS
+from .plan import PATCH_RUN_LEAST_S, PATCH_RUN_MARGIN_S
 from .results import Measurements, Trial, VisitWindow
 from .verify import BLOCK
 
 # The patched script's copy, beside the original.
 COPY_SUFFIX = "_bisect_tuned"
-# Each run of the check measures its loop for this share of --max-seconds, at least
-# RUN_SECONDS_MIN (a process of its own pays python's and torch's start on top: about
-# 4 s on the project's 2-core machine, and the cache fill).
-RUN_SHARE = 0.15
-RUN_SECONDS_MIN = 5.0
+# A run still going at the end of its share of the budget is sent SIGTERM (it writes its
+# partial report, its windows so far), and killed this long after.
+TERM_GRACE_S = 3.0
 
 
 def settings_to_write(m: Measurements) -> Optional[dict]:
@@ -142,30 +143,65 @@ def why_not_checked(m: Measurements, target: Target) -> Optional[str]:
     return None
 
 
-def check(m: Measurements, target: Target, *, seconds: float, emit: Callable[[str], None] = lambda s: None,
+def check(m: Measurements, target: Target, *, end: Optional[float] = None, seconds: Optional[float] = None,
+          clock: Callable[[], float] = time.perf_counter, emit: Callable[[str], None] = lambda s: None,
           run: Optional[Callable] = None) -> Measurements:
     """The measurements with the tune section's `applied` (the patched script against
-    the original, see the module's docstring) or `applied_reason`."""
+    the original, see the module's docstring) or `applied_reason`. The runs end by `end`
+    (on `clock`: the end of --max-seconds), each given its share of the time left less
+    the script's start-up (the run's `startup_s`) and PATCH_RUN_MARGIN_S to measure, in
+    the number of runs the budget planned (run.budget's patch_runs: A B B A, or A B); a
+    run still going at its share's end is stopped (run_once). `seconds`: each run
+    measures this long, in A B B A, whatever the time (tests)."""
     t = m.tune
     why = why_not_checked(m, target)
+    if why is None and seconds is None:
+        why, seconds, n = fit_runs(m, None if end is None else end - clock())
+    else:
+        n = len(BLOCK)
     if why is not None:
         return dataclasses.replace(m, tune=dataclasses.replace(t, applied_reason=why))
     p = patch_mod.Patch.from_dict(t.patch)
-    run = run or _run_once
+    block = BLOCK[:n]
+    start = clock()
+    share = None if end is None else (end - start) / n
     sides: dict = {False: [], True: []}
     error = None
     with _patched_copy(target, p) as copy:
-        for i, side in enumerate(BLOCK):
+        for i, side in enumerate(block):
             emit(f"checking the change: {'the change applied' if side else 'your script as it is'} "
-                 f"({i + 1} of {len(BLOCK)})")
+                 f"({i + 1} of {len(block)})")
             command, env = _command(target, p, copy, side, seconds)
-            windows, error = run(command, env)
+            if run is not None:
+                windows, error = run(command, env)
+            else:
+                limit = None if share is None else max(1.0, start + (i + 1) * share - clock())
+                windows, error = run_once(command, env, limit)
             if error is not None:
                 error = f"{'the patched script' if side else 'your script'}: {error}"
                 break
             sides[side].append(windows)
     applied = Trial("applied", dict(settings_to_write(m) or {}), _dump(sides[False]), _dump(sides[True]), error)
     return dataclasses.replace(m, tune=dataclasses.replace(t, applied=applied))
+
+
+def fit_runs(m: Measurements, left: Optional[float]) -> tuple[Optional[str], float, int]:
+    """(why not, seconds each run measures, runs) for the change's check in `left`
+    seconds: the runs the budget planned (plan.plan_budget: A B B A), each measuring its
+    share less the script's start-up and PATCH_RUN_MARGIN_S, at least PATCH_RUN_LEAST_S."""
+    budget = m.run.budget or {}
+    if budget.get("patch_reason"):
+        return f"out of time: {budget['patch_reason']}", 0.0, 0
+    if left is None:
+        return "out of time: no time was kept for it", 0.0, 0
+    overhead = (m.run.startup_s or 0.0) + PATCH_RUN_MARGIN_S
+    n = min(len(BLOCK), int(budget.get("patch_runs") or len(BLOCK)))
+    seconds = left / n - overhead
+    if seconds >= PATCH_RUN_LEAST_S:
+        return None, round(seconds, 1), n
+    return (f"out of time: {max(0.0, left):.0f} s of --max-seconds were left for it, less than {n} runs of your "
+            f"script need (each about {overhead:.0f} s to start, then {PATCH_RUN_LEAST_S:g} s measuring); raise "
+            "--max-seconds"), 0.0, 0
 
 
 class _patched_copy:
@@ -212,14 +248,33 @@ def _command(target: Target, p: patch_mod.Patch, copy: Optional[str], patched: b
     return base + script + args, env
 
 
-def _run_once(command: list, env: dict) -> tuple[list, Optional[str]]:
-    """One run: the windows of its full point, or the error that left none."""
+def run_once(command: list, env: dict, limit: Optional[float] = None) -> tuple[list, Optional[str]]:
+    """One run: the windows of its full point, or the error that left none. Past `limit`
+    seconds it is sent SIGTERM (it writes its partial report: the windows measured so far
+    count) and killed TERM_GRACE_S later."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
         cmd = [out if c == "{json}" else c for c in command]
-        r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stopped = False
+        try:
+            _, stderr = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            stopped = True
+            proc.send_signal(signal.SIGTERM)
+            try:
+                _, stderr = proc.communicate(timeout=TERM_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, stderr = proc.communicate()
+        except BaseException:
+            proc.kill()
+            proc.communicate()
+            raise
         if not os.path.exists(out):
-            return [], f"exit {r.returncode}: {(r.stderr or '').strip()[-300:]}"
+            why = f"stopped at the end of its share of --max-seconds ({limit:.0f} s)" if stopped else \
+                f"exit {proc.returncode}"
+            return [], f"{why}: {(stderr or '').strip()[-300:]}"
         with open(out) as fh:
             doc = json.load(fh)
     full = next((p for p in doc.get("points", ()) if p.get("point") == "full"), {})

@@ -91,6 +91,7 @@ def main(ctx: click.Context, entry_spec: Optional[str], **opts: Any) -> None:
       bisect-pipeline --entry mymod:make --json result.json
       bisect-pipeline demo
     """
+    api.mark_process_start()  # the start-up before the run (imports, the entry or the script) is reported
     if ctx.invoked_subcommand is not None:
         return
     if not entry_spec:
@@ -278,7 +279,8 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
         session = Session(loader=loader_index, keep_training=keep_training, device=device, max_seconds=max_seconds,
                           points=point_list, cache_mb=cache_mb, step_timeout=step_timeout,
                           verify_seconds=verify_seconds, hold_allocator=hold_allocator, tune=tune,
-                          progress=None if quiet or not rank0 else Lines(), on_report=on_report)
+                          patch=bool(patch_path), progress=None if quiet or not rank0 else Lines(),
+                          on_report=on_report)
         session.argv = list(script) if script[:1] != ("-m",) else ["-m", *script[1:]]
         script_mod.run(script, session, interrupt_code=_interrupt_code)
     except script_mod.Ended as end:
@@ -291,8 +293,10 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
         _fail(str(exc), exc.exit_code)
     try:  # SIGTERM still takes the Ctrl-C path: the check's copy of the script is removed
         if patch_path and made and rank0:
+            # the check ends with --max-seconds, counted from the training loader's creation
+            end = session.exp.start + max_seconds if session.exp is not None else None
             interrupted = _change(made[-1], script, patch_path=patch_path, json_path=json_path, html_path=html_path,
-                                  breakdown=breakdown, quiet=quiet, max_seconds=max_seconds,
+                                  breakdown=breakdown, quiet=quiet, end=end,
                                   checked=code == EXIT_OK and not _signals_seen)
             if interrupted and code == EXIT_OK:
                 code = _interrupt_code()
@@ -304,7 +308,7 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
     sys.exit(code)
 
 
-def _change(report: Report, script: tuple, *, patch_path, json_path, html_path, breakdown, quiet, max_seconds,
+def _change(report: Report, script: tuple, *, patch_path, json_path, html_path, breakdown, quiet, end,
             checked: bool) -> bool:
     """--patch: the diff written to `patch_path`, the change checked by running the
     script with it against it as it is (change.check; not after an interrupt or a run
@@ -325,9 +329,8 @@ def _change(report: Report, script: tuple, *, patch_path, json_path, html_path, 
                    err=True)
     if checked and m.tune is not None:
         path, module, args = script_mod.target_of(script)
-        seconds = max(change.RUN_SECONDS_MIN, change.RUN_SHARE * max_seconds)
         try:
-            m = change.check(m, change.Target(path, module, tuple(args)), seconds=seconds,
+            m = change.check(m, change.Target(path, module, tuple(args)), end=end,
                              emit=(lambda s: None) if quiet else (lambda s: click.echo(f"bisect-pipeline: {s}",
                                                                                        err=True)))
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the report without the check

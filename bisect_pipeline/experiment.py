@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from . import allocator, cache, devices, faults, sources, split, tree
 from .integrations import timm
 from .loader import LoaderSpec
-from .plan import Plan
+from .plan import Budget, Plan
 from .results import (NOT_SELECTED, AllocatorHold, AllocatorTiming, CacheInfo, Isolated, Measurements, Note,
                       PointResult, RunInfo, Syncs, Tuning, Verification)
 from .stats import Throughput
@@ -93,6 +93,7 @@ class Experiment:
     # point -> (ExitStack, next_batch, move, source): replay loaders kept between the visits
     # of the rounds, their workers started once (keeps; open, keep=True; close_kept)
     kept: dict = dataclasses.field(default_factory=dict)
+    budget: Optional[Budget] = None  # --max-seconds divided up front (api.start)
 
     def __post_init__(self) -> None:
         self.settle_deadline = min(self.settle_deadline or self.deadline, self.deadline)
@@ -431,8 +432,10 @@ class Experiment:
                 self.results[name] = dataclasses.replace(self.results[name], reason=f"no window measured: {unreached}")
         complete = not interrupted and all(p.status != "not run" and not p.stopped_by_deadline
                                            for p in self.results.values())
-        run = RunInfo(max_seconds=round(self.end - self.start, 6), elapsed_s=round(self.clock() - self.start, 3),
-                      **_versions(), allocator=held, **self.schedule)
+        b = self.budget
+        run = RunInfo(max_seconds=round(b.max_seconds if b else self.end - self.start, 6),
+                      elapsed_s=round(self.clock() - self.start, 3), **_versions(), allocator=held, **self.schedule,
+                      budget=b.to_dict() if b else None, startup_s=b.startup_s if b else None)
         isolated = self.isolated
         if isolated is not None and isolated.ok and self.allocator_timing is not None:
             isolated = dataclasses.replace(isolated, allocator=self.allocator_timing)

@@ -338,7 +338,7 @@ class Session:
                  max_seconds: float = api.DEFAULT_MAX_SECONDS, points: Any = None, cache_mb: float = api.DEFAULT_CACHE_MB,
                  cache_batches: int = api.DEFAULT_CACHE_BATCHES, step_timeout: Optional[float] = None,
                  verify_seconds: Optional[float] = None, plan: Any = None, hold_allocator: bool = True,
-                 tune: bool = False, progress: Optional[Callable[[dict], None]] = None,
+                 tune: bool = False, patch: bool = False, progress: Optional[Callable[[dict], None]] = None,
                  on_report: Optional[Callable[[Report], None]] = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if loader is not None and not isinstance(loader, (int, DataLoader)):
@@ -350,7 +350,7 @@ class Session:
                                                  cache_batches=cache_batches, step_timeout=step_timeout,
                                                  verify_seconds=verify_seconds),
                                max_seconds, cache_mb, cache_batches, step_timeout, verify_seconds, plan, hold_allocator,
-                               tune)
+                               tune, patch)
         self.device = devices.resolve(device) if device is not None else None
         self.target = loader
         self.keep_training = keep_training
@@ -362,6 +362,7 @@ class Session:
         self._loaders: dict = {}  # Seen.index -> weakref to its loader
         self._sites: dict = {}  # id(dataset) -> where its first loader was created
         self._site_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # loader -> where it was created
+        self._born: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # loader -> when it was created (clock)
         self.created_count = 0
         self.current: Optional[Seen] = None  # the loader whose batch the loop had last
         self.chosen: Optional[DataLoader] = None
@@ -451,6 +452,7 @@ class Session:
         where = _creation_site(loader)
         self._sites.setdefault(id(getattr(loader, "dataset", None)), where)  # a framework's copy keeps the creator
         self._site_of[loader] = where
+        self._born[loader] = self.clock()
 
     def iterate(self, loader: DataLoader) -> Any:
         seen = self._seen_of(loader)
@@ -567,8 +569,10 @@ class Session:
         coord = self._coord = distributed.Coordinator.current()
         if coord is not None:
             coord.joinables = _joinables()
+        # --max-seconds counts from the creation of the training loader (what the script did
+        # before it is its start-up, reported): the script's first batches on it included
         exp = self.exp = api.start(spec, dev, self.options, coord=coord, clock=self.clock, progress=self.progress,
-                                   loop=True)
+                                   loop=True, started=self._born.get(self.chosen))
         exp.move = lambda batch: to_device(batch, dev)  # where the device point's batches are put
         exp.room = self._room
         self.held = allocator.Held(self.options.hold_allocator)

@@ -49,6 +49,7 @@ class Options:
     plan: Optional[Plan] = None
     hold_allocator: bool = True
     tune: bool = False  # --tune: the search of tune.py after the check
+    patch: bool = False  # --patch (under `run`, with tune): the change checked after the run, in its budget
 
 
 def measure(exp: Experiment, options: Options, *, coord: Any, held: allocator.Held,

@@ -225,3 +225,100 @@ def next_window(windows: list, steps: int, plan: Plan, seconds_left: float, keep
     if plan.epoch_steps:  # whole epochs: min_window_steps is one or more of them (at_step)
         fits = max(plan.min_window_steps, fits // plan.epoch_steps * plan.epoch_steps)
     return Next(True, fits, False)
+
+
+# --------------------------------------------------------------------------------------
+# The run's time, divided up front
+# --------------------------------------------------------------------------------------
+
+# --patch: the change is checked by running the script with it against it as it is
+# (change.check), in PATCH_RUNS alternating runs (A B B A: two pairs, the fewest whose
+# spread says how sure the speed-up is), each a process of its own that pays the script's
+# start-up (what this run's start-up measured) before its loop, then PATCH_RUN_MARGIN_S
+# for its report and its workers' shutdown. That check gets PATCH_SHARE of --max-seconds,
+# more where its runs need it to measure PATCH_RUN_LEAST_S each, and nothing (said in the
+# report) where they would take more than PATCH_MAX_SHARE of it.
+PATCH_SHARE = 0.2
+PATCH_MAX_SHARE = 0.4
+PATCH_RUN_LEAST_S = 4.0
+PATCH_RUN_MARGIN_S = 2.0
+PATCH_RUNS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """How --max-seconds is divided, decided before anything is measured (plan_budget):
+    seconds for the bisection (cache fill, isolated costs, rounds), the advice's check,
+    --tune's search and --patch's check of the change. A phase that ends early leaves its
+    time to the next; the rounds of an undecided verdict may take the check's and the
+    search's (a verdict is worth more than advice checked under none), never the change's.
+    `startup_s`: the time before the tool could act (imports; under `run`, your script up
+    to the creation of its training loader), not counted. `extra_s`: --verify-seconds, a
+    budget of its own on top of --max-seconds."""
+
+    max_seconds: float
+    bisecting: float
+    checking: float = 0.0
+    searching: float = 0.0
+    patching: float = 0.0
+    patch_runs: int = 0
+    startup_s: Optional[float] = None
+    extra_s: float = 0.0
+    patch_reason: Optional[str] = None  # why the change is not checked within the budget
+
+    def parts(self) -> list:
+        """[(what, seconds)] of the parts planned, in the order they run."""
+        named = (("bisecting", self.bisecting), ("checking the advice", self.checking),
+                 ("searching", self.searching), ("checking the change", self.patching))
+        return [(k, v) for k, v in named if v > 0 or k == "bisecting"]
+
+    def text(self) -> str:
+        """'of 120 s: 70 bisecting, 30 searching, 20 checking the change'."""
+        parts = ", ".join(f"{v:.0f} {k}" for k, v in self.parts())
+        out = f"of {self.max_seconds:g} s: {parts}"
+        if self.extra_s:
+            out += f" (the advice's check {self.extra_s:g} s more, --verify-seconds)"
+        return out
+
+    def to_dict(self) -> dict:
+        out = {k: round(v, 3) for k, v in self.parts()}
+        out = {k.replace("checking the advice", "checking").replace("checking the change", "patching"): v
+               for k, v in out.items()}
+        if self.patch_runs:
+            out["patch_runs"] = self.patch_runs
+        if self.extra_s:
+            out["verify_seconds"] = self.extra_s
+        if self.patch_reason:
+            out["patch_reason"] = self.patch_reason
+        return out
+
+
+def plan_budget(max_seconds: float, *, check_share: float, search_share: float = 0.0, patch: bool = False,
+                startup_s: Optional[float] = None, verify_seconds: Optional[float] = None) -> Budget:
+    """--max-seconds divided (Budget). `check_share`: the advice's check's share of what
+    the change's check leaves; `search_share`: --tune's (0 without it), the check then
+    taking `check_share` of the search's; `patch`: --patch, its runs each paying
+    `startup_s` (this run's own start-up, or PATCH_RUN_MARGIN_S where not known) before
+    measuring; `verify_seconds`: the check's own budget on top (0: off)."""
+    m = float(max_seconds)
+    patching, runs, reason = 0.0, 0, None
+    if patch:
+        per_run = (startup_s or 0.0) + PATCH_RUN_MARGIN_S
+        need = PATCH_RUNS * (per_run + PATCH_RUN_LEAST_S)
+        if need <= PATCH_MAX_SHARE * m:
+            patching, runs = max(PATCH_SHARE * m, need), PATCH_RUNS
+        else:
+            reason = (f"--max-seconds {m:g} leaves too little to run your script {PATCH_RUNS} times with and without "
+                      f"the change (each run starts in about {per_run:.0f} s before it measures): give --max-seconds "
+                      f"{math.ceil(need / PATCH_MAX_SHARE / 10) * 10:g} or more")
+    rest = m - patching
+    searching = search_share * rest
+    if verify_seconds is not None:
+        checking, extra = 0.0, float(verify_seconds)
+    elif search_share:
+        checking, extra = check_share * searching, 0.0
+        searching -= checking
+    else:
+        checking, extra = check_share * rest, 0.0
+    bisecting = rest - searching - checking
+    return Budget(m, bisecting, checking, searching, patching, runs, startup_s, extra, reason)

@@ -10,8 +10,9 @@ import textwrap
 
 import pytest
 
-from bisect_pipeline import change, patch, tune
+from bisect_pipeline import change, patch, plan, tune
 from bisect_pipeline.results import AllocatorTiming, Isolated, Measurements, Trial, Tuning
+from conftest import FakeClock
 from test_outcome import BS, side
 
 SCRIPT = textwrap.dedent('''
@@ -133,6 +134,54 @@ def test_the_patched_side_runs_with_the_flags_and_the_variables(script):
     assert original[-4:] == ["-m", "pkg.train", "-j", "4"] and "X_" not in env0
 
 
+def test_the_check_fits_the_time_left_of_max_seconds(script):
+    # the budget kept 40 s for it and the script starts in 4 s: A B B A, each 40/4 - 4 - 2
+    # = 4 s measuring, each ended by its share
+    import dataclasses
+
+    from bisect_pipeline.results import RunInfo
+
+    m = change.patched(measured(script), ["train.py"])
+    m = dataclasses.replace(m, run=RunInfo(startup_s=4.0, budget={"bisecting": 80.0, "patching": 40.0,
+                                                                 "patch_runs": 4}))
+    assert change.fit_runs(m, 40.0) == (None, 4.0, 4)
+    why, _, n = change.fit_runs(m, 30.0)  # the bisection ran over: the runs do not fit
+    assert n == 0 and why.startswith("out of time: 30 s of --max-seconds were left for it, less than 4 runs")
+    clock = FakeClock(100.0)
+    seen: list = []
+    checked = change.check(m, change.Target("train.py", None, ()), end=140.0, clock=clock,
+                           run=planted_runs({False: 10.0, True: 19.5}, seen))
+    assert [s[0] for s in seen] == [False, True, True, False]
+    assert tune.summarize(checked.tune, BS).applied.status == "helps"
+    late = change.check(m, change.Target("train.py", None, ()), end=120.0, clock=clock,
+                        run=lambda c, e: pytest.fail("ran"))
+    assert late.tune.applied is None and late.tune.applied_reason.startswith("out of time")
+    planned_none = dataclasses.replace(m, run=RunInfo(budget={"bisecting": 30.0, "patch_reason": "too short"}))
+    assert change.check(planned_none, change.Target("train.py", None, ()), end=200.0, clock=clock,
+                        run=lambda c, e: pytest.fail("ran")).tune.applied_reason == "out of time: too short"
+
+
+def test_a_run_past_its_share_is_stopped_and_its_partial_windows_count(tmp_path):
+    # a fake `bisect-pipeline run`: writes its windows at SIGTERM, as the real one does
+    fake = tmp_path / "fake.py"
+    fake.write_text(textwrap.dedent('''
+        import json, signal, sys, time
+        out = sys.argv[1]
+        def term(*a):
+            doc = {"points": [{"point": "full", "windows": [{"steps": 5, "seconds": 0.5}] * 2}]}
+            json.dump(doc, open(out, "w"))
+            sys.exit(143)
+        signal.signal(signal.SIGTERM, term)
+        time.sleep(60)
+        '''))
+    import sys
+    import time
+
+    t0 = time.monotonic()
+    windows, error = change.run_once([sys.executable, str(fake), "{json}"], dict(os.environ), limit=1.0)
+    assert error is None and len(windows) == 2 and time.monotonic() - t0 < 10
+
+
 def test_a_change_that_cannot_be_run_from_a_copy_is_not_checked(script, tmp_path):
     m = change.patched(measured(script), ["train.py"])
     elsewhere = change.check(m, change.Target(str(tmp_path / "other.py"), None, ()), seconds=5.0,
@@ -176,13 +225,16 @@ def test_run_tune_patch_gives_the_flag_and_checks_the_change(tmp_path, monkeypat
     from conftest import PLANTED_DATA, cli_in_process
 
     # the check's runs short, and one of each side (the order A B B A is planted above):
-    # each run pays python's and torch's start, about 8 s here
-    monkeypatch.setattr(change, "RUN_SECONDS_MIN", 3.0)
-    monkeypatch.setattr(change, "RUN_SHARE", 0.0)
-    monkeypatch.setattr(change, "BLOCK", (False, True))
+    # each run pays python's and torch's start, about 8 s here, which a run in this
+    # process does not measure as its own start-up (conftest.cli_in_process)
+    monkeypatch.setattr(plan, "PATCH_RUN_MARGIN_S", 7.0)
+    monkeypatch.setattr(plan, "PATCH_MAX_SHARE", 0.9)
+    monkeypatch.setattr(change, "PATCH_RUN_MARGIN_S", 7.0)
+    monkeypatch.setattr(change, "PATCH_RUN_LEAST_S", 1.0)
+    monkeypatch.setattr(plan, "PATCH_RUN_LEAST_S", 2.0)
     source = PLANTED_DATA + TUNED
     (tmp_path / "train.py").write_text(source)
-    ran = cli_in_process("run", "--tune", "--patch", "p.diff", "--json", "r.json", "--max-seconds", "16",
+    ran = cli_in_process("run", "--tune", "--patch", "p.diff", "--json", "r.json", "--max-seconds", "60",
                          "train.py", "-j", "0", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
     import json
@@ -191,8 +243,9 @@ def test_run_tune_patch_gives_the_flag_and_checks_the_change(tmp_path, monkeypat
     best = doc["best"]["settings"]
     assert best["num_workers"] >= 1 and doc["patch"]["flags"] == ["-j", str(best["num_workers"])]
     assert doc["patch"]["command"].startswith(f"python train.py -j {best['num_workers']}")
+    assert "applied" in doc, (doc.get("applied_reason"), ran.stderr[-1500:])
     applied = doc["applied"]
-    assert {w["visit"] for w in applied["user_windows"]} == {0} == {w["visit"] for w in applied["candidate_windows"]}
+    assert {w["visit"] for w in applied["user_windows"]} == {0, 1} == {w["visit"] for w in applied["candidate_windows"]}
     assert len(applied["user_windows"]) >= 2 and len(applied["candidate_windows"]) >= 2
     assert doc["applied_outcome"]["status"] == "helps"
     assert "Checked after the change: your script with the change ran at" in ran.stderr

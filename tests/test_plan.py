@@ -3,7 +3,7 @@ which windows to keep."""
 
 import pytest
 
-from bisect_pipeline.plan import Plan, kept_windows, next_window, visit_state
+from bisect_pipeline.plan import Plan, kept_windows, next_window, plan_budget, visit_state
 from bisect_pipeline.stats import Window
 
 PLAN = Plan(window_seconds=0.1, windows_per_visit=3, min_warmup_steps=2, max_warmup_windows=4)
@@ -80,3 +80,21 @@ def test_a_loader_that_ends_short_epochs_gets_windows_of_whole_epochs():
     long = plan.at_step(1.01 * EPOCH_WINDOW_S / 10)
     assert long.epoch_steps == 0 and long.min_window_steps == 8 and long.whole(7)
     assert Plan().for_epochs(None).at_step(0.01) == Plan()  # no length: no epochs to fit
+
+
+def test_max_seconds_is_divided_up_front_the_change_s_check_included():
+    b = plan_budget(120, check_share=0.4, search_share=0.5, patch=True, startup_s=4.0)
+    # 4 runs (A B B A) of (4 + 2 + 4) s: more than 20% of 120, within 40%
+    assert (b.patching, b.patch_runs) == (40.0, 4)
+    assert b.bisecting + b.checking + b.searching + b.patching == pytest.approx(120)
+    assert (b.bisecting, b.searching) == pytest.approx((40.0, 24.0))
+    assert b.text() == "of 120 s: 40 bisecting, 16 checking the advice, 24 searching, 40 checking the change"
+    assert plan_budget(400, check_share=0.4, search_share=0.5, patch=True, startup_s=4.0).patching == 80
+    # too short for its runs: nothing kept, and the reason says what would do
+    short = plan_budget(60, check_share=0.4, search_share=0.5, patch=True, startup_s=4.0)
+    assert short.patching == 0 and "give --max-seconds 100 or more" in short.patch_reason
+    assert short.bisecting + short.checking + short.searching == pytest.approx(60)
+    plain = plan_budget(30, check_share=0.25)
+    assert plain.to_dict() == {"bisecting": 22.5, "checking": 7.5}
+    own = plan_budget(30, check_share=0.25, verify_seconds=20.0)  # a budget of its own, on top
+    assert own.bisecting == 30 and "20 s more" in own.text()

@@ -234,6 +234,9 @@ def _verdict_lines(r: "Report") -> list:
     took = _time_to_verdict(r)
     if took:
         lines.extend(_wrap(took))
+    budget = budget_text(r.run)
+    if budget:
+        lines.extend(_wrap(budget))
     cls = advice_mod.input_bound_class(r)
     frac = r.verdict.input_bound_fraction
     if cls == "not" and r.verdict.bottleneck == "none":
@@ -276,6 +279,25 @@ def _time_to_verdict(r: "Report") -> Optional[str]:
     how = ("settled" if run.settled else
            "not settled: the time ran out first; raise --max-seconds for a firmer verdict")
     return f"Verdict after {run.verdict_s:.1f} s of measuring ({rounds} round{'s' if rounds != 1 else ''}; {how})."
+
+
+def budget_text(run) -> Optional[str]:
+    """How --max-seconds was divided before the run (plan.Budget) and the start-up before
+    it, not counted: 'Time: of 120 s, 48 bisecting, 24 checking the change; ...'."""
+    b = run.budget
+    if not b:
+        return None
+    names = (("bisecting", "bisecting"), ("checking", "checking the advice"), ("searching", "searching"),
+             ("patching", "checking the change"))
+    parts = ", ".join(f"{b[k]:.0f} {what}" for k, what in names if b.get(k) is not None)
+    text = f"Time: of {run.max_seconds:g} s, {parts}"
+    if b.get("verify_seconds"):
+        text += f" (and {b['verify_seconds']:g} checking the advice, --verify-seconds)"
+    if run.startup_s is not None:
+        text += f"; {run.startup_s:.1f} s of start-up before it (imports, your code up to its loader), not counted"
+    if b.get("patch_reason"):
+        text += f"; the change is not checked: {b['patch_reason']}"
+    return text + "."
 
 
 _ISOLATED = (("load", "ms/sample"), ("augment", "ms/sample"), ("collate", "ms/batch"), ("transfer", "ms/batch"),
