@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 from typing import Any, Callable, Iterable, Iterator, Optional
 
@@ -76,6 +77,9 @@ class Experiment:
     # discarded, and the watchdog watches the fetching only.
     loop: bool = False
     room: Callable[[], Optional[int]] = lambda: None  # the batches left in the loop's epoch (loop.py)
+    # the batches the user's script has left to give, where it is known (loop.py: its
+    # loader's length times the epochs its command line asks for); None: as many as asked
+    batches_left: Callable[[], Optional[int]] = lambda: None
     wrapper: Any = None  # the user's loader wrapper every point's batches go through (integrations.timm)
     results: dict = dataclasses.field(default_factory=dict)
     notes: list = dataclasses.field(default_factory=list)  # results.Note, as seen while measuring
@@ -132,6 +136,13 @@ class Experiment:
             return self.step_alone
         firsts = [p.first_batch_seconds for p in self.results.values() if no_window(p) and p.first_batch_seconds]
         return min(firsts) if firsts else None
+
+    def least_visit_steps(self, name: str) -> int:
+        """The fewest batches a visit of `name` takes: its first batch, its warm-up (and the
+        prefetched batches) and its windows at their least (Plan.least_visit_steps of a
+        step too long for more than min_window_steps a window)."""
+        plan, prefetch = self.visit_plan(name, fit=False)
+        return plan.least_visit_steps(math.inf, self.start_prefetch(name, prefetch, self.keeps(name)))
 
     def least_visit_seconds(self, name: str, spec: Optional[LoaderSpec] = None, *, windows: Optional[int] = None,
                             spare: int = 0) -> float:
@@ -354,15 +365,17 @@ class Experiment:
     def visit(self, name: str, deadline: float, *, spec: Optional[LoaderSpec] = None, epochs: bool = False,
               threads: Optional[int] = None, keep: Optional[int] = None, pace: Pace = LOCAL,
               end: Optional[float] = None, skip: bool = False, calls: Optional[list] = None,
-              keep_open: bool = False) -> Visit:
+              keep_open: bool = False, max_steps: Optional[int] = None) -> Visit:
         """One visit of point `name` until `deadline`, for a schedule to hand to its driver
         (visit.drive, or a user's loop). `spec`, `epochs`, `threads`, `calls`: see `open`; `keep`:
         windows to keep (plan.windows_per_visit); `end`: the watchdog's hard end (the
         run's by default); `skip`: take part in a lockstep point without steps;
-        `keep_open`: the source stays open for the next visit (`open`, keep)."""
+        `keep_open`: the source stays open for the next visit (`open`, keep); `max_steps`:
+        the most batches it may take (Plan.for_steps: a script's batches shared out)."""
         spec = spec or self.spec
         plan, prefetch = self.visit_plan(name, spec, epochs, fit=not pace.lockstep)
         first_prefetch = self.start_prefetch(name, prefetch, keep_open, pace.lockstep)
+        plan = plan.for_steps(max_steps, first_prefetch)
         self.visits += 1
         return Visit(
             name, None if skip else (lambda: self.open(name, spec, epochs, threads, calls, keep=keep_open)),

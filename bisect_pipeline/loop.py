@@ -38,6 +38,7 @@ meanwhile: the experiment changes what it learns from, not how.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import gc
 import os
@@ -160,14 +161,24 @@ def _on_optimizer_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any)
         s.optimizer_stepped(optimizer)
 
 
+def _patched_parse_known_args(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
+    out = _ORIGINAL["parse"](self, *args, **kwargs)
+    s = _current()
+    if s is not None and not s.busy and isinstance(out, tuple) and out:
+        s.parsed(out[0])
+    return out
+
+
 def _install() -> None:
     if _ORIGINAL:
         return
     _ORIGINAL.update(init=DataLoader.__init__, iter=DataLoader.__iter__,
+                     parse=argparse.ArgumentParser.parse_known_args,
                      hook=register_optimizer_step_post_hook(_on_optimizer_step),
                      undo=faults.undo_in_child(_forget_in_child))
     DataLoader.__init__ = _patched_init
     DataLoader.__iter__ = _patched_iter
+    argparse.ArgumentParser.parse_known_args = _patched_parse_known_args
 
 
 def _uninstall() -> None:
@@ -175,6 +186,7 @@ def _uninstall() -> None:
         return
     DataLoader.__init__ = _ORIGINAL.pop("init")
     DataLoader.__iter__ = _ORIGINAL.pop("iter")
+    argparse.ArgumentParser.parse_known_args = _ORIGINAL.pop("parse")
     _ORIGINAL.pop("hook").remove()
     faults.forget_in_child(_ORIGINAL.pop("undo"))
 
@@ -232,6 +244,25 @@ def _length(loader: Any) -> Optional[int]:
         return DataLoader.__len__(loader)
     except TypeError:  # an IterableDataset without __len__, an endless batch sampler
         return None
+
+
+# What a script's command line calls the epochs it trains for (argparse's dest), and
+# the first of them where it resumes (torchvision's references, timm: --start-epoch).
+_EPOCHS = ("epochs", "num_epochs", "n_epochs", "nepochs", "max_epochs", "total_epochs", "train_epochs",
+           "num_train_epochs", "epoch")
+_START_EPOCH = ("start_epoch", "begin_epoch")
+
+
+def epochs_asked(namespace: Any) -> Optional[int]:
+    """The epochs a script's parsed command line asks for (its argparse Namespace), less
+    the one it starts from; None where it names none."""
+    values = vars(namespace) if namespace is not None and hasattr(namespace, "__dict__") else {}
+    epochs = next((v for k in _EPOCHS if isinstance(v := values.get(k), int) and not isinstance(v, bool)
+                   and v > 0), None)
+    if epochs is None:
+        return None
+    first = next((v for k in _START_EPOCH if isinstance(v := values.get(k), int) and not isinstance(v, bool)), 0)
+    return max(1, epochs - max(0, first))
 
 
 def _close(it: Any, loader: DataLoader) -> None:
@@ -363,6 +394,8 @@ class Session:
         self._sites: dict = {}  # id(dataset) -> where its first loader was created
         self._site_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # loader -> where it was created
         self._born: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # loader -> when it was created (clock)
+        self.args: Any = None  # the script's command line as its argparse parsed it (the last parse)
+        self.expected: Optional[dict] = None  # the batches the script trains on, where its epochs are known
         self.created_count = 0
         self.current: Optional[Seen] = None  # the loader whose batch the loop had last
         self.chosen: Optional[DataLoader] = None
@@ -498,6 +531,27 @@ class Session:
         self._seen[it.loader] = it.seen = first
         self.chosen, self._candidate = it.loader, None
 
+    def parsed(self, namespace: Any) -> None:
+        self.args = namespace
+
+    def _expected(self) -> Optional[dict]:
+        """How many batches the training loader gives the script in all: its length (an
+        epoch) times the epochs the script's command line asks for (epochs_asked); None
+        where either is not known."""
+        length = _length(self.chosen) if self.chosen is not None else None
+        epochs = epochs_asked(self.args)
+        if not length or not epochs:
+            return None
+        return {"epoch_batches": length, "epochs": epochs, "batches": length * epochs}
+
+    def _batches_left(self) -> Optional[int]:
+        """The batches the script has yet to take from its training loader (Experiment.
+        batches_left), where its length is known."""
+        seen = self._seen.get(self.chosen) if self.chosen is not None else None
+        if self.expected is None or seen is None:
+            return None
+        return max(0, self.expected["batches"] - seen.batches)
+
     def observed(self, seen: Seen) -> None:
         self.current = seen
         seen.with_grad = torch.is_grad_enabled()
@@ -575,6 +629,8 @@ class Session:
                                    loop=True, started=self._born.get(self.chosen))
         exp.move = lambda batch: to_device(batch, dev)  # where the device point's batches are put
         exp.room = self._room
+        self.expected = self._expected() if coord is None else None
+        exp.batches_left = self._batches_left
         self.held = allocator.Held(self.options.hold_allocator)
         self.state = "measuring"
         try:
@@ -611,6 +667,8 @@ class Session:
         out = seen.to_dict() if seen is not None else {}
         out.update(chosen_by="--loader" if self.target is not None else "the loader your optimizer steps on",
                    loaders=[x.to_dict() for x in self.seen])
+        if self.expected is not None:
+            out["expected"] = dict(self.expected)
         if ended is not None:
             out["ended"] = ended
         return out

@@ -103,11 +103,16 @@ def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float], tun
         return Verification(status="off", reason="verification turned off (verify_seconds=0)")
     start = exp.clock()
     budget = max(0.0, exp.end - start) if verify_seconds is None else float(verify_seconds)
-    if budget < 2 * exp.plan.window_seconds:
-        exp.isolated = confirm.skipped(exp.isolated, questioned, "out of time: the bisection used --max-seconds")
-        return Verification(status="out of time", budget_s=round(budget, 3),
-                            reason="the bisection used --max-seconds; give the check a budget of its own with "
-                                   "--verify-seconds")
+    in_batches = batch_seconds(exp)
+    if min(budget, in_batches) < 2 * exp.plan.window_seconds:
+        short = in_batches < budget
+        why = ("your script's batches: the bisection used what it has left" if short else
+               "the bisection used --max-seconds")
+        exp.isolated = confirm.skipped(exp.isolated, questioned, f"out of time: {why}")
+        return Verification(status="out of time", budget_s=round(min(budget, in_batches), 3),
+                            reason=why + ("; run your script for more epochs" if short else
+                                          "; give the check a budget of its own with --verify-seconds"))
+    budget = min(budget, in_batches)
     if "augment" in questioned and exp.caches is not None and exp.caches.raw_calls is not None:
         confirming = confirm.Confirm(exp, budget_s=confirm.CONFIRM_SHARE * budget)
         yield from confirming
@@ -131,9 +136,26 @@ def _tune(exp: Experiment, draft: Any, verify_seconds: Optional[float]):
     checked = exp.verification
     spent = (checked.elapsed_s or 0.0) if checked is not None else 0.0
     budget = (max(0.0, exp.end - exp.clock()) if verify_seconds is None else max(0.0, float(verify_seconds) - spent))
+    budget = min(budget, batch_seconds(exp))
     search = tune.Search(exp, space, budget_s=budget, seeds=tuple(checked.trials) if checked is not None else ())
     yield from search
     return search.result
+
+
+# Batches of a counted script (Experiment.batches_left) left unused at the end of the
+# phases, so that the experiment ends, and its report is made, before the script does.
+BATCH_MARGIN = 8
+
+
+def batch_seconds(exp: Experiment) -> float:
+    """The time the batches the user's script has left last at the fastest a setting may
+    consume them (the fastest point measured: no setting of the loader beats the step
+    alone), less BATCH_MARGIN of them; infinite where the script's length is not known."""
+    left = exp.batches_left()
+    sec = exp.step_estimate()
+    if left is None or sec is None:
+        return float("inf")
+    return max(0.0, (left - BATCH_MARGIN) * sec)
 
 
 def not_isolated(why: str = "interrupted") -> tuple[Isolated, Syncs]:

@@ -69,6 +69,10 @@ class Plan:
     # The visit's loader ends an epoch every this many batches (0: never, or too long for
     # whole-epoch windows; see EPOCH_WINDOW_S and at_step).
     epoch_steps: int = 0
+    # The most steps one visit may take, all told (0: no bound): a user's script that
+    # offers only so many batches (for_steps); its windows are sized to fit it.
+    max_steps: int = 0
+    max_window_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.window_seconds <= 0:
@@ -87,6 +91,20 @@ class Plan:
         if need == self.min_window_steps and num_workers == self.workers:
             return self
         return dataclasses.replace(self, min_window_steps=need, workers=num_workers)
+
+    def for_steps(self, max_steps: Optional[int], prefetch_depth: int = 0) -> "Plan":
+        """This plan for a visit that may take at most `max_steps` steps (None: no bound):
+        a script whose batches are counted (its loader's length times its epochs). Its
+        windows are cut to what fits after the first batch and the warm-up (at least
+        min_window_steps each), and at most one warm-up window is timed beyond the kept
+        ones: a 2-ms step whose windows would hold 125 steps each for their 0.25 s gets
+        windows of what its share of the script's batches holds."""
+        if not max_steps:
+            return self
+        room = max_steps - 1 - self.min_warmup_steps - prefetch_depth
+        per_window = max(self.min_window_steps, room // (self.windows_per_visit + 1))
+        return dataclasses.replace(self, max_steps=int(max_steps), max_window_steps=per_window,
+                                   max_warmup_windows=min(self.max_warmup_windows, 1))
 
     def long(self, sec_per_step: Optional[float]) -> bool:
         """Is a step of `sec_per_step` seconds a long one: a whole window or more?"""
@@ -132,6 +150,8 @@ class Plan:
         rounded up to whole epochs (at_step): the one window sizing rule (the first window
         from the warm-up's estimate, the next ones from the first window's rate)."""
         steps = max(self.min_window_steps, math.ceil(self.window_seconds / max(sec_per_step, 1e-9)))
+        if self.max_window_steps:
+            steps = max(self.min_window_steps, min(steps, self.max_window_steps))
         e = self.epoch_steps
         return math.ceil(steps / e) * e if e else steps
 

@@ -35,6 +35,10 @@ from .visit import Visit
 # is no verdict, and its first batch (worker start-up over the real pipeline) is the
 # slowest of all.
 FULL_WEIGHT = 2.0
+# A user's script whose batches are counted (Experiment.batches_left): the share of them
+# kept from the rounds for the advice's check (verify.VERIFY_SHARE of the time), where the
+# minimum rounds leave that much; the rounds come first.
+BATCH_CHECK_SHARE = 0.25
 
 
 class Rounds:
@@ -48,6 +52,7 @@ class Rounds:
         self._budget_checked = False
         self.round = 0  # the round under way: each window is tagged with it (stats.Noise pairs by round)
         self.tight = False  # the minimum rounds do not fit in --max-seconds (_budget_check)
+        self.reserve = 0  # batches of the user's script kept for the check (_batches_check)
 
     def __iter__(self) -> Iterator[Visit]:
         exp = self.exp
@@ -61,6 +66,7 @@ class Rounds:
             else:
                 todo.append(name)
         focus, decided = set(todo), False
+        self._batches_check(todo)
         self._budget_check(todo, visited=())
         try:
             for r in range(exp.plan.max_rounds):
@@ -142,8 +148,12 @@ class Rounds:
                 exp.results[name] = dataclasses.replace(p, stopped_by_deadline=True)
             return False
         share = _weight(name) / (sum(_weight(n) for n in planned) + later)
+        cap = self._batch_share(name, share)
+        if cap == 0:  # the script's batches for the rounds are used: what was measured is the measurement
+            return False
         exp.emit({"event": "point", "point": name, "index": exp.visits, "total": exp.visits + len(planned) + later})
-        visit = exp.visit(name, exp.visit_deadline(name, left * share, limit), keep_open=exp.keeps(name))
+        visit = exp.visit(name, exp.visit_deadline(name, left * share, limit), keep_open=exp.keeps(name),
+                          max_steps=cap)
         yield visit
         exp.results[name] = pool(exp.results.get(name), in_round(exp.result(visit), self.round), exp.batch_size)
         if exp.results[name].ok:
@@ -184,6 +194,37 @@ class Rounds:
         self._budget_note(f"one step takes {sec_per_step:.2g} s: a verdict needs at least about {suggest} s "
                           f"({plan.min_rounds} rounds over {len(todo)} points), more than --max-seconds {max_s:g}: "
                           f"rerun with --max-seconds {suggest}; what fits is measured")
+
+    def _batches_check(self, todo: list) -> None:
+        """Where the user's script says how many batches it has left (Experiment.
+        batches_left), whether the minimum rounds fit in them, said before they start (a
+        `budget` note), and the batches kept for the check (BATCH_CHECK_SHARE, from what
+        the minimum rounds leave)."""
+        exp = self.exp
+        left = exp.batches_left()
+        if left is None:
+            return
+        need = exp.plan.min_rounds * sum(exp.least_visit_steps(n) for n in todo)
+        self.reserve = max(0, min(int(BATCH_CHECK_SHARE * left), left - need))
+        if need > left:
+            self._budget_note(f"your script has about {left} batches left to give; a verdict needs at least about "
+                              f"{need} ({exp.plan.min_rounds} rounds over {len(todo)} points, each visit its first "
+                              "batch, a warm-up and its shortest windows): run it for more epochs; what fits is "
+                              "measured")
+
+    def _batch_share(self, name: str, share: float) -> Optional[int]:
+        """The most batches a visit of `name` given `share` of the rounds' time may take
+        of those the script has left (less the check's), at least what one window needs;
+        0 when not even that is left; None where the script's length is not known."""
+        exp = self.exp
+        left = exp.batches_left()
+        if left is None:
+            return None
+        avail = left - self.reserve
+        least = exp.least_visit_steps(name)
+        if avail < least:
+            return 0
+        return max(least, int(avail * share))
 
     def _budget_note(self, message: str) -> None:
         """A `budget` note in the report, and the same words as a warning event."""

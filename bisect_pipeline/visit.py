@@ -153,6 +153,7 @@ class Visit:
         self.discarded = 0  # windows under way when the consumer paused
         self.pauses = 0  # every pause of the consumer (windows, warm-up or the rest of an epoch)
         self.paused_seconds = 0.0
+        self.used = 0  # steps handed out so far (the first batch, warm-ups and windows)
         self.kept_from = 0
         self.steady = False
         self.finished = False  # the visit ran to its end (kept_from and steady decided)
@@ -262,6 +263,7 @@ class Visit:
                 raise
             except Exception as exc:  # the pipeline raised (or the watchdog fired) while fetching
                 self.error = exc
+        self.used += u.steps
         u.failed = self.pace.agree(self.error is not None or nb is None)
         if u.failed and self.error is None and nb is not None:
             self.peer_failed = True
@@ -312,6 +314,8 @@ class Visit:
             if not pace.lockstep and clock() >= self.deadline:
                 self.stopped_by_deadline = True
                 break
+            if plan.max_steps and self.windows and self.used + plan.min_window_steps > plan.max_steps:
+                break  # its share of the script's batches is used (Plan.for_steps)
             room = self.room()
             if room is not None and room - 1 < plan.min_window_steps:
                 # too little of the consumer's epoch is left for a window: the rest of it
@@ -320,6 +324,8 @@ class Visit:
                 if u.failed or not (yield from self._warm(plan.min_warmup_steps + self.prefetch_depth)):
                     return
                 continue
+            if plan.max_steps and self.windows:
+                steps = max(plan.min_window_steps, min(steps, plan.max_steps - self.used))
             # a window ends before the epoch's last batch, whose step takes in the epoch's end
             u = yield from self._unit(steps if room is None else min(steps, room - 1))
             if u.failed:

@@ -423,3 +423,54 @@ def test_a_kept_loader_that_fails_is_closed_with_its_error_and_the_point_fails(m
     assert ("close", "raw", "RuntimeError") in events
     assert exp.results["raw"].status == "failed" and exp.kept == {}
     assert [e[1] for e in events if e[0] == "open"].count("raw") == 1
+
+
+def fast_script_run(monkeypatch, ms: dict, batches: int, max_seconds: float = 30.0):
+    """Real visits on a fake clock for a user's script of `batches` batches (Experiment.
+    batches_left counts them down as the visits hand them out): a 2 ms step that does
+    not use the CPU (a GPU's) behind one worker whose sources add what `ms` plants beyond it."""
+    clock = FakeClock()
+    spec = type("Spec", (), {"batch_size": BS, "num_workers": 1, "pin_memory": False, "prefetch_depth": 2,
+                             "persistent_workers": False, "loader_cls": None, "iterable": False})()
+    exp = Experiment(spec, torch.device("cpu"), Plan().for_workers(1), clock, lambda e: None, None, start=0.0,
+                     end=max_seconds, deadline=max_seconds, settle_deadline=0.75 * max_seconds, loop=True)
+    handed = {"n": 0}
+    exp.batches_left = lambda: batches - handed["n"]
+
+    @contextlib.contextmanager
+    def source(name, spec=None, epochs=False, threads=None, calls=None, keep=False):
+        def next_batch():
+            handed["n"] += 1
+            clock.t += (ms[name] - 2.0) / 1e3
+            return name
+        yield next_batch, None
+
+    def step(batch):
+        clock.t += 2e-3
+
+    monkeypatch.setattr(exp, "open", source)
+    schedule = rounds.Rounds(exp, ("device", "collated", "augmented", "raw", "full"))
+    for v in schedule:
+        drive(v, step)
+    return exp, handed["n"], schedule
+
+
+def test_a_two_ms_step_in_a_script_of_1316_batches_gets_its_verdict_before_the_script_ends(monkeypatch):
+    # the MNIST example's 14 epochs of 94 batches on a GPU: windows of 0.25 s would hold
+    # 125 steps, 3 rounds over 5 points about 4,000 batches; fitted to the script's batches
+    # the minimum rounds fit, with a quarter kept for the check, and nothing is said
+    ms = {"device": 2.0, "collated": 2.05, "augmented": 2.1, "raw": 4.0, "full": 4.1}
+    exp, used, schedule = fast_script_run(monkeypatch, ms, batches=1316)
+    assert budget_notes(exp) == [] and schedule.info["rounds"] >= 3
+    assert used <= 1316 - schedule.reserve and schedule.reserve == 329
+    v = exp.decide()
+    assert v.bottleneck == "augment", (v.bottleneck, v.reason)
+
+
+def test_a_script_too_short_for_three_rounds_says_so_before_they_start(monkeypatch):
+    ms = {"device": 2.0, "collated": 2.05, "augmented": 2.1, "raw": 4.0, "full": 4.1}
+    exp, used, schedule = fast_script_run(monkeypatch, ms, batches=120)
+    notes = budget_notes(exp)
+    assert len(notes) == 1 and notes[0].startswith("your script has about 120 batches left to give; a verdict needs "
+                                                   "at least about")
+    assert used <= 120 and schedule.reserve == 0
