@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -277,14 +278,20 @@ def measure_with_whole(calls_per_sample: list, share: float, clock: Callable[[],
     classification preset once read 5.95 ms/sample against rows adding up to 2.45), and
     the parts are held against the whole sample by sample (agreement's paired rule)."""
     wholes: list = []
+    cpu = [0.0]
 
     def timed(i: int) -> None:
         run = whole(i)
+        c = time.process_time()
         t = clock()
         run()
         wholes.append(clock() - t)
+        cpu[0] += time.process_time() - c
     rows, totals = _time_rows(calls_per_sample, share, clock, before=timed)
-    stage = PerSample(ms_per_sample=round(statistics.fmean(wholes) * 1e3, 4), samples=len(wholes))
+    se = statistics.stdev(wholes) / math.sqrt(len(wholes)) if len(wholes) >= 2 else None
+    stage = PerSample(ms_per_sample=round(statistics.fmean(wholes) * 1e3, 4), samples=len(wholes),
+                      se_ms_per_sample=None if se is None else round(se * 1e3, 5),
+                      cpu_ms_per_sample=round(cpu[0] / len(wholes) * 1e3, 4))
     return stage, _summary(rows, totals, stage, wholes)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Optional
 
-from . import advice as advice_mod, outcome, tune
+from . import advice as advice_mod, outcome, tune, witness
 from .advice import Finding
 from .results import NOT_SELECTED, CacheInfo, Measurements, Note, PointResult
 from .stats import NOISY_REL_IQR, Throughput
@@ -176,17 +176,17 @@ def judged(m: Measurements) -> Diagnosis:
 
 def _judged(m: Measurements) -> Diagnosis:
     points = tuple(sorted(m.points, key=lambda p: POINTS.index(p.point)))
-    v = _verdict(points, m.batch_size)
+    v = _verdict(points, m.batch_size, witness.alone(m.isolated, m.loader or {}, m.device))
     return Diagnosis(m, v, tuple(_mark_inconsistent(p, v) for p in points))
 
 
-def _verdict(points: tuple, batch_size: float) -> Verdict:
+def _verdict(points: tuple, batch_size: float, alone: Optional[witness.Alone] = None) -> Verdict:
     # Points already left out as inconsistent (a loaded document) are given back to
     # decide, which leaves them out again: the same verdict either way.
     measured = {p.point: p.throughput for p in points if p.throughput is not None
                 and (p.status == "ok" or p.failed_stage == "inconsistent")}
     skipped = {p.point: p.reason or "" for p in points if p.status == "skipped" and p.reason != NOT_SELECTED}
-    v = decide(measured, batch_size, skipped)
+    v = decide(measured, batch_size, skipped, alone=alone)
     full = next((p for p in points if p.point == "full"), None)
     if v.bottleneck is None and full is not None and full.status not in ("ok", "skipped"):
         v = dataclasses.replace(v, reason=f"the full pipeline was not measured ({full.status}: {full.reason})")
@@ -289,6 +289,8 @@ def summary(d: Diagnosis) -> str:
     v = d.verdict
     if v.bottleneck is None:
         return f"No verdict: {v.reason}."
+    if v.bottleneck == "none" and v.witness == "isolated costs":
+        return f"The input pipeline keeps up: {v.reason}; the training step itself is the limit."
     if v.bottleneck == "none":
         return ("The input pipeline keeps up: the full pipeline runs at the ceiling within noise, "
                 "so the training step itself is the limit.")
@@ -300,9 +302,10 @@ def summary(d: Diagnosis) -> str:
     full_rate = d.rate("full")
     gain = (s.samples_per_sec_if_free / full_rate - 1) if full_rate else None
     parts = f" (with {', '.join(s.includes[1:])})" if len(s.includes) > 1 else ""
+    alone = f" Named on the stages' costs alone: {v.reason}." if v.witness == "isolated costs" else ""
     return (f"Bottleneck: {v.bottleneck}{parts}. It adds {s.sec_per_batch * 1e3:.1f} ms per batch "
             f"({(s.share_of_gap or 0) * 100:.0f}% of the gap to the ceiling); without it you would train at "
-            f"{s.samples_per_sec_if_free:,.0f} samples/s instead of {full_rate:,.0f} (+{gain * 100:.0f}%).")
+            f"{s.samples_per_sec_if_free:,.0f} samples/s instead of {full_rate:,.0f} (+{gain * 100:.0f}%).{alone}")
 
 
 def _tie_summary(d: Diagnosis) -> str:

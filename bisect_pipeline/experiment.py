@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 from torch.utils.data import DataLoader
 
-from . import allocator, cache, devices, faults, sources, split, tree
+from . import allocator, cache, devices, faults, sources, split, tree, witness
 from .integrations import timm
 from .loader import LoaderSpec
 from .plan import Budget, Plan
@@ -199,7 +199,9 @@ class Experiment:
         ok = {n: p.throughput for n, p in self.results.items() if p.status == "ok"}
         skipped = {n: p.reason or "" for n, p in self.results.items()
                    if p.status == "skipped" and p.reason != NOT_SELECTED}
-        return decide(ok, self.batch_size, skipped, noise_scale=noise_scale)
+        alone = witness.alone(self.isolated, {"num_workers": getattr(self.spec, "num_workers", 0)},
+                              str(self.device))  # the second witness
+        return decide(ok, self.batch_size, skipped, noise_scale=noise_scale, alone=alone)
 
     def use(self, wl: Any) -> None:
         """The workload's step (the default one built now: inside the run, whose state is

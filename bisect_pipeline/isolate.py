@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import math
 import os
+import statistics
 import sys
 import threading
 import time
@@ -146,24 +147,60 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
 
 
+@dataclasses.dataclass(frozen=True)
+class Timed:
+    """What _timed_loop measured: the items timed, their wall time in all and each one's,
+    and the CPU time of this process over them."""
+
+    n: int
+    seconds: float
+    each: tuple = ()
+    cpu_seconds: float = 0.0
+
+    @property
+    def ms(self) -> float:
+        return self.seconds / self.n * 1e3
+
+    @property
+    def se_ms(self) -> Optional[float]:
+        """The standard error of the mean item (ms): their spread over sqrt(n); None
+        below two items."""
+        return se_ms(self.each)
+
+    @property
+    def cpu_ms(self) -> float:
+        return self.cpu_seconds / self.n * 1e3
+
+
+def se_ms(seconds: Any) -> Optional[float]:
+    """The standard error of the mean of per-item `seconds`, in ms (None below two)."""
+    if len(seconds) < 2:
+        return None
+    return round(statistics.stdev(seconds) / math.sqrt(len(seconds)) * 1e3, 5)
+
+
 def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock,
-                started: Optional[Callable[[], None]] = None) -> tuple[int, float]:
+                started: Optional[Callable[[], None]] = None) -> Timed:
     """Run fn over items until `share` seconds pass (at least one call). The first call
     is a warm-up when there are more: it is not timed. `started` is called as the timing
-    starts (after the warm-up)."""
+    starts (after the warm-up). Each call is timed, and the process's CPU time over all."""
     if len(items) > 1:
         fn(items[0])
         items = items[1:]
     if started is not None:
         started()
+    cpu0 = time.process_time()
     t0 = clock()
-    n = 0
+    each = []
     for item in items:
+        t = clock()
         fn(item)
-        n += 1
-        if clock() - t0 >= share:
+        now = clock()
+        each.append(now - t)
+        if now - t0 >= share:
             break
-    return n, clock() - t0
+    cpu = time.process_time() - cpu0
+    return Timed(len(each), clock() - t0, tuple(each), cpu)
 
 
 def _load(spec, caches, augment: PerSample, share, clock) -> PerSample:
@@ -174,25 +211,32 @@ def _load(spec, caches, augment: PerSample, share, clock) -> PerSample:
     with reads.Reads(clock) as seen:
         if spec.iterable:
             it = iter(dataset)
-            n, sec = _timed_loop(list(range(len(caches.samples) + 1)), lambda _: next(it), share, clock,
-                                 started=seen.reset)
+            timed = _timed_loop(list(range(len(caches.samples) + 1)), lambda _: next(it), share, clock,
+                                started=seen.reset)
         else:
             order = index_order(spec)
             if spec.batch_sampler is not None:
                 order = itertools.chain.from_iterable(order)
             indices = list(itertools.islice(order, max(2, len(caches.samples) + 1)))
-            n, sec = _timed_loop(indices, lambda i: dataset[i], share, clock, started=seen.reset)
-    per_sample = sec / n
-    getitem = round(per_sample * 1e3, 4)
+            timed = _timed_loop(indices, lambda i: dataset[i], share, clock, started=seen.reset)
+    n = timed.n
+    getitem = round(timed.ms, 4)
+    measured = dict(samples=n, se_ms_per_sample=timed.se_ms, cpu_ms_per_sample=round(timed.cpu_ms, 4))
     if spec.iterable:
-        load = PerSample(ms_per_sample=getitem, samples=n, includes=("load", "augment"),
-                         note="IterableDataset: loading and transforms run together")
+        load = PerSample(ms_per_sample=getitem, includes=("load", "augment"),
+                         note="IterableDataset: loading and transforms run together", **measured)
     elif not augment.ok:
-        load = PerSample(ms_per_sample=getitem, samples=n, getitem_ms_per_sample=getitem, includes=("load", "augment"),
-                         note="the transforms could not be split from loading: both are included")
+        load = PerSample(ms_per_sample=getitem, getitem_ms_per_sample=getitem, includes=("load", "augment"),
+                         note="the transforms could not be split from loading: both are included", **measured)
     else:
-        load = PerSample(ms_per_sample=round(max(0.0, per_sample * 1e3 - augment.ms_per_sample), 4), samples=n,
-                         getitem_ms_per_sample=getitem, includes=("load",))
+        # __getitem__ less the transforms replayed alone: both errors, and both CPU times
+        both = (None if timed.se_ms is None or augment.se_ms_per_sample is None
+                else round(math.hypot(timed.se_ms, augment.se_ms_per_sample), 5))
+        cpu = (None if augment.cpu_ms_per_sample is None
+               else round(max(0.0, timed.cpu_ms - augment.cpu_ms_per_sample), 4))
+        load = PerSample(ms_per_sample=round(max(0.0, timed.ms - augment.ms_per_sample), 4), samples=n,
+                         getitem_ms_per_sample=getitem, includes=("load",), se_ms_per_sample=both,
+                         cpu_ms_per_sample=cpu)
     return dataclasses.replace(load, split=_guard(LoadSplit, lambda: reads.split(seen, n, load)))
 
 
@@ -214,8 +258,10 @@ def _augment(caches, share, clock) -> PerSample:
     except (KeyboardInterrupt, faults.StepTimeout):
         raise
     except Exception as exc:  # a transform that fails alone: the stage is still timed whole
-        n, sec = _timed_loop(pairs, lambda p: recording.replay_sample(*p), share / 2, clock)
-        whole, parts = PerSample(ms_per_sample=round(sec / n * 1e3, 4), samples=n), Breakdown.missing("failed", _reason(exc))
+        timed = _timed_loop(pairs, lambda p: recording.replay_sample(*p), share / 2, clock)
+        whole = PerSample(ms_per_sample=round(timed.ms, 4), samples=timed.n, se_ms_per_sample=timed.se_ms,
+                          cpu_ms_per_sample=round(timed.cpu_ms, 4))
+        parts = Breakdown.missing("failed", _reason(exc))
     if movable and parts.ok and clock() - start < share:  # else none is timed: the share is spent
         parts = dataclasses.replace(parts, reorders=_reorders(caches.raw_calls, share - (clock() - start), clock))
     return dataclasses.replace(whole, breakdown=parts)
@@ -241,16 +287,18 @@ def _groups(spec, caches) -> list:
 
 def _collate(spec, caches, share, clock) -> Collate:
     groups = _groups(spec, caches)
-    n, sec = _timed_loop(groups, spec.collate_fn, share / 2, clock)
-    info = Collate(ms_per_batch=round(sec / n * 1e3, 4), batches=n,
+    timed = _timed_loop(groups, spec.collate_fn, share / 2, clock)
+    n = timed.n
+    info = Collate(ms_per_batch=round(timed.ms, 4), batches=n,
                    collate_fn=getattr(spec.collate_fn, "__qualname__", type(spec.collate_fn).__name__),
-                   mixes=batch_mixers(spec.collate_fn) or None)
+                   mixes=batch_mixers(spec.collate_fn) or None, se_ms_per_batch=timed.se_ms,
+                   cpu_ms_per_batch=round(timed.cpu_ms, 4))
     if spec.collate_fn is not default_collate and spec.auto_collation:
         # The same samples through torch's default_collate: tells the function's own work
         # apart from what the batch structure costs.
         try:
-            n2, sec2 = _timed_loop(groups[:n + 1], default_collate, share / 2, clock)  # the batches timed above
-            info = dataclasses.replace(info, default_collate_ms_per_batch=round(sec2 / n2 * 1e3, 4))
+            again = _timed_loop(groups[:n + 1], default_collate, share / 2, clock)  # the batches timed above
+            info = dataclasses.replace(info, default_collate_ms_per_batch=round(again.ms, 4))
         except Exception as exc:
             info = dataclasses.replace(info, default_collate_reason=_reason(exc))
     return info
@@ -291,8 +339,8 @@ def _transfer(spec, caches, device, move, *, share, clock) -> Transfer:
     def one(batch):
         move(batch)
         sync()
-    n, sec = _timed_loop(host, one, share, clock)
-    per = sec / n
+    timed = _timed_loop(host, one, share, clock)
+    n, per = timed.n, timed.seconds / timed.n
     return Transfer(ms_per_batch=round(per * 1e3, 4), bytes_per_batch=nbytes,
                     gb_per_s=round(nbytes / per / 1e9, 3) if per > 0 else None, pinned=bool(spec.pin_memory),
                     batches=n)

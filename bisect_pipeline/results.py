@@ -273,6 +273,12 @@ class PerSample(Part):
     note: Optional[str] = None
     breakdown: Optional[Breakdown] = None  # augment: transform by transform
     split: Optional[LoadSplit] = None  # load: read and decode
+    # the standard error of ms_per_sample (the samples' spread over sqrt(samples); load's
+    # combines __getitem__'s and augment's) and the CPU time of this process per sample
+    # (well under ms_per_sample: the stage waits, on storage or a network, more than it
+    # computes); None in a document written before they were kept
+    se_ms_per_sample: Optional[float] = None
+    cpu_ms_per_sample: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,6 +289,8 @@ class Collate(Part):
     default_collate_ms_per_batch: Optional[float] = None  # the same samples through default_collate
     default_collate_reason: Optional[str] = None
     mixes: Optional[tuple] = None  # batch-mixing transforms found in the collate_fn (MixUp, CutMix, ...)
+    se_ms_per_batch: Optional[float] = None  # as PerSample's, per batch
+    cpu_ms_per_batch: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -166,15 +166,17 @@ class Comparison:
 
 
 def compare(c: "Contrast", reference: float, *, scale: float = 1.0,
-            bound: Sequence["Contrast"] = ()) -> Comparison:
+            bound: Sequence["Contrast"] = (), z: Optional[float] = None) -> Comparison:
     """Is the difference `c` (positive: the first term larger) real? Asked at `level(c)`,
     its standard error widened for its degrees of freedom there (Contrast.widened), at
     most the sum of the noise of `bound` widened alike (sd(a - b) <= sd(a) + sd(b): the
     two costs a lead is the difference of), against noise_threshold at `reference`
     (MIN_REL_DROP of it at least) with `scale` more noise (stopping early asks for a
     margin). One-sided: `real` says the estimate is beyond the threshold in its own
-    direction (abs: a comparison of two settings asks both ways, each at 97.7%)."""
-    z = level(c)
+    direction (abs: a comparison of two settings asks both ways, each at 97.7%). `z`:
+    asked at that level instead (the verdict holds a reading against its prediction at
+    the noise rule's, Z_NOISE: "the rounds are suspect" is the stronger claim)."""
+    z = level(c) if z is None else z
     sigma = c.widened(z)
     if bound:
         sigma = min(sigma, sum(b.widened(z) for b in bound))

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Mapping, Optional
 
+from . import witness
 from .stats import (FEW_ROUNDS, MIN_REL_DROP, NOISY_REL_IQR, Z_LEAD, Z_NOISE, Contrast, Noise, Throughput, compare,
                     decreasing_blocks, is_real, level, noise_threshold, normal_cdf, t_factor, t_quantile)
 
@@ -128,6 +129,16 @@ class Verdict:
     noise: Any = dataclasses.field(default=None, compare=False, repr=False)  # stats.Noise of the points
     # each fitted point's time as a combination of the points' own (_fit): {point: {q: weight}}
     fit_coef: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # The second witness (witness.py, _witnessed): which witness the verdict rests on
+    # (WITNESSES), each worker stage's predicted drop from its cost alone {stage: (seconds
+    # per batch, standard error)}, the model (witness.Alone.mode), and the stages whose
+    # readings disagree with their prediction beyond both noises, or whose order the two
+    # witnesses give the other way round.
+    witness: str = "rounds"
+    predicted: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
+    model: Optional[str] = None
+    disagree: tuple = ()
+    prediction: Any = dataclasses.field(default=None, compare=False, repr=False)  # witness.Prediction
 
     def drop(self, lower: str, upper: str) -> Optional[Contrast]:
         """fitted(lower) - fitted(upper) with its noise (_drop), as every rule of this
@@ -146,14 +157,15 @@ def decide(
     skipped: Mapping[str, str] = {},
     *,
     noise_scale: float = 1.0,
+    alone: Optional[witness.Alone] = None,
 ) -> Verdict:
-    """Name the bottleneck from the points that were measured.
-
-    `measured` maps point name to its throughput for the points whose status is ok;
+    """Name the bottleneck from the points that were measured. `measured` maps point
+    name to its throughput for the points whose status is ok;
     `skipped` maps a point to the reason it does not apply here (`host` without an
     accelerator, `collated` at num_workers=0), so the stage that ends at it is reported as
     not applicable instead of merged; a point merely not selected is not in it.
-    `noise_scale` > 1 asks whether the verdict stands with that much more noise.
+    `noise_scale` > 1 asks whether the verdict stands with that much more noise;
+    `alone`: the worker stages' costs alone (witness.alone), the second witness.
 
     Algorithm (t = seconds per batch; every difference's noise from its per-round
     values, stats.Noise; each constant above says why):
@@ -167,23 +179,21 @@ def decide(
         stages = for each pair of adjacent kept points (lower, upper), the first stage
                  between them costs fitted(lower) - fitted(upper) (the costs add up to
                  the gap), its noise that of the points pooled into either  (_drop),
-                 the others between are merged into it, and a stage whose
-                 end point does not apply here is skipped  (_cost_stages)
-        real = stages whose cost is beyond the noise (stats.is_real)
-        leads = the costliest stage's cost minus each other's, real or not at Z_LEAD
-                (97.7%; Z_NOISE over fewer than FEW_ROUNDS rounds), its noise from the
-                per-round values of that difference, at most the sum of the two costs'
-                own noise  (_leads)
-        verdict (_name):
+                 the others between merged into it, one whose end point does not
+                 apply here skipped  (_cost_stages)
+        leads = the costliest stage's cost minus each other's, real or not by
+                stats.compare, its noise from the per-round values of that difference,
+                at most the sum of the two costs' own noise  (_leads)
+        verdict (_name), real = beyond the noise (stats.is_real):
             a stage real or the gap real (input-bound):
                 the costliest stage when every lead is real; else `tie` between it
                 and the stages it does not lead beyond the noise
             neither: none if the gap's upper bound (Z_UPPER) <= NONE_MAX_LOSS t(full);
                      else inconclusive, with the rounds that would decide it
+        then the second witness, the stages' costs alone (_witnessed)
     """
     present = [p for p in POINTS if p in measured]
-    if "full" not in measured:
-        # no verdict, but the points shown still agree with each other (a partial run)
+    if "full" not in measured:  # no verdict, but the points shown still agree (a partial run)
         noise = Noise(measured) if measured else None
         fitted, coef = _fit(noise, present) if noise is not None else ({}, {})
         return Verdict(None, _unmeasured_stages(skipped), reason="the full pipeline was not measured",
@@ -199,7 +209,8 @@ def decide(
                        inconsistent=inconsistent, fitted=fitted, noise=noise, fit_coef=coef)
     stages = _cost_stages(list(fitted), fitted, coef, noise, skipped=skipped, left_out=left_out,
                           batch_size=batch_size, noise_scale=noise_scale)
-    return _judge(stages, fitted, coef, noise, measured, inconsistent=inconsistent, noise_scale=noise_scale)
+    return _witnessed(_judge(stages, fitted, coef, noise, measured, inconsistent=inconsistent, noise_scale=noise_scale),
+                      alone, noise_scale=noise_scale)
 
 
 def _judge(stages: tuple, fitted: Mapping[str, float], coef: Mapping, noise: Noise, measured: Mapping[str, Throughput],
@@ -215,6 +226,165 @@ def _judge(stages: tuple, fitted: Mapping[str, float], coef: Mapping, noise: Noi
                    ceiling=ceiling, fitted=fitted, inconsistent=inconsistent, gap_sigma=gap_c.sigma,
                    gap_upper=gap_c.upper(Z_UPPER, noise_scale), gap_rounds=gap_c.rounds, tied=tied, leads=leads,
                    noise=noise, fit_coef=coef)
+
+
+# Which witness a verdict rests on: the drops of the rounds alone (no second witness, or
+# it adds nothing), both (the costs alone put the named stage first too), the isolated
+# costs (they ordered what the rounds could not, or bounded a loss the rounds could not),
+# or neither (the two disagree: no stage named on either alone).
+WITNESSES = ("rounds", "both", "isolated costs", "disagree")
+
+
+def _witnessed(v: Verdict, a: Optional[witness.Alone], *, noise_scale: float) -> Verdict:
+    """The verdict with the second witness heard (decide): each worker stage's drop
+    predicted from its cost alone (witness.predict), held against the rounds':
+        a reading beyond both noises from its prediction (serial and shared models), or
+        two stages ordered one way by the rounds and the other by the costs alone:
+            no stage named on either alone (a tie of both leaders; `disagree`)
+        a tie whose stages the costs alone order beyond their noise: their leader
+            (witness "isolated costs")
+        a named stage: "both" where the costs alone put it first too
+        inconclusive, where the predicted loss and the rounds' rest of the gap stay under
+            NONE_MAX_LOSS and the rounds agree: none (witness "isolated costs")"""
+    if a is None or v.bottleneck is None or v.noise is None or "full" not in v.fitted:
+        return v
+    t_full = v.fitted["full"]
+    base_point = next((p for p in v.fitted if p not in witness.WORK_POINTS), None)
+    gap = v.drop("full", base_point) if base_point is not None else None
+    pred = witness.predict(a, v.fitted, None if gap is None else (max(0.0, gap.estimate), gap.se))
+    cost = {s.stage: s for s in v.stages if s.status == "ok"}
+    predicted = {name: d for name, d in ((n, pred.drop(s.lower, s.upper)) for n, s in cost.items()) if d is not None} \
+        if pred is not None else {}
+    if not predicted:
+        return v
+    v = dataclasses.replace(v, predicted=predicted, model=a.mode, prediction=pred)
+    disagree = _disagreeing(v, cost, predicted, a, t_full, noise_scale=noise_scale)
+    if disagree:
+        return _disagreement(v, cost, predicted, disagree)
+    if v.bottleneck == "tie":
+        return _ordered_alone(v, cost, predicted, a, t_full, noise_scale=noise_scale)
+    if v.bottleneck in STAGES:
+        top = max(predicted, key=lambda n: predicted[n][0])
+        return dataclasses.replace(v, witness="both" if top == v.bottleneck else "rounds")
+    if v.bottleneck == "inconclusive":
+        return _none_alone(v, pred, base_point, gap, noise_scale=noise_scale)
+    return v
+
+
+def _alone_lead(predicted: Mapping, a: witness.Alone, top: str, other: str, noise_scale: float):
+    """stats.compare of the predicted drops of `top` and `other`: the lead by the costs
+    alone, against the larger of the two (MIN_REL_DROP of it at least: a stage's own
+    cost timed alone drifts by a few percent, not by a share of the loop's time)."""
+    (p, e), (q, f) = predicted[top], predicted[other]
+    n = max(2, a.samples)
+    return compare(Contrast(p - q, math.hypot(e, f), n - 1, n), max(p, q), scale=noise_scale)
+
+
+def _disagreeing(v: Verdict, cost: Mapping, predicted: Mapping, a: witness.Alone, t_full: float, *,
+                 noise_scale: float) -> tuple:
+    """The stages whose reading differs from its prediction beyond both noises, at the
+    noise rule's level and floor (serial and shared models: the parallel one only orders),
+    then, where the rounds' leader leads a stage beyond the noise that the costs alone put
+    ahead of it beyond theirs, both; in the order found."""
+    out = []
+    if a.mode != "parallel":
+        for name, (p, e) in predicted.items():
+            c = _cost_noise(cost[name])
+            diff = Contrast(cost[name].sec_per_batch - p, math.hypot(c.se, e), c.df, c.rounds, pooled=c.pooled)
+            if compare(diff, t_full, scale=noise_scale, z=Z_NOISE).real:
+                out.append(name)
+    top = _costed(v.stages)[0].stage if _costed(v.stages) else None
+    for lead in v.leads:
+        if lead.real and top in predicted and lead.over in predicted:
+            behind = _alone_lead(predicted, a, lead.over, top, noise_scale)
+            if behind.real and behind.estimate > 0:
+                out += [s for s in (top, lead.over) if s not in out]
+    return tuple(out)
+
+
+def _disagreement(v: Verdict, cost: Mapping, predicted: Mapping, disagree: tuple) -> Verdict:
+    """The two witnesses disagree: no stage is named on either alone. The rounds' stage or
+    tie and the costs' own leader, costliest first by the rounds, are the stages in
+    question (a tie), unless both name the same one (it stays named; the disagreement
+    elsewhere keeps the run from settling: verdict.settled)."""
+    top_alone = max(predicted, key=lambda n: predicted[n][0])
+    asked = list(in_question(v))
+    if v.bottleneck not in STAGES + ("tie",):
+        return dataclasses.replace(v, disagree=disagree)
+    if asked == [top_alone]:
+        return dataclasses.replace(v, witness="both", disagree=disagree)
+    tied = tuple(sorted(set(asked) | {top_alone} | {s for s in disagree if s in asked + [top_alone]},
+                        key=lambda n: -cost[n].sec_per_batch))
+    if len(tied) < 2:
+        tied = tuple(sorted({top_alone, *asked}, key=lambda n: -cost[n].sec_per_batch))
+    words = [_disagree_words(n, cost[n], predicted[n]) for n in disagree]
+    reason = (f"{_and(list(tied))}: the rounds and the stages' costs alone disagree ({'; '.join(words)}), so "
+              "neither names a stage alone; more rounds may settle it")
+    return dataclasses.replace(v, bottleneck="tie", tied=tied, witness="disagree", disagree=disagree, reason=reason)
+
+
+def _disagree_words(name: str, s: StageCost, pred: tuple) -> str:
+    """'collate reads 3.1 ms per batch in the loop where alone it costs 0.1'."""
+    return f"{name} reads {_ms(s.sec_per_batch)} ms per batch in the loop where alone it costs {_ms(pred[0])}"
+
+
+def _ordered_alone(v: Verdict, cost: Mapping, predicted: Mapping, a: witness.Alone, t_full: float, *,
+                   noise_scale: float) -> Verdict:
+    """A tie the costs alone order: their leader among the tied stages, where it leads
+    each other tied stage beyond their noise and every stage outside the tie by one
+    witness or the other, the rounds leading it over none beyond theirs."""
+    if any(n not in predicted for n in v.tied):
+        return v
+    top = max(v.tied, key=lambda n: predicted[n][0])
+    leads = {lead.over: lead for lead in _leads(v.stages, v.fit_coef, v.noise, t_full, noise_scale, top=top)}
+    for other in cost:
+        if other == top:
+            continue
+        by_rounds = leads.get(other)
+        by_alone = _alone_lead(predicted, a, top, other, noise_scale) if other in predicted else None
+        alone_ok = by_alone is not None and by_alone.real and by_alone.estimate > 0
+        if other in v.tied and not alone_ok:
+            return v
+        if not alone_ok and not (by_rounds is not None and by_rounds.real):
+            return v
+    runner = max((n for n in v.tied if n != top), key=lambda n: predicted[n][0])
+    ratio = predicted[top][0] / predicted[runner][0] if predicted[runner][0] > 0 else math.inf
+    times = f"{ratio:.1f}\u00d7 what {runner} does" if math.isfinite(ratio) else f"more than {runner}"
+    reason = (f"{top} leads: the rounds cannot separate it from {_and([n for n in v.tied if n != top])} yet "
+              f"({_and([_ms(cost[n].sec_per_batch) for n in v.tied])} ms per batch); alone it costs {times} "
+              f"({_ms(predicted[top][0])} against {_ms(predicted[runner][0])} ms per batch{_model_note(a)})")
+    return dataclasses.replace(v, bottleneck=top, tied=(), witness="isolated costs", reason=reason,
+                               leads=tuple(leads.values()))
+
+
+def _model_note(a: witness.Alone) -> str:
+    return "" if a.mode == "serial" else f", as the loop would pay it: {a.describe()}"
+
+
+def _none_alone(v: Verdict, pred: witness.Prediction, base_point: str, gap: Optional[Contrast], *,
+                noise_scale: float) -> Verdict:
+    """An inconclusive run whose worker stages, by their costs alone, cost the loop less
+    than NONE_MAX_LOSS with the rest of the gap (the rounds' drop from base_point to the
+    ceiling, its bound), the rounds' own loss to them agreeing: `none`."""
+    t_full = v.fitted["full"]
+    up = pred.gap_upper(Z_UPPER * noise_scale)
+    if up is None or gap is None:
+        return v
+    below = None if base_point == v.ceiling else v.drop(base_point, v.ceiling)
+    if base_point != v.ceiling and below is None:
+        return v
+    rest = 0.0 if below is None else max(0.0, below.upper(Z_UPPER, noise_scale))
+    predicted_gap = pred.times["full"] - pred.base
+    excess = Contrast(gap.estimate - predicted_gap, math.hypot(gap.se, pred.se["full"]), gap.df, gap.rounds,
+                      pooled=gap.pooled)
+    if up + rest > NONE_MAX_LOSS * t_full or (excess.estimate > 0 and compare(excess, t_full, scale=noise_scale,
+                                                                              z=Z_NOISE).real):
+        return v
+    reason = (f"the full pipeline keeps up by its costs alone: its worker stages add at most {_ms(up)} ms to a "
+              f"{_ms(t_full)}-ms batch ({up / t_full * 100:.1f}%{_model_note(pred.alone)})"
+              + (f" and the rest of the gap at most {_ms(rest)}" if rest > 0 else "")
+              + f"; the rounds, which cannot bound it yet, read {_ms(gap.estimate)} ms and agree")
+    return dataclasses.replace(v, bottleneck="none", witness="isolated costs", reason=reason)
 
 
 def _fit(noise: Noise, kept: list) -> tuple[dict, dict]:
@@ -305,15 +475,19 @@ def _costed(stages: tuple) -> list:
     return sorted((c for c in stages if c.status == "ok"), key=lambda c: c.sec_per_batch, reverse=True)
 
 
-def _leads(stages: tuple, coef: Mapping, noise: Noise, t_full: float, noise_scale: float) -> tuple:
+def _leads(stages: tuple, coef: Mapping, noise: Noise, t_full: float, noise_scale: float, *,
+           top: Optional[str] = None) -> tuple:
     """The costliest stage's lead over each other costed stage. Each lead's noise comes
     from the per-round values of the difference of the two costs (a point the two stages
     share, adjacent stages, counts with its sign in each round: t(full) - 2 t(raw) +
     t(augmented) for load over augment), so noise common to both costs cancels; it is
     never taken as more than the sum of the two costs' own noise. Where a point of either
     was pooled with another in the ordered fit, the same difference of the fitted times
-    (over the rounds all its points share) counts too, where its noise is the larger."""
+    (over the rounds all its points share) counts too, where its noise is the larger.
+    `top`: that stage's lead over each other (its lead may then be negative)."""
     costed = _costed(stages)
+    if top is not None:  # another stage's lead over the rest (_witnessed)
+        costed = [c for c in costed if c.stage == top] + [c for c in costed if c.stage != top]
     out = []
     for other in costed[1:]:
         top = costed[0]
@@ -553,9 +727,14 @@ def settled(v: Verdict, more_noise: Verdict, less_noise: Verdict) -> bool:
     purpose), and stays the same tie with less noise and with more (a tie says the
     pipeline is input-bound: like a named stage, that must stand with the margin; a
     drifting step-bound MLP settled a tie with `collate` real after 4 rounds, where its
-    input costs under 1% of the step). Never an inconclusive verdict. (An inconsistent point has been measured
-    again once by the scheduler before this is asked, then left out.)"""
-    if v.bottleneck in (None, "inconclusive"):
+    input costs under 1% of the step). Never an inconclusive verdict, nor one whose two
+    witnesses disagree (`disagree`: a reading beyond both noises from its cost alone, or
+    the two ordering stages the other way round): its rounds are suspect, and more of
+    them may show it (the MNIST example settled a tie of load and collate at 4 rounds,
+    collate reading 3.1 ms where alone it costs 0.08 and augment, the costliest alone,
+    left out). (An inconsistent point has been measured again once by the scheduler before
+    this is asked, then left out.)"""
+    if v.bottleneck in (None, "inconclusive") or v.disagree:
         return False
     if v.bottleneck == "none":
         return less_noise.bottleneck == "none"
@@ -611,9 +790,9 @@ def self_check(points: Mapping[str, float], v: Verdict, num_workers: Optional[in
             out.append(f"the report shows {s.stage} at {s.share_of_gap:.0%} of the gap")
     if v.bottleneck == "none" and real:
         out.append(f"the verdict is none beside real stage cost(s): {', '.join(s.stage for s in real)}")
-    if v.bottleneck in STAGES and any(not lead.real for lead in v.leads):
+    if v.bottleneck in STAGES and v.witness != "isolated costs" and any(not lead.real for lead in v.leads):
         out.append(f"{v.bottleneck} is named with a lead within the noise")
-    if v.bottleneck == "tie" and any(lead.real for lead in v.leads if lead.over in v.tied):
+    if v.bottleneck == "tie" and v.witness != "disagree" and any(lead.real for lead in v.leads if lead.over in v.tied):
         out.append(f"the tie of {', '.join(v.tied)} holds a stage led beyond the noise")
     if num_workers == 0 and not pinned_transfer and any(s.stage == "handoff" for s in real):
         out.append("handoff shows a real cost at num_workers=0, where the loop has no handoff work")

@@ -22,7 +22,8 @@ MEASURING_AND_DERIVING = ("bisect_pipeline.plan", "bisect_pipeline.visit", "bise
                           "bisect_pipeline.sources", "bisect_pipeline.isolate", "bisect_pipeline.breakdown", "bisect_pipeline.confirm",
                           "bisect_pipeline.reads", "bisect_pipeline.reorder",
                           "bisect_pipeline.allocator",
-                          "bisect_pipeline.stats", "bisect_pipeline.verdict", "bisect_pipeline.advice",
+                          "bisect_pipeline.stats", "bisect_pipeline.verdict", "bisect_pipeline.witness",
+                          "bisect_pipeline.advice",
                           "bisect_pipeline.outcome", "bisect_pipeline.diagnosis", "bisect_pipeline.loop",
                           "bisect_pipeline.patch", "bisect_pipeline.tune")
 

@@ -48,7 +48,11 @@ if TYPE_CHECKING:  # pragma: no cover
 #       one-sided from 4 rounds on and noise_ms widened at that level, where it was
 #       99.865%: a document is decided again as it is read, by the rule of the version
 #       reading it; since 2026-11-27 each lead within its noise with rounds_to_tell, the
-#       rounds after which it would be real at its spread); verdict.gap_upper_ms and
+#       rounds after which it would be real at its spread; since 2026-11-27 (day) the
+#       second witness: verdict.witness, verdict.model, verdict.disagree, per stage
+#       alone_ms_per_batch and alone_se_ms, from isolated se_ms_per_sample/se_ms_per_batch
+#       and cpu_ms_per_sample/cpu_ms_per_batch; a verified block's low, high and pairs,
+#       its speed-up from the pairs of visits); verdict.gap_upper_ms and
 #       gap_rounds; per stage `rounds` (the rounds its noise was paired over). A document
 #       of schema 1 is still read: its windows have no round, so its noise is the
 #       windows', as it was decided. The `tune` section (--tune: the search of the
@@ -90,9 +94,12 @@ def to_dict(r: "Report") -> dict:
                        "noise_ms": ms(lead.sigma), "threshold_ms": ms(lead.threshold), "real": lead.real,
                        "rounds": lead.rounds, "rounds_to_tell": lead.rounds_to_tell} for lead in v.leads],
             "inconsistent": [dataclasses.asdict(i) for i in v.inconsistent],
+            "witness": v.witness,
+            "model": v.model,
+            "disagree": list(v.disagree),
         },
         "points": [point_dict(p, v.fitted.get(p.point), r.measured_rate(p.point)) for p in r.points],
-        "stages": [stage_dict(s, full) for s in v.stages],
+        "stages": [stage_dict(s, full, v.predicted.get(s.stage)) for s in v.stages],
         "advice": [f.to_dict() for f in r.advice],
         "loader": r.loader,
         "source": r.measurements.source,
@@ -167,7 +174,7 @@ def _window(w: Window) -> dict:
     return out
 
 
-def stage_dict(s: StageCost, full: Optional[float] = None) -> dict:
+def stage_dict(s: StageCost, full: Optional[float] = None, alone: Optional[tuple] = None) -> dict:
     return {
         "stage": s.stage,
         "status": s.status,
@@ -181,6 +188,8 @@ def stage_dict(s: StageCost, full: Optional[float] = None) -> dict:
         "includes": list(s.includes),
         "reason": s.reason,
         "rounds": s.rounds,
+        "alone_ms_per_batch": ms(alone[0]) if alone else None,
+        "alone_se_ms": ms(alone[1]) if alone else None,
     }
 
 

@@ -289,6 +289,7 @@ def _table(headers: list, rows: list, numeric: set, row_classes: Optional[list] 
 
 def stage_table(r: "Report") -> str:
     rows, classes = [], []
+    predicted = r.verdict.predicted  # the second witness: each worker stage's drop from its cost alone
     for s in r.verdict.stages:
         if s.status == "ok":
             note = []
@@ -296,14 +297,18 @@ def stage_table(r: "Report") -> str:
                 note.append("includes " + ", ".join(s.includes))
             if not s.significant:
                 note.append("within the measurement noise" + noise_text(s.sigma, " ms"))
-            rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}",
+            if s.stage in r.verdict.disagree:
+                note.append("disagrees with its cost alone")
+            alone = predicted.get(s.stage)
+            rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}", "-" if alone is None else f"{alone[0] * 1e3:.2f}",
                          "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
                          "-" if s.samples_per_sec_if_free is None else _num(s.samples_per_sec_if_free),
                          "; ".join(note)])
         else:
-            rows.append([s.stage, "-", "-", "-", f"{s.status}: {s.reason}" if s.reason else s.status])
+            rows.append([s.stage, "-", "-", "-", "-", f"{s.status}: {s.reason}" if s.reason else s.status])
         classes.append("bottleneck" if s.stage in in_question(r.verdict) else None)
-    return _table(["stage", "ms per batch added", "share of gap", "samples/s if free", "note"], rows, {1, 2, 3}, classes)
+    return _table(["stage", "ms per batch added", "alone", "share of gap", "samples/s if free", "note"], rows,
+                  {1, 2, 3, 4}, classes)
 
 
 def point_table(r: "Report") -> str:

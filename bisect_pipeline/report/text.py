@@ -60,11 +60,13 @@ def to_text(r: "Report", *, breakdown: str = "bottleneck") -> str:
     bottleneck, or always with `breakdown` "all"), warnings, then the verdict and the advice last, where they stay on screen;
     wrapped at WIDTH columns."""
     lines = _head(r)
+    marks = Footnotes()  # a row not measured: one line, its reason once below its table
     lines += ["", *_table("Throughput at each point, the ceiling first (times in ms)",
                           ["point", "samples/s", "spread", "per batch", "first batch", "what runs / why not"],
-                          _point_rows(r), "lrrrrl")]
+                          _point_rows(r, marks), "lrrrrl"), *marks.below()]
     lines += ["", *_table("What each stage costs (times in ms per batch)",
-                          ["stage", "added", "of gap", "samples/s if free", "gain", "note"], _stage_rows(r), "lrrrrl")]
+                          ["stage", "added", "alone", "of gap", "samples/s if free", "gain", "note"],
+                          _stage_rows(r, marks), "lrrrrrl"), *marks.below()]
     for parts in (_breakdown_lines(r, every=breakdown == "all"), _split_lines(r, every=breakdown == "all")):
         if parts:
             lines += ["", *parts]
@@ -190,7 +192,33 @@ def _loop_line(r: "Report") -> str:
             f"size {size}{where}{again})")
 
 
-def _point_rows(r: "Report") -> list:
+class Footnotes:
+    """Why rows were not measured, each reason once: `mark(status, reason)` is the row's
+    note ('skipped [1]'), `below()` the reasons first marked since the last call, as the
+    lines under a table (a reason already given above keeps its number)."""
+
+    def __init__(self) -> None:
+        self.reasons: list = []
+        self._shown = 0
+
+    def mark(self, status: str, reason: Optional[str]) -> str:
+        if not reason:
+            return status
+        if reason not in self.reasons:
+            self.reasons.append(reason)
+        return f"{status} [{self.reasons.index(reason) + 1}]"
+
+    def below(self) -> list:
+        new = self.reasons[self._shown:]
+        self._shown = len(self.reasons)
+        out: list = []
+        for i, reason in enumerate(new, self._shown - len(new) + 1):
+            out.extend(_wrap(reason, first=f"[{i}] ", rest="    "))
+        return out
+
+
+def _point_rows(r: "Report", marks: Optional[Footnotes] = None) -> list:
+    marks = marks or Footnotes()
     rows = []
     for name in reversed(POINTS):
         p = next((p for p in r.points if p.point == name), None)
@@ -201,19 +229,21 @@ def _point_rows(r: "Report") -> list:
         if p.status == "ok":
             note = _POINT_SHORT[name] + _pooled_note(r, name, rate)
         else:
-            note = f"{p.status}: {p.reason}" if p.reason else p.status
+            note = marks.mark(p.status, p.reason)
         rows.append([name, _fmt_rate(rate), f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
                      f"{r.batch_size / rate * 1e3:.2f}" if rate else "-",
                      "-" if p.first_batch_seconds is None else f"{p.first_batch_seconds * 1e3:.0f}", note])
     return rows
 
 
-def _stage_rows(r: "Report") -> list:
+def _stage_rows(r: "Report", marks: Optional[Footnotes] = None) -> list:
+    marks = marks or Footnotes()
     rows = []
     full = r.rate("full")
+    predicted = r.verdict.predicted  # the second witness: each worker stage's drop from its cost alone
     for s in r.verdict.stages:
         if s.status != "ok":
-            rows.append([s.stage, "-", "-", "-", "-", f"{s.status}: {s.reason}" if s.reason else s.status])
+            rows.append([s.stage, "-", "-", "-", "-", "-", marks.mark(s.status, s.reason)])
             continue
         gain = gain_if_free(s, full)
         notes = []
@@ -221,7 +251,10 @@ def _stage_rows(r: "Report") -> list:
             notes.append("within noise" + noise_text(s.sigma))
         if len(s.includes) > 1:
             notes.append("includes " + ", ".join(s.includes))
-        rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}",
+        if s.stage in r.verdict.disagree:
+            notes.append("disagrees with its cost alone")
+        alone = predicted.get(s.stage)
+        rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}", "-" if alone is None else f"{alone[0] * 1e3:.2f}",
                      "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
                      _fmt_rate(s.samples_per_sec_if_free), "-" if gain is None else f"{gain * 100:+.0f}%",
                      "; ".join(notes)])

@@ -1,0 +1,197 @@
+"""The second witness: what the worker stages should cost in the loop, from their costs
+alone (pure).
+
+The bisection reads each stage's cost as a drop between two points of the training loop:
+a few rounds of windows, each a difference of two long times. The isolated timings
+(isolate.py) time the workers' stages alone, one sample or batch at a time in this
+process, over many more items: each stage's work per batch with its standard error. From
+those, the user's workers and cores, and the time the loop takes at the first point
+measured after `augmented` (`base`: collated, host or device), this module predicts the
+drop the loop should show at each worker stage (load, augment, collate), and its noise:
+
+    work(p)   the workers' work per batch still to do at point p, on one core:
+              full: load + augment + collate; raw: augment + collate; augmented: collate
+
+    serial    num_workers=0: the loop does the work itself, item after item:
+              t(p) = base + work(p), each stage's drop its own work. It holds exactly,
+              but for the noise of both measurements.
+    parallel  workers on cores of their own (an accelerator's step, num_workers at most
+              the cores less the loop's one): t(p) = max(base, work(p) / num_workers);
+              the workers hide what the step covers. Assumes the work divides evenly
+              among the workers and a batch's handoff costs nothing beyond `base`.
+    shared    workers sharing the cores with a CPU step (its threads and the workers more
+              than the cores), or more workers than cores: t(p) = base + k work(p), k the
+              loop's cost of a unit of the workers' work, between 1 / cores (the cores
+              shared perfectly) and 1 (not at all: on 2 cores with a 2-thread step and 2
+              workers, the public pipelines read k near 1, the step's parallel regions
+              stalling on a descheduled thread). k is taken from the rounds' own gap
+              (t(full) - base over work(full)): the rounds say what the input costs the
+              loop in all, the isolated costs how it divides among the stages.
+
+verdict.decide holds the drops against these (verdict._witnessed): where the rounds cannot
+order two stages the prediction may; where the two disagree beyond both noises no stage
+is named on either alone; a run whose rounds cannot bound the gap may still say `none`
+where the predicted loss is small beyond its noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Optional
+
+# The worker stages, upstream to downstream, and the points their work is still to do at.
+WORKER_STAGES = ("load", "augment", "collate")
+WORK_POINTS = ("full", "raw", "augmented")
+
+
+@dataclasses.dataclass(frozen=True)
+class Alone:
+    """The isolated costs as the verdict reads them: each worker stage's work per batch
+    on one core (seconds) and its standard error; how the loop runs the work (`mode`,
+    see the module's docstring), the workers and the cores, and the assumptions in
+    words. A stage whose cost was not timed apart (the transforms not split from
+    loading) is missing: `load` then holds augment's work too."""
+
+    work: Mapping[str, float]
+    se: Mapping[str, float]
+    mode: str
+    workers: int
+    cores: int
+    merged: bool = False  # load's work holds augment's
+    samples: int = 0  # the fewest items any stage was timed over
+
+    def at(self, point: str) -> Optional[tuple]:
+        """(work per batch still to do at `point`, its standard error), or None where
+        it is not known (raw when augment was not timed apart)."""
+        stages = WORKER_STAGES[WORK_POINTS.index(point):]
+        if self.merged and point == "raw":
+            return None
+        if any(s not in self.work for s in stages if not (self.merged and s == "augment")):
+            return None
+        keep = [s for s in stages if s in self.work]
+        return sum(self.work[s] for s in keep), math.sqrt(sum(self.se[s] ** 2 for s in keep))
+
+    def describe(self) -> str:
+        """The model's assumptions, as the report states them."""
+        if self.mode == "serial":
+            return "num_workers=0: the loop does every stage's work itself, one after the other"
+        if self.mode == "parallel":
+            return (f"{self.workers} worker(s) on cores of their own ({self.cores} cores): the workers hide the work "
+                    "the step covers, shared evenly among them")
+        return (f"{self.workers} worker(s) share {self.cores} cores with the step: each stage costs the loop its share "
+                "of the input's cost that the rounds measured")
+
+
+def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
+    """The isolated costs of a run (results.Isolated) as the verdict reads them, or None
+    where they cannot witness: not measured, no standard error kept (a document written
+    before they were), an IterableDataset (load and augment together, no raw point)."""
+    if isolated is None or not getattr(isolated, "ok", False):
+        return None
+    items = isolated.items_per_batch or isolated.batch_size
+    load, aug, col = isolated.part("load"), isolated.part("augment"), isolated.part("collate")
+    if not items or load is None or col is None or load.se_ms_per_sample is None or col.se_ms_per_batch is None:
+        return None
+    merged = "augment" in (load.includes or ())
+    work = {"load": load.ms_per_sample * items / 1e3, "collate": col.ms_per_batch / 1e3}
+    se = {"load": load.se_ms_per_sample * items / 1e3, "collate": col.se_ms_per_batch / 1e3}
+    samples = [load.samples or 0, col.batches or 0]
+    if not merged:
+        if aug is None or aug.se_ms_per_sample is None:
+            return None
+        work["augment"], se["augment"] = aug.ms_per_sample * items / 1e3, aug.se_ms_per_sample * items / 1e3
+        samples.append(aug.samples or 0)
+    w = isolated.part("workers")
+    cores = int(w.cores) if w is not None and w.cores else 1
+    threads = int(w.step_threads or 0) if w is not None else 0
+    workers = int(loader.get("num_workers") or 0)
+    on_cpu = str(device).startswith("cpu")
+    if workers == 0:
+        mode = "serial"
+    elif workers <= cores - 1 and not (on_cpu and workers + max(1, min(threads, cores)) > cores):
+        mode = "parallel"
+    else:
+        mode = "shared"
+    return Alone(work, se, mode, workers, cores, merged, min(samples))
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """What the loop should read at the worker stages' points: each point's predicted time
+    (`times`, with `base` at `base_point`) and its standard error, the contention factor
+    k (shared: fitted from the rounds' gap, with its standard error; serial 1), and the
+    model (Alone)."""
+
+    alone: Alone
+    base_point: str
+    base: float
+    times: Mapping[str, float]
+    se: Mapping[str, float]
+    k: float = 1.0
+    k_se: float = 0.0
+
+    def drop(self, lower: str, upper: str) -> Optional[tuple]:
+        """(the predicted t(lower) - t(upper), its standard error), or None where either
+        point is not predicted (beyond base_point, or raw without augment apart)."""
+        if lower not in self.times or upper not in self.times:
+            return None
+        d = self.times[lower] - self.times[upper]
+        if self.alone.mode == "parallel":
+            return d, math.hypot(self.se[lower], self.se[upper])
+        # serial and shared: k (work(lower) - work(upper)), the stages between counted once
+        wl, wu = self.alone.at(lower), (self.alone.at(upper) if upper != self.base_point else (0.0, 0.0))
+        if wl is None or wu is None:
+            return None
+        work, se = wl[0] - wu[0], _between_se(self.alone, lower, upper, self.base_point)
+        return d, math.hypot(self.k * se, work * self.k_se)
+
+    def gap_upper(self, z: float) -> Optional[float]:
+        """The least the worker stages could cost the loop in all (t(full) - base) at most,
+        z standard errors up: serial exactly, parallel by its model, shared with k = 1
+        (no sharing: the most the work can cost)."""
+        w = self.alone.at("full")
+        if w is None:
+            return None
+        if self.alone.mode == "parallel":
+            return max(0.0, (w[0] + z * w[1]) / self.alone.workers - self.base)
+        return w[0] + z * w[1]
+
+
+def _between_se(a: Alone, lower: str, upper: str, base_point: str) -> float:
+    """The standard error of the work of the stages between two points."""
+    first = WORK_POINTS.index(lower)
+    last = len(WORK_POINTS) if upper == base_point else WORK_POINTS.index(upper)
+    stages = [s for s in WORKER_STAGES[first:last] if s in a.se]
+    return math.sqrt(sum(a.se[s] ** 2 for s in stages))
+
+
+def predict(a: Optional[Alone], fitted: Mapping[str, float], gap: Optional[tuple] = None) -> Optional[Prediction]:
+    """The prediction for one verdict's fitted points (verdict._fit: point -> seconds per
+    batch, upstream to downstream), or None without `full` or a point after `augmented`.
+    `gap`: the rounds' t(full) - base and its standard error, for the shared model's k."""
+    if a is None or "full" not in fitted:
+        return None
+    after = [p for p in fitted if p not in WORK_POINTS]
+    if not after:
+        return None
+    base_point = after[0]
+    base = fitted[base_point]
+    times, se = {base_point: base}, {base_point: 0.0}
+    k, k_se = 1.0, 0.0
+    if a.mode == "shared":
+        w = a.at("full")
+        if w is None or w[0] <= 0 or gap is None:
+            return None
+        k = min(1.0, max(1.0 / a.cores, gap[0] / w[0]))
+        k_se = gap[1] / w[0] if 1.0 / a.cores < gap[0] / w[0] < 1.0 else 0.0
+    for p in WORK_POINTS:
+        w = a.at(p)
+        if w is None or p not in fitted:
+            continue
+        if a.mode == "parallel":
+            over = w[0] / a.workers > base
+            times[p], se[p] = max(base, w[0] / a.workers), (w[1] / a.workers if over else 0.0)
+        else:
+            times[p], se[p] = base + k * w[0], math.hypot(k * w[1], w[0] * k_se)
+    return Prediction(a, base_point, base, times, se, k, k_se)

@@ -1,0 +1,126 @@
+"""The second witness (witness.py, verdict._witnessed) on planted numbers: the rounds'
+drops held against each worker stage's cost alone, exact values on a fake table."""
+
+import pytest
+
+from bisect_pipeline import witness
+from bisect_pipeline.results import Collate, Isolated, PerSample, Workers
+from bisect_pipeline.verdict import SETTLE_NOISE_SCALE, decide, self_check, settled
+from test_verdict import BS, NO_HANDOFF, by_round
+
+CPU = {"host": "no accelerator: host and device coincide"}
+# a round's wobble, alike at every point it touches: the lead of two stages moves by it
+WOBBLE = [9.0, -8.0, 7.0, -9.0, 8.0, -7.0]
+
+
+def alone(mode="serial", workers=0, cores=2, **ms) -> witness.Alone:
+    """Each stage's work per batch alone (ms) with a standard error of 1% of it."""
+    return witness.Alone({k: v / 1e3 for k, v in ms.items()}, {k: v / 1e5 for k, v in ms.items()}, mode, workers,
+                         cores, samples=200)
+
+
+def three(ms: dict, a=None, skipped=NO_HANDOFF):
+    """The verdict at the noise measured, with more (settled's margin) and with less."""
+    return tuple(decide(by_round(ms), BS, skipped, noise_scale=k, alone=a)
+                 for k in (1, SETTLE_NOISE_SCALE, 1 / SETTLE_NOISE_SCALE))
+
+
+def tied_rounds(load: float, augment: float) -> dict:
+    """load and augment whose readings the rounds cannot order: `raw` wobbles round by
+    round, so the lead of one over the other swings by +-9 ms."""
+    return {"device": [30] * 6, "augmented": [30.5] * 6, "raw": [30.5 + augment + w for w in WOBBLE],
+            "full": [30.5 + augment + load] * 6}
+
+
+def test_a_lead_the_rounds_cannot_tell_but_the_costs_alone_show_twice_is_named_with_its_reason():
+    ms = tied_rounds(load=30.0, augment=36.0)
+    plain = decide(by_round(ms), BS, NO_HANDOFF)
+    assert plain.bottleneck == "tie" and set(plain.tied) == {"augment", "load"}  # the rounds alone
+    v, more, less = three(ms, alone(load=20.0, augment=40.0, collate=0.5))
+    assert v.bottleneck == "augment" and v.witness == "isolated costs" and not v.disagree
+    assert v.reason == ("augment leads: the rounds cannot separate it from load yet (35.6 and 30.4 ms per batch); "
+                        "alone it costs 2.0\u00d7 what load does (40.0 against 20.0 ms per batch)")
+    assert v.predicted["augment"] == pytest.approx((0.040, 0.0004), rel=1e-6)
+    assert self_check({p: BS / t for p, t in v.fitted.items()}, v, 0, False) == []
+    assert settled(v, more, less)  # it stands with the margin: named sooner
+
+
+def test_a_true_tie_stays_a_tie_when_the_costs_alone_are_equal_too():
+    v, _, _ = three(tied_rounds(load=33.0, augment=33.0), alone(load=33.0, augment=33.0, collate=0.5))
+    assert v.bottleneck == "tie" and set(v.tied) == {"augment", "load"} and v.witness == "rounds"
+
+
+def test_witnesses_that_disagree_name_no_stage_and_do_not_settle():
+    # the rounds read load 50 ms beyond their noise; alone load costs 5 and augment 40
+    ms = {"device": [30] * 6, "augmented": [30.5] * 6, "raw": [35.5, 35.4, 35.6, 35.5, 35.4, 35.6],
+          "full": [85.5, 85.6, 85.4, 85.5, 85.6, 85.4]}
+    assert decide(by_round(ms), BS, NO_HANDOFF).bottleneck == "load"  # the rounds alone
+    v, more, less = three(ms, alone(load=5.0, augment=40.0, collate=0.5))
+    assert v.bottleneck == "tie" and v.tied == ("load", "augment") and v.witness == "disagree"
+    assert "load" in v.disagree and "augment" in v.disagree
+    assert "load reads 50.0 ms per batch in the loop where alone it costs 5.0" in v.reason
+    assert "neither names a stage alone" in v.reason
+    assert not settled(v, more, less)
+    assert self_check({p: BS / t for p, t in v.fitted.items()}, v, 0, False) == []
+
+
+def test_a_reading_many_times_its_cost_alone_keeps_the_run_from_settling():
+    # issue 43's MNIST example, settled after 4 rounds as a tie of load and collate (5.4
+    # and 3.1 ms per batch, augment 1.2); alone load costs 1.8, augment 4.0, collate 0.08
+    ms = {"device": [50.0] * 4, "augmented": [53.1, 53.2, 53.0, 53.1], "raw": [54.3] * 4,
+          "full": [59.7, 59.6, 59.8, 59.7]}
+    assert settled(*three(ms))  # the rounds alone
+    v, more, less = three(ms, alone(load=1.8, augment=4.0, collate=0.08))
+    assert v.disagree == ("load", "collate", "augment") and not settled(v, more, less)  # and the order
+    assert "collate reads 3.1 ms per batch in the loop where alone it costs 0.1" in v.reason
+
+
+def test_a_heavy_step_the_rounds_cannot_bound_is_none_by_its_costs_alone():
+    # 1.7-s steps, three rounds that wobble by 10%: the rounds cannot bound the loss under
+    # 10%; alone, load + augment + collate add 14 ms a batch (0.8%)
+    ms = {"device": [1700, 1870, 1600], "full": [1720, 1650, 1890]}
+    plain = decide(by_round(ms), BS, CPU)
+    assert plain.bottleneck == "inconclusive"
+    v = decide(by_round(ms), BS, CPU, alone=alone(load=10.0, augment=3.9, collate=0.1))
+    assert v.bottleneck == "none" and v.witness == "isolated costs"
+    assert v.reason == ("the full pipeline keeps up by its costs alone: its worker stages add at most 14.2 ms to a "
+                        "1749.2-ms batch (0.8%); the rounds, which cannot bound it yet, read 20.3 ms and agree")
+    # with workers on cores of their own: 410 ms of work a batch over 2 workers under a 1.7-s step
+    on_gpu = {"host": [1700, 1870, 1600], "device": [1700, 1870, 1600], "full": [1720, 1650, 1890]}
+    v = decide(by_round(on_gpu), BS, {}, alone=alone("parallel", 2, 16, load=300.0, augment=100.0, collate=10.0))
+    assert v.bottleneck == "none" and v.witness == "isolated costs"
+    # the same work on one worker, over the step: not by its costs alone
+    v = decide(by_round(on_gpu), BS, {}, alone=alone("parallel", 1, 16, load=1500.0, augment=800.0, collate=10.0))
+    assert v.bottleneck == "inconclusive"
+
+
+def test_the_shared_model_divides_the_rounds_own_gap_by_the_costs_alone():
+    # 2 workers and a 2-thread step on 2 cores: the loop read 166 ms of input; alone the
+    # stages cost 97, 59 and 0.4 ms of work, so k = 166 / 156.4 (no sharing at all, k = 1)
+    ms = {"device": [110] * 5, "collated": [112] * 5, "augmented": [112.4] * 5,
+          "raw": [180 + w for w in WOBBLE[:5]], "full": [278] * 5}
+    a = alone("shared", 2, 2, load=97.0, augment=59.0, collate=0.4)
+    v = decide(by_round(ms), BS, CPU, alone=a)
+    pred = v.prediction
+    assert pred.k == pytest.approx(1.0)  # clamped: at most 1 (166/156 reads over)
+    assert v.predicted["load"][0] == pytest.approx(0.097) and v.predicted["augment"][0] == pytest.approx(0.059)
+    assert a.describe() == "2 worker(s) share 2 cores with the step: each stage costs the loop its share of the " \
+                           "input's cost that the rounds measured"
+
+
+def test_the_costs_alone_come_from_the_isolated_record_and_say_which_model_holds():
+    iso = Isolated(items_per_batch=10, load=PerSample(ms_per_sample=2.0, se_ms_per_sample=0.1, includes=("load",),
+                                                      samples=40),
+                   augment=PerSample(ms_per_sample=3.0, se_ms_per_sample=0.2, samples=40),
+                   collate=Collate(ms_per_batch=1.0, se_ms_per_batch=0.05, batches=8),
+                   workers=Workers(cores=16, step_threads=0))
+    a = witness.alone(iso, {"num_workers": 4}, "cuda")
+    assert a.mode == "parallel" and a.work == pytest.approx({"load": 0.02, "augment": 0.03, "collate": 0.001})
+    assert a.at("raw") == pytest.approx((0.031, (0.002 ** 2 + 0.00005 ** 2) ** 0.5))
+    assert witness.alone(iso, {"num_workers": 0}, "cpu").mode == "serial"
+    assert witness.alone(iso, {"num_workers": 16}, "cuda").mode == "shared"  # more workers than cores
+    two = Isolated(**{**iso.__dict__, "workers": Workers(cores=2, step_threads=2)})
+    assert witness.alone(two, {"num_workers": 1}, "cpu").mode == "shared"  # a 2-thread step on the 2 cores
+    # a document written before the standard errors were kept: no second witness
+    old = Isolated(items_per_batch=10, load=PerSample(ms_per_sample=2.0), collate=Collate(ms_per_batch=1.0))
+    assert witness.alone(old, {"num_workers": 0}, "cpu") is None
