@@ -178,8 +178,9 @@ def test_a_cpu_step_on_every_core_gets_its_threads_lowered_beside_the_workers():
 # --- the space, pruned from the bisection -------------------------------------------------------
 
 
-def planted(ms: dict, workers: int = 0, needed=None, device: str = "cpu"):
-    """A diagnosis of planted points (ms per batch, 12 windows at +-1%)."""
+def planted(ms: dict, workers: int = 0, needed=None, device: str = "cpu", load: dict = None):
+    """A diagnosis of planted points (ms per batch, 12 windows at +-1%); `load`: the
+    isolated load part."""
     def pt(name, t):
         wins = tuple(Window(10, t * 10 / 1e3 * (1 + 0.01 * (i % 3 - 1))) for i in range(12))
         return PointResult(name, "ok", Throughput(wins, BS))
@@ -189,6 +190,8 @@ def planted(ms: dict, workers: int = 0, needed=None, device: str = "cpu"):
     isolated = {"status": "ok", "workers": {"status": "ok", "needed": needed, "cores": 4, "available": 3,
                                             "step_threads": 1, "worker_ms_per_batch": 40.0,
                                             "step_ms_per_batch": 20.0}} if needed else None
+    if load:
+        isolated["load"] = load
     return build(points, BS, device, loader={"num_workers": workers, "pin_memory": False}, isolated=isolated)
 
 
@@ -204,6 +207,19 @@ def test_the_space_is_pruned_from_the_stage_costs():
     keeps_up = tune.space_of(planted({"device": 20.0, "augmented": 20.0, "raw": 20.2, "full": 20.1}), cores=4,
                              threads=1)
     assert keeps_up.workers == () and keeps_up.reason.startswith("the pipeline keeps up with the step (verdict none)")
+
+
+def test_a_stage_that_waits_more_than_it_computes_lets_the_search_past_the_cores():
+    # issue 43: load alone takes 10 ms a sample of which 1 ms is CPU (an object store):
+    # 12 workers would feed the step; on 4 cores the search goes up to 13, not 4
+    ms = {"device": 20.0, "augmented": 20.0, "raw": 20.0, "full": 60.0}
+    waits = {"status": "ok", "ms_per_sample": 10.0, "cpu_ms_per_sample": 1.0}
+    s = tune.space_of(planted(ms, needed=12, load=waits), cores=4, threads=1)
+    assert s.workers == tuple(range(1, 14)) and s.start == 12
+    assert s.why.endswith("4 cores this process may use (load waits: CPU 10% of its time alone: its workers wait "
+                          "more than they compute, up to 16)")
+    computes = dict(waits, cpu_ms_per_sample=9.5)
+    assert tune.space_of(planted(ms, needed=12, load=computes), cores=4, threads=1).workers == (1, 2, 3, 4)
 
 
 def test_a_tuning_record_reads_back_the_same():
