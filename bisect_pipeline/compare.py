@@ -16,18 +16,18 @@ from typing import Optional
 from . import outcome
 from .errors import BisectError
 from .report import Report
-from .stats import Throughput
-from .stats import MIN_REL_DROP, Z_NOISE, is_real, noise_threshold
+from .stats import MIN_REL_DROP, Contrast, Throughput, t_factor, unpaired
+from .stats import compare as stats_compare
 from .verdict import POINTS
 
-# A point's change is real when |log(after / before)| exceeds both Z_NOISE combined
-# relative standard errors of the two medians (hypot of Throughput.rel_se, the same
-# 3-sigma rule as the verdict) and MIN_REL_CHANGE: drift between two runs is at least
-# the drift between two points of one run, which the verdict bounds at 5%.
+# A change is decided by the tool's one comparison (stats.compare: 97.7% one-sided, Student's
+# t at the degrees of freedom of the difference's noise) on the two runs' own values, not
+# paired (stats.unpaired: the runs were not taken in alternation): a point's log speed-up
+# from each run's per-round times (its windows' where a document has no rounds), a
+# stage's cost from each run's noise. It must also exceed MIN_REL_CHANGE: drift between
+# two runs is at least the drift between two points of one run, which the verdict bounds
+# at 5% (of throughput for points, of the slower full pipeline's time per batch for stages).
 MIN_REL_CHANGE = MIN_REL_DROP
-# A stage's change is real when |after - before| (ms per batch) exceeds both Z_NOISE
-# combined noise_ms of the two runs and MIN_REL_CHANGE of the slower full pipeline's time
-# per batch (the verdict's threshold for a stage's cost, applied to the difference).
 
 
 def load(path: str) -> Report:
@@ -68,13 +68,14 @@ MIN_WINDOWS = 3
 
 
 def point_change(before: Optional[Throughput], after: Optional[Throughput]) -> dict:
-    """ratio = after / before throughput; `real` by the rule above."""
+    """ratio = after / before throughput (from each run's per-round times); `real` by the
+    rule above."""
     if before is None or after is None:
         return {"ratio": None, "real": None, "label": "not measured in both runs"}
-    ratio = after.samples_per_sec / before.samples_per_sec
-    se = math.hypot(before.rel_se, after.rel_se)
-    threshold = noise_threshold(se, 1.0)  # relative: |log ratio| against 1
-    real = is_real(abs(math.log(ratio)), se, 1.0)
+    c = unpaired(_times(before), _times(after))
+    ratio = math.exp(c.estimate)
+    cmp = stats_compare(c, 1.0)  # relative: |log ratio| against 1
+    threshold, real = cmp.threshold, cmp.real and math.isfinite(cmp.sigma)
     fewest = min(before.n, after.n)
     if fewest < MIN_WINDOWS:
         # a point of one or two windows in either run has no usable noise estimate (two:
@@ -88,8 +89,16 @@ def point_change(before: Optional[Throughput], after: Optional[Throughput]) -> d
         label = f"{ratio:.2f}\u00d7 faster"
     else:
         label = f"{1 / ratio:.2f}\u00d7 slower"
-    return {"ratio": round(ratio, 4), "real": real, "threshold_rel": _finite(threshold, 4),
+    return {"ratio": round(ratio, 4), "real": real, "threshold_rel": _finite(math.expm1(threshold), 4),
             "label": label}
+
+
+def _times(tp: Throughput) -> list:
+    """A point's seconds per batch in each round (its windows' where they have no rounds)."""
+    rounds = tp.round_times()
+    if len(rounds) >= 2 and None not in rounds:
+        return list(rounds.values())
+    return [w.seconds / w.steps for w in tp.windows if w.steps > 0]
 
 
 def stage_change(before, after, t_full: Optional[float]) -> dict:
@@ -97,9 +106,10 @@ def stage_change(before, after, t_full: Optional[float]) -> dict:
     if before is None or after is None or before.sec_per_batch is None or after.sec_per_batch is None:
         return {"diff_ms": None, "real": None, "label": "not measured in both runs"}
     diff = after.sec_per_batch - before.sec_per_batch
-    sigma = math.hypot(before.sigma or 0.0, after.sigma or 0.0)
-    threshold = noise_threshold(sigma, t_full or 0.0)
-    real = is_real(abs(diff), sigma, t_full or 0.0)
+    a, b = (_cost_contrast(s) for s in (before, after))
+    sigma = math.hypot(a.se, b.se)
+    cmp = stats_compare(Contrast(diff, sigma, min(a.df, b.df), _fewest(a.rounds, b.rounds)), t_full or 0.0)
+    threshold, real = cmp.threshold, cmp.real
     if not math.isfinite(sigma):
         return {"diff_ms": round(diff * 1e3, 3), "real": None, "threshold_ms": None,
                 "label": f"{diff * 1e3:+.1f} ms per batch, noise unknown (one window)"}
@@ -107,6 +117,18 @@ def stage_change(before, after, t_full: Optional[float]) -> dict:
                                              else f"{diff * 1e3:.1f} ms per batch costlier")
     return {"diff_ms": round(diff * 1e3, 3), "real": real, "threshold_ms": _finite(threshold * 1e3, 3),
             "label": label}
+
+
+def _cost_contrast(s) -> Contrast:
+    """A stage's cost with its standard error and degrees of freedom (its noise_ms is the
+    error widened at the noise rule's level, verdict.StageCost)."""
+    df = math.inf if s.df is None else s.df
+    se = s.sigma / t_factor(df) if s.sigma is not None and math.isfinite(s.sigma) else math.inf
+    return Contrast(s.sec_per_batch, 0.0 if s.sigma is None else se, df, s.rounds)
+
+
+def _fewest(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    return None if a is None or b is None else min(a, b)
 
 
 def _finite(x: float, nd: int) -> Optional[float]:
@@ -158,9 +180,9 @@ def compare(before: Report, after: Report) -> dict:
         "stages": stages,
         "advice_checked": advice_checked(before, after, full),
         "parts": part_changes(before, after),
-        "rule": (f"a change is real when it exceeds {Z_NOISE:g} combined standard errors of the two runs and "
-                 f"{MIN_REL_CHANGE * 100:.0f}% (of throughput for points, of the full pipeline's time per batch "
-                 "for stages)"),
+        "rule": ("a change is real when it exceeds Student's t at 97.7% one-sided times the standard error of the "
+                 f"two runs' difference and {MIN_REL_CHANGE * 100:.0f}% (of throughput for points, of the full "
+                 "pipeline's time per batch for stages)"),
     }
 
 

@@ -204,6 +204,34 @@ def paired(a: Sequence[float], b: Sequence[float]) -> "Contrast":
     return Contrast(mean, se, n - 1, n, se)
 
 
+def unpaired(a: Sequence[float], b: Sequence[float]) -> "Contrast":
+    """The log of a's mean over b's from two runs not taken in alternation (compare,
+    --sweep): the difference of the mean logs, its standard error both samples' (their
+    variances over their counts), at Welch's degrees of freedom. What drifts between the
+    runs is not paired out: that is the cost of not alternating, and the MIN_REL_DROP
+    floor of compare stands for it. Values not positive are left out; fewer than two on
+    a side: no spread."""
+    xs = [math.log(x) for x in a if x and x > 0 and math.isfinite(x)]
+    ys = [math.log(y) for y in b if y and y > 0 and math.isfinite(y)]
+    if not xs or not ys:
+        return Contrast(math.nan, math.inf, 0, None)
+    estimate = sum(xs) / len(xs) - sum(ys) / len(ys)
+    if len(xs) < 2 or len(ys) < 2:
+        return Contrast(estimate, math.inf, 0, min(len(xs), len(ys)))
+    va, vb = (statistics_var(v) / len(v) for v in (xs, ys))
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return Contrast(estimate, 0.0, math.inf, min(len(xs), len(ys)), 0.0)
+    df = (va + vb) ** 2 / ((va ** 2 / (len(xs) - 1) if va else 0.0) + (vb ** 2 / (len(ys) - 1) if vb else 0.0))
+    return Contrast(estimate, se, df, min(len(xs), len(ys)), se)
+
+
+def statistics_var(values: Sequence[float]) -> float:
+    """The sample variance (n - 1)."""
+    mean = sum(values) / len(values)
+    return sum((x - mean) ** 2 for x in values) / (len(values) - 1)
+
+
 def noise_threshold(sigma: float, reference: float, scale: float = 1.0, z: float = Z_NOISE) -> float:
     """The smallest difference that is real: max(z * sigma, MIN_REL_DROP * reference),
     `sigma` widened for z's level (Contrast.widened). `scale` > 1 asks for a margin: the

@@ -24,7 +24,7 @@ from . import loader as loader_mod
 from .errors import BisectError
 from .experiment import Experiment
 from .plan import DEFAULT_MAX_SECONDS, Plan
-from .stats import Throughput, is_real
+from .stats import Throughput, compare, unpaired
 from .visit import Visit, drive
 from .workload import Workload, validate
 
@@ -157,13 +157,14 @@ class SweepResult:
         return row.samples_per_sec / b.samples_per_sec
 
     def beyond_noise(self, row: Row) -> Optional[bool]:
-        """Is the row's change against the baseline real? The same rule as compare.py:
-        |log(ratio)| beyond the noise (stats.is_real, on the combined relative standard error)."""
-        ratio = self.speedup(row)
-        if ratio is None:
+        """Is the row's change against the baseline real? The tool's one comparison
+        (stats.compare) on the two rows' windows, not paired (stats.unpaired: the rows
+        were measured one after the other), as compare.py decides a point's change."""
+        if self.speedup(row) is None:
             return None
-        se = math.hypot(row.throughput.rel_se, self.baseline.throughput.rel_se)
-        return is_real(abs(math.log(ratio)), se, 1.0)
+        def times(r: Row) -> list:
+            return [w.seconds / w.steps for w in r.throughput.windows if w.steps > 0]
+        return compare(unpaired(times(self.baseline), times(row)), 1.0).real
 
     @property
     def best(self) -> Optional[Row]:

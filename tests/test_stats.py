@@ -188,3 +188,20 @@ def test_a_contrast_widened_at_a_level_gives_student_s_bound_there():
     assert 2.0 * c.widened(2.0) + c.estimate == pytest.approx(c.upper(2.0))
     assert stats.Contrast(10.0, 1.5, math.inf).widened(2.0) == pytest.approx(1.5)
     assert stats.Contrast(10.0, 1.5, 0).widened(2.0) == math.inf
+
+
+def test_one_comparison_asks_at_97_7_percent_and_the_noise_rule_where_pooled_over_few_rounds():
+    from bisect_pipeline.stats import FEW_ROUNDS, Z_LEAD, Z_NOISE, Contrast, compare, level, paired, unpaired
+
+    own = Contrast(0.1, 0.02, 3, 4)
+    assert level(own) == Z_LEAD and level(Contrast(0.1, 0.02, 8, FEW_ROUNDS - 1, pooled=True)) == Z_NOISE
+    assert level(Contrast(0.1, 0.02, 3, None)) == Z_NOISE  # from windows: a document of schema 1
+    c = compare(own, 1.0)  # t(3) at 97.7% is 3.31: 0.1 > 3.31 x 0.02
+    assert c.real and c.threshold == pytest.approx(0.02 * 3.31, rel=0.01) and c.low < 0.1 < c.high
+    assert not compare(Contrast(0.04, 0.001, 30, 31), 1.0).real  # under the 5% floor
+    # paired: the pairs' log ratios, Student's paired t
+    p = paired([2.0, 4.0], [1.0, 2.1])
+    assert p.rounds == 2 and p.df == 1 and p.estimate == pytest.approx(-0.6689, abs=1e-3)
+    # unpaired: each side's own spread, at Welch's degrees of freedom
+    u = unpaired([1.0, 1.1, 0.9], [2.0, 2.2, 1.8])
+    assert u.estimate == pytest.approx(-0.6931, abs=1e-3) and 3.9 < u.df <= 4.0
