@@ -38,8 +38,8 @@ def test_a_lead_the_rounds_cannot_tell_but_the_costs_alone_show_twice_is_named_w
     assert plain.bottleneck == "tie" and set(plain.tied) == {"augment", "load"}  # the rounds alone
     v, more, less = three(ms, alone(load=20.0, augment=40.0, collate=0.5))
     assert v.bottleneck == "augment" and v.witness == "isolated costs" and not v.disagree
-    assert v.reason == ("augment leads: the rounds cannot separate it from load yet (35.6 and 30.4 ms per batch); "
-                        "alone it costs 2.0\u00d7 what load does (40.0 against 20.0 ms per batch)")
+    assert v.reason == ("augment leads: the rounds cannot separate it from load yet (augment 35.6, load 30.4 ms per "
+                        "batch); alone it costs 2.0\u00d7 what load does (40.0 against 20.0 ms per batch)")
     assert v.predicted["augment"] == pytest.approx((0.040, 0.0004), rel=1e-6)
     assert self_check({p: BS / t for p, t in v.fitted.items()}, v, 0, False) == []
     assert settled(v, more, less)  # it stands with the margin: named sooner
@@ -84,11 +84,17 @@ def test_a_heavy_step_the_rounds_cannot_bound_is_none_by_its_costs_alone():
     v = decide(by_round(ms), BS, CPU, alone=alone(load=10.0, augment=3.9, collate=0.1))
     assert v.bottleneck == "none" and v.witness == "isolated costs"
     assert v.reason == ("the full pipeline keeps up by its costs alone: its worker stages add at most 14.2 ms to a "
-                        "1749.2-ms batch (0.8%); the rounds, which cannot bound it yet, read 20.3 ms and agree")
+                        "batch of at least 880.1 ms (1.6% with nothing else between); the rounds, which cannot bound "
+                        "the loss yet, read 20.3 ms and agree")
     # with workers on cores of their own: 410 ms of work a batch over 2 workers under a 1.7-s step
     on_gpu = {"host": [1700, 1870, 1600], "device": [1700, 1870, 1600], "full": [1720, 1650, 1890]}
     v = decide(by_round(on_gpu), BS, {}, alone=alone("parallel", 2, 16, load=300.0, augment=100.0, collate=10.0))
     assert v.bottleneck == "none" and v.witness == "isolated costs"
+    # a busy machine that slowed every point (the MNIST example read 127 ms a batch where it
+    # runs at 60): 8 ms of input is no longer under 10% of the step at its lower bound
+    busy = {"device": [126, 90, 160], "augmented": [150, 126, 100], "raw": [100, 160, 126], "full": [170, 100, 126]}
+    v = decide(by_round(busy), BS, NO_HANDOFF, alone=alone(load=1.7, augment=4.9, collate=0.1))
+    assert v.bottleneck == "inconclusive"
     # the same work on one worker, over the step: not by its costs alone
     v = decide(by_round(on_gpu), BS, {}, alone=alone("parallel", 1, 16, load=1500.0, augment=800.0, collate=10.0))
     assert v.bottleneck == "inconclusive"
