@@ -8,11 +8,14 @@ HEAVY_AUGMENT_MS large enough (125 ms a sample: 1 s a batch).
         # warns "a verdict needs at least about N s"; run.elapsed_s <= 30
     HEAVY_STEP_S=2 HEAVY_AUGMENT_MS=125 bisect-pipeline --entry scripts/heavy_step.py:make --max-seconds 60 --device cpu
         # a 2 s step and a 1 s augment: `augment` in 60 s (scripts/bench_heavy_step.py)
+    HEAVY_STEP_S=1.7 HEAVY_JITTER=0.3 HEAVY_LOAD_MS=1.5 bisect-pipeline --entry scripts/heavy_step.py:make --max-seconds 60
+        # a bursty 1.7-s step (+-30%) behind 12 ms of input a batch: `none`, on the isolated costs
 """
 
 from __future__ import annotations
 
 import os
+import random
 import time
 
 import torch
@@ -38,10 +41,14 @@ class Samples(Dataset):
 def make() -> Workload:
     model = torch.nn.Linear(16, 2)
     seconds = float(os.environ.get("HEAVY_STEP_S", "1.5"))
+    jitter = float(os.environ.get("HEAVY_JITTER", "0"))
     data = Samples(float(os.environ.get("HEAVY_LOAD_MS", "2")), float(os.environ.get("HEAVY_AUGMENT_MS", "0")))
+    rng = random.Random(0)
 
     def step(batch):
-        time.sleep(seconds)
+        # HEAVY_JITTER: a bursty step, each one its time times 1 +- up to that (uniform):
+        # the rounds of a 60-s run cannot bound a small loss under it
+        time.sleep(seconds * (1 + jitter * (2 * rng.random() - 1)))
         model(batch[0]).sum().backward()
 
     workers = int(os.environ.get("HEAVY_WORKERS", "0"))
