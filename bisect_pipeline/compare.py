@@ -89,7 +89,7 @@ def point_change(before: Optional[Throughput], after: Optional[Throughput]) -> d
         label = f"{ratio:.2f}\u00d7 faster"
     else:
         label = f"{1 / ratio:.2f}\u00d7 slower"
-    return {"ratio": round(ratio, 4), "real": real, "threshold_rel": _finite(math.expm1(threshold), 4),
+    return {"ratio": round(ratio, 4), "real": real, "threshold_rel": _finite(threshold, 4),
             "label": label}
 
 
@@ -287,7 +287,8 @@ def advice_checked(before: Report, after: Report, full: dict) -> list:
         applied = bool(loader_part) and all(after.loader.get(k) == x for k, x in loader_part.items())
         spread = full.get("threshold_rel")
         out.append({"item": a.kind, "settings": v.settings, "status": v.status, "predicted": v.predicted,
-                    "measured": v.speedup, "measured_spread": v.spread, "applied": applied,
+                    "measured": v.speedup, "measured_spread": v.spread, "measured_low": v.low,
+                    "measured_high": v.high, "applied": applied,
                     "this_comparison": full["ratio"] if applied else None,
                     "this_comparison_spread": round(math.expm1(spread), 4) if applied and spread is not None else None})
     return out
@@ -357,7 +358,8 @@ def to_text(c: dict) -> str:
                      f"{share[1] * 100:.0f}%.")
     for a in c.get("advice_checked", []):
         pred = f", predicted up to {a['predicted']:.2f}\u00d7" if a.get("predicted") else ""
-        spread = f" (\u00b1{a['measured_spread'] * 100:.0f}%)" if a.get("measured_spread") is not None else ""
+        around = outcome.interval(outcome.Outcome(low=a.get("measured_low"), high=a.get("measured_high")))
+        spread = f" ({around})" if around else ""
         line = (f"Advice of the first run, {outcome.settings_text(a['settings'])}: measured {a['measured']:.2f}\u00d7"
                 f"{spread} ({a['status']}){pred}")
         if a["applied"] and a.get("this_comparison") is not None:
