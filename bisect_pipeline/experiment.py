@@ -98,6 +98,7 @@ class Experiment:
     # of the rounds, their workers started once (keeps; open, keep=True; close_kept)
     kept: dict = dataclasses.field(default_factory=dict)
     budget: Optional[Budget] = None  # --max-seconds divided up front (api.start)
+    epoch_start: Optional[dict] = None  # the pause at each epoch's start (phases.epoch_start)
 
     def __post_init__(self) -> None:
         self.settle_deadline = min(self.settle_deadline or self.deadline, self.deadline)
@@ -450,7 +451,8 @@ class Experiment:
         b = self.budget
         run = RunInfo(max_seconds=round(b.max_seconds if b else self.end - self.start, 6),
                       elapsed_s=round(self.clock() - self.start, 3), **_versions(), allocator=held, **self.schedule,
-                      budget=b.to_dict() if b else None, startup_s=b.startup_s if b else None)
+                      budget=b.to_dict() if b else None, startup_s=b.startup_s if b else None,
+                      epoch_start=self.epoch_start)
         isolated = self.isolated
         if isolated is not None and isolated.ok and self.allocator_timing is not None:
             isolated = dataclasses.replace(isolated, allocator=self.allocator_timing)

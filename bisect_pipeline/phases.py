@@ -29,7 +29,7 @@ from . import allocator, confirm, distributed, experiment, isolate, sources, tre
 from .cache import DEFAULT_CACHE_BATCHES
 from .diagnosis import judged, to_check
 from .experiment import Experiment
-from .plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Plan
+from .plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, EPOCH_WINDOW_S, Plan
 from .results import AllocatorTiming, Isolated, Syncs, Verification
 from .rounds import Rounds
 from .verify import Trials
@@ -73,9 +73,13 @@ def measure(exp: Experiment, options: Options, *, coord: Any, held: allocator.He
         exp.waits = schedule.waits
         return
     exp.isolated, exp.syncs = isolate.before_points(exp, max_seconds=options.max_seconds)
+    if exp.spec.num_workers and exp.spec.batches_per_epoch and not exp.loop:  # the rounds leave epoch_start its time
+        exp.deadline = min(exp.deadline, exp.end - min(EPOCH_VISIT_S, EPOCH_SHARE * options.max_seconds))
+        exp.settle_deadline = min(exp.settle_deadline, exp.deadline)
     rounds = Rounds(exp, options.points)
     yield from rounds
     exp.schedule = rounds.info
+    exp.epoch_start = yield from epoch_start(exp)
     exp.isolated = isolate.with_ceiling(exp.isolated, exp.results)
     if exp.loop and exp.caches is not None:
         counted = SyncCount(exp)
@@ -156,6 +160,49 @@ def batch_seconds(exp: Experiment) -> float:
     if left is None or sec is None:
         return float("inf")
     return max(0.0, (left - BATCH_MARGIN) * sec)
+
+
+# The pause at each epoch's start is timed in whole epochs where an epoch of the full
+# pipeline lasts at most plan.EPOCH_WINDOW_S, in a visit of at most EPOCH_VISITS_S.
+EPOCH_VISIT_S = 8.0
+EPOCH_SHARE = 0.1  # of --max-seconds, kept from the rounds for it where it may be timed
+
+
+def epoch_start(exp: Experiment):
+    """The pause at the start of each epoch of the user's loader (its workers started
+    again unless persistent, its prefetch refilled, the last epoch's shut down: none of
+    which any point's window holds, their loaders never ending an epoch), per epoch and
+    per batch, as RunInfo.epoch_start. Where the user's loader has workers and short
+    epochs (plan.EPOCH_WINDOW_S), timed: one visit of `full` ending its epochs as the
+    user's loop does (Experiment.visit, epochs: windows of whole epochs), against the full
+    point's own time; elsewhere (a user's loop, whose own epoch ends void the windows, or
+    long epochs, where the pause weighs less) estimated from the full point's first batch
+    (its workers' start) less one step. None without workers, a length or a full point."""
+    full = exp.results.get("full")
+    n = exp.spec.batches_per_epoch
+    if not exp.spec.num_workers or not n or full is None or not full.ok:
+        return None
+    sec = full.throughput.sec_per_batch
+    out = {"epoch_batches": n, "persistent_workers": bool(exp.spec.persistent_workers)}
+    timed = None
+    left = exp.end - exp.clock()  # (before the check, from its time: the pause weighs on every figure)
+    if not exp.loop and n * sec <= EPOCH_WINDOW_S and left > 4 * n * sec:
+        visit = exp.visit("full", exp.clock() + min(EPOCH_VISIT_S, left / 2, 6 * n * sec + 2.0), epochs=True)
+        visit.plan = visit.plan.for_epochs(n)  # whole epochs, persistent workers or not
+        yield visit
+        m = visit.measured
+        if m is not None and m.error is None and m.windows:
+            timed = sum(w.seconds for w in m.windows) / sum(w.steps for w in m.windows)
+    if timed is not None:
+        pause, out["how"] = max(0.0, (timed - sec) * n), "timed in whole epochs"
+    elif full.first_batch_seconds:
+        pause, out["how"] = max(0.0, full.first_batch_seconds - sec), "its first batch less a step (estimated)"
+    else:
+        return None
+    bs = exp.batch_size
+    out.update(ms_per_epoch=round(pause * 1e3, 3), ms_per_batch=round(pause / n * 1e3, 3),
+               samples_per_sec=round(bs / sec, 3), samples_per_sec_with_epochs=round(bs / (sec + pause / n), 3))
+    return out
 
 
 def not_isolated(why: str = "interrupted") -> tuple[Isolated, Syncs]:

@@ -542,6 +542,10 @@ class RunInfo(Record):
     # (imports; under `run`, the script up to its training loader's creation), not counted
     budget: Optional[dict] = None
     startup_s: Optional[float] = None
+    # the pause at the start of each epoch of your loader, which no point's window holds
+    # (phases.epoch_start): epoch_batches, ms_per_epoch, ms_per_batch, samples_per_sec
+    # (the full point's) and samples_per_sec_with_epochs, how it was measured
+    epoch_start: Optional[dict] = None
 
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> Any:

@@ -70,7 +70,7 @@ def to_text(r: "Report", *, breakdown: str = "bottleneck") -> str:
     for parts in (_breakdown_lines(r, every=breakdown == "all"), _split_lines(r, every=breakdown == "all")):
         if parts:
             lines += ["", *parts]
-    extra = _isolated_lines(r)
+    extra = _isolated_lines(r) + epoch_start_lines(r.run)
     if extra or r.warnings:
         lines.append("")
     for line in extra:
@@ -312,6 +312,17 @@ def _time_to_verdict(r: "Report") -> Optional[str]:
     how = ("settled" if run.settled else
            "not settled: the time ran out first; raise --max-seconds for a firmer verdict")
     return f"Verdict after {run.verdict_s:.1f} s of measuring ({rounds} round{'s' if rounds != 1 else ''}; {how})."
+
+
+def epoch_start_lines(run) -> list:
+    """The pause at each epoch's start (phases.epoch_start), which no point's window holds."""
+    e = getattr(run, "epoch_start", None)
+    if not e:
+        return []
+    why = "its prefetch refilled" if e.get("persistent_workers") else "your workers started again"
+    return [f"Each epoch starts with a pause of {e['ms_per_epoch']:.1f} ms ({e['epoch_batches']} batches an epoch; "
+            f"{why}): {e['ms_per_batch']:.2f} ms a batch, in no point's window; with it your pipeline trains at "
+            f"{e['samples_per_sec_with_epochs']:,.1f} samples/s, not {e['samples_per_sec']:,.1f} ({e['how']})."]
 
 
 def budget_text(run) -> Optional[str]:
