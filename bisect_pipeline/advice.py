@@ -17,6 +17,7 @@ import math
 from typing import TYPE_CHECKING, ClassVar, Optional
 
 from .outcome import Checked, predicted
+from .outcome import detail as outcome_detail, figure as outcome_figure, sentence as outcome_sentence
 from .plan import EPOCH_WINDOW_S
 from .results import BatchShape, Collate, Part, Record, SampleStructure
 from .stats import MIN_REL_DROP, is_real
@@ -75,7 +76,12 @@ class Finding(Record):
     uint8_payload, collate, storage, augment, reorder, handoff, batch_size, syncs, allocator), the
     stage it is about (or "step", or "epoch" for the workers started again every epoch),
     the message, the measured numbers and settings it rests on, and what the advice's
-    check measured of it (outcome.verified), once checked."""
+    check measured of it (outcome.verified), once checked.
+
+    The message is composed (`compose`) action first: `action`, what to do, in the
+    imperative; with its figure (what the check measured, else the finding's own
+    `figure`); then `why`, the reasoning; then what the check measured in detail, or
+    `check`, how to check it yourself, when the tool did not."""
 
     _nested: ClassVar[dict] = {"verified": Checked}
     kind: str
@@ -83,6 +89,62 @@ class Finding(Record):
     message: str
     numbers: dict = dataclasses.field(default_factory=dict)
     verified: Optional[Checked] = None
+    action: Optional[str] = None
+    figure: Optional[str] = None
+    why: Optional[str] = None
+    check: Optional[str] = None
+
+
+def finding(kind: str, stage: str, action: str, why: str, numbers: dict, *, figure: Optional[str] = None,
+            check: Optional[str] = None) -> Finding:
+    """A finding whose message is composed from its parts (see Finding)."""
+    f = Finding(kind, stage, "", numbers, action=action, figure=figure, why=" ".join(why.split()) or None,
+                check=check)
+    return dataclasses.replace(f, message=compose(f))
+
+
+def headline(f: Finding) -> str:
+    """The action and its figure, one sentence: 'Set num_workers=1: measured 1.27× (1.12–1.44×).'
+    (a finding made without an action: its whole message)."""
+    if not f.action:
+        return f.message
+    fig = (outcome_figure(f.verified) if f.verified is not None and not f.figure else None) or f.figure
+    if fig is None and f.verified is None and f.numbers.get("recommended"):
+        fig = "not measured"  # settings a check could measure, in a run without one
+    return f.action + (f": {fig}." if fig else ".")
+
+
+def reasoning(f: Finding) -> str:
+    """What stands beneath the headline: the reasoning, then what the check measured in
+    detail (or how to check it yourself where the tool did not measure it)."""
+    if not f.action:
+        return ""
+    v = f.verified
+    detail = outcome_detail(v) if v is not None else ""
+    measured = v is not None and v.status not in ("not measured",)
+    tail = "" if measured or not f.check else f" {f.check}"
+    return " ".join(((f.why or "") + detail + tail).split())
+
+
+def compose(f: Finding) -> str:
+    """The finding as one paragraph (the JSON's `message`): headline, then reasoning."""
+    if not f.action:
+        return f.message
+    return " ".join((headline(f) + " " + reasoning(f)).split())
+
+
+def checked(f: Finding, v: Checked) -> Finding:
+    """The finding with what its check measured (outcome.verified), its message composed
+    again; a finding made without an action gets the check's sentence appended."""
+    if not f.action:
+        return dataclasses.replace(f, message=f.message + outcome_sentence(v), verified=v)
+    recommended = f.numbers.get("recommended") or {}
+    action = f.action
+    if (v.status == "helps" and v.settings and recommended and action == "Set " + settings_action(recommended)
+            and settings_action(v.settings) != settings_action(recommended)):
+        action = "Set " + settings_action(v.settings)  # the figure is of the settings that were measured
+    g = dataclasses.replace(f, verified=v, action=action)
+    return dataclasses.replace(g, message=compose(g))
 
 
 def input_bound_class(r: "Report") -> Optional[str]:
@@ -255,29 +317,30 @@ def _workers(c: _Context):
     alone = (f"Alone, the work the workers would do (load + augment + collate) costs "
              f"{need['worker_ms_per_batch']:.1f} ms per batch against a {need['step_ms_per_batch']:.1f} ms step")
     if n > avail and c.workers >= avail:
-        return Finding("cores", stage, (
+        return finding("cores", stage, f"Make the {label} work cheaper", (
             f"Feeding the step takes about {n} workers ({need['worker_ms_per_batch']:.1f} ms of worker work per batch "
             f"against a {need['step_ms_per_batch']:.1f} ms step), but this machine has {cores} cores "
-            f"({avail} for workers) and num_workers={c.workers} already uses them: make the {label} work itself "
-            "cheaper." + on_cpu), numbers)
+            f"({avail} for workers) and num_workers={c.workers} already uses them: more workers cannot help."
+            + on_cpu), numbers)
     recommended = max(1, min(n, avail)) if avail else 1
     if c.workers >= recommended:
         return None
     numbers["recommended"] = {"num_workers": recommended}
     threads = need.get("step_threads") or 0
+    check = None
     if not c.cuda and threads + recommended > cores:
         # A CPU step already runs on every core (torch.get_num_threads()): a worker added
         # on top oversubscribes them and can make the run slower; hand it a core instead.
         numbers["recommended"]["torch_num_threads"] = max(1, cores - recommended)
         on_cpu = (f" The step runs on the CPU with torch.get_num_threads()={threads} on {cores} cores, so a worker "
-                  f"added on top would compete with it: also call torch.set_num_threads("
-                  f"{numbers['recommended']['torch_num_threads']}) in the training process, and check the gain with "
-                  f"--sweep num_workers={c.workers},{recommended}.")
+                  f"added on top would compete with it: hence torch.set_num_threads("
+                  f"{numbers['recommended']['torch_num_threads']}) in the training process.")
+        check = f"Check the gain with --sweep num_workers={c.workers},{recommended}."
     keep = ""
     if not c.lo.get("persistent_workers"):
         # workers that are not persistent are forked again every epoch, a cost the loop pays
         numbers["recommended"]["persistent_workers"] = True
-        keep = " with persistent_workers=True (else they are started again every epoch)"
+        keep = " Without persistent_workers=True they would start again every epoch."
     keep += _rebuilt_text(c)
     one = label == stage
     where = ((("runs" if one else "run") + " in the training loop's own process") if c.workers == 0
@@ -286,9 +349,21 @@ def _workers(c: _Context):
            if n <= avail else
            f"{n} workers would feed the step but this machine has {cores} cores: {recommended} is the most it can "
            f"supply, so also make the {label} work cheaper")
-    return Finding("num_workers", stage, (
-        f"num_workers={c.workers}: {label} ({ms:.1f} ms per batch) {where}. {alone}: {fit}. "
-        f"Set num_workers={recommended}{keep}." + _headroom_text(head, stage if one else "that work") + on_cpu), numbers)
+    # the bottleneck's headroom is the verdict's own figure (the report's summary says it)
+    free = "" if one and stage == c.b else _headroom_text(head, stage if one else "that work")
+    return finding("num_workers", stage, "Set " + settings_action(numbers["recommended"]), (
+        f"With num_workers={c.workers}, {label}{'' if one and stage == c.b else f' ({ms:.1f} ms per batch)'} {where}. "
+        f"{alone}: {fit}.{keep}"
+        + free + on_cpu), numbers, check=check)
+
+
+def settings_action(recommended: dict) -> str:
+    """The settings to change as the advice's action says them: 'num_workers=1,
+    persistent_workers=True, torch.set_num_threads(1)'."""
+    parts = [f"{k}={v}" for k, v in recommended.items() if k not in ("torch_num_threads", "non_blocking", "env")]
+    if "torch_num_threads" in recommended:
+        parts.append(f"torch.set_num_threads({recommended['torch_num_threads']})")
+    return ", ".join(parts)
 
 
 def _restart(c: _Context):
@@ -322,13 +397,12 @@ def _restart(c: _Context):
                "recommended": {"persistent_workers": True}}
     if c.r.measurements.mode == "loop":
         numbers["not_checked"] = LOOP_EPOCHS
-    return Finding("persistent_workers", "epoch", (
-        f"num_workers={c.workers} with persistent_workers=False: the workers are shut down and started again at every "
-        f"epoch, every {epoch} batches ({epoch * c.t_full:.2g} s at the full pipeline's {c.t_full * 1e3:.3g} ms a "
+    return finding("persistent_workers", "epoch", "Set persistent_workers=True", (
+        f"With num_workers={c.workers} and persistent_workers=False, the workers are shut down and started again at "
+        f"every epoch, every {epoch} batches ({epoch * c.t_full:.2g} s at the full pipeline's {c.t_full * 1e3:.3g} ms a "
         f"batch, which never ends an epoch). Starting them took about {start * 1e3:.0f} ms at the full point (its "
         f"first batch, {first:.2f} s, less one batch's work and the step): about {per_batch * 1e3:.1f} ms more per "
-        "batch in a loop that ends its epochs. Set persistent_workers=True to start them once." + _rebuilt_text(c)
-        + _headroom_text(head, "the restart")), numbers)
+        "batch in a loop that ends its epochs." + _rebuilt_text(c) + _headroom_text(head, "the restart")), numbers)
 
 
 def _rebuilt_text(c: _Context) -> str:
@@ -388,10 +462,10 @@ def _pin_memory(c: _Context):
     bw = f" at {gbs:.1f} GB/s" if gbs else ""
     size = f" ({nbytes / 2**20:.1f} MB)" if nbytes else ""
     head = headroom(c, "transfer")
-    return Finding("pin_memory", "transfer", (
-        f"The host-to-device copy of each batch{size} costs {ms:.1f} ms{bw} and pin_memory=False: pageable memory "
-        "is copied through a staging buffer and the copy blocks the step. Set pin_memory=True and move batches with "
-        ".to(device, non_blocking=True) so the copy overlaps compute." + _headroom_text(head, "transfer")),
+    free = "" if c.b == "transfer" else _headroom_text(head, "transfer")  # the verdict's own figure: said once
+    return finding("pin_memory", "transfer", "Set pin_memory=True and move batches with .to(device, non_blocking=True)", (
+        f"The host-to-device copy of each batch{size} costs {ms:.1f} ms{bw} with pin_memory=False: pageable memory "
+        "is copied through a staging buffer and the copy blocks the step; pinned, it overlaps compute." + free),
         {"transfer_ms_per_batch": _r(ms), "source": source, "gb_per_s": gbs,
          "bytes_per_batch": nbytes, "pin_memory": False, "headroom": head,
          "recommended": {"pin_memory": True, "non_blocking": True}})
@@ -417,13 +491,14 @@ def _uint8_payload(c: _Context):
     saved = img.bytes - img.bytes // factor
     shape = list(img.shape)
     where = "the host-to-device copy" if stage == "transfer" else "the hand-off from workers to the loop"
-    return Finding("uint8_payload", stage, (
-        f"{img.path} is a {img.dtype} image batch {shape} ({img.bytes / 2**20:.1f} MB) and {where} "
-        f"costs {ms:.1f} ms per batch: keep images uint8 through the loader (drop ToTensor/Normalize from the "
-        f"transforms, e.g. PILToTensor) and convert and normalize on the device inside the step: {factor}x less "
-        f"payload ({saved / 2**20:.1f} MB less per batch)."),
+    return finding("uint8_payload", stage, "Keep images uint8 through the loader; convert and normalize them on the "
+                   "device inside the step", (
+                       f"{img.path} is a {img.dtype} image batch {shape} ({img.bytes / 2**20:.1f} MB) and {where} "
+                       f"costs {ms:.1f} ms per batch. Drop ToTensor/Normalize from the transforms (PILToTensor "
+                       "instead)."),
         {"tensor": img.path, "dtype": img.dtype, "shape": shape, "bytes": img.bytes,
-         "bytes_saved": saved, "stage_ms_per_batch": _r(ms), "source": source, "headroom": head})
+         "bytes_saved": saved, "stage_ms_per_batch": _r(ms), "source": source, "headroom": head},
+                   figure=f"{factor}x less payload ({saved / 2**20:.1f} MB less per batch)")
 
 
 def _collate(c: _Context):
@@ -463,8 +538,8 @@ def _collate(c: _Context):
     if not causes:
         return None
     head = numbers["headroom"] = headroom(c, "collate")
-    return Finding("collate", "collate", f"{name} adds {ms:.1f} ms per batch: " + "; ".join(causes) + "."
-                   + _headroom_text(head, "collate"), numbers)
+    # its cost and its headroom are the verdict's own figures (collate is the bottleneck): said once, above
+    return finding("collate", "collate", f"Make {name} cheaper", "; ".join(causes) + ".", numbers)
 
 
 def _structure_causes(st: SampleStructure) -> list:
@@ -498,27 +573,28 @@ def _storage(c: _Context):
     bs = c.r.batch_size
     numbers = {"load_ms_per_batch": _r(ms), "isolated_ms_per_sample": per_sample, "batch_size": bs,
                "dataset": c.lo.get("dataset"), "num_workers": c.workers, "cache": c.r.cache.to_dict() if c.r.cache.batches is not None else None}
-    cap = ""
+    cap = None
     if per_sample:
         items = c.r.isolated.items_per_batch if c.r.isolated is not None else None
         several = bs / items if items else 1.0  # the samples the step gets of each item loaded
         rate = max(1, c.workers) * 1e3 / per_sample * several
         numbers["load_cap_samples_per_sec"] = _r(rate, 1)
         each = f" (each becomes {several:g} samples)" if abs(several - 1) > 1e-9 else ""
-        cap = (f" Alone a sample takes {per_sample:.2f} ms to load{each}, so {max(1, c.workers)} process(es) cap "
-               f"input at {rate:,.0f} samples/s.")
+        cap = (f"alone a sample takes {per_sample:.2f} ms to load{each}, so {max(1, c.workers)} process(es) cap "
+               f"input at {rate:,.0f} samples/s")
     head = numbers["headroom"] = headroom(c, "load")
     includes = c.stage("load").includes if c.stage("load") else ()
-    merged = " (measured together with augment: the transforms could not be split)" if "augment" in includes else ""
+    merged = "Measured together with augment: the transforms could not be split." if "augment" in includes else ""
     split = load.split if load is not None and load.split is not None and load.split.ok else None
     if split is not None:
         numbers["split"] = split.to_dict()
     what = _split_advice(split, per_sample, c.cuda) if split is not None else (
         " Read fewer, larger files (sharded tar/record formats) from local or faster storage, store pre-resized or "
         "cheaper-to-decode data, or cache decoded samples in memory when they fit.")
-    return Finding("storage", "load", (
-        f"Loading {c.lo.get('dataset') or 'the dataset'}'s samples adds {ms:.1f} ms per batch{merged}.{cap}" + what
-        + _headroom_text(head, "load")), numbers)
+    # load's cost and headroom are the verdict's own figures (load is the bottleneck): said once, above
+    which = {"read": "reading {}'s files", "decode": "decoding {}'s samples"}.get(
+        split.bound if split is not None else "", "loading {}'s samples").format(c.lo.get("dataset") or "the dataset")
+    return finding("storage", "load", f"Make {which} cheaper", merged + what, numbers, figure=cap)
 
 
 def size_text(nbytes: float) -> str:
@@ -557,7 +633,6 @@ def _augment(c: _Context):
     found = list(c.r.cache.raw_transforms or ())
     numbers = {"augment_ms_per_batch": _r(ms), "isolated_ms_per_sample": per_sample,
                "transforms": found, "num_workers": c.workers}
-    alone = f" ({per_sample:.2f} ms per sample alone)" if per_sample is not None else ""
     which = ", ".join(found) or "the dataset's transforms"
     parts, named = _costliest_parts(aug.breakdown if aug is not None else None)
     if parts:
@@ -568,10 +643,19 @@ def _augment(c: _Context):
     confirmed = _confirmed(aug.breakdown if aug is not None else None)
     if confirmed:
         numbers["confirmed"] = confirmed[0]
-    head = numbers["headroom"] = headroom(c, "augment")
-    return Finding("augment", "augment", (
-        f"{which} add {ms:.1f} ms per batch{alone} with num_workers={c.workers}.{named}{generic}"
-        + (confirmed[1] if confirmed else "") + _headroom_text(head, "augment")), numbers)
+    numbers["headroom"] = headroom(c, "augment")
+    # augment's cost and headroom are the verdict's own figures, and the costliest transform
+    # measured in the pipeline is the breakdown's (confirmed): each said once, elsewhere
+    if parts:
+        names = [p["name"] for p in parts]
+        total = parts[0]["ms_per_sample"] / parts[0]["share"] if parts[0]["share"] else None
+        action = f"Make {names[0] if len(names) == 1 else ', '.join(names[:-1]) + ' and ' + names[-1]} cheaper"
+        figure = (f"{'it takes' if len(names) == 1 else 'they take'} {sum(p['ms_per_sample'] for p in parts):.2f} of "
+                  f"the {total:.2f} ms per sample the transforms take alone") if total else None
+    else:
+        action = f"Make {which} cheaper"
+        figure = f"{per_sample:.2f} ms per sample alone" if per_sample is not None else None
+    return finding("augment", "augment", action, named + generic, numbers, figure=figure)
 
 
 def _confirmed(b) -> Optional[tuple]:
@@ -705,17 +789,16 @@ def _reorder(c: _Context):
         order = f" New order: {', '.join(r.order)}." if r.order else ""
         stats = [_IMAGE_STATISTICS[n] for n in r.transform.split(", ") if n in _IMAGE_STATISTICS]
         caveat = (" " + "; ".join(stats) + ": after the move, the crop's (the usual recipes' order)." if stats else "")
-        out.append(Finding("reorder", "augment", (
-            f"Move {r.transform} ({r.where}) after {r.after} ({r.after_where}): {r.ms_per_sample:.2f} \u2192 "
-            f"{r.reordered_ms_per_sample:.2f} ms per sample on the same inputs (saves {r.saving_ms_per_sample:.2f} "
-            f"{tol} ms per sample{batch}){fewer}.{order}{caveat} "
-            "Timed alone in this process, alternating both orders; the tool cannot reorder your transforms, so "
-            "the full pipeline's gain is not checked: check it with compare (a run before and after)."),
+        out.append(finding("reorder", "augment", f"Move {r.transform} ({r.where}) after {r.after} ({r.after_where})", (
+            f"{r.ms_per_sample:.2f} \u2192 {r.reordered_ms_per_sample:.2f} ms per sample on the same inputs{fewer}."
+            f"{order}{caveat} Timed alone in this process, alternating both orders; the tool cannot reorder your "
+            "transforms, so the full pipeline's gain is not checked: check it with compare (a run before and after)."),
             {"transform": r.transform, "where": r.where, "after": r.after, "after_where": r.after_where,
              "order": list(r.order or ()), "ms_per_sample": r.ms_per_sample,
              "reordered_ms_per_sample": r.reordered_ms_per_sample, "saving_ms_per_sample": r.saving_ms_per_sample,
              "tolerance_ms": r.tolerance_ms, "samples": r.samples, "items_per_batch": items,
-             "saving_ms_per_batch": _r(per_batch), "pixels_before": r.pixels_before, "pixels_after": r.pixels_after}))
+             "saving_ms_per_batch": _r(per_batch), "pixels_before": r.pixels_before, "pixels_after": r.pixels_after},
+            figure=f"saves {r.saving_ms_per_sample:.2f} {tol} ms per sample{batch}"))
     return out
 
 
@@ -727,14 +810,15 @@ def _handoff(c: _Context):
     batch = c.part("batch") or BatchShape()
     numbers = {"handoff_ms_per_batch": _r(ms), "batch_bytes": batch.bytes, "n_tensors": batch.n_tensors,
                "num_workers": c.workers, "pin_memory": c.lo.get("pin_memory")}
-    size = f" a batch of {batch.n_tensors} tensor(s), {batch.bytes / 2**20:.1f} MB," if batch.bytes else ""
-    head = numbers["headroom"] = headroom(c, "handoff")
+    size = (f"Each batch the workers hand over is {batch.n_tensors} tensor(s), {batch.bytes / 2**20:.1f} MB, with "
+            f"num_workers={c.workers}: the handoff's cost grows with its bytes." if batch.bytes else
+            f"The handoff's cost, with num_workers={c.workers}, grows with the bytes each batch carries.")
+    numbers["headroom"] = headroom(c, "handoff")
     pin = (" pin_memory=True pins each batch in the loop's pinning thread: check it against pin_memory=False with "
            "--sweep pin_memory=0,1." if c.lo.get("pin_memory") else "")
-    return Finding("handoff", "handoff", (
-        f"Moving{size} from the workers to the training loop adds {ms:.1f} ms per batch: send fewer, more compact "
-        f"tensors (uint8 instead of float, no unused fields) with num_workers={c.workers}." + pin
-        + _headroom_text(head, "handoff")), numbers)
+    # handoff's cost and headroom are the verdict's own figures (it is the bottleneck): said once, above
+    return finding("handoff", "handoff", "Send fewer, more compact tensors from the workers (uint8 instead of "
+                   "float, no unused fields)", size + pin, numbers)
 
 
 def _batch_size(c: _Context):
@@ -747,10 +831,10 @@ def _batch_size(c: _Context):
         return None
     bs = c.r.batch_size
     room = int(bs * MEMORY_UNUSED_FRACTION / max(frac, 1e-6))
-    return Finding("batch_size", "step", (
+    return finding("batch_size", "step", f"Raise the batch size, up to about {room} from {bs}", (
         f"The step is the limit and peaks at {mem.peak_bytes / 2**30:.2f} GB of {mem.total_bytes / 2**30:.0f} GB "
-        f"GPU memory ({frac * 100:.0f}%): a larger batch (up to about {room} from {bs}, keeping half the memory free) "
-        "raises samples/s. It changes the optimization: retune the learning rate."),
+        f"GPU memory ({frac * 100:.0f}%): a larger batch, keeping half the memory free, raises samples/s. It changes "
+        "the optimization: retune the learning rate."),
         {"peak_bytes": mem.peak_bytes, "total_bytes": mem.total_bytes, "fraction": frac, "batch_size": bs,
          "batch_size_fits_about": room})
 
@@ -765,12 +849,12 @@ def _syncs(c: _Context):
     cls = input_bound_class(c.r)
     tie = (f" The pipeline is {cls} input-bound: a syncing step also stalls while it waits, so the loader's "
            "prefetching overlaps less." if cls in ("moderately", "highly") else "")
-    return Finding("syncs", "step", (
-        f"The training step synchronizes host and device {per:g} time(s) per step (at {sites}): each sync stops the "
-        "CPU from queueing work until the GPU catches up. Remove .item(), .cpu(), print of tensors and "
-        "data-dependent shapes from the step, or accumulate metrics on the device." + tie),
+    return finding("syncs", "step", "Remove .item(), .cpu(), print of tensors and data-dependent shapes from the "
+                   "step, or accumulate metrics on the device", (
+                       f"The training step synchronizes host and device {per:g} time(s) per step (at {sites}): each "
+                       "sync stops the CPU from queueing work until the GPU catches up." + tie),
         {"per_step": per, "total": s.total, "steps": s.steps, "sites": [x.to_dict() for x in s.sites or ()],
-         "input_bound_class": cls})
+         "input_bound_class": cls}, figure=f"{per:g} sync(s) per step")
 
 
 def _allocator(c: _Context):
@@ -781,12 +865,12 @@ def _allocator(c: _Context):
         return None
     d, h = a.default_ms_per_batch, a.held_ms_per_batch
     gain = d / h - 1 if h else None
-    return Finding("allocator", "step", (
+    return finding("allocator", "step", "Start training with MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=-1", (
         f"The step alone takes {d:.1f} ms per batch with this process's malloc settings and {h:.1f} ms with freed "
         "memory kept for reuse: glibc gives the step's freed activation memory back to the OS and the next step "
-        "page-faults it in again (in your loop, other allocations between steps can make it worse). Start training with MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=-1 "
-        "(keeps at most the process's peak), or preload jemalloc or tcmalloc (LD_PRELOAD=libjemalloc.so.2)"
-        + (f": {gain * 100:+.0f}% for the step alone." if gain else ".")),
+        "page-faults it in again (in your loop, other allocations between steps can make it worse). The variables "
+        "keep at most the process's peak; or preload jemalloc or tcmalloc (LD_PRELOAD=libjemalloc.so.2)."),
         {"default_ms_per_batch": d, "held_ms_per_batch": h, "cost_ms_per_batch": a.cost_ms_per_batch,
          "noise_ms": a.noise_ms, "gain_if_held": _r(gain, 4) if gain is not None else None,
-         "recommended": {"env": {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "-1"}}})
+         "recommended": {"env": {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "-1"}}},
+        figure=f"measured {gain * 100:+.0f}% for the step alone" if gain else None)

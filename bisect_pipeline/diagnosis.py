@@ -18,6 +18,7 @@ what the run said.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Optional
 
 from . import advice as advice_mod, outcome, tune, witness
@@ -209,7 +210,7 @@ def _checked(f: Finding, m: Measurements) -> Finding:
     v = outcome.verified(f, m.verification, m.isolated, m.batch_size)
     if v is None:
         return f
-    return dataclasses.replace(f, message=f.message + outcome.sentence(v), verified=v)
+    return advice_mod.checked(f, v)
 
 
 def derived_notes(d: Diagnosis) -> list:
@@ -285,34 +286,61 @@ def _point_notes(p: PointResult) -> list:
 
 
 def summary(d: Diagnosis) -> str:
-    """The verdict in one sentence."""
+    """The verdict in one sentence or two, on one line (--quiet prints it; the report's
+    summary opens with it): the stage, what it costs of every batch and what input holds
+    back of the ceiling's throughput, or why no stage is named. The reasoning (the
+    verdict's reason) is the report's, beneath it."""
     v = d.verdict
     if v.bottleneck is None:
         return f"No verdict: {v.reason}."
-    if v.bottleneck == "none" and v.witness == "isolated costs":
-        return f"The input pipeline keeps up: {v.reason}; the training step itself is the limit."
+    t_full = v.fitted.get("full")
     if v.bottleneck == "none":
-        return ("The input pipeline keeps up: the full pipeline runs at the ceiling within noise, "
-                "so the training step itself is the limit.")
+        if v.witness == "isolated costs":
+            return ("The input pipeline keeps up, by the stages' costs alone: the training step itself is the "
+                    "limit.")
+        bound = (f" (it loses at most {v.gap_upper / t_full * 100:.0f}% to input)"
+                 if v.gap_upper is not None and t_full and math.isfinite(v.gap_upper) else "")
+        return (f"The input pipeline keeps up: the full pipeline runs at the ceiling within noise{bound}, so the "
+                "training step itself is the limit.")
+    lost = _lost(d)
     if v.bottleneck == "inconclusive":
-        return f"Inconclusive: {v.reason}."
+        return (f"Inconclusive: whether input holds the step back is not known yet{' (' + lost + ')' if lost else ''}"
+                ".")
     if v.bottleneck == "tie":
         return _tie_summary(d)
     s = d.stage(v.bottleneck)
     full_rate = d.rate("full")
     gain = (s.samples_per_sec_if_free / full_rate - 1) if full_rate else None
     parts = f" (with {', '.join(s.includes[1:])})" if len(s.includes) > 1 else ""
-    alone = f" Named on the stages' costs alone: {v.reason}." if v.witness == "isolated costs" else ""
-    return (f"Bottleneck: {v.bottleneck}{parts}. It adds {s.sec_per_batch * 1e3:.1f} ms per batch "
-            f"({(s.share_of_gap or 0) * 100:.0f}% of the gap to the ceiling); without it you would train at "
-            f"{s.samples_per_sec_if_free:,.0f} samples/s instead of {full_rate:,.0f} (+{gain * 100:.0f}%).{alone}")
+    alone = ", named on the stages' costs alone" if v.witness == "isolated costs" else ""
+    of = f" of every {t_full * 1e3:.1f}-ms batch" if t_full else " per batch"
+    return (f"Bottleneck: {v.bottleneck}{parts}{alone}. It costs {s.sec_per_batch * 1e3:.1f} ms{of}"
+            + (f": {lost}" if lost else "") + f"; without it, {s.samples_per_sec_if_free:,.0f} samples/s instead "
+            f"of {full_rate:,.0f} ({gain * 100:+.0f}%).")
+
+
+def _lost(d: Diagnosis) -> str:
+    """'64% of the ceiling's throughput is lost to input (highly input-bound)'; '' where
+    the verdict has no such figure."""
+    f, cls = d.verdict.input_bound_fraction, advice_mod.input_bound_class(d)
+    if f is None:
+        return ""
+    how = f" ({cls} input-bound)" if cls in ("moderately", "highly") else ""
+    if d.verdict.bottleneck == "inconclusive":
+        return f"it loses {f * 100:.0f}% of the ceiling's throughput to input, within the noise"
+    return f"{f * 100:.0f}% of the ceiling's throughput is lost to input{how}"
 
 
 def _tie_summary(d: Diagnosis) -> str:
-    """A tie in one sentence: the stages, what each costs, and what each would buy if free."""
-    v, full_rate = d.verdict, d.rate("full")
+    """A tie in one sentence: the stages, what each costs of a batch, and what input
+    holds back (what each would buy if free is the stage table's)."""
+    v = d.verdict
     tied = [d.stage(s) for s in v.tied]
-    share = sum(s.share_of_gap or 0 for s in tied)
-    free = ", ".join(f"without {s.stage} at {s.samples_per_sec_if_free:,.0f}" for s in tied)
-    return (f"Bottleneck: {v.reason}. Together they are {share * 100:.0f}% of the gap to the ceiling; you would "
-            f"train {free} samples/s, instead of {full_rate:,.0f}.")
+    names = ", ".join(s.stage for s in tied[:-1]) + " and " + tied[-1].stage
+    costs = " and ".join(f"{s.sec_per_batch * 1e3:.1f}" for s in tied)
+    t_full = v.fitted.get("full")
+    of = f" of every {t_full * 1e3:.1f}-ms batch" if t_full else " per batch"
+    how = ("the loop and their costs alone disagree on which costs more" if v.witness == "disagree" else
+           "the measurements cannot yet tell which costs more")
+    lost = _lost(d)
+    return f"Bottleneck: {names}, tied: {costs} ms{of}; {how}." + (f" {lost[:1].upper()}{lost[1:]}." if lost else "")

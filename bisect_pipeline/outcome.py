@@ -196,6 +196,39 @@ def sentence(v: Checked) -> str:
     return " Not measured before printing: " + "; ".join(_tried_text(t) for t in v.tried) + "."
 
 
+def figure(v: Checked) -> Optional[str]:
+    """What the check says of an advice item, as its headline's figure: "measured 1.27×
+    (1.12–1.44×)"; None for the allocator item (its message gives its own figure)."""
+    if v.source == ALLOCATOR_SOURCE:
+        return None
+    if v.status == "helps":
+        return f"measured {_fig(v)}"
+    if v.status == "no gain":
+        return "measured no gain beyond the noise on this machine as it is, so not presented as a fix"
+    if v.status == "slower":
+        return "measured slower, so not a fix on this machine as it is"
+    return "not measured"
+
+
+def detail(v: Checked) -> str:
+    """What the check measured, beneath an advice item's reasoning (its figure is in the
+    headline: figure)."""
+    if v.source == ALLOCATOR_SOURCE:
+        return ""
+    if v.status == "not measured" and not v.tried:
+        return f" Not measured before printing: {v.reason}."
+    if v.status == "helps":
+        text = (f" Measured before printing in alternating visits of the full pipeline, yours against "
+                f"{settings_text(v.settings)}{_ms(v)}.")
+        others = [t for t in v.tried if t.settings != v.settings]
+        if others:
+            text += " Tried first: " + "; ".join(_tried_text(t) for t in others) + "."
+        return text
+    measured = v.status in ("no gain", "slower")
+    return f" {'Measured' if measured else 'Not measured'} before printing: " + "; ".join(
+        _tried_text(t) for t in v.tried) + "."
+
+
 def _ms(t: Any) -> str:
     """": 128 → 110 ms/batch", yours then the candidate's, when measured."""
     if not t.ms_per_batch:

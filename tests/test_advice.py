@@ -81,10 +81,13 @@ def test_num_workers_fires_for_augment_bottleneck_at_zero_workers_with_the_count
     assert f.numbers["recommended"] == {"num_workers": 5, "persistent_workers": True}
     assert f.numbers["num_workers"] == 0 and f.numbers["needed"] == 5
     # tied to the measured numbers and the loader's own setting, never generic
-    assert "num_workers=0" in f.message and "Set num_workers=5 with persistent_workers=True" in f.message
-    assert "49.0 ms per batch" in f.message  # augment's measured drop: 60 - 11
+    # the action first, then the reasoning
+    assert advice.headline(f) == "Set num_workers=5, persistent_workers=True: not measured." and f.message.startswith(advice.headline(f))
+    assert "With num_workers=0, augment runs in the training loop's own process." in advice.reasoning(f)
     assert "costs 48.0 ms per batch against a 10.0 ms step" in f.message
-    assert "If augment were free" in f.message
+    # augment's drop (60 - 11 = 49 ms) and what it holds back are the verdict's, said once in the summary
+    assert "49.0 ms per batch" not in f.message and "If augment were free" not in f.message
+    assert "It costs 49.0 ms of every 61.0-ms batch" in r.summary and "without it, 1,333 samples/s" in r.summary
 
 
 def test_workers_for_a_loader_built_anew_every_epoch_come_with_building_it_once():
@@ -94,7 +97,7 @@ def test_workers_for_a_loader_built_anew_every_epoch_come_with_building_it_once(
     loop = Report.of(dataclasses.replace(r.measurements, mode="loop", source={
         "index": 1, "created_at": "train.py:21", "rebuilt": 7}))
     f = finding(loop, "num_workers")
-    assert "Set num_workers=5 with persistent_workers=True" in f.message
+    assert f.message.startswith("Set num_workers=5, persistent_workers=True: not measured.")
     assert "builds this DataLoader anew every epoch (at train.py:21): build it once, before the epoch loop" in f.message
     assert "built anew every epoch, 7 times" in str(loop)
 
@@ -301,7 +304,8 @@ def test_workers_started_again_every_short_epoch_are_named_with_the_measured_gai
     assert f.numbers["start_ms"] == pytest.approx(180.0) and f.numbers["start_ms_per_batch"] == pytest.approx(18.0)
     assert "every 10 batches" in f.message and "Set persistent_workers=True" in f.message
     assert f.verified.status == "helps" and f.verified.speedup == pytest.approx(128 / 110, rel=1e-3)
-    assert "with persistent_workers=True: 128 \u2192 110 ms/batch" in f.message
+    assert advice.headline(f) == "Set persistent_workers=True: measured 1.16\u00d7 (1.16\u20131.16\u00d7)."
+    assert "yours against persistent_workers=True: 128 \u2192 110 ms/batch" in advice.reasoning(f)
     # measured 1.16x, more than the payload could give (the handoff free: 110 / 101.7, 1.08x): it comes first
     assert kinds(r).index("persistent_workers") < kinds(r).index("uint8_payload") < kinds(r).index("handoff")
     assert " ".join(str(r).split()).index("persistent_workers=True: 128") < " ".join(str(r).split()).index("uint8")
@@ -310,7 +314,8 @@ def test_workers_started_again_every_short_epoch_are_named_with_the_measured_gai
 def test_a_restart_within_the_noise_is_not_presented_as_a_fix_and_comes_after_the_payload():
     r = restart_report(trial=restart_trial(128.0, 127.0))
     f = finding(r, "persistent_workers")
-    assert f.verified.status == "no gain" and "no gain beyond the noise" in f.message and "\u2192" not in f.message
+    assert f.verified.status == "no gain" and "\u2192" not in f.message
+    assert advice.headline(f).startswith("Set persistent_workers=True: measured no gain beyond the noise")
     assert kinds(r).index("handoff") < kinds(r).index("persistent_workers")
     # and so does one the check could not measure
     r = restart_report()
@@ -503,10 +508,12 @@ def test_storage_advice_for_a_load_bottleneck_with_its_numbers():
     r = make_report(LOAD_BOUND, loader={"num_workers": 2, "dataset": "ImageFolder"}, isolated=iso)
     assert r.bottleneck == "load"
     f = finding(r, "storage")
-    assert "ImageFolder" in f.message and "58.5 ms per batch" in f.message
-    assert "3.50 ms to load" in f.message and "2 process(es) cap input at 571 samples/s" in f.message
+    assert advice.headline(f) == ("Make loading ImageFolder's samples cheaper: alone a sample takes 3.50 ms to load, "
+                                  "so 2 process(es) cap input at 571 samples/s.")
     assert f.numbers["load_cap_samples_per_sec"] == pytest.approx(2 * 1000 / 3.5, abs=0.1)
-    assert "If load were free" in f.message
+    # load's cost (58.5 ms) and what it holds back are the verdict's: the summary says them, once
+    assert "58.5 ms per batch" not in f.message and "If load were free" not in f.message
+    assert "It costs 58.5 ms of every" in r.summary
 
 
 def _split_iso(bound: str) -> dict:
@@ -610,7 +617,8 @@ def test_headroom_if_a_stage_were_free():
     assert d["samples_per_sec_if_free"] == pytest.approx(BS / 0.012, rel=1e-3)
     assert d["gain_if_free"] == pytest.approx(61 / 12 - 1, rel=1e-3)
     assert advice.headroom(r, "transfer") == {}  # skipped on CPU: no headroom to claim
-    assert "If augment were free: 1,333 samples/s instead of 262 (+408%)" in " ".join(str(r).split())
+    said = " ".join(str(r).split())
+    assert "without it, 1,333 samples/s instead of 262 (+408%)" in said and said.count("1,333 samples/s") == 1
 
 
 @pytest.mark.parametrize("fraction,bottleneck,expected", [
@@ -631,10 +639,12 @@ def test_advice_is_typed_data_in_the_json():
     assert doc["verdict"]["input_bound_thresholds"] == {"moderately": 0.05, "highly": 0.2}
     assert [a["kind"] for a in doc["advice"]] == ["num_workers", "augment"]
     for a in doc["advice"]:
-        assert set(a) == {"kind", "stage", "message", "numbers"} and a["numbers"]
-    # the text renders the same findings
-    text = str(r)
-    assert "What to do:" in text and "Set num_workers=3" in text.replace("\n    ", " ")
+        assert {"kind", "stage", "message", "numbers", "action"} <= set(a) and a["numbers"]
+        assert a["message"].startswith(a["action"])  # the action first, the reasoning (`why`) after it
+    # the text renders the same findings: the first as the summary's first change
+    text = " ".join(str(r).split())
+    assert "First change: set num_workers=3, persistent_workers=True: not measured." in text
+    assert "What to do, first to last: 1. The first change, above; why: With num_workers=0" in text
 
 
 # --- end to end through bisect() -------------------------------------------------------------------
@@ -688,8 +698,10 @@ def test_augment_says_what_the_costliest_transform_costs_the_loop_when_measured_
                  "without_ms_per_batch": 17.6, "windows": 12}
     iso["augment"]["breakdown"]["confirmed"] = confirmed
     f = finding(make_report(AUGMENT_BOUND, isolated=iso), "augment")
-    assert ("Measured in the pipeline, RandomResizedCrop (dataset.transform[0]) costs the loop 12.4 ± 1.1 ms per "
-            "batch.") in " ".join(f.message.split())
+    # the breakdown says it (text: 'In the pipeline ...'; HTML: its block), the advice keeps its numbers
+    assert "costs the loop" not in f.message
+    report = make_report(AUGMENT_BOUND, isolated=iso)
+    assert " ".join(str(report).split()).count("costs the loop 12.4 ± 1.1 ms per batch") == 1
     assert f.numbers["confirmed"]["measured_ms_per_batch"] == 12.4 and f.numbers["confirmed"]["predicted_ms_per_batch"] == 13.1
     for off in ({"real": False}, {"status": "skipped", "reason": "the check is off"}):
         iso["augment"]["breakdown"]["confirmed"] = {**confirmed, **off}
@@ -717,8 +729,8 @@ def test_a_real_reorder_of_an_augment_bottleneck_is_an_item_with_its_measured_fi
     assert f.stage == "augment" and f.verified is None  # timed alone: not checked in the full pipeline
     assert " ".join(f.message.split()).startswith(
         "Move GaussianBlur, ColorJitter (dataset.transform[0], dataset.transform[1]) after RandomCrop "
-        "(dataset.transform[2]): 4.00 \u2192 1.00 ms per sample on the same inputs (saves 3.00 \u00b1 0.20 ms per "
-        "sample, 48.0 ms per batch of 16); it then runs on 50,176 pixels instead of 200,704.")
+        "(dataset.transform[2]): saves 3.00 \u00b1 0.20 ms per sample, 48.0 ms per batch of 16. 4.00 \u2192 1.00 ms "
+        "per sample on the same inputs; it then runs on 50,176 pixels instead of 200,704.")
     assert f.numbers["saving_ms_per_batch"] == 48.0 and f.numbers["pixels_after"] == 50176
     assert kinds(r).index("reorder") == kinds(r).index("augment") + 1
     # the document keeps it

@@ -31,7 +31,7 @@ def measurements(ms: dict, *, spread: dict = {}, point_kw: dict = {}, **kw) -> M
 def test_the_verdict_the_summary_and_the_points_as_shown():
     d = diagnose(measurements(AUGMENT))
     assert d.bottleneck == "augment" and d.rate("full") == pytest.approx(BS / 0.061)
-    assert summary(d).startswith("Bottleneck: augment. It adds 49.") and d.summary == summary(d)
+    assert summary(d).startswith("Bottleneck: augment. It costs 49.") and d.summary == summary(d)
     assert [p.point for p in d.points] == list(POINTS)  # upstream first, whatever order they came in
 
 

@@ -4,6 +4,7 @@ everything from user code escaped, one bar per measured point, the bottleneck sh
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import re
 import xml.etree.ElementTree as ET
@@ -200,16 +201,43 @@ def test_nothing_is_highlighted_when_the_pipeline_keeps_up():
     assert find(p, "p", "none")  # the verdict box says so
 
 
-def test_verdict_first_then_chart_stages_advice_and_context():
-    r = planted_report(AUGMENT)
+def test_the_box_holds_the_summary_then_warnings_advice_chart_stages_points_and_context():
+    from bisect_pipeline.report import summary as summary_mod
+    r = planted_report(AUGMENT, isolated=WORKERS, warnings=("device: something to know",))
     markup = to_html(r)
-    text = "".join(parse(markup).text)
-    summary = r.summary
-    assert summary.startswith("Bottleneck: augment")
-    order = [markup.index(s) for s in (summary, "<svg", "ms per batch added", r.advice[0].message[:30], "torch 2.4.0")]
+    p = parse(markup)
+    text = "".join(p.text)
+    s = summary_mod.summarize(r)
+    assert s.verdict == r.summary and r.summary.startswith("Bottleneck: augment")
+    assert s.first.startswith("First change: set num_workers=3, persistent_workers=True")
+    # the box holds the whole summary: the verdict and the first change with its figure
+    box = markup[markup.index('<div class="summary'):markup.index("</div>", markup.index('<div class="summary'))]
+    assert html.escape(s.first, quote=True) in box and html.escape(r.summary, quote=True) in box
+    order = [markup.index(x) for x in ('<div class="summary', "<h3>Warnings", "<h3>What to do", "<svg",
+                                       "ms per batch added", "<h3>Points", "torch 2.4.0")]
     assert order == sorted(order)
-    for s in ("share of gap", "samples/s if free", "num_workers=0", "SyntheticImages", "full ±", "batch size"):
-        assert s in text
+    for x in ("share of gap", "samples/s if free", "num_workers=0", "SyntheticImages", "full ±", "batch size"):
+        assert x in text
+
+
+WORKERS = {"status": "ok", "workers": {"status": "ok", "needed": 3, "cores": 8, "available": 7, "step_threads": 1,
+                                       "worker_ms_per_batch": 60.0, "step_ms_per_batch": 35.0}}
+
+
+def test_advice_items_lead_with_the_action_their_reasoning_folded():
+    from bisect_pipeline.advice import headline, reasoning
+    r = planted_report(AUGMENT, isolated=WORKERS)
+    p = parse(to_html(r))
+    items = [a for t, a in p.elements if t == "li"]
+    actions = find(p, "p", "action")
+    assert len(find(p, "details")) == len(actions) == len(r.advice) == 2 and items
+    markup = to_html(r)
+    advice = markup[markup.index('<ol class="advice">'):markup.index("</ol>")]
+    # the first is the box's first change: said there, its reasoning folded here
+    assert advice.index("The first change, above.") < advice.index("<details><summary>why</summary><p>With num_")
+    second = r.advice[1]
+    assert f'<p class="action">{html.escape(headline(second))}</p><details><summary>why</summary><p>' in advice
+    assert html.escape(reasoning(second)) in advice
 
 
 def test_incomplete_run_is_said():
@@ -333,8 +361,8 @@ def test_inside_the_stage_draws_one_bar_per_part_proportional_to_its_cost():
     r = parts_report()
     markup = to_html(r)
     ET.fromstring(markup)  # still well-formed XML, the bars' SVGs included
-    # under the stage table, before the advice
-    assert markup.index("ms per batch added") < markup.index("Inside the stage") < markup.index("What to do")
+    # under the stage table, after the advice (the answer first, the evidence beneath)
+    assert markup.index("What to do") < markup.index("ms per batch added") < markup.index("Inside the stage")
     bars = part_bars(markup)
     assert list(bars) == ["RandomResizedCrop", "ToTensor", "sum of the parts", "the stage timed whole"]
     widths = {k: v[0] for k, v in bars.items()}

@@ -72,7 +72,7 @@ def test_every_line_fits_80_columns(long_advice):
     note = " ".join(ln.strip() for ln in [block[start][len(mark):]] + cont)
     assert note.startswith("RuntimeError: a very long error message")
     assert note.count("from user code") == 4
-    assert "(incomplete run: stopped by --max-seconds)" in text
+    assert "Incomplete run (stopped by --max-seconds)." in " ".join(blocks(text)[0])  # in the summary
 
 
 def test_each_table_states_its_time_unit_and_uses_only_it():
@@ -126,30 +126,45 @@ def test_noise_is_said_in_the_note_not_glued_to_the_number():
     assert re.match(r"collate\s+\d+\.\d\d\s+-\s+\d+%", collate)  # its cost, none alone (not planted), its share
 
 
-def test_verdict_and_advice_come_last_as_whole_sentences(long_advice):
+def test_the_answer_comes_first_then_warnings_advice_and_the_evidence(long_advice):
     r = planted_report(AUGMENT, warnings=("device: windows disagree by 14% (IQR/median)",))
     text = to_text(r)
     lines = text.splitlines()
-    verdict_at = next(i for i, ln in enumerate(lines) if ln.startswith("Bottleneck: augment"))
-    assert verdict_at > next(i for i, ln in enumerate(lines) if ln.startswith("warning:"))
-    assert verdict_at > next(i for i, ln in enumerate(lines) if ln.startswith("What each stage costs"))
-    # the verdict, wrapped at word boundaries, reads back as the one-sentence summary
-    verdict = []
-    for ln in lines[verdict_at:]:
-        if not ln.strip():
-            break
-        verdict.append(ln)
-    assert " ".join(verdict).startswith(r.summary)
-    assert max(len(ln) for ln in verdict) <= 80 and len(verdict) >= 2
-    # the advice: a bullet per item, continuation lines indented under it
-    advice_at = lines.index("What to do:")
-    assert advice_at > verdict_at
-    bullets = lines[advice_at + 1:]
-    assert bullets[0].startswith("  - num_workers=0:")
-    first = [bullets[0]] + [ln for ln in bullets[1:][:next(i for i, b in enumerate(bullets[1:]) if b.startswith("  - "))]]
-    assert all(ln.startswith("    ") for ln in first[1:])
-    assert " ".join(ln.strip().removeprefix("- ") for ln in first) == LONG_ADVICE
-    assert sum(ln.startswith("  - ") for ln in bullets) == 2
+    # the summary opens the report, wrapped at word boundaries: it reads back as the verdict's sentence
+    summary = blocks(text)[0]
+    assert " ".join(summary).startswith(r.summary) and len(summary) <= 6
+    assert max(len(ln) for ln in summary) <= 80
+    at = {k: next(i for i, ln in enumerate(lines) if ln.startswith(k)) for k in (
+        "Warnings:", "What to do", "Why augment:", "What each stage costs", "Throughput at each point", "Run:")}
+    assert list(at) == sorted(at, key=at.get)  # in that order
+    # the advice: each item numbered, its action first, continuation lines indented under it
+    bullets = lines[at["What to do"] + 1:at["Why augment:"] - 1]
+    assert bullets[0].startswith("  1. ") and sum(ln.startswith("  2. ") for ln in bullets) == 1
+    assert all(ln.startswith("     ") for ln in bullets if not ln.startswith(("  1. ", "  2. ")))
+    # the first is the summary's first change, said there; the second in full
+    assert bullets[0] == "  1. The first change, above." and LONG_ADVICE in " ".join(summary)
+    second = bullets[bullets.index(next(b for b in bullets if b.startswith("  2. "))):]
+    assert " ".join(ln.strip() for ln in second).startswith("2. Second piece of advice, quite long")
+
+
+def test_each_advice_item_leads_with_its_action_and_figure_the_reasoning_indented_beneath():
+    from bisect_pipeline.results import Isolated
+    iso = Isolated.from_dict({"status": "ok", "workers": {"status": "ok", "needed": 3, "cores": 8, "available": 7,
+                                                          "step_threads": 1, "worker_ms_per_batch": 60.0,
+                                                          "step_ms_per_batch": 35.0}})
+    r = planted_report(AUGMENT, isolated=iso.to_dict())
+    text = to_text(r)
+    summary = " ".join(blocks(text)[0])
+    # unchecked (no verification block): the first change says it was not measured
+    assert "First change: set num_workers=3, persistent_workers=True: not measured." in summary
+    (advice,) = [b for b in blocks(text) if b[0].startswith("What to do")]
+    assert advice[1] == "  1. The first change, above; why:"
+    assert advice[2].startswith("       With num_workers=0, augment runs in the training loop's own process.")
+    second = next(i for i, ln in enumerate(advice) if ln.startswith("  2. "))
+    assert all(ln.startswith("       ") for ln in advice[2:second])
+    # the second item: its action and its figure, then the reasoning beneath
+    assert advice[second] == "  2. Make the dataset's transforms cheaper."
+    assert advice[second + 1].startswith("       Move work that is the same every epoch")
 
 
 def test_quiet_summary_and_json_summary_stay_one_line():
@@ -171,25 +186,32 @@ def test_a_noisy_run_says_inconclusive_and_claims_no_input_bound_class():
     r = planted_report({"device": 950.0, "full": 665.0}, jitter=0.6)
     assert r.bottleneck == "inconclusive" and r.verdict.input_bound_fraction > 0.2
     text = " ".join(to_text(r).split())
-    assert "Inconclusive: the measurements are too noisy to tell (" in text and "device ±" in text
-    assert "keeps up" not in text and "Input-bound:" not in text
+    assert text.startswith("Inconclusive: whether input holds the step back is not known yet")
+    assert "Why inconclusive: the measurements are too noisy to tell (" in text and "device ±" in text
+    assert "keeps up" not in text and "Input-bound:" not in text and "input-bound)" not in text
+    # no rounds in a planted run without them: what to do next, from the noise
+    assert "Next: close other work on this machine, or raise --max-seconds for more rounds." in text
 
 
 def test_input_bound_line_of_a_none_verdict_says_the_loss_is_within_noise():
     r = planted_report({"device": 950.0, "full": 940.0})
     assert r.bottleneck == "none"
     text = " ".join(to_text(r).split())
-    assert "Input-bound: not (the full pipeline's loss to input, 1% of the ceiling's throughput, is within noise)." in text
-    assert "lost to input; not <" not in text
+    assert text.startswith("The input pipeline keeps up: the full pipeline runs at the ceiling within noise (it "
+                           "loses at most ")
+    assert "the training step itself is the limit." in text
+    assert "Input-bound:" not in text and "lost to input" not in text  # no class but `not` claimed
 
 
 def test_the_head_says_where_the_batch_size_comes_from_unless_it_is_the_loaders():
     counted = "counted in the collated batch: loader batch_size 8 \u00d7 4 per sample"
     r = planted_report(AUGMENT, batch_size_source=counted)
-    assert " ".join(to_text(r).split()).startswith(f"bisect-pipeline: device cpu, batch size 32 ({counted})")
+    (run,) = [b for b in blocks(to_text(r)) if b[0].startswith("Run:")]
+    assert " ".join(" ".join(run).split()).startswith(f"Run: device cpu, batch size 32 ({counted})")
     assert f"32 ({counted})" in r._repr_html_()
     plain = planted_report(AUGMENT, batch_size_source="DataLoader.batch_size")
-    assert to_text(plain).splitlines()[0].startswith("bisect-pipeline: device cpu, batch size 32, num_workers")
+    (run,) = [b for b in blocks(to_text(plain)) if b[0].startswith("Run:")]
+    assert run[0].startswith("Run: device cpu, batch size 32, num_workers")
     assert Report.from_dict(r.to_dict()).batch_size_source == counted  # the document keeps it
 
 
@@ -350,15 +372,21 @@ def _reorder(real: bool, saving: float = 0.29, tolerance=0.03):
                    saving_ms_per_sample=saving, tolerance_ms=tolerance, samples=24, real=real)
 
 
-def test_a_reorder_found_faster_is_a_line_under_the_breakdown_and_one_not_faster_only_with_all():
+def test_a_reorder_found_faster_is_said_once_as_advice_or_under_the_breakdown_and_one_not_faster_only_with_all():
     r = _with_breakdown(AUGMENT, reorders=(_reorder(True), _reorder(False, saving=0.01, tolerance=None)))
     text = to_text(r)
     flat = " ".join(text.split())
     line = ("Reorder: move ColorJitter after RandomResizedCrop: 0.41 \u2192 0.12 ms/sample (saves 0.29 \u00b1 0.03, on "
             "the same 24 inputs).")
-    assert line in flat
-    assert flat.index("they agree") < flat.index(line) < flat.index("Isolated (this process")
+    # augment named: the move is an advice item, so the breakdown does not say it again
+    assert line not in flat and flat.count("saves 0.29") == 1
     assert "not faster beyond the noise" not in flat
+    # augment tied for the lead: no advice item, the breakdown says it
+    tied = _with_breakdown({"device": 950.0, "collated": 930.0, "augmented": 920.0, "raw": 500.0, "full": 330.0},
+                           reorders=(_reorder(True),))
+    assert tied.bottleneck == "tie" and not [f for f in tied.advice if f.kind == "reorder"]
+    flat = " ".join(to_text(tied).split())
+    assert line in flat and flat.index("they agree") < flat.index(line) < flat.index("Isolated (this process")
     every = " ".join(r.text(breakdown="all").split())
     assert ("Reorder: move ColorJitter after RandomResizedCrop: 0.41 \u2192 0.40 ms/sample: not faster beyond the "
             "noise (+0.01; too few samples for the noise).") in every
@@ -369,8 +397,8 @@ def test_a_reorder_found_faster_is_a_line_under_the_breakdown_and_one_not_faster
     assert item.stage == "augment" and item.verified is None
     msg = " ".join(item.message.split())
     assert msg.startswith("Move ColorJitter (dataset.transform[0]) after RandomResizedCrop (dataset.transform[1]): "
-                          "0.41 \u2192 0.12 ms per sample on the same inputs (saves 0.29 \u00b1 0.03 ms per sample, "
-                          "9.3 ms per batch of 32); it then runs on 50,176 pixels instead of 187,500.")
+                          "saves 0.29 \u00b1 0.03 ms per sample, 9.3 ms per batch of 32. 0.41 \u2192 0.12 ms per sample on "
+                          "the same inputs; it then runs on 50,176 pixels instead of 187,500.")
     assert "New order: RandomResizedCrop, ColorJitter, ToTensor. ColorJitter's contrast (when set) blends with the " \
            "image's mean: after the move, the crop's" in msg
     assert "not checked" in msg
@@ -391,29 +419,35 @@ def test_a_loop_on_a_batch_sampler_says_the_batch_size_counted():
     assert "on loader #1 (CocoDetection, batch size 32, created at train.py:9)" in " ".join(to_text(r).split())
 
 
-def test_a_script_that_ended_first_opens_the_report_with_what_it_gave_and_needed():
+def test_a_script_that_ended_first_says_what_to_run_in_the_summary_and_what_it_gave_and_needed_beneath():
     short = {"how": "ended", "detail": None, "batches": 100, "needed": 334, "rounds": 2, "points": 5,
              "epoch_batches": 10, "epoch_needs": 19}
     r = _loop_report({"index": 1, "dataset": "Data", "batch_size": 2, "ended": short}, rates={})
     text = to_text(r)
-    first = " ".join(blocks(text)[0])
-    assert first.startswith("Your script ended after 100 batches of its training loader, before the measurement "
+    summary, facts = (" ".join(b) for b in blocks(text)[:2])
+    assert summary.startswith("No verdict: ") and "Incomplete run (your script ended first)." in summary
+    assert summary.endswith("Next: measure it with --entry (a function that returns your model and loader), or with "
+                            "epochs of more batches.")
+    assert facts.startswith("Your script ended after 100 batches of its training loader, before the measurement "
                             "was done: it needs at least about 334 (2 rounds over 5 points")
-    assert "there is no verdict" in first and "Its epochs are 10 batches, fewer than the 19" in first
-    assert "more epochs would not help" in first and "--entry" in first
-    assert "(incomplete run: your script ended first)" in text and "stopped by --max-seconds" not in text
+    assert "Its epochs are 10 batches, fewer than the 19" in facts and "more epochs would not help" in facts
+    assert "stopped by --max-seconds" not in text and "no verdict" not in facts  # the summary said it
     html = r._repr_html_()
     assert "Your script ended after 100 batches" in html and "your script ended first" in html
     # epochs long enough: more of them is the answer, said with the factor
     longer = dict(short, epoch_batches=50, how="exit", detail="sys.exit(0)")
-    first = " ".join(blocks(to_text(_loop_report({"ended": longer}, rates={})))[0])
-    assert first.startswith("Your script exited (sys.exit(0)) after 100 batches")
-    assert "about 4x as many batches" in first and "would not help" not in first
+    summary, facts = (" ".join(b) for b in blocks(to_text(_loop_report({"ended": longer}, rates={})))[:2])
+    assert facts.startswith("Your script exited (sys.exit(0)) after 100 batches")
+    assert "Next: run it for more epochs or steps (about 4x as many batches)" in summary
+    assert "would not help" not in facts
     # enough batches for the least measurement, yet no settled verdict: the one from what was measured
     enough = dict(short, batches=400, epoch_batches=None)
-    first = " ".join(blocks(to_text(_loop_report({"ended": enough})))[0])
-    assert "needs at least" not in first and "the verdict below is from what was measured" in first
-    assert "more epochs or steps, so that the rounds can settle the noise" in first
+    text = to_text(_loop_report({"ended": enough}))
+    summary = " ".join(blocks(text)[0])
+    assert summary.startswith("Bottleneck: augment.")
+    assert "Next: run it for more epochs or steps, so that the rounds can settle the noise." in summary
+    facts = next(" ".join(b) for b in blocks(text) if b[0].startswith("Your script"))
+    assert "needs at least" not in facts and "the verdict above is from what was measured" in facts
 
 
 def test_the_closing_line_says_no_verdict_when_the_tool_stopped_the_script():

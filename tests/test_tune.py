@@ -279,7 +279,10 @@ def test_the_report_shows_the_search_the_change_and_the_check(tmp_path):
                stopped="a candidate is within the noise of the ceiling", patch=patch_doc, applied=applied)
     r = Report.of(dataclasses.replace(d.measurements, tune=t))
     text = r.text()
-    tail = text[text.index("Tuned (--tune)"):].splitlines()
+    # the summary names the best as the first change, with its figure; the section does not say it again
+    assert ("First change, the best --tune found: set num_workers=2, persistent_workers=True: measured 2.00\u00d7 "
+            "(2.00\u20132.00\u00d7) your speed.") in " ".join(text.split("\n\n")[0].split())
+    tail = text[text.index("Tuned (--tune)"):text.index("\n\nWhy ")].splitlines()
     assert tail == [
         "Tuned (--tune): num_workers 1 to 3; 1 setting(s) in 8.0 s; stopped: a candidate",
         "  is within the noise of the ceiling.",
@@ -289,8 +292,7 @@ def test_the_report_shows_the_search_the_change_and_the_check(tmp_path):
         "------------------  ------------  ------  --------------------------------------",
         "2.00\u00d7 (2.00\u20132.00\u00d7)  100.0 \u2192 50.0  best    num_workers=2, persistent_workers=True",
         "",
-        "Best: num_workers=2, persistent_workers=True: 2.00\u00d7 (2.00\u20132.00\u00d7) your speed;",
-        "within the noise of the ceiling.",
+        "The best is within the noise of the ceiling.",
         "",
         "The change, against train.py (the loader created at line 12):",
         "  - num_workers=args.workers: rerun with -j 2",

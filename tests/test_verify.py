@@ -303,9 +303,13 @@ def test_the_report_carries_predicted_and_measured_and_reads_back_the_same(tmp_p
     f = next(a for a in r.advice if a.kind == "num_workers")
     assert f.verified.status == "helps" and f.verified.speedup == pytest.approx(3.75, rel=1e-3)
     assert f.verified.predicted is not None and f.verified.settings == {"num_workers": 1}
-    assert "Measured before printing: 3.75\u00d7" in f.message and "predicted up to" in f.message
+    # the action and its measured figure first (the settings measured), the check's detail beneath
+    assert f.message.startswith("Set num_workers=1: measured 3.75\u00d7") and "Measured before printing" in f.message
     text = " ".join(str(r).split())  # wrapped at 80 columns
-    assert "Measured before printing: 3.75\u00d7" in text and "Measured before printing: 3.75" in r._repr_html_()
+    assert "First change: set num_workers=1: measured 3.75\u00d7" in text and "measured 3.75" in r._repr_html_()
+    # the prediction is the bottleneck's headroom: the summary's verdict says it, once
+    said = int(r.summary.rsplit("(", 1)[1].split("%")[0])
+    assert abs(said - (f.verified.predicted - 1) * 100) <= 1 and "predicted up to" not in text
     doc = r.to_dict()
     assert doc["verification"] == ver
     path = tmp_path / "r.json"

@@ -28,34 +28,34 @@ def batch_size_text(batch_size: float, source: str) -> str:
     return str(batch_size)
 
 
-def ended_text(source: Optional[dict], bottleneck: Optional[str]) -> Optional[str]:
-    """What a report opens with where the user's script ended on its own before the
-    experiment did (loop.Session._shortfall): the batches it gave, the fewest the
-    measurement needs, and what to run instead. None otherwise."""
+def ended_parts(source: Optional[dict], bottleneck: Optional[str]) -> Optional[tuple]:
+    """Where the user's script ended on its own before the experiment did
+    (loop.Session._shortfall): (what happened: the batches it gave and the fewest the
+    measurement needs; what to run instead, or ""). None otherwise."""
     e = (source or {}).get("ended")
     if not e:
         return None
     how = {"exit": f"Your script exited ({e.get('detail')})", "raised": f"Your script raised {e.get('detail')}"}.get(
         e.get("how"), "Your script ended")
     if e.get("no_loader"):
-        return f"{how} before anything was measured: {e['no_loader']}."
+        return f"{how} before anything was measured: {e['no_loader']}.", ""
     batches, needed = e.get("batches") or 0, e.get("needed") or 0
     text = f"{how} after {batches:,} batches of its training loader, before the measurement was done"
     if needed > batches:
         text += (f": it needs at least about {needed:,} ({e.get('rounds')} rounds over {e.get('points')} points, "
                  "each visit its first batch, a warm-up and its timed windows)")
-    text += "; " + ("the verdict below is from what was measured." if bottleneck else "there is no verdict.")
+    text += "; the verdict above is from what was measured." if bottleneck else "."
     epoch, per_epoch = e.get("epoch_batches"), e.get("epoch_needs")
     if epoch and per_epoch and epoch < per_epoch:
         return (text + f" Its epochs are {epoch:,} batches, fewer than the {per_epoch:,} one timed window needs "
                 "within an epoch (each epoch's end voids the window under way, and the point warms up again "
-                "after it), so more epochs would not help: measure it with --entry (a function that returns your "
+                "after it), so more epochs would not help.", "Measure it with --entry (a function that returns your "
                 "model and loader), or with epochs of more batches.")
     if needed > batches:
         times = -(-needed // max(batches, 1))
-        return text + (f" Run it for more epochs or steps (about {times}x as many batches), or measure it with "
-                       "--entry (a function that returns your model and loader).")
-    return text + " Run it for more epochs or steps, so that the rounds can settle the noise."
+        return text, (f"Run it for more epochs or steps (about {times}x as many batches), or measure it with "
+                      "--entry (a function that returns your model and loader).")
+    return text, "Run it for more epochs or steps, so that the rounds can settle the noise."
 
 
 def incomplete_why(r_interrupted: bool, source: Optional[dict]) -> str:
@@ -98,3 +98,26 @@ def write_atomic(path: str, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+class Footnotes:
+    """Why rows were not measured, each reason once: `mark(status, reason)` is the row's
+    note ('skipped [1]'), `new()` the (number, reason) pairs first marked since the last
+    call, for the notes under a table (a reason already given above keeps its number).
+    The text and the HTML tables share it."""
+
+    def __init__(self) -> None:
+        self.reasons: list = []
+        self._shown = 0
+
+    def mark(self, status: str, reason: Optional[str]) -> str:
+        if not reason:
+            return status
+        if reason not in self.reasons:
+            self.reasons.append(reason)
+        return f"{status} [{self.reasons.index(reason) + 1}]"
+
+    def new(self) -> list:
+        fresh = self.reasons[self._shown:]
+        start, self._shown = self._shown + 1, len(self.reasons)
+        return list(enumerate(fresh, start))

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, Optional
 from .. import tune
 from ..verdict import STAGES, in_question
 from . import plot as plot_mod
-from .figures import POINT_MEANING, batch_size_text, ended_text, incomplete_why
-from . import text as text_mod
+from .. import advice as advice_mod
+from .figures import POINT_MEANING, Footnotes, batch_size_text, ended_parts
+from . import summary as summary_mod, text as text_mod
 from .text import noise_text
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -30,11 +31,23 @@ CSS = """
 .bisect-pipeline *{box-sizing:border-box}
 .bisect-pipeline .title{margin:0 0 8px;font-size:12px;color:#6b7280;letter-spacing:.02em}
 .bisect-pipeline h3{font-size:14px;margin:18px 0 6px;color:#1f2328}
-.bisect-pipeline .verdict{font-size:16px;font-weight:600;margin:0 0 6px;padding:10px 14px;border-left:5px solid #8a94a6;
- border-radius:4px;background:#f2f4f7}
-.bisect-pipeline .verdict.named{border-color:#e4572e;background:#fdf0ec}
-.bisect-pipeline .verdict.none{border-color:#2e9e5b;background:#edf7f0}
-.bisect-pipeline .verdict.failed{border-color:#b42318;background:#fdecea}
+.bisect-pipeline .summary{margin:0 0 6px;padding:10px 14px;border-left:5px solid #8a94a6;border-radius:4px;
+ background:#f2f4f7}
+.bisect-pipeline .summary.named{border-color:#e4572e;background:#fdf0ec}
+.bisect-pipeline .summary.none{border-color:#2e9e5b;background:#edf7f0}
+.bisect-pipeline .summary.failed{border-color:#b42318;background:#fdecea}
+.bisect-pipeline .summary p{margin:0;overflow-wrap:anywhere}
+.bisect-pipeline .summary p+p{margin-top:6px}
+.bisect-pipeline .summary .verdict{font-size:16px;font-weight:600}
+.bisect-pipeline .summary .first{font-size:15px}
+.bisect-pipeline ol.advice{margin:4px 0;padding-left:22px}
+.bisect-pipeline ol.advice li{margin:6px 0}
+.bisect-pipeline ol.advice p.action{margin:0;font-weight:600}
+.bisect-pipeline details{margin:2px 0 0;color:#374151}
+.bisect-pipeline details summary{cursor:pointer;color:#6b7280;font-size:13px}
+.bisect-pipeline details p{margin:4px 0 0}
+.bisect-pipeline p.why{margin:4px 0 8px;color:#374151}
+.bisect-pipeline p.footnote{margin:4px 0 0;font-size:12px;color:#6b7280;overflow-wrap:anywhere}
 .bisect-pipeline .incomplete{margin:6px 0;color:#b42318;font-size:13px}
 .bisect-pipeline .chart svg{display:block;width:100%;height:auto;max-width:760px}
 .bisect-pipeline .legend{font-size:12px;color:#4b5563;margin:2px 0 0}
@@ -136,6 +149,7 @@ class _Row:
     color: str = ""
     value: str = ""
     note: str = ""
+    tip: str = ""  # the reason a point was not measured, on hover (the tables' notes say it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +200,7 @@ def _chart_layout(c: "plot_mod.Chart", r: "Report") -> _ChartLayout:
         y = y_of[b.point] = TOP + i * ROW_H + (ROW_H - BAR_H) / 2
         sub = "ceiling" if b is ceiling else ("your pipeline" if b.point == "full" else None)
         if b.samples_per_sec is None:
-            rows.append(_Row(b.point, y, sub, None, note=f"{b.status}: {b.reason}" if b.reason else b.status))
+            rows.append(_Row(b.point, y, sub, None, note=b.status, tip=f"{b.status}: {b.reason}" if b.reason else ""))
         else:
             rows.append(_Row(b.point, y, sub, max(x(b.samples_per_sec) - BAR_X0, 0.5),
                              plot_mod.CEILING_COLOR if b is ceiling else plot_mod.BAR_COLOR, _num(b.samples_per_sec)))
@@ -240,7 +254,7 @@ def _row_svg(row: _Row) -> list:
         # ceiling line from running through the words
         return out + [f'<text class="missing" x="{BAR_X0 + 6}" y="{mid + 4:.1f}" fill="#6b7280" font-style="italic" '
                       f'stroke="#fff" stroke-width="4" stroke-linejoin="round" paint-order="stroke">'
-                      f'<title>{_e(row.note)}</title>{_e(_fit(row.note, WIDTH - BAR_X0 - 12))}</text>']
+                      f'<title>{_e(row.tip or row.note)}</title>{_e(_fit(row.note, WIDTH - BAR_X0 - 12))}</text>']
     return out + [f'<rect class="bar" data-point="{_e(row.point)}" x="{BAR_X0}" y="{row.y:.1f}" '
                   f'width="{row.bar_width:.1f}" height="{BAR_H}" fill="{row.color}" rx="2">'
                   f'<title>{_e(row.point)}: {_e(row.value)} samples/s</title></rect>',
@@ -287,7 +301,8 @@ def _table(headers: list, rows: list, numeric: set, row_classes: Optional[list] 
             + "</tbody></table></div>")
 
 
-def stage_table(r: "Report") -> str:
+def stage_table(r: "Report", marks: Optional[Footnotes] = None) -> str:
+    marks = marks if marks is not None else Footnotes()
     rows, classes = [], []
     predicted = r.verdict.predicted  # the second witness: each worker stage's drop from its cost alone
     for s in r.verdict.stages:
@@ -305,13 +320,19 @@ def stage_table(r: "Report") -> str:
                          "-" if s.samples_per_sec_if_free is None else _num(s.samples_per_sec_if_free),
                          "; ".join(note)])
         else:
-            rows.append([s.stage, "-", "-", "-", "-", f"{s.status}: {s.reason}" if s.reason else s.status])
+            rows.append([s.stage, "-", "-", "-", "-", marks.mark(s.status, s.reason)])
         classes.append("bottleneck" if s.stage in in_question(r.verdict) else None)
     return _table(["stage", "ms per batch added", "alone", "share of gap", "samples/s if free", "note"], rows,
-                  {1, 2, 3, 4}, classes)
+                  {1, 2, 3, 4}, classes) + footnotes(marks)
 
 
-def point_table(r: "Report") -> str:
+def footnotes(marks: Footnotes) -> str:
+    """The reasons first marked in the table above, one note each."""
+    return "".join(f'<p class="footnote">[{i}] {_e(reason)}</p>' for i, reason in marks.new())
+
+
+def point_table(r: "Report", marks: Optional[Footnotes] = None) -> str:
+    marks = marks if marks is not None else Footnotes()
     rows = []
     for b in plot_mod.chart(r).bars:
         p = r.point(b.point)
@@ -323,10 +344,10 @@ def point_table(r: "Report") -> str:
             f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
             f"{r.batch_size / rate * 1e3:.2f}" if rate else "-",
             "-" if p.first_batch_seconds is None else f"{p.first_batch_seconds * 1e3:.0f}",
-            POINT_MEANING.get(p.point, "") if p.status == "ok" else (p.reason or p.status),
+            POINT_MEANING.get(p.point, "") if p.status == "ok" else marks.mark("", p.reason).strip() or "-",
         ])
     return _table(["point", "status", "samples/s", "spread", "ms per batch", "first batch, ms", "what runs / why not"],
-                  rows, {2, 3, 4, 5})
+                  rows, {2, 3, 4, 5}) + footnotes(marks)
 
 
 # --------------------------------------------------------------------------------------
@@ -592,43 +613,66 @@ def _context(r: "Report") -> str:
 
 def to_html(r: "Report", *, style: bool = True, breakdown: str = "bottleneck") -> str:
     """The report as an HTML fragment (a `div.bisect-pipeline`), its CSS inline unless
-    `style=False`; the parts inside the bottleneck stage under the stage table (inside
-    every stage measured by parts with `breakdown` "all")."""
+    `style=False`, the answer first: the box holds the whole summary (summary.py), then
+    the warnings, what to do (each item's action and figure, its reasoning folded), the
+    search of --tune; then the evidence: why this verdict, the chart, the stage table, the
+    parts inside the stages in question (every stage measured by parts with `breakdown`
+    "all"), the points; last, the run."""
+    s = summary_mod.summarize(r)
     parts = ['<div class="bisect-pipeline">']
     if style:
         parts.append(f"<style>{CSS}</style>")
     parts.append('<p class="title">bisect-pipeline</p>')
-    # r.summary, not summary(r): a DistributedReport's names the rank that sets the pace.
-    parts.append(f'<p class="verdict {_verdict_class(r.bottleneck)}">{_e(r.summary)}</p>')
-    ended = ended_text(r.measurements.source, r.bottleneck)
-    if ended:
-        parts.append(f'<p class="incomplete ended">{_e(ended)}</p>')
-    if not r.complete:
-        why = incomplete_why(r.interrupted, r.measurements.source)
-        parts.append(f'<p class="incomplete">Incomplete run ({_e(why)}): some points were cut short or not run.</p>')
-    parts.append("<h3>Throughput at each point</h3>")
-    parts.append(chart_svg(r))
-    parts.append("<h3>Stages</h3>")
-    parts.append(stage_table(r))
-    parts.append(parts_section(r, breakdown=breakdown))
-    advice = r.advice
-    if advice:
-        parts.append('<h3>What to do</h3><ul class="advice">'
-                     + "".join(f"<li>{_e(a.message)}</li>" for a in advice) + "</ul>")
-    if r.tune is not None:
-        parts.append(tune_section(r))
-    parts.append("<h3>Points</h3>")
-    parts.append(point_table(r))
-    if r.warnings:
-        parts.append('<h3>Warnings</h3><ul class="warnings">' + "".join(f"<li>{_e(w)}</li>" for w in r.warnings)
+    parts.append(summary_box(r, s))
+    warned = summary_mod.warnings(r)
+    if warned:
+        parts.append('<h3>Warnings</h3><ul class="warnings">' + "".join(f"<li>{_e(w)}</li>" for w in warned)
                      + "</ul>")
+    ended = ended_parts(r.measurements.source, r.bottleneck)
+    if ended:
+        parts.append(f'<p class="incomplete ended">{_e(ended[0])}</p>')
+    if r.advice:
+        parts.append('<h3>What to do, first to last</h3><ol class="advice">'
+                     + "".join(_advice_item(a, a is s.first_item) for a in r.advice) + "</ol>")
+    if r.tune is not None:
+        parts.append(tune_section(r, s))
+    parts.append("<h3>Throughput at each point</h3>")
+    why = text_mod.why_text(r)
+    if why:
+        parts.append(f'<p class="why">{_e(why)}</p>')
+    parts.append(chart_svg(r))
+    marks = Footnotes()  # a row not measured: its reason once, below the first table that marks it
+    parts.append("<h3>Stages</h3>")
+    parts.append(stage_table(r, marks))
+    parts.append(parts_section(r, breakdown=breakdown))
+    parts.append("<h3>Points</h3>")
+    parts.append(point_table(r, marks))
     parts.append("<h3>Run</h3>")
     parts.append(_context(r))
     parts.append("</div>")
     return "".join(parts)
 
 
-def tune_section(r: "Report") -> str:
+def summary_box(r: "Report", s: "summary_mod.Summary") -> str:
+    """The box at the top: the verdict and how firm it is, the first change with its
+    figure, what to measure next (the same sentences as the text report's summary)."""
+    cls = _verdict_class(r.bottleneck)
+    # r.summary, not summary(r): a DistributedReport's names the rank that sets the pace.
+    head = " ".join(x for x in (s.verdict, s.status) if x)
+    out = [f'<div class="summary {cls}"><p class="verdict {cls}">{_e(head)}</p>']
+    out += [f'<p class="{k}">{_e(v)}</p>' for k, v in (("first", s.first), ("next", s.next)) if v]
+    return "".join(out) + "</div>"
+
+
+def _advice_item(a: Any, first: bool) -> str:
+    """One advice item: its action and figure, its reasoning folded beneath."""
+    head = text_mod.FIRST_ABOVE + "." if first else advice_mod.headline(a)
+    body = advice_mod.reasoning(a)
+    why = f"<details><summary>why</summary><p>{_e(body)}</p></details>" if body else ""
+    return f'<li><p class="action">{_e(head)}</p>{why}</li>'
+
+
+def tune_section(r: "Report", s: Optional["summary_mod.Summary"] = None) -> str:
     """The search of --tune: its summary, the settings tried as a table, the change (the
     diff coloured, the flags, the environment) and the change checked."""
     t, f = r.measurements.tune, r.tune
@@ -645,7 +689,7 @@ def tune_section(r: "Report") -> str:
     if rows:
         out.append(_table(["vs yours", "interval", "ms per batch (yours \u2192 these)", "result", "settings"], rows,
                           {0, 1, 2}, classes))
-    out.append(f'<p class="parts-note">{_e(f.summary)}</p>')
+    out.append(f'<p class="parts-note">{_e(text_mod.tune_summary(r, s))}</p>')
     p = t.patch or {}
     head, items = text_mod.change_items(p)
     if head is not None:

@@ -1,5 +1,5 @@
-"""The report for a terminal: fits 80 columns, one time unit per table, the verdict and the
-advice last (a pure function of the Report)."""
+"""The report for a terminal: fits 80 columns, the answer first (summary.py), one time unit
+per table (a pure function of the Report)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from tabulate import tabulate
 
 from .. import advice as advice_mod, tune
 from ..verdict import POINTS, in_question
-from .figures import batch_size_text, ended_text, gain_if_free, incomplete_why
+from . import summary as summary_mod
+from .figures import Footnotes, batch_size_text, ended_parts, gain_if_free
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Report
@@ -55,41 +56,100 @@ def _table(title: str, headers: list, rows: list, align: str) -> list:
 
 
 def to_text(r: "Report", *, breakdown: str = "bottleneck") -> str:
-    """The report for a terminal: header, the two tables (times in ms), the augment stage
-    transform by transform and load split into read and decode (when the stage is the
-    bottleneck, or always with `breakdown` "all"), warnings, then the verdict and the advice last, where they stay on screen;
-    wrapped at WIDTH columns."""
-    lines = _head(r)
+    """The report for a terminal, the answer first: the summary (summary.py: at most
+    SUMMARY_LINES lines), the warnings, what to do (each item its action and figure, the
+    reasoning indented beneath), the search of --tune; then the evidence: why this
+    verdict, the stage and point tables (times in ms; a row not measured is one line, its
+    reason once below the table), the augment stage transform by transform and load split
+    into read and decode (when the stage is in question, or always with `breakdown`
+    "all"), the isolated costs; last, the run. Wrapped at WIDTH columns."""
+    s = summary_mod.summarize(r)
+    lines = brief_lines(s)
+    warned = summary_mod.warnings(r)
+    if warned:
+        lines += ["", "Warnings:"]
+        for w in warned:
+            lines += _wrap(w, first="  - ", rest="    ")
+    ended = ended_parts(r.measurements.source, r.bottleneck)
+    if ended:
+        lines += ["", *_wrap(ended[0])]
+    lines += _advice_lines(r, s)
+    if r.tune is not None:
+        lines += ["", *tune_lines(r, s)]
+    why = why_text(r)
+    if why:
+        lines += ["", *_wrap(why)]
     marks = Footnotes()  # a row not measured: one line, its reason once below its table
-    lines += ["", *_table("Throughput at each point, the ceiling first (times in ms)",
-                          ["point", "samples/s", "spread", "per batch", "first batch", "what runs / why not"],
-                          _point_rows(r, marks), "lrrrrl"), *marks.below()]
     lines += ["", *_table("What each stage costs (times in ms per batch)",
                           ["stage", "added", "alone", "of gap", "samples/s if free", "gain", "note"],
-                          _stage_rows(r, marks), "lrrrrrl"), *marks.below()]
+                          _stage_rows(r, marks), "lrrrrrl"), *_notes(marks)]
+    lines += ["", *_table("Throughput at each point, the ceiling first (times in ms)",
+                          ["point", "samples/s", "spread", "per batch", "first batch", "what runs / why not"],
+                          _point_rows(r, marks), "lrrrrl"), *_notes(marks)]
     for parts in (_breakdown_lines(r, every=breakdown == "all"), _split_lines(r, every=breakdown == "all")):
         if parts:
             lines += ["", *parts]
     extra = _isolated_lines(r) + epoch_start_lines(r.run)
-    if extra or r.warnings:
+    if extra:
         lines.append("")
     for line in extra:
         lines.extend(_wrap(line, rest="  "))
-    for w in r.warnings:
-        lines.extend(_wrap(w, first="warning: ", rest="  "))
-    lines += ["", *_verdict_lines(r)]
-    if r.advice:
-        lines += ["", "What to do:"]
-        for a in r.advice:
-            lines.extend(_wrap(a.message, first="  - ", rest="    "))
-    if r.tune is not None:
-        lines += ["", *tune_lines(r)]
+    lines += ["", *_run_lines(r)]
     return "\n".join(lines)
 
 
-def tune_lines(r: "Report") -> list:
+def brief(r: "Report") -> str:
+    """The summary alone (`--brief`, `Report.brief()`): for logs and CI."""
+    return "\n".join(brief_lines(summary_mod.summarize(r)))
+
+
+def brief_lines(s: "summary_mod.Summary") -> list:
+    """The summary's paragraphs, each wrapped at WIDTH."""
+    return [line for p in s.paragraphs() for line in _wrap(p)]
+
+
+def _advice_lines(r: "Report", s: "summary_mod.Summary") -> list:
+    """What to do, first to last: each item's action and figure (advice.headline), its
+    reasoning indented beneath; the summary's first change is not said again."""
+    if not r.advice:
+        return []
+    lines = ["", "What to do, first to last:"]
+    for i, a in enumerate(r.advice, 1):
+        body = advice_mod.reasoning(a)
+        head = (FIRST_ABOVE + ("; why:" if body else ".")) if a is s.first_item else advice_mod.headline(a)
+        lines += _wrap(head, first=f"  {i}. ", rest="     ")
+        if body:
+            lines += _wrap(body, first="       ", rest="       ")
+    return lines
+
+
+# What the advice list says of the item the summary names as the first change.
+FIRST_ABOVE = "The first change, above"
+
+
+def why_text(r: "Report") -> str:
+    """Why this verdict (the verdict's reason), where the summary's sentence does not
+    already say it."""
+    v = r.verdict
+    if v.bottleneck is None or not v.reason or v.reason in r.summary:
+        return ""
+    label = {"tie": "a tie", "none": "none"}.get(v.bottleneck, v.bottleneck)
+    return f"Why {label}: {v.reason}."
+
+
+def _notes(marks: "Footnotes") -> list:
+    """The reasons first marked in the table above, one note each."""
+    out: list = []
+    for i, reason in marks.new():
+        out.extend(_wrap(reason, first=f"[{i}] ", rest="    "))
+    return out
+
+
+def tune_lines(r: "Report", s: Optional["summary_mod.Summary"] = None) -> list:
     """The search of --tune: what it searched, a table of the settings tried (each against
-    yours in its own alternating visits), the best, the change, and the change checked."""
+    yours in its own alternating visits), the best (where the summary names it as the
+    first change, only where it stands against the ceiling), the change, and the change
+    checked."""
     t, f = r.measurements.tune, r.tune
     head = f"Tuned (--tune): {t.why or 'the loader settings'}; {len(f.tried)} setting(s) in {t.elapsed_s or 0:.1f} s"
     lines = _wrap(head + (f"; stopped: {t.stopped}." if t.stopped and f.tried else "."), rest="  ")
@@ -105,11 +165,23 @@ def tune_lines(r: "Report") -> list:
         lines += ["", *_table("Settings tried, each against yours (ms per batch: yours \u2192 these)",
                               ["vs yours", "ms per batch", "result", "settings (what differs from yours)"], rows,
                               "rrll")]
-    lines += [""] + _wrap(f.summary)
+    lines += [""] + _wrap(tune_summary(r, s))
     lines += _change_lines(t.patch)
     if f.applied is not None or t.applied_reason:
         lines += [""] + _wrap(applied_text(f, t.applied_reason))
     return lines
+
+
+def tune_summary(r: "Report", s: Optional["summary_mod.Summary"] = None) -> str:
+    """The search's summary sentence (tune.Found.summary); where the report's summary
+    already names its best as the first change, only where the best stands against the
+    ceiling."""
+    f = r.tune
+    if s is None or f.best is None or s.first_item is not None or not s.first:
+        return f.summary
+    if f.at_ceiling:
+        return "The best is within the noise of the ceiling."
+    return f"The ceiling is {f.ceiling_speedup:.2f}\u00d7 your speed." if f.ceiling_speedup else "The ceiling is not known."
 
 
 def outcome_text(settings: dict) -> str:
@@ -167,18 +239,23 @@ def applied_text(f, reason: Optional[str]) -> str:
             f"alternating runs{ms}{said}{verdict}.")
 
 
-def _head(r: "Report") -> list:
-    head = f"bisect-pipeline: device {r.device}, batch size {batch_size_text(r.batch_size, r.batch_size_source)}"
+def _run_lines(r: "Report") -> list:
+    """The run last: device, batch size and loader settings, the loop measured (under
+    `run`), how --max-seconds was divided, and the input-bound classes the summary names."""
+    head = f"Run: device {r.device}, batch size {batch_size_text(r.batch_size, r.batch_size_source)}"
     lw = r.loader.get("num_workers")
     if lw is not None:
         head += f", num_workers {lw}, pin_memory {r.loader.get('pin_memory')}"
-    ended = ended_text(r.measurements.source, r.bottleneck)
-    lines = [*_wrap(ended), ""] if ended else []  # a script that ended first: said before anything else
-    lines += _wrap(head, rest="  ")
+    lines = _wrap(head + ".", rest="  ")
     if r.measurements.mode == "loop":
-        lines.extend(_wrap(_loop_line(r), rest="  "))
-    if not r.complete:
-        lines.append(f"(incomplete run: {incomplete_why(r.interrupted, r.measurements.source)})")
+        lines.extend(_wrap(_loop_line(r)[:1].upper() + _loop_line(r)[1:] + ".", rest="  "))
+    budget = budget_text(r.run)
+    if budget:
+        lines.extend(_wrap(budget, rest="  "))
+    if advice_mod.input_bound_class(r) in ("moderately", "highly"):
+        lines.extend(_wrap(f"Input-bound: of the ceiling's throughput lost to input, not < "
+                           f"{advice_mod.INPUT_BOUND_MODERATE * 100:.0f}% <= moderately < "
+                           f"{advice_mod.INPUT_BOUND_HIGH * 100:.0f}% <= highly.", rest="  "))
     return lines
 
 
@@ -190,31 +267,6 @@ def _loop_line(r: "Report") -> str:
     again = f"; built anew every epoch, {src['rebuilt']} times" if src.get("rebuilt") else ""
     return (f"your training loop was the step, on loader #{src.get('index', 1)} ({src.get('dataset', '?')}, batch "
             f"size {size}{where}{again})")
-
-
-class Footnotes:
-    """Why rows were not measured, each reason once: `mark(status, reason)` is the row's
-    note ('skipped [1]'), `below()` the reasons first marked since the last call, as the
-    lines under a table (a reason already given above keeps its number)."""
-
-    def __init__(self) -> None:
-        self.reasons: list = []
-        self._shown = 0
-
-    def mark(self, status: str, reason: Optional[str]) -> str:
-        if not reason:
-            return status
-        if reason not in self.reasons:
-            self.reasons.append(reason)
-        return f"{status} [{self.reasons.index(reason) + 1}]"
-
-    def below(self) -> list:
-        new = self.reasons[self._shown:]
-        self._shown = len(self.reasons)
-        out: list = []
-        for i, reason in enumerate(new, self._shown - len(new) + 1):
-            out.extend(_wrap(reason, first=f"[{i}] ", rest="    "))
-        return out
 
 
 def _point_rows(r: "Report", marks: Optional[Footnotes] = None) -> list:
@@ -261,29 +313,6 @@ def _stage_rows(r: "Report", marks: Optional[Footnotes] = None) -> list:
     return rows
 
 
-def _verdict_lines(r: "Report") -> list:
-    """The summary, how long it took, and how input-bound the pipeline is."""
-    lines = _wrap(r.summary)
-    took = _time_to_verdict(r)
-    if took:
-        lines.extend(_wrap(took))
-    budget = budget_text(r.run)
-    if budget:
-        lines.extend(_wrap(budget))
-    cls = advice_mod.input_bound_class(r)
-    frac = r.verdict.input_bound_fraction
-    if cls == "not" and r.verdict.bottleneck == "none":
-        # the estimate may be far from 0 on a noisy run; within noise it is not a loss
-        lines.extend(_wrap(f"Input-bound: not (the full pipeline's loss to input, {frac * 100:.0f}% of the "
-                           "ceiling's throughput, is within noise)."))
-    elif cls is not None and frac is not None:
-        lines.extend(_wrap(
-            f"Input-bound: {cls} ({frac * 100:.0f}% of the ceiling's throughput is lost to input; not < "
-            f"{advice_mod.INPUT_BOUND_MODERATE * 100:.0f}% <= moderately < {advice_mod.INPUT_BOUND_HIGH * 100:.0f}% "
-            "<= highly)."))
-    return lines
-
-
 def noise_text(sigma: Optional[float], unit: str = "") -> str:
     """' (±0.76)' for a stage's noise; ' (noise unknown: too few rounds)' without one (its points
     measured together in fewer than 2 rounds; in a document of schema 1, 2 windows)."""
@@ -301,17 +330,6 @@ def _pooled_note(r: "Report", name: str, rate: Optional[float]) -> str:
     t = r.verdict.fitted.get(name)
     with_ = [p for p, u in r.verdict.fitted.items() if p != name and abs(u - t) <= 1e-12 * t]
     return f"; measured {own:,.1f}, within noise of {', '.join(with_)}"
-
-
-def _time_to_verdict(r: "Report") -> Optional[str]:
-    """How long the verdict took and whether it settled (rounds.Rounds)."""
-    run = r.run
-    if run.verdict_s is None or r.verdict.bottleneck is None:
-        return None
-    rounds = run.rounds or 0
-    how = ("settled" if run.settled else
-           "not settled: the time ran out first; raise --max-seconds for a firmer verdict")
-    return f"Verdict after {run.verdict_s:.1f} s of measuring ({rounds} round{'s' if rounds != 1 else ''}; {how})."
 
 
 def epoch_start_lines(run) -> list:
@@ -411,7 +429,8 @@ def _breakdown_lines(r: "Report", every: bool = False) -> list:
     lines = _table("The augment stage transform by transform (isolated, times in ms per sample)",
                    ["transform", "ms", "share", "ran on -> returned"], rows, "lrrl")
     lines += _wrap(_breakdown_sum(b), rest="  ")
-    for line in _reorder_lines(b, every) + [_confirmed(r, b.confirmed)]:
+    advised = {(f.numbers.get("transform"), f.numbers.get("where")) for f in r.advice if f.kind == "reorder"}
+    for line in _reorder_lines(b, every, advised) + [_confirmed(r, b.confirmed)]:
         lines += _wrap(line, rest="  ") if line else []
     return lines
 
@@ -434,11 +453,14 @@ def _confirmed(r: "Report", c) -> str:
             f"output, {c.windows} windows){predicted}.")
 
 
-def _reorder_lines(b, every: bool) -> list:
-    """One line per reorder found faster (reorder.py); with `every`, the ones that were
-    not faster beyond the noise too."""
+def _reorder_lines(b, every: bool, advised: set = frozenset()) -> list:
+    """One line per reorder found faster (reorder.py) that no advice item already says
+    (`advised`: (transform, where) of the reorder items); with `every`, the ones that
+    were not faster beyond the noise too."""
     out = []
     for r in b.reorders or ():
+        if r.real and (r.transform, r.where) in advised:
+            continue
         head = f"Reorder: move {r.transform} after {r.after}: {r.ms_per_sample:.2f} \u2192 " \
                f"{r.reordered_ms_per_sample:.2f} ms/sample"
         tol = f" \u00b1 {r.tolerance_ms:.2f}" if r.tolerance_ms is not None else "; too few samples for the noise"

@@ -1,0 +1,156 @@
+"""The answer first: what every report (text, HTML, notebook, `--brief`) opens with, and
+the grouped warnings that follow it. One place for both renderers (pure functions of
+the Report).
+
+The summary is at most SUMMARY_LINES lines at WIDTH columns:
+
+    the verdict with its cost and what it holds back        (Report.summary)
+    how firm it is                                           (settled, after N rounds)
+    the one change to make first, with its measured figure   (advice, or --tune's best)
+    what to measure next, when nothing is settled            (rounds that would tell)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Optional
+
+from .. import advice as advice_mod
+from ..outcome import interval
+from ..verdict import rounds_to_decide
+from .figures import ended_parts, incomplete_why
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..advice import Finding
+    from .model import Report
+
+SUMMARY_LINES = 6
+# A check that says the candidate is no fix (or could not run it) names no first change.
+_NOT_A_FIX = ("no gain", "slower", "failed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """The summary's parts (see the module's docstring); `first_item` is the advice item
+    the first change is (the advice list says so instead of saying it again), None when
+    the first change is --tune's best or there is none."""
+
+    verdict: str
+    status: str = ""
+    first: str = ""
+    next: str = ""
+    first_item: Optional["Finding"] = None
+
+    def paragraphs(self) -> list:
+        """The summary as its paragraphs: the verdict with how firm it is, the first
+        change, what to measure next (each wrapped on its own line)."""
+        head = " ".join(x for x in (self.verdict, self.status) if x)
+        return [p for p in (head, self.first, self.next) if p]
+
+
+def summarize(r: "Report") -> Summary:
+    """The summary of a report (see Summary)."""
+    first, item = _first_change(r)
+    return Summary(r.summary, _status(r), first, _next(r), item)
+
+
+def first_item(r: "Report") -> Optional["Finding"]:
+    """The advice item to make first: the first whose check measured a gain, else the
+    first not shown to be no fix by its check; None without one."""
+    helps = [f for f in r.advice if f.verified is not None and f.verified.status == "helps"]
+    if helps:
+        return helps[0]
+    return next((f for f in r.advice if f.verified is None or f.verified.status not in _NOT_A_FIX), None)
+
+
+def _first_change(r: "Report") -> tuple:
+    """('First change: ...', the advice item it is, or None for --tune's best)."""
+    best = r.tune.best if r.tune is not None else None
+    if best is not None and best.speedup is not None:
+        around = interval(best.outcome)
+        fig = f"measured {best.speedup:.2f}\u00d7" + (f" ({around})" if around else "")
+        return (f"First change, the best --tune found: set {advice_mod.settings_action(best.settings)}: {fig} "
+                "your speed."), None
+    f = first_item(r)
+    if f is None:
+        return "", None
+    head = advice_mod.headline(f)
+    return f"First change: {head[:1].lower()}{head[1:]}", f
+
+
+def _status(r: "Report") -> str:
+    """How firm the verdict is: 'Settled after 4 rounds (13.8 s of measuring).'"""
+    run = r.run
+    out = "" if r.complete else f"Incomplete run ({incomplete_why(r.interrupted, r.measurements.source)})."
+    if r.bottleneck is None or run.verdict_s is None:
+        return out
+    rounds = run.rounds or 0
+    after = f"after {rounds} round{'s' if rounds != 1 else ''} ({run.verdict_s:.1f} s of measuring)"
+    return " ".join(x for x in (out, f"Settled {after}." if run.settled else f"Not settled {after}.") if x)
+
+
+def _next(r: "Report") -> str:
+    """What to measure next, where nothing is settled: the rounds that would tell, and
+    the --max-seconds that holds them about; '' where the verdict is settled."""
+    v, run = r.verdict, r.run
+    ended = ended_parts(r.measurements.source, r.bottleneck)
+    if ended is not None and ended[1]:
+        return f"Next: {ended[1][:1].lower()}{ended[1][1:]}"
+    if v.bottleneck is None:
+        return "" if r.complete else "Next: raise --max-seconds: the run ended before a verdict."
+    need, what = None, ""
+    if v.bottleneck == "inconclusive":
+        t_full, gap = v.fitted.get("full"), v.drop("full", v.ceiling) if v.ceiling else None
+        if gap is None or gap.rounds is None or not t_full:
+            return "Next: close other work on this machine, or raise --max-seconds for more rounds."
+        need = rounds_to_decide(dataclasses.replace(gap, estimate=v.gap_sec_per_batch or 0.0), t_full)
+        if need is None:
+            return "Next: more rounds would not tell at this noise: close other work on this machine and rerun."
+        what = f"of full and {v.ceiling} would tell whether input holds the step back"
+    elif v.bottleneck == "tie" and v.witness != "disagree":
+        tell = [lead.rounds_to_tell for lead in v.leads if not lead.real and lead.rounds_to_tell]
+        if tell:
+            need, what = max(tell), "would tell " + " and ".join(v.tied) + " apart"
+        else:
+            return ("Next: more rounds would not order them at this noise: treat them as one cost, or close other "
+                    "work and rerun.")
+    elif run.settled or run.verdict_s is None:
+        return ""
+    if need is None:
+        return "Next: raise --max-seconds for more rounds, or close other work on this machine."
+    seconds = rerun_seconds(r, need)
+    so_far = f" ({run.rounds} so far)" if run.rounds else ""
+    rerun = f"rerun with --max-seconds {seconds} or so" if seconds else "raise --max-seconds"
+    return f"Next: about {need} rounds {what}{so_far}: {rerun}, or close other work on this machine."
+
+
+def rerun_seconds(r: "Report", rounds: int) -> Optional[int]:
+    """About the --max-seconds that holds `rounds` rounds at this run's pace: its seconds
+    per round, over the share of --max-seconds it gave the bisection (plan.Budget),
+    rounded up to 10 s; None without the figures."""
+    run = r.run
+    if not run.rounds or not run.verdict_s or not run.max_seconds:
+        return None
+    share = ((run.budget or {}).get("bisecting") or run.max_seconds) / run.max_seconds
+    seconds = rounds * run.verdict_s / run.rounds / max(share, 1e-3)
+    return int(math.ceil(max(seconds, run.max_seconds) / 10.0) * 10)
+
+
+def warnings(r: "Report") -> list:
+    """The warnings, one item each with its next step: windows that disagree and points
+    cut short by --max-seconds grouped into one line each; the others as they are."""
+    out, noisy, cut = [], [], []
+    for n in r.notes:
+        tp = r.throughput(n.point) if n.point else None
+        if n.kind == "noise" and tp is not None:
+            noisy.append(f"{n.point} \u00b1{tp.rel_iqr * 100:.0f}%")
+        elif n.kind == "deadline" and tp is not None:
+            cut.append(f"{n.point} ({tp.n} window{'s' if tp.n != 1 else ''})")
+        else:
+            out.append(n.message)
+    if noisy:
+        out.insert(0, f"noisy windows ({', '.join(noisy)}): close other work or raise --max-seconds")
+    if cut:
+        out.insert(int(bool(noisy)), f"cut short by --max-seconds: {', '.join(cut)}: raise it for firmer numbers")
+    return out
