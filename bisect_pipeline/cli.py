@@ -29,7 +29,9 @@ def run_options(f: Callable) -> Callable:
         click.option("--html", "html_path", type=click.Path(dir_okay=False, writable=True),
                      help="Write the report as one self-contained HTML file."),
         click.option("--max-seconds", type=click.FloatRange(min=1.0), default=api.DEFAULT_MAX_SECONDS, show_default=True,
-                     help="Hard bound on the whole run; points not measured in time are reported as such."),
+                     help="Hard bound on the whole run: the bisection, the advice's check, --tune's search and "
+                          "--patch's check all fit in it (divided up front; the report says how). Only the start-up "
+                          "before (imports; under run, your script up to its training loader) is not counted."),
         click.option("--device", default=None,
                      help="Device to train on, e.g. cpu, cuda, cuda:1.  [default: cuda if available, else cpu]"),
         click.option("--points", default=None, metavar="LIST",
