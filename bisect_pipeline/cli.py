@@ -56,6 +56,9 @@ def run_options(f: Callable) -> Callable:
                           "by transform; load's reading and decoding; collate's stacking and your collate_fn's own "
                           "work): the bottleneck only (or the two stages an inconclusive verdict could not tell apart), or every stage measured by parts (the JSON always holds them)."),
         click.option("--quiet", "-q", is_flag=True, help="No progress; print only the verdict line."),
+        click.option("--brief", is_flag=True,
+                     help="Print only the report's summary (at most 6 lines: the verdict, how firm it is, the first "
+                          "change with its measured figure, what to measure next): for logs and CI."),
         click.option("--debug", is_flag=True, help="Show tracebacks of errors."),
         click.option("--tune", is_flag=True,
                      help="After the bisection and the check, search the loader's settings (num_workers, "
@@ -195,7 +198,7 @@ def _interrupt_code() -> int:
 
 def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, points, cache_mb, quiet, debug,
          step_timeout=faults.DEFAULT_STEP_TIMEOUT, sweep=(), hold_allocator=True, verify_seconds=None,
-         breakdown="bottleneck", tune=False) -> None:
+         breakdown="bottleneck", tune=False, brief=False) -> None:
     if sweep and tune:
         raise click.UsageError("--sweep and --tune: the sweep measures the settings you list, the search finds "
                                "them; give one of them.")
@@ -239,7 +242,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
             _fail(f"the run failed: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", EXIT_FAILED)
         if rank0:  # only rank 0 writes files and prints the report
             _write_outputs(report, json_path, html_path, breakdown)
-            click.echo(report.summary if quiet else report.text(breakdown=breakdown))
+            click.echo(_shown(report, quiet, brief, breakdown))
         if code == EXIT_OK and _signals_seen:  # interrupted, though the run got to its end
             code = _interrupt_code()
         if code == EXIT_OK and report.bottleneck is None:
@@ -255,7 +258,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
 
 def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_path, max_seconds, device, points,
                 cache_mb, quiet, debug, step_timeout, hold_allocator, verify_seconds, breakdown="bottleneck", tune=False,
-                patch_path=None) -> None:
+                patch_path=None, brief=False) -> None:
     from . import script as script_mod
     from .progress import Lines
     from .loop import Session
@@ -270,7 +273,7 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
             if (report.measurements.source or {}).get("ended", {}).get("no_loader"):
                 return  # nothing measured: the one paragraph that says why is script.run's
             if not patch_path:  # with --patch: printed once the change is checked
-                click.echo(report.summary if quiet else report.text(breakdown=breakdown), err=True)
+                click.echo(_shown(report, quiet, brief, breakdown), err=True)
 
     _signals_seen.clear()
     faults.INTERRUPT_REQUESTED[0] = False
@@ -298,7 +301,7 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
             # the check ends with --max-seconds, counted from the training loader's creation
             end = session.exp.start + max_seconds if session.exp is not None else None
             interrupted = _change(made[-1], script, patch_path=patch_path, json_path=json_path, html_path=html_path,
-                                  breakdown=breakdown, quiet=quiet, end=end,
+                                  breakdown=breakdown, quiet=quiet, brief=brief, end=end,
                                   checked=code == EXIT_OK and not _signals_seen)
             if interrupted and code == EXIT_OK:
                 code = _interrupt_code()
@@ -311,7 +314,7 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
 
 
 def _change(report: Report, script: tuple, *, patch_path, json_path, html_path, breakdown, quiet, end,
-            checked: bool) -> bool:
+            checked: bool, brief: bool = False) -> bool:
     """--patch: the diff written to `patch_path`, the change checked by running the
     script with it against it as it is (change.check; not after an interrupt or a run
     without a verdict), the outputs written again, the report printed. True when the
@@ -340,8 +343,13 @@ def _change(report: Report, script: tuple, *, patch_path, json_path, html_path, 
             m = dataclasses.replace(m, tune=dataclasses.replace(m.tune, applied_reason="interrupted"))
     report = Report.of(m)
     _write_outputs(report, json_path, html_path, breakdown)
-    click.echo(report.summary if quiet else report.text(breakdown=breakdown), err=True)
+    click.echo(_shown(report, quiet, brief, breakdown), err=True)
     return interrupted
+
+
+def _shown(report: Report, quiet: bool, brief: bool, breakdown: str) -> str:
+    """What is printed of the report: the verdict line (--quiet), the summary (--brief), or all of it."""
+    return report.summary if quiet else report.brief() if brief else report.text(breakdown=breakdown)
 
 
 def _write_outputs(report: Report, json_path: Optional[str], html_path: Optional[str],
