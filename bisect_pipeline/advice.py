@@ -317,11 +317,7 @@ def _workers(c: _Context):
     alone = (f"Alone, the work the workers would do (load + augment + collate) costs "
              f"{need['worker_ms_per_batch']:.1f} ms per batch against a {need['step_ms_per_batch']:.1f} ms step")
     if n > avail and c.workers >= avail:
-        return finding("cores", stage, f"Make the {label} work cheaper", (
-            f"Feeding the step takes about {n} workers ({need['worker_ms_per_batch']:.1f} ms of worker work per batch "
-            f"against a {need['step_ms_per_batch']:.1f} ms step), but this machine has {cores} cores "
-            f"({avail} for workers) and num_workers={c.workers} already uses them: more workers cannot help."
-            + on_cpu), numbers)
+        return _cores(c, (stage, label), need, numbers, on_cpu)
     recommended = max(1, min(n, avail)) if avail else 1
     if c.workers >= recommended:
         return None
@@ -355,6 +351,21 @@ def _workers(c: _Context):
         f"With num_workers={c.workers}, {label}{'' if one and stage == c.b else f' ({ms:.1f} ms per batch)'} {where}. "
         f"{alone}: {fit}.{keep}"
         + free + on_cpu), numbers, check=check)
+
+
+def _cores(c: _Context, side: tuple, need: dict, numbers: dict, on_cpu: str) -> Finding:
+    """The workers that would feed the step are more than this machine's cores can run,
+    and the loader already uses them: the work itself must get cheaper. `side`: (the
+    stage, its label: _worker_side)."""
+    stage, label = side
+    n, avail, cores = need["needed"], need["available"], need["cores"]
+    work = label if label == stage else label.removesuffix(" together")
+    free = (f"num_workers={c.workers} already uses the {avail} core(s) free for them" if avail else
+            "no core is free for them")
+    return finding("cores", stage, f"Make {work} cheaper", (
+        f"Feeding the step takes {need['worker_ms_per_batch']:.1f} ms of worker work per batch against a "
+        f"{need['step_ms_per_batch']:.1f} ms step, and this machine has {cores} cores ({avail} for workers)."
+        + on_cpu), numbers, figure=f"more workers cannot help: about {n} would feed the step, {free}")
 
 
 def settings_action(recommended: dict) -> str:
@@ -539,7 +550,8 @@ def _collate(c: _Context):
         return None
     head = numbers["headroom"] = headroom(c, "collate")
     # its cost and its headroom are the verdict's own figures (collate is the bottleneck): said once, above
-    return finding("collate", "collate", f"Make {name} cheaper", "; ".join(causes) + ".", numbers)
+    alone = f"{own:.1f} ms per batch alone" if own is not None else None
+    return finding("collate", "collate", f"Make {name} cheaper", "; ".join(causes) + ".", numbers, figure=alone)
 
 
 def _structure_causes(st: SampleStructure) -> list:
@@ -818,7 +830,8 @@ def _handoff(c: _Context):
            "--sweep pin_memory=0,1." if c.lo.get("pin_memory") else "")
     # handoff's cost and headroom are the verdict's own figures (it is the bottleneck): said once, above
     return finding("handoff", "handoff", "Send fewer, more compact tensors from the workers (uint8 instead of "
-                   "float, no unused fields)", size + pin, numbers)
+                   "float, no unused fields)", size + pin, numbers,
+                   figure=f"{batch.bytes / 2**20:.1f} MB a batch" if batch.bytes else None)
 
 
 def _batch_size(c: _Context):
@@ -833,10 +846,10 @@ def _batch_size(c: _Context):
     room = int(bs * MEMORY_UNUSED_FRACTION / max(frac, 1e-6))
     return finding("batch_size", "step", f"Raise the batch size, up to about {room} from {bs}", (
         f"The step is the limit and peaks at {mem.peak_bytes / 2**30:.2f} GB of {mem.total_bytes / 2**30:.0f} GB "
-        f"GPU memory ({frac * 100:.0f}%): a larger batch, keeping half the memory free, raises samples/s. It changes "
-        "the optimization: retune the learning rate."),
+        "GPU memory: a larger batch, keeping half the memory free, raises samples/s. It changes the optimization: "
+        "retune the learning rate."),
         {"peak_bytes": mem.peak_bytes, "total_bytes": mem.total_bytes, "fraction": frac, "batch_size": bs,
-         "batch_size_fits_about": room})
+         "batch_size_fits_about": room}, figure=f"the step peaks at {frac * 100:.0f}% of the GPU's memory")
 
 
 def _syncs(c: _Context):

@@ -340,7 +340,6 @@ def _tie_summary(d: Diagnosis) -> str:
     costs = " and ".join(f"{s.sec_per_batch * 1e3:.1f}" for s in tied)
     t_full = v.fitted.get("full")
     of = f" of every {t_full * 1e3:.1f}-ms batch" if t_full else " per batch"
-    how = ("the loop and their costs alone disagree on which costs more" if v.witness == "disagree" else
-           "the measurements cannot yet tell which costs more")
+    how = "; the loop and their costs alone disagree on which costs more" if v.witness == "disagree" else ""
     lost = _lost(d)
-    return f"Bottleneck: {names}, tied: {costs} ms{of}; {how}." + (f" {lost[:1].upper()}{lost[1:]}." if lost else "")
+    return f"Bottleneck: {names}, tied: {costs} ms{of}{how}." + (f" {lost[:1].upper()}{lost[1:]}." if lost else "")

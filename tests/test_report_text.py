@@ -462,3 +462,163 @@ def test_the_closing_line_says_no_verdict_when_the_tool_stopped_the_script():
         "no verdict: out of time before one window; the partial report is written.")
     ended = SimpleNamespace(exp=object(), ended=("ended", None))
     assert script_mod._no_verdict(ended, report, None, None).startswith("your script ended before a verdict")
+
+
+# --- the answer first (issue 45): every kind of report ---------------------------------------------
+
+
+def rounds_report(ms: dict, rounds: int, spread: dict, loader: dict = None) -> Report:
+    """A report whose points take `ms` per batch, each measured in `rounds` rounds of 3
+    windows; a point's time moves from round to round by up to +-`spread[point]` (a fixed
+    pattern): the verdict's noise comes from its rounds, as a real run's does."""
+    from bisect_pipeline.report import PointResult, build
+    from bisect_pipeline.stats import Throughput, Window
+    points = []
+    for name in ("full", "raw", "augmented", "collated", "host", "device"):
+        if name not in ms:
+            points.append(PointResult(name, "skipped", reason="no accelerator: host and device coincide")
+                          if name == "host" else PointResult(name, "not run", reason="out of time"))
+            continue
+        wins = tuple(Window(10, ms[name] * 10 / 1e3 * (1 + spread.get(name, 0.01) * ((k * 7 + len(name)) % 5 - 2) / 2),
+                            round=k) for k in range(rounds) for _ in range(3))
+        points.append(PointResult(name, "ok", Throughput(wins, 32), first_batch_seconds=0.05))
+    run = {"max_seconds": 30.0, "elapsed_s": 29.0, "verdict_s": 24.0, "rounds": rounds, "settled": False}
+    return build(points, 32, "cpu", loader=loader or {"num_workers": 0, "pin_memory": False}, run=run)
+
+
+def demo_report() -> Report:
+    from test_readme import DOCUMENT
+    return Report.from_dict(json.loads(DOCUMENT.read_text(encoding="utf-8")))
+
+
+def tuned_report() -> Report:
+    from bisect_pipeline.results import Trial, Tuning
+    from test_outcome import side
+    from test_tune import USER, key, planted as tune_planted
+    d = tune_planted({"device": 20.0, "augmented": 20.0, "raw": 60.0, "full": 60.0}, needed=2)
+    trial = Trial.from_dict({"item": "tune", "settings": dict(key(2)), "user_windows": side(10.0),
+                             "candidate_windows": side(20.0)})
+    t = Tuning(status="ok", elapsed_s=8.0, user=USER, workers=(1, 2, 3), start=2, why="num_workers 1 to 3",
+               ceiling_ms_per_batch=50.0, ceiling_rel_se=0.01, trials=(trial,), stopped="at the ceiling")
+    return Report.of(dataclasses.replace(d.measurements, tune=t))
+
+
+KINDS = {
+    "demo": demo_report,
+    "none": lambda: planted_report({"device": 950.0, "full": 940.0}),
+    "tie": lambda: rounds_report({"device": 20.0, "augmented": 21.0, "raw": 41.0, "full": 62.0}, 5,
+                                 {"full": 0.08, "raw": 0.08}),
+    "inconclusive": lambda: rounds_report({"device": 20.0, "full": 23.0}, 4, {"full": 0.3, "device": 0.3}),
+    "run": lambda: _loop_report({"index": 1, "dataset": "Data", "batch_size": 2, "created_at": "train.py:9"},
+                                complete=True),
+    "tune": tuned_report,
+}
+VERDICT_WORDS = {"demo": "Bottleneck: augment.", "none": "The input pipeline keeps up", "tie": ", tied:",
+                 "inconclusive": "Inconclusive:", "run": "Bottleneck: augment.", "tune": "Bottleneck: augment."}
+
+
+def sentences(flat: str) -> list:
+    """The sentences of a text (whitespace already collapsed) of five words or more."""
+    return [x for x in re.split(r"(?<=[.!?])\s+(?=[A-Z(\[])", flat) if len(x.split()) >= 5]
+
+
+def repeated(flat: str) -> list:
+    seen, out = set(), []
+    for x in sentences(flat):
+        if x in seen:
+            out.append(x)
+        seen.add(x)
+    return out
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_report_opens_with_a_summary_of_at_most_6_lines_naming_the_verdict_and_the_first_change(kind):
+    from bisect_pipeline.report.summary import SUMMARY_LINES, summarize
+    r = KINDS[kind]()
+    text = to_text(r)
+    summary = blocks(text)[0]
+    assert 1 <= len(summary) <= SUMMARY_LINES == 6 and all(len(ln) <= WIDTH for ln in summary), "\n".join(summary)
+    flat = " ".join(summary)
+    assert flat.startswith(r.summary) and VERDICT_WORDS[kind] in flat, flat
+    s = summarize(r)
+    if kind in ("demo", "tune"):  # a change measured: named first, with its figure and interval
+        assert re.search(r"First change[^:]*: set num_workers=\d.*: measured \d\.\d\d\u00d7 \(\d\.\d\d\u2013\d\.\d\d\u00d7\)",
+                         flat), flat
+    if kind in ("tie", "inconclusive"):  # nothing settled: what to measure next
+        assert "Next: " in flat and s.next in flat
+    if s.first:  # the action, then its figure
+        assert s.first in flat and re.match(r"First change[^:]*: [^:]+: \S", s.first), s.first
+    # --brief (Report.brief()) is the summary alone
+    assert r.brief() == "\n".join(summary)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_no_sentence_appears_twice_in_one_report(kind):
+    r = KINDS[kind]()
+    assert repeated(" ".join(to_text(r).split())) == []
+    assert repeated(" ".join(" ".join(visible_text(r.html())).split())) == []
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_row_not_measured_is_one_line_its_reason_once_below_the_table(kind):
+    r = KINDS[kind]()
+    text = to_text(r)
+    for title in ("What each stage costs", "Throughput at each point"):
+        block = table(text, title)
+        rows = block[3:]
+        for i, line in enumerate(rows):
+            m = re.search(r"(skipped|unavailable|not run|failed|merged) \[(\d+)\]$", line)
+            if m:  # the next line is another row or a note, never the rest of this one
+                nxt = rows[i + 1] if i + 1 < len(rows) else ""
+                assert not nxt.startswith(" "), (line, nxt)
+    flat = " ".join(text.split())
+    for p in r.points:
+        if p.status != "ok" and p.reason:
+            assert flat.count(" ".join(p.reason.split())) == 1, p.reason
+    html = r.html()
+    for p in r.points:
+        if p.status != "ok" and p.reason:
+            assert " ".join(" ".join(visible_text(html)).split()).count(" ".join(p.reason.split())) == 1
+
+
+def visible_text(markup: str) -> list:
+    """The text a browser shows: not the CSS, not the SVG's hover titles."""
+    from html.parser import HTMLParser
+
+    class Visible(HTMLParser):
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.hidden, self.out = 0, []
+
+        def handle_starttag(self, tag, attrs):
+            self.hidden += tag in ("style", "title")
+
+        def handle_endtag(self, tag):
+            self.hidden -= tag in ("style", "title")
+
+        def handle_data(self, data):
+            if not self.hidden:
+                self.out.append(data)
+    v = Visible()
+    v.feed(markup)
+    return v.out
+
+
+def test_brief_is_the_summary_alone_and_the_html_box_holds_the_same_sentences():
+    from bisect_pipeline.report.summary import summarize
+    r = demo_report()
+    s = summarize(r)
+    box = r.html()
+    box = box[box.index('<div class="summary'):]
+    box = " ".join(" ".join(visible_text(box[:box.index("</div>")])).split())
+    assert box == " ".join(r.brief().split()) == " ".join(s.paragraphs())
+
+
+def test_brief_on_the_command_line_prints_the_summary_alone(tmp_path, monkeypatch):
+    from bisect_pipeline import api
+    from conftest import cli_in_process
+    r = demo_report()
+    monkeypatch.setattr(api, "bisect", lambda **kw: r)  # no run: the report as measured
+    ran = cli_in_process("demo", "--brief", cwd=tmp_path)
+    assert ran.returncode == 0 and ran.stdout.rstrip("\n") == r.brief() and len(r.brief().splitlines()) <= 6
+    assert "--brief" in cli_in_process("run", "--help", cwd=tmp_path).stdout

@@ -658,7 +658,7 @@ def summary_box(r: "Report", s: "summary_mod.Summary") -> str:
     figure, what to measure next (the same sentences as the text report's summary)."""
     cls = _verdict_class(r.bottleneck)
     # r.summary, not summary(r): a DistributedReport's names the rank that sets the pace.
-    head = " ".join(x for x in (s.verdict, s.status) if x)
+    head = s.paragraphs()[0]  # the verdict, incomplete or not, how firm
     out = [f'<div class="summary {cls}"><p class="verdict {cls}">{_e(head)}</p>']
     out += [f'<p class="{k}">{_e(v)}</p>' for k, v in (("first", s.first), ("next", s.next)) if v]
     return "".join(out) + "</div>"

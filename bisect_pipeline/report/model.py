@@ -48,6 +48,11 @@ class Report(Diagnosis):
         named, or tied for the lead)."""
         return text.to_text(self, breakdown=breakdown)
 
+    def brief(self) -> str:
+        """The summary alone, at most 6 lines (`--brief`): the verdict with its cost, how
+        firm it is, the first change with its measured figure, what to measure next."""
+        return text.brief(self)
+
     def html(self, *, breakdown: str = "bottleneck") -> str:
         """The HTML fragment a notebook shows; `breakdown` "all" shows the parts inside
         every stage measured by parts (by default only inside the stages in question)."""

@@ -110,13 +110,18 @@ class DistributedReport(Report):
                 f"{self.pace_rank} (the slowest at full).")
 
     def text(self, *, breakdown: str = "bottleneck") -> str:
+        """The summary first (its verdict names the rank that sets the pace), then every
+        rank's figures, then the rest of that rank's report."""
         rows = []
         for r in _point_table(self.ranks):
             rows.append([r["point"], _fmt(r["median_samples_per_sec"]), _fmt(r["slowest_samples_per_sec"]),
                          "-" if r["slowest_rank"] is None else r["slowest_rank"]])
         waits = [[d["rank"], _fmt(d["input_wait_ms_per_batch"].get("full"), 2),
                   d["report"]["bottleneck"] or "-"] for d in self.ranks]
+        summary, _, rest = Report.text(self, breakdown=breakdown).partition("\n\n")
         return "\n".join([
+            summary,
+            "",
             f"torch.distributed: world size {self.world_size}, lockstep (rank 0 decides window lengths)",
             "",
             tabulate(rows, headers=["point", "median samples/s", "slowest samples/s", "slowest rank"],
@@ -125,7 +130,7 @@ class DistributedReport(Report):
             tabulate(waits, headers=["rank", "waits for data at full (ms/batch)", "own verdict"],
                      disable_numparse=True, colalign=("right", "right", "left")),
             "",
-            Report.text(self, breakdown=breakdown),
+            rest,
         ])
 
 

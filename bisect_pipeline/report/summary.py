@@ -39,20 +39,22 @@ class Summary:
     verdict: str
     status: str = ""
     first: str = ""
+    incomplete: str = ""
     next: str = ""
     first_item: Optional["Finding"] = None
 
-    def paragraphs(self) -> list:
-        """The summary as its paragraphs: the verdict with how firm it is, the first
-        change, what to measure next (each wrapped on its own line)."""
-        head = " ".join(x for x in (self.verdict, self.status) if x)
+    def paragraphs(self, firm: bool = True) -> list:
+        """The summary as its paragraphs: the verdict with how firm it is (not with
+        `firm` False), the first change, what to measure next (each starts a line)."""
+        head = " ".join(x for x in (self.verdict, self.incomplete, self.status if firm else "") if x)
         return [p for p in (head, self.first, self.next) if p]
 
 
 def summarize(r: "Report") -> Summary:
     """The summary of a report (see Summary)."""
     first, item = _first_change(r)
-    return Summary(r.summary, _status(r), first, _next(r), item)
+    why = "" if r.complete else f"Incomplete run ({incomplete_why(r.interrupted, r.measurements.source)})."
+    return Summary(r.summary, _status(r), first, why, _next(r), item)
 
 
 def first_item(r: "Report") -> Optional["Finding"]:
@@ -82,12 +84,11 @@ def _first_change(r: "Report") -> tuple:
 def _status(r: "Report") -> str:
     """How firm the verdict is: 'Settled after 4 rounds (13.8 s of measuring).'"""
     run = r.run
-    out = "" if r.complete else f"Incomplete run ({incomplete_why(r.interrupted, r.measurements.source)})."
     if r.bottleneck is None or run.verdict_s is None:
-        return out
+        return ""
     rounds = run.rounds or 0
-    after = f"after {rounds} round{'s' if rounds != 1 else ''} ({run.verdict_s:.1f} s of measuring)"
-    return " ".join(x for x in (out, f"Settled {after}." if run.settled else f"Not settled {after}.") if x)
+    after = f"({rounds} round{'s' if rounds != 1 else ''}, {run.verdict_s:.1f} s)"
+    return f"Settled {after}." if run.settled else f"Not settled {after}."
 
 
 def _next(r: "Report") -> str:
@@ -107,14 +108,15 @@ def _next(r: "Report") -> str:
         need = rounds_to_decide(dataclasses.replace(gap, estimate=v.gap_sec_per_batch or 0.0), t_full)
         if need is None:
             return "Next: more rounds would not tell at this noise: close other work on this machine and rerun."
-        what = f"of full and {v.ceiling} would tell whether input holds the step back"
+        what = f"of full and {v.ceiling} would tell"
     elif v.bottleneck == "tie" and v.witness != "disagree":
-        tell = [lead.rounds_to_tell for lead in v.leads if not lead.real and lead.rounds_to_tell]
+        behind = [lead for lead in v.leads if not lead.real and lead.over in v.tied]
+        tell = [lead.rounds_to_tell for lead in behind if lead.rounds_to_tell]
         if tell:
             need, what = max(tell), "would tell " + " and ".join(v.tied) + " apart"
-        else:
-            return ("Next: more rounds would not order them at this noise: treat them as one cost, or close other "
-                    "work and rerun.")
+        elif behind and all((lead.rounds or 0) >= 2 for lead in behind):  # their spread known: Lead.rounds_to_tell
+            return ("Next: more rounds would not tell them apart at this noise: close other work on this machine, "
+                    "or treat them as one cost.")
     elif run.settled or run.verdict_s is None:
         return ""
     if need is None:

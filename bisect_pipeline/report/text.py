@@ -104,8 +104,12 @@ def brief(r: "Report") -> str:
 
 
 def brief_lines(s: "summary_mod.Summary") -> list:
-    """The summary's paragraphs, each wrapped at WIDTH."""
-    return [line for p in s.paragraphs() for line in _wrap(p)]
+    """The summary's paragraphs, each wrapped at WIDTH; without how firm the verdict is
+    where they would take more than SUMMARY_LINES lines."""
+    lines = [line for p in s.paragraphs() for line in _wrap(p)]
+    if len(lines) > summary_mod.SUMMARY_LINES:
+        lines = [line for p in s.paragraphs(firm=False) for line in _wrap(p)]
+    return lines
 
 
 def _advice_lines(r: "Report", s: "summary_mod.Summary") -> list:
