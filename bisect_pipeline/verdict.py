@@ -267,7 +267,8 @@ def _witnessed(v: Verdict, a: Optional[witness.Alone], *, noise_scale: float) ->
         top = max(predicted, key=lambda n: predicted[n][0])
         return dataclasses.replace(v, witness="both" if top == v.bottleneck else "rounds")
     if v.bottleneck == "inconclusive":
-        return _none_alone(v, pred, base_point, gap, noise_scale=noise_scale)
+        bound = _bound_alone(v, cost, predicted, pred, gap, noise_scale=noise_scale)
+        return bound if bound is not v else _none_alone(v, pred, base_point, gap, noise_scale=noise_scale)
     return v
 
 
@@ -356,6 +357,38 @@ def _ordered_alone(v: Verdict, cost: Mapping, predicted: Mapping, a: witness.Alo
               f"({_ms(predicted[top][0])} against {_ms(predicted[runner][0])} ms per batch{_model_note(a)})")
     return dataclasses.replace(v, bottleneck=top, tied=(), witness="isolated costs", reason=reason,
                                leads=tuple(leads.values()))
+
+
+def _bound_alone(v: Verdict, cost: Mapping, predicted: Mapping, pred: witness.Prediction, gap: Optional[Contrast], *,
+                 noise_scale: float) -> Verdict:
+    """An inconclusive run whose worker stages, by their costs alone, cost the loop at
+    least MIN_REL_DROP of t(full) beyond their noise (witness.Prediction.gap_lower), the
+    rounds' own gap not below that beyond theirs: the pipeline is input-bound on that
+    witness, and the stage it puts first is named where it leads every other predicted
+    stage beyond its noise (else a tie of those it does not)."""
+    t_full = v.fitted["full"]
+    low = pred.gap_lower(Z_UPPER * noise_scale)
+    if low is None or gap is None or low <= MIN_REL_DROP * t_full:
+        return v
+    short = Contrast(low - gap.estimate, gap.se, gap.df, gap.rounds, pooled=gap.pooled)
+    if short.estimate > 0 and compare(short, t_full, scale=noise_scale, z=Z_NOISE).real:
+        return v  # the rounds read less than the least the costs alone allow: they disagree
+    a = pred.alone
+    top = max(predicted, key=lambda n: predicted[n][0])
+    behind = [n for n in predicted if n != top and not (lambda c: c.real and c.estimate > 0)(
+        _alone_lead(predicted, a, top, n, noise_scale))]
+    words = (f"the pipeline loses at least {_ms(low)} ms per batch to input by its worker stages' costs alone "
+             f"({low / t_full * 100:.0f}% of {_ms(t_full)} ms{_model_note(a)}), and the rounds, which cannot tell "
+             f"yet, read {_ms(gap.estimate)} ms")
+    if not behind:
+        runner = max((n for n in predicted if n != top), key=lambda n: predicted[n][0], default=None)
+        ahead = (f"; by the costs alone {top} costs the loop {_ms(predicted[top][0])} ms per batch against "
+                 f"{runner}'s {_ms(predicted[runner][0])}" if runner else "")
+        return dataclasses.replace(v, bottleneck=top, witness="isolated costs", reason=words + ahead)
+    tied = tuple(sorted([top, *behind], key=lambda n: -predicted[n][0]))
+    return dataclasses.replace(v, bottleneck="tie", tied=tied, witness="isolated costs",
+                               reason=f"{words}; {_and(list(tied))}, tied alone: "
+                                      f"{_and([_ms(predicted[n][0]) for n in tied])} ms per batch")
 
 
 def _model_note(a: witness.Alone) -> str:

@@ -79,8 +79,7 @@ class Alone:
         if self.mode == "parallel":
             return (f"{self.workers} worker(s) on cores of their own ({self.cores} cores): the workers hide the work "
                     "the step covers, shared evenly among them")
-        return (f"{self.workers} worker(s) share {self.cores} cores with the step: each stage costs the loop its share "
-                "of the input's cost that the rounds measured")
+        return f"{self.workers} worker(s) share {self.cores} cores with the step"
 
 
 def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
@@ -147,15 +146,29 @@ class Prediction:
         return d, math.hypot(self.k * se, work * self.k_se)
 
     def gap_upper(self, z: float) -> Optional[float]:
-        """The least the worker stages could cost the loop in all (t(full) - base) at most,
-        z standard errors up: serial exactly, parallel by its model, shared with k = 1
-        (no sharing: the most the work can cost)."""
+        """What the worker stages could cost the loop in all (t(full) - base) at most, z
+        standard errors up: serial exactly, parallel by its model, shared with k = 1 (no
+        sharing: the most the work can cost)."""
         w = self.alone.at("full")
         if w is None:
             return None
         if self.alone.mode == "parallel":
             return max(0.0, (w[0] + z * w[1]) / self.alone.workers - self.base)
         return w[0] + z * w[1]
+
+    def gap_lower(self, z: float) -> Optional[float]:
+        """What they cost the loop at least, z standard errors down: serial exactly,
+        parallel by its model (what the workers cannot hide behind the step: a handoff
+        only adds to it), shared with k = 1 / cores (the cores shared perfectly: the
+        step's threads keep them busy, so the work's CPU time comes on top, spread over
+        all of them)."""
+        w = self.alone.at("full")
+        if w is None:
+            return None
+        work = max(0.0, w[0] - z * w[1])
+        if self.alone.mode == "parallel":
+            return max(0.0, work / self.alone.workers - self.base)
+        return work / self.alone.cores if self.alone.mode == "shared" else work
 
 
 def _between_se(a: Alone, lower: str, upper: str, base_point: str) -> float:
