@@ -131,7 +131,8 @@ class Verdict:
     fit_coef: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # The second witness (witness.py, _witnessed): which witness the verdict rests on
     # (WITNESSES), each worker stage's predicted drop from its cost alone {stage: (seconds
-    # per batch, standard error)}, the model (witness.Alone.mode), and the stages whose
+    # per batch, standard error, the same with the shared model's k's)}, the model
+    # (witness.Alone.mode), and the stages whose
     # readings disagree with their prediction beyond both noises, or whose order the two
     # witnesses give the other way round.
     witness: str = "rounds"
@@ -276,7 +277,7 @@ def _alone_lead(predicted: Mapping, a: witness.Alone, top: str, other: str, nois
     """stats.compare of the predicted drops of `top` and `other`: the lead by the costs
     alone, against the larger of the two (MIN_REL_DROP of it at least: a stage's own
     cost timed alone drifts by a few percent, not by a share of the loop's time)."""
-    (p, e), (q, f) = predicted[top], predicted[other]
+    (p, e, _), (q, f, _) = predicted[top], predicted[other]
     n = max(2, a.samples)
     return compare(Contrast(p - q, math.hypot(e, f), n - 1, n), max(p, q), scale=noise_scale)
 
@@ -289,7 +290,7 @@ def _disagreeing(v: Verdict, cost: Mapping, predicted: Mapping, a: witness.Alone
     ahead of it beyond theirs, both; in the order found."""
     out = []
     if a.mode != "parallel":
-        for name, (p, e) in predicted.items():
+        for name, (p, _, e) in predicted.items():
             c = _cost_noise(cost[name])
             diff = Contrast(cost[name].sec_per_batch - p, math.hypot(c.se, e), c.df, c.rounds, pooled=c.pooled)
             if compare(diff, t_full, scale=noise_scale, z=Z_NOISE).real:

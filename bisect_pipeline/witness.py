@@ -131,19 +131,23 @@ class Prediction:
     k_se: float = 0.0
 
     def drop(self, lower: str, upper: str) -> Optional[tuple]:
-        """(the predicted t(lower) - t(upper), its standard error), or None where either
-        point is not predicted (beyond base_point, or raw without augment apart)."""
+        """(the predicted t(lower) - t(upper), the standard error of the work it stands
+        for, and its standard error with the shared model's k's too), or None where either
+        point is not predicted (beyond base_point, or raw without augment apart). Two
+        drops compare on the second (k, common to both, moves neither's order); a drop
+        against its reading on the third."""
         if lower not in self.times or upper not in self.times:
             return None
         d = self.times[lower] - self.times[upper]
         if self.alone.mode == "parallel":
-            return d, math.hypot(self.se[lower], self.se[upper])
+            se = math.hypot(self.se[lower], self.se[upper])
+            return d, se, se
         # serial and shared: k (work(lower) - work(upper)), the stages between counted once
         wl, wu = self.alone.at(lower), (self.alone.at(upper) if upper != self.base_point else (0.0, 0.0))
         if wl is None or wu is None:
             return None
         work, se = wl[0] - wu[0], _between_se(self.alone, lower, upper, self.base_point)
-        return d, math.hypot(self.k * se, work * self.k_se)
+        return d, self.k * se, math.hypot(self.k * se, work * self.k_se)
 
     def gap_upper(self, z: float) -> Optional[float]:
         """What the worker stages could cost the loop in all (t(full) - base) at most, z

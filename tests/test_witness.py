@@ -40,7 +40,7 @@ def test_a_lead_the_rounds_cannot_tell_but_the_costs_alone_show_twice_is_named_w
     assert v.bottleneck == "augment" and v.witness == "isolated costs" and not v.disagree
     assert v.reason == ("augment leads: the rounds cannot separate it from load yet (augment 35.6, load 30.4 ms per "
                         "batch); alone it costs 2.0\u00d7 what load does (40.0 against 20.0 ms per batch)")
-    assert v.predicted["augment"] == pytest.approx((0.040, 0.0004), rel=1e-6)
+    assert v.predicted["augment"] == pytest.approx((0.040, 0.0004, 0.0004), rel=1e-6)
     assert self_check({p: BS / t for p, t in v.fitted.items()}, v, 0, False) == []
     assert settled(v, more, less)  # it stands with the margin: named sooner
 
