@@ -135,7 +135,8 @@ def test_the_answer_comes_first_then_warnings_advice_and_the_evidence(long_advic
     assert " ".join(summary).startswith(r.summary) and len(summary) <= 6
     assert max(len(ln) for ln in summary) <= 80
     at = {k: next(i for i, ln in enumerate(lines) if ln.startswith(k)) for k in (
-        "Warnings:", "What to do", "Why augment:", "What each stage costs", "Throughput at each point", "Run:")}
+        "Warnings:", "What to do", "Why augment:", "What each stage costs", "Throughput at each point",
+        "bisect-pipeline: device")}
     assert list(at) == sorted(at, key=at.get)  # in that order
     # the advice: each item numbered, its action first, continuation lines indented under it
     bullets = lines[at["What to do"] + 1:at["Why augment:"] - 1]
@@ -206,12 +207,12 @@ def test_input_bound_line_of_a_none_verdict_says_the_loss_is_within_noise():
 def test_the_head_says_where_the_batch_size_comes_from_unless_it_is_the_loaders():
     counted = "counted in the collated batch: loader batch_size 8 \u00d7 4 per sample"
     r = planted_report(AUGMENT, batch_size_source=counted)
-    (run,) = [b for b in blocks(to_text(r)) if b[0].startswith("Run:")]
-    assert " ".join(" ".join(run).split()).startswith(f"Run: device cpu, batch size 32 ({counted})")
+    (run,) = [b for b in blocks(to_text(r)) if b[0].startswith("bisect-pipeline: device")]
+    assert " ".join(" ".join(run).split()).startswith(f"bisect-pipeline: device cpu, batch size 32 ({counted})")
     assert f"32 ({counted})" in r._repr_html_()
     plain = planted_report(AUGMENT, batch_size_source="DataLoader.batch_size")
-    (run,) = [b for b in blocks(to_text(plain)) if b[0].startswith("Run:")]
-    assert run[0].startswith("Run: device cpu, batch size 32, num_workers")
+    (run,) = [b for b in blocks(to_text(plain)) if b[0].startswith("bisect-pipeline: device")]
+    assert run[0].startswith("bisect-pipeline: device cpu, batch size 32, num_workers")
     assert Report.from_dict(r.to_dict()).batch_size_source == counted  # the document keeps it
 
 

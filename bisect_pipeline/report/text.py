@@ -246,7 +246,8 @@ def applied_text(f, reason: Optional[str]) -> str:
 def _run_lines(r: "Report") -> list:
     """The run last: device, batch size and loader settings, the loop measured (under
     `run`), how --max-seconds was divided, and the input-bound classes the summary names."""
-    head = f"Run: device {r.device}, batch size {batch_size_text(r.batch_size, r.batch_size_source)}"
+    # the run's line keeps the tool's name: the report's marker in a log, where `run` prints it after the script's
+    head = f"bisect-pipeline: device {r.device}, batch size {batch_size_text(r.batch_size, r.batch_size_source)}"
     lw = r.loader.get("num_workers")
     if lw is not None:
         head += f", num_workers {lw}, pin_memory {r.loader.get('pin_memory')}"
