@@ -39,6 +39,7 @@ from .outcome import THREADS, Outcome, compared, interval, outcome, settings_tex
 from .results import Trial, Tuning
 from .stats import Contrast, compare, is_real
 from .verify import BLOCK, MIN_BLOCKS, fits, trial
+from .witness import waits
 from .visit import Visit
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,12 +59,11 @@ PREFETCH = 4
 # Candidates the search keeps budget for beyond the one it measures (verify.alternate's
 # `owed`): without it the first candidate's undecided blocks would take all that is left.
 OWED_CANDIDATES = 2
-# A worker stage whose CPU time alone is under this share of its wall time waits more
-# than it computes (a network file system, an object store, a database read): its
-# workers overlap their waits, so they scale past the cores (users of such loaders run
-# 16-32 workers on 8 cores), and the search may go up to WAITING_CORES_FACTOR times the
-# cores, as far as the isolated costs say would feed the step.
-WAITING_SHARE = 0.5
+# A worker stage that waits more than it computes (witness.waits: a network file system,
+# an object store, a database read) has workers that overlap their waits, so they scale
+# past the cores (users of such loaders run 16-32 workers on 8 cores): the search may go
+# up to WAITING_CORES_FACTOR times the cores, as far as the isolated costs say would
+# feed the step.
 WAITING_CORES_FACTOR = 4
 
 
@@ -143,7 +143,7 @@ def space_of(d: "Diagnosis", *, cores: int, threads: int) -> Space:
     part = d.isolated.part("workers") if d.isolated is not None else None
     needed = int(part.needed) if part is not None and part.needed else None
     low = 1 if workers_stage else 0
-    wait = waiting(d.isolated)
+    wait = waits(d.isolated)
     most = cores * WAITING_CORES_FACTOR if wait else cores
     high = max(low, min(most, needed + 1)) if needed else max(low, cores)
     start = min(high, max(low, needed)) if needed else min(high, max(low, user["num_workers"] + 1))
@@ -157,20 +157,6 @@ def space_of(d: "Diagnosis", *, cores: int, threads: int) -> Space:
     return Space(user, tuple(range(low, high + 1)), start, cores, on_cpu,
                  pin=not on_cpu, prefetch=high > 0 and (workers_stage or transfer is not None),
                  ceiling_ms=t_ceiling * 1e3, ceiling_rel_se=sigma / t_ceiling, why=why)
-
-
-def waiting(isolated) -> str:
-    """'load waits: CPU 12% of its time alone' for the first worker stage whose CPU time
-    alone is under WAITING_SHARE of its wall time (isolate.py keeps both); "" for none
-    (or a document written before the CPU time was kept)."""
-    for name in ("load", "augment"):
-        part = isolated.part(name) if isolated is not None and isolated.ok else None
-        if part is None or not part.ms_per_sample or part.cpu_ms_per_sample is None:
-            continue
-        share = part.cpu_ms_per_sample / part.ms_per_sample
-        if share < WAITING_SHARE:
-            return f"{name} waits: CPU {share * 100:.0f}% of its time alone"
-    return ""
 
 
 # --------------------------------------------------------------------------------------

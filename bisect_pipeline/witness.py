@@ -108,11 +108,32 @@ def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
     on_cpu = str(device).startswith("cpu")
     if workers == 0:
         mode = "serial"
-    elif workers <= cores - 1 and not (on_cpu and workers + max(1, min(threads, cores)) > cores):
-        mode = "parallel"
+    elif waits(isolated) or (workers <= cores - 1 and not (on_cpu and workers + max(1, min(threads, cores)) > cores)):
+        mode = "parallel"  # cores of their own, or work that waits and needs none
     else:
         mode = "shared"
     return Alone(work, se, mode, workers, cores, merged, min(samples))
+
+
+# A worker stage whose CPU time alone is under this share of its wall time waits more than
+# it computes (storage, a network, an object store, a sleep): its workers overlap their
+# waits without taking cores from the step (the parallel model), and scale past the cores
+# (tune.py lets the search go there).
+WAITING_SHARE = 0.5
+
+
+def waits(isolated: Any) -> str:
+    """'load waits: CPU 12% of its time alone' for the first of load and augment whose
+    CPU time alone is under WAITING_SHARE of its wall time; "" for none (or a document
+    written before the CPU time was kept)."""
+    for name in ("load", "augment"):
+        part = isolated.part(name) if isolated is not None and isolated.ok else None
+        if part is None or not part.ms_per_sample or part.cpu_ms_per_sample is None:
+            continue
+        share = part.cpu_ms_per_sample / part.ms_per_sample
+        if share < WAITING_SHARE:
+            return f"{name} waits: CPU {share * 100:.0f}% of its time alone"
+    return ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -132,6 +132,11 @@ def test_the_costs_alone_come_from_the_isolated_record_and_say_which_model_holds
     assert witness.alone(iso, {"num_workers": 16}, "cuda").mode == "shared"  # more workers than cores
     two = Isolated(**{**iso.__dict__, "workers": Workers(cores=2, step_threads=2)})
     assert witness.alone(two, {"num_workers": 1}, "cpu").mode == "shared"  # a 2-thread step on the 2 cores
+    # the same where load waits (its CPU time a tenth of its time alone): its workers need no cores
+    sleeps = Isolated(**{**two.__dict__, "load": PerSample(ms_per_sample=2.0, se_ms_per_sample=0.1, cpu_ms_per_sample=0.2,
+                                                           includes=("load",), samples=40)})
+    assert witness.alone(sleeps, {"num_workers": 1}, "cpu").mode == "parallel"
+    assert witness.waits(sleeps) == "load waits: CPU 10% of its time alone"
     # a document written before the standard errors were kept: no second witness
     old = Isolated(items_per_batch=10, load=PerSample(ms_per_sample=2.0), collate=Collate(ms_per_batch=1.0))
     assert witness.alone(old, {"num_workers": 0}, "cpu") is None
