@@ -402,13 +402,22 @@ def _isolated_lines(r: "Report") -> list:
             if threads and threads + w.needed > w.cores:
                 fit += f"; the CPU step uses {threads} threads"
             parts.append(f"workers to feed the step: {w.needed} ({w.cores} cores: {fit})")
+        s = r.syncs
+        if _no_cuda_syncs(r):  # not applicable here: said as transfer's is
+            parts.append("host-device syncs skipped (counted on CUDA only)")
         out.append("Isolated (this process, no workers): " + "; ".join(parts) + ".")
     s = r.syncs
     if s is not None and s.ok:
         out.append(f"Host-device syncs in the step: {s.per_step:g} per step (over {s.steps} steps).")
-    elif s is not None:
+    elif s is not None and not (_no_cuda_syncs(r) and out):
         out.append(f"Host-device syncs in the step: {s.status} ({s.reason or ''}).")
     return out
+
+
+def _no_cuda_syncs(r: "Report") -> bool:
+    """The step's syncs were not counted because there is no CUDA device (isolate.no_syncs_counted)."""
+    s = r.syncs
+    return s is not None and s.status == "skipped" and not str(r.device).startswith("cuda")
 
 
 def _breakdown_lines(r: "Report", every: bool = False) -> list:
