@@ -21,7 +21,7 @@ copy of the LoaderSpec, and the thread count is set for the candidate's visits o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .experiment import Experiment
 from .outcome import APPLICABLE, THREADS, outcome
@@ -168,6 +168,23 @@ class Lead:
     def __init__(self) -> None:
         self.lead = self.window = 0.0
 
+    @classmethod
+    def of_point(cls, p: Any) -> "Lead":
+        """A side's first guess, before its own first visit: what the bisection's visits
+        of the same point took (its first batch, which started its workers, the warm-up
+        steps of a visit, its longest window). Without it, a first visit given an equal
+        share of a short budget ended before a window where the workers start slowly (a
+        GPU machine's 15 workers: no window in 24 s of --tune on the torchvision
+        reference, every candidate 'not measured')."""
+        out = cls()
+        tp = getattr(p, "throughput", None) if p is not None and getattr(p, "ok", False) else None
+        if tp is None or not tp.windows:
+            return out
+        out.window = max(w.seconds for w in tp.windows)
+        visits = max(1, getattr(p, "visits", 1) or 1)
+        out.lead = (p.first_batch_seconds or 0.0) + p.warmup_steps / visits * tp.sec_per_batch
+        return out
+
     def learn(self, m: Measured, seconds: float) -> None:
         if not m.windows:
             self.lead = self.window = seconds
@@ -187,11 +204,12 @@ def alternate(exp: Experiment, point: str, visit_of: Callable[[bool, float], Vis
     (False: the reference, True: the other). Until a block ends, from MIN_BLOCKS on, with
     `decided(sides)`; `blocks` blocks; the deadline; or a visit's error. Each visit gets
     an equal share of what is left, counting `owed` visits of later comparisons, and at
-    least what the side's last visit showed two windows take (`Lead`). Returns
+    least what the side's last visit showed two windows take (`Lead`; before its first,
+    what the bisection's visits of the point took: Lead.of_point). Returns
     (the windows of each side, one list per visit; the error, or None). The advice's check
     (Trials) and the confirmation in the pipeline (confirm.py) are its two users."""
     sides: dict = {False: [], True: []}
-    leads = {False: Lead(), True: Lead()}
+    leads = {side: Lead.of_point(exp.results.get(point)) for side in (False, True)}
     total = len(BLOCK) * blocks
     for i in range(total):
         side = BLOCK[i % len(BLOCK)]

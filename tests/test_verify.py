@@ -66,6 +66,7 @@ class FakeRun:
         self.events: list = []
         self.emit = self.events.append
         self.least = 0.0  # the least time of a visit (0: the step's time not known)
+        self.results: dict = {}  # the bisection's points (verify.Lead.of_point)
 
     def least_visit_seconds(self, name, spec=None, *, windows=None, spare=0) -> float:
         return self.least
@@ -170,6 +171,22 @@ def test_a_slower_candidate_stops_after_one_block_and_leaves_the_budget_to_the_n
     assert second["settings"] == {"num_workers": 1} and outcome_of(second)["status"] == "helps"
     rec = {"num_workers": 1, "torch_num_threads": 1}
     assert [c[0] for c in calls[:5]] == [{}, rec, rec, {}, {}]  # one block, then the next candidate's A
+
+
+def test_a_first_visit_gets_what_the_bisection_s_visits_of_full_took(monkeypatch):
+    # the bisection's full: its first batch (the workers' start) 3 s, windows of 0.5 s. A
+    # check of 8 s split evenly would give each visit 0.67 s, none a window; each visit
+    # gets the 4 s two windows need, so one pair fits, and no visit starts that cannot
+    clock = FakeClock(1000.0)
+    calls = plant_visits(monkeypatch, clock, {USER: 10.0, W1: 20.0}, visit_s=1e9)
+    run = FakeRun(clock)
+    full = PointResult("full", "ok", Throughput((Window(5, 0.5, 0), Window(5, 0.5, 0)), BS),
+                       first_batch_seconds=3.0, warmup_steps=0)
+    run.results = {"full": full}
+    out = run_trials(run, [item({"num_workers": 1})], budget_s=8.0, threads=1, cores=2)
+    assert [c[2] - c[1] for c in calls] == [pytest.approx(4.0), pytest.approx(4.0)]
+    assert verify.Lead.of_point(full).least(2) == pytest.approx(4.0)
+    assert outcome_of(out["trials"][0])["status"] == "not measured"  # one pair: no figure, and said so
 
 
 def test_a_first_candidate_that_stays_undecided_cannot_spend_the_next_ones_budget(monkeypatch):
