@@ -321,6 +321,11 @@ class Search:
                 exp.emit({"event": "verify", "item": "tune", "settings": settings})
                 t = yield from trial(exp, "tune", settings, deadline, owed=len(BLOCK) * MIN_BLOCKS * OWED_CANDIDATES)
                 self.trials.append(t)
+                if not t.error and not t.user_windows and not t.candidate_windows:
+                    # no visit of it fitted what is left (verify.alternate measures none that
+                    # cannot show two windows): another candidate would fare no better
+                    stopped = "out of time: a visit of your pipeline takes longer than what was left"
+                    break
         finally:
             status = "skipped" if self.space.reason else ("ok" if self.trials else "out of time")
             self.result = self._record(status, stopped, exp.clock() - start)
@@ -398,8 +403,12 @@ def _summary(t: Tuning, ts: list, b: Optional[Tried], top: bool, ceiling: Option
         return f"Nothing was measured: {t.stopped or 'out of time'} (raise --max-seconds)."
     if b is None:
         ok = [x for x in ts if x.outcome.status not in ("failed", "not measured")]
-        return (f"None of the {len(ts)} setting(s) tried beats yours beyond the noise" + ("" if ok else
-                " (none could be measured)") + ": keep your settings.")
+        if not ok:  # nothing measured is not "yours is the best"
+            return (f"None of the {len(ts)} setting(s) tried could be measured ({t.stopped or 'out of time'}): each "
+                    "needs two pairs of visits of your pipeline, one with yours and one with it; raise --max-seconds.")
+        unmeasured = f" ({len(ts) - len(ok)} more could not be measured)" if len(ok) < len(ts) else ""
+        return (f"None of the {len(ok)} setting(s) {'measured' if unmeasured else 'tried'} beats yours beyond the "
+                f"noise{unmeasured}: keep your settings.")
     fig = f"{b.speedup:.2f}\u00d7" + (f" ({interval(b.outcome)})" if interval(b.outcome) else "")
     where = ("within the noise of the ceiling" if top else
              f"the ceiling is {ceiling:.2f}\u00d7" if ceiling else "the ceiling is not known")

@@ -242,6 +242,23 @@ def test_a_stage_that_waits_more_than_it_computes_lets_the_search_past_the_cores
     assert tune.space_of(planted(ms, needed=12, load=computes), cores=4, threads=1).workers == (1, 2, 3, 4)
 
 
+def test_a_search_whose_candidates_fit_no_visit_stops_and_does_not_say_keep_yours(monkeypatch):
+    # a visit of the pipeline takes 5 s (the bisection's full: its first batch 4 s) and the
+    # search has 3: no visit of the first candidate starts, and the search stops there
+    # rather than proposing it again and again (once 300 empty trials on a GPU machine)
+    clock = FakeClock(1000.0)
+    plant_visits(monkeypatch, clock, {(): 10.0, key(1): 20.0})
+    run = FakeRun(clock)
+    run.results = {"full": PointResult("full", "ok", Throughput((Window(5, 0.5, 0), Window(5, 0.5, 0)), BS),
+                                       first_batch_seconds=4.0)}
+    s = tune.Search(run, space(), budget_s=3.0)
+    for v in s:
+        v.drive()
+    assert len(s.result.trials) == 1 and s.result.stopped.startswith("out of time: a visit of your pipeline")
+    found = tune.summarize(s.result, BS)
+    assert found.best is None and "could be measured" in found.summary and "keep your settings" not in found.summary
+
+
 def test_a_tuning_record_reads_back_the_same():
     t = Tuning(status="ok", user=USER, workers=(1, 2), start=1, ceiling_ms_per_batch=50.0, ceiling_rel_se=0.01,
                trials=(Trial.from_dict({"item": "tune", "settings": dict(key(1)), "user_windows": side(10.0),
