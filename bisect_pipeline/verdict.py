@@ -287,7 +287,7 @@ def _disagreeing(v: Verdict, cost: Mapping, predicted: Mapping, a: witness.Alone
     """The stages whose reading differs from its prediction beyond both noises, at the
     noise rule's level and floor (serial and shared models: the parallel one only orders),
     then, where the rounds' leader leads a stage beyond the noise that the costs alone put
-    ahead of it beyond theirs, both; in the order found."""
+    ahead of it beyond theirs and by MIN_REL_DROP of t(full), both; in the order found."""
     out = []
     if a.mode != "parallel":
         for name, (p, _, e) in predicted.items():
@@ -299,7 +299,9 @@ def _disagreeing(v: Verdict, cost: Mapping, predicted: Mapping, a: witness.Alone
     for lead in v.leads:
         if lead.real and top in predicted and lead.over in predicted:
             behind = _alone_lead(predicted, a, lead.over, top, noise_scale)
-            if behind.real and behind.estimate > 0:
+            # the other way round by as much as a stage's cost can matter (MIN_REL_DROP of
+            # t(full)): two stages that both cost next to nothing alone are no disagreement
+            if behind.real and behind.estimate > MIN_REL_DROP * t_full:
                 out += [s for s in (top, lead.over) if s not in out]
     return tuple(out)
 
@@ -313,13 +315,24 @@ def _disagreement(v: Verdict, cost: Mapping, predicted: Mapping, disagree: tuple
     asked = list(in_question(v))
     if v.bottleneck not in STAGES + ("tie",):
         return dataclasses.replace(v, disagree=disagree)
+    words = [_disagree_words(n, cost[n], predicted[n]) for n in disagree]
+    up = v.prediction.gap_upper(Z_UPPER) if v.prediction is not None else None
+    if up is not None and up <= MIN_REL_DROP * v.fitted["full"] and all(
+            cost[n].sec_per_batch > predicted[n][0] for n in disagree):
+        # the rounds read input costs that the stages alone do not have, and alone they
+        # cost the loop under 5% in all: neither witness holds the pipeline input-bound
+        # (a drifting step-bound MLP once read 12.8 ms of load where alone it costs 0.3)
+        return dataclasses.replace(v, bottleneck="inconclusive", tied=(), witness="disagree", disagree=disagree,
+                                   reason=(f"the rounds read input costs the stages alone do not have ({'; '.join(words)}), "
+                                           f"and alone the worker stages add at most {_ms(up)} ms per batch, under "
+                                           f"{MIN_REL_DROP * 100:.0f}%: the step drifted while the points were "
+                                           "measured, or another program slowed some of them; more rounds may tell"))
     if asked == [top_alone]:
         return dataclasses.replace(v, witness="both", disagree=disagree)
     tied = tuple(sorted(set(asked) | {top_alone} | {s for s in disagree if s in asked + [top_alone]},
                         key=lambda n: -cost[n].sec_per_batch))
     if len(tied) < 2:
         tied = tuple(sorted({top_alone, *asked}, key=lambda n: -cost[n].sec_per_batch))
-    words = [_disagree_words(n, cost[n], predicted[n]) for n in disagree]
     reason = (f"{_and(list(tied))}: the rounds and the stages' costs alone disagree ({'; '.join(words)}), so "
               "neither names a stage alone; more rounds may settle it")
     return dataclasses.replace(v, bottleneck="tie", tied=tied, witness="disagree", disagree=disagree, reason=reason)
