@@ -217,15 +217,15 @@ def test_a_script_that_ends_before_a_verdict_opens_its_report_with_that_and_what
     ended = doc["source"]["ended"]
     assert ended["how"] == "ended" and ended["epoch_batches"] == 10 and ended["epoch_needs"] > 10
     assert 90 <= ended["batches"] <= 100 and ended["needed"] > ended["batches"]
-    report = proc.stderr[proc.stderr.index("Your script ended"):]  # after the progress lines, first
-    assert report.startswith(f"Your script ended after {ended['batches']} batches of its training loader")
-    first = report.split("\n\n")[0].replace("\n", " ")
-    assert "more epochs would not help" in first and "--entry" in first
+    report = proc.stderr[proc.stderr.index("No verdict: "):]  # after the progress lines, the summary first
+    summary, first = (x.replace("\n", " ") for x in report.split("\n\n")[:2])
+    assert "Next: measure it with --entry" in summary and "Incomplete run (your script ended first)." in summary
+    assert first.startswith(f"Your script ended after {ended['batches']} batches of its training loader")
+    assert "more epochs would not help" in first
     assert {p["reason"] for p in doc["points"] if p["status"] == "not run"} == {"your script ended first"}
     # a point that ran out of time before a window: more --max-seconds would not have helped
     assert {p["reason"] for p in doc["points"] if p["status"] == "failed"} <= {"no window measured: your script ended first"}
     assert "raise --max-seconds" not in report and "interrupted" not in report, report
-    assert "(incomplete run: your script ended first)" in report
     assert reports_printed(proc.stderr) == 1
     assert_consistent(tmp_path / "r.json")
 

@@ -624,13 +624,13 @@ def to_html(r: "Report", *, style: bool = True, breakdown: str = "bottleneck") -
         parts.append(f"<style>{CSS}</style>")
     parts.append('<p class="title">bisect-pipeline</p>')
     parts.append(summary_box(r, s))
+    ended = ended_parts(r.measurements.source, r.bottleneck)
+    if ended:  # what happened first: the script ended before the measurement did
+        parts.append(f'<p class="incomplete ended">{_e(ended[0])}</p>')
     warned = summary_mod.warnings(r)
     if warned:
         parts.append('<h3>Warnings</h3><ul class="warnings">' + "".join(f"<li>{_e(w)}</li>" for w in warned)
                      + "</ul>")
-    ended = ended_parts(r.measurements.source, r.bottleneck)
-    if ended:
-        parts.append(f'<p class="incomplete ended">{_e(ended[0])}</p>')
     if r.advice:
         parts.append('<h3>What to do, first to last</h3><ol class="advice">'
                      + "".join(_advice_item(a, a is s.first_item) for a in r.advice) + "</ol>")

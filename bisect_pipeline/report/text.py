@@ -65,14 +65,14 @@ def to_text(r: "Report", *, breakdown: str = "bottleneck") -> str:
     "all"), the isolated costs; last, the run. Wrapped at WIDTH columns."""
     s = summary_mod.summarize(r)
     lines = brief_lines(s)
+    ended = ended_parts(r.measurements.source, r.bottleneck)
+    if ended:  # what happened first: the script ended before the measurement did
+        lines += ["", *_wrap(ended[0])]
     warned = summary_mod.warnings(r)
     if warned:
         lines += ["", "Warnings:"]
         for w in warned:
             lines += _wrap(w, first="  - ", rest="    ")
-    ended = ended_parts(r.measurements.source, r.bottleneck)
-    if ended:
-        lines += ["", *_wrap(ended[0])]
     lines += _advice_lines(r, s)
     if r.tune is not None:
         lines += ["", *tune_lines(r, s)]
@@ -253,7 +253,7 @@ def _run_lines(r: "Report") -> list:
         head += f", num_workers {lw}, pin_memory {r.loader.get('pin_memory')}"
     lines = _wrap(head + ".", rest="  ")
     if r.measurements.mode == "loop":
-        lines.extend(_wrap(_loop_line(r)[:1].upper() + _loop_line(r)[1:] + ".", rest="  "))
+        lines.extend(_wrap("In this run, " + _loop_line(r) + ".", rest="  "))
     budget = budget_text(r.run)
     if budget:
         lines.extend(_wrap(budget, rest="  "))
