@@ -236,8 +236,8 @@ def test_a_stage_that_waits_more_than_it_computes_lets_the_search_past_the_cores
     waits = {"status": "ok", "ms_per_sample": 10.0, "cpu_ms_per_sample": 1.0}
     s = tune.space_of(planted(ms, needed=12, load=waits), cores=4, threads=1)
     assert s.workers == tuple(range(1, 14)) and s.start == 12
-    assert s.why.endswith("4 cores this process may use (load waits: CPU 10% of its time alone: its workers wait "
-                          "more than they compute, up to 16)")
+    assert s.why.endswith("4 cores this process may use (the workers' stages wait: CPU 10% of their time alone: "
+                          "its workers wait more than they compute, up to 16)")
     computes = dict(waits, cpu_ms_per_sample=9.5)
     assert tune.space_of(planted(ms, needed=12, load=computes), cores=4, threads=1).workers == (1, 2, 3, 4)
 

@@ -136,7 +136,15 @@ def test_the_costs_alone_come_from_the_isolated_record_and_say_which_model_holds
     sleeps = Isolated(**{**two.__dict__, "load": PerSample(ms_per_sample=2.0, se_ms_per_sample=0.1, cpu_ms_per_sample=0.2,
                                                            includes=("load",), samples=40)})
     assert witness.alone(sleeps, {"num_workers": 1}, "cpu").mode == "parallel"
-    assert witness.waits(sleeps) == "load waits: CPU 10% of its time alone"
+    assert witness.waits(sleeps) == "the workers' stages wait: CPU 10% of their time alone"
+    # a load of next to nothing that reads no CPU beside an augment that computes: they compute
+    # (the MONAI tutorial, whose transforms load: 2 workers, 2 cores and a CPU step shared)
+    monai = Isolated(**{**two.__dict__,
+                        "load": PerSample(ms_per_sample=0.13, se_ms_per_sample=0.01, cpu_ms_per_sample=0.0,
+                                          includes=("load",), samples=80),
+                        "augment": PerSample(ms_per_sample=2.52, se_ms_per_sample=0.1, cpu_ms_per_sample=2.56,
+                                             samples=80)})
+    assert witness.waits(monai) == "" and witness.alone(monai, {"num_workers": 2}, "cpu").mode == "shared"
     # a document written before the standard errors were kept: no second witness
     old = Isolated(items_per_batch=10, load=PerSample(ms_per_sample=2.0), collate=Collate(ms_per_batch=1.0))
     assert witness.alone(old, {"num_workers": 0}, "cpu") is None
