@@ -21,6 +21,7 @@ from .outcome import detail as outcome_detail, figure as outcome_figure, sentenc
 from .plan import EPOCH_WINDOW_S
 from .results import BatchShape, Collate, Part, Record, SampleStructure
 from .stats import MIN_REL_DROP, is_real
+from .verdict import in_question
 
 if TYPE_CHECKING:  # pragma: no cover
     from .diagnosis import Diagnosis as Report
@@ -201,8 +202,13 @@ class _Context:
             return None
 
     def significant(self, name: str) -> bool:
+        """A stage cost to act on: real by the rounds, or named (or tied) on the stages'
+        costs alone where the rounds could not tell (verdict.Verdict.witness)."""
         s = self.stage(name)
-        return s is not None and s.status == "ok" and s.significant
+        if s is None or s.status != "ok":
+            return False
+        v = self.r.verdict
+        return s.significant or (v.witness == "isolated costs" and name in in_question(v))
 
     def stage_ms(self, name: str) -> Optional[float]:
         s = self.stage(name)
