@@ -569,7 +569,8 @@ def _kind(obj: Any) -> str:
 def before_points(exp: Any, *, max_seconds: float) -> tuple[Isolated, Syncs]:
     """Before the points are measured, once the caches are filled and the step probed:
     the stages timed alone, so that every verdict of the rounds (verdict.decide, the
-    second witness) can hold the drops it measures against them. The step's time is the
+    second witness) can hold the drops it measures against them (after them where only
+    `full` is measured: no drop to witness, and the change's short check runs so). The step's time is the
     one timed alone while the allocator was held (Experiment.step_alone) where it was,
     else timed here (the tool's step), else left to the device point (a user's loop:
     with_ceiling). Guarded by the run's watchdog, within what is left of --max-seconds (a
