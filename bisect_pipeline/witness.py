@@ -43,6 +43,15 @@ from typing import Any, Mapping, Optional
 # The worker stages, upstream to downstream, and the points their work is still to do at.
 WORKER_STAGES = ("load", "augment", "collate")
 WORK_POINTS = ("full", "raw", "augmented")
+# Each stage is timed alone in a slice of its own (a few tenths of a second), and a
+# machine's state moves from one slice to the next: the standard error of a stage's
+# items misses that. Measured (the public pipelines on this 2-core machine, 6 runs of
+# each, 2026-11-27): a stage's cost alone varied by 5-25% from run to run while its
+# items' standard error said 1-7%, and the ratio of augment to load of one run by a
+# standard deviation of 0.09-0.23 in its log (DCGAN, the ImageNet example, the
+# torchvision preset, timm), about 0.1 for each of the two. So each stage's cost alone
+# carries at least this much noise, relative, beside its items'.
+SLICE_NOISE = 0.10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,12 +103,14 @@ def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
         return None
     merged = "augment" in (load.includes or ())
     work = {"load": load.ms_per_sample * items / 1e3, "collate": col.ms_per_batch / 1e3}
-    se = {"load": load.se_ms_per_sample * items / 1e3, "collate": col.se_ms_per_batch / 1e3}
+    se = {"load": _noise(load.ms_per_sample, load.se_ms_per_sample) * items / 1e3,
+          "collate": _noise(col.ms_per_batch, col.se_ms_per_batch) / 1e3}
     samples = [load.samples or 0, col.batches or 0]
     if not merged:
         if aug is None or aug.se_ms_per_sample is None:
             return None
-        work["augment"], se["augment"] = aug.ms_per_sample * items / 1e3, aug.se_ms_per_sample * items / 1e3
+        work["augment"] = aug.ms_per_sample * items / 1e3
+        se["augment"] = _noise(aug.ms_per_sample, aug.se_ms_per_sample) * items / 1e3
         samples.append(aug.samples or 0)
     w = isolated.part("workers")
     cores = int(w.cores) if w is not None and w.cores else 1
@@ -113,6 +124,11 @@ def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
     else:
         mode = "shared"
     return Alone(work, se, mode, workers, cores, merged, min(samples))
+
+
+def _noise(cost: float, se: float) -> float:
+    """A stage's noise alone: its items' standard error and the slice's (SLICE_NOISE)."""
+    return math.hypot(se, SLICE_NOISE * cost)
 
 
 # A worker stage whose CPU time alone is under this share of its wall time waits more than
