@@ -26,7 +26,7 @@ import torch
 
 from . import tree
 from .results import Breakdown, BreakdownRow, PerSample
-from .stats import noise_threshold, small_sample_factor
+from .stats import mean_se, noise_threshold, small_sample_factor
 
 # Where the noise of the parts' sum is unknown (fewer samples), they agree with the
 # whole within this share of it; else by the one noise rule (stats.noise_threshold: the
@@ -288,9 +288,8 @@ def measure_with_whole(calls_per_sample: list, share: float, clock: Callable[[],
         wholes.append(clock() - t)
         cpu[0] += time.process_time() - c
     rows, totals = _time_rows(calls_per_sample, share, clock, before=timed)
-    se = statistics.stdev(wholes) / math.sqrt(len(wholes)) if len(wholes) >= 2 else None
     stage = PerSample(ms_per_sample=round(statistics.fmean(wholes) * 1e3, 4), samples=len(wholes),
-                      se_ms_per_sample=None if se is None else round(se * 1e3, 5),
+                      se_ms_per_sample=round(mean_se(wholes) * 1e3, 5) if len(wholes) >= 2 else None,
                       cpu_ms_per_sample=round(cpu[0] / len(wholes) * 1e3, 4))
     return stage, _summary(rows, totals, stage, wholes)
 

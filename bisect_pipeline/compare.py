@@ -16,9 +16,9 @@ from typing import Optional
 from . import outcome
 from .errors import BisectError
 from .report import Report
-from .stats import MIN_REL_DROP, Contrast, Throughput, t_factor, unpaired
+from .stats import MIN_REL_DROP, Throughput, difference, unpaired
 from .stats import compare as stats_compare
-from .verdict import POINTS
+from .verdict import POINTS, cost_noise
 
 # A change is decided by the tool's one comparison (stats.compare: 97.7% one-sided, Student's
 # t at the degrees of freedom of the difference's noise) on the two runs' own values, not
@@ -72,7 +72,7 @@ def point_change(before: Optional[Throughput], after: Optional[Throughput]) -> d
     rule above."""
     if before is None or after is None:
         return {"ratio": None, "real": None, "label": "not measured in both runs"}
-    c = unpaired(_times(before), _times(after))
+    c = unpaired(before.times(), after.times())
     ratio = math.exp(c.estimate)
     cmp = stats_compare(c, 1.0)  # relative: |log ratio| against 1
     threshold, real = cmp.threshold, cmp.real and math.isfinite(cmp.sigma)
@@ -93,22 +93,13 @@ def point_change(before: Optional[Throughput], after: Optional[Throughput]) -> d
             "label": label}
 
 
-def _times(tp: Throughput) -> list:
-    """A point's seconds per batch in each round (its windows' where they have no rounds)."""
-    rounds = tp.round_times()
-    if len(rounds) >= 2 and None not in rounds:
-        return list(rounds.values())
-    return [w.seconds / w.steps for w in tp.windows if w.steps > 0]
-
-
 def stage_change(before, after, t_full: Optional[float]) -> dict:
     """diff = after - before ms per batch; `real` by the rule above."""
     if before is None or after is None or before.sec_per_batch is None or after.sec_per_batch is None:
         return {"diff_ms": None, "real": None, "label": "not measured in both runs"}
-    diff = after.sec_per_batch - before.sec_per_batch
-    a, b = (_cost_contrast(s) for s in (before, after))
-    sigma = math.hypot(a.se, b.se)
-    cmp = stats_compare(Contrast(diff, sigma, min(a.df, b.df), _fewest(a.rounds, b.rounds)), t_full or 0.0)
+    d = difference(cost_noise(after), cost_noise(before))
+    diff, sigma = d.estimate, d.se
+    cmp = stats_compare(d, t_full or 0.0)
     threshold, real = cmp.threshold, cmp.real
     if not math.isfinite(sigma):
         return {"diff_ms": round(diff * 1e3, 3), "real": None, "threshold_ms": None,
@@ -117,18 +108,6 @@ def stage_change(before, after, t_full: Optional[float]) -> dict:
                                              else f"{diff * 1e3:.1f} ms per batch costlier")
     return {"diff_ms": round(diff * 1e3, 3), "real": real, "threshold_ms": _finite(threshold * 1e3, 3),
             "label": label}
-
-
-def _cost_contrast(s) -> Contrast:
-    """A stage's cost with its standard error and degrees of freedom (its noise_ms is the
-    error widened at the noise rule's level, verdict.StageCost)."""
-    df = math.inf if s.df is None else s.df
-    se = s.sigma / t_factor(df) if s.sigma is not None and math.isfinite(s.sigma) else math.inf
-    return Contrast(s.sec_per_batch, 0.0 if s.sigma is None else se, df, s.rounds)
-
-
-def _fewest(a: Optional[int], b: Optional[int]) -> Optional[int]:
-    return None if a is None or b is None else min(a, b)
 
 
 def _finite(x: float, nd: int) -> Optional[float]:

@@ -20,7 +20,6 @@ import dataclasses
 import itertools
 import math
 import os
-import statistics
 import sys
 import threading
 import time
@@ -34,7 +33,7 @@ from . import breakdown, devices, faults, reads, recording, reorder, sources, tr
 from .loader import LoaderSpec, copy_or_same, index_order
 from .results import (BatchShape, Breakdown, Collate, Isolated, LoadSplit, Memory, Part, PerSample, SampleStructure,
                       StepTime, SyncSite, Syncs, TensorInfo, Transfer, Workers)
-from .stats import median
+from .stats import mean_se, median
 
 # The isolation measurements take at most this share of --max-seconds, and never more
 # than ISOLATE_MAX_SECONDS: they refine the advice, the bisection is the measurement.
@@ -174,9 +173,7 @@ class Timed:
 
 def se_ms(seconds: Any) -> Optional[float]:
     """The standard error of the mean of per-item `seconds`, in ms (None below two)."""
-    if len(seconds) < 2:
-        return None
-    return round(statistics.stdev(seconds) / math.sqrt(len(seconds)) * 1e3, 5)
+    return round(mean_se(seconds) * 1e3, 5) if len(seconds) >= 2 else None
 
 
 def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock,
@@ -190,17 +187,16 @@ def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock,
     if started is not None:
         started()
     cpu0 = time.process_time()
-    t0 = clock()
+    t0 = last = clock()
     each = []
     for item in items:
-        t = clock()
         fn(item)
-        now = clock()
-        each.append(now - t)
+        now = clock()  # one read an item: its end is the next one's start
+        each.append(now - last)
+        last = now
         if now - t0 >= share:
             break
-    cpu = time.process_time() - cpu0
-    return Timed(len(each), clock() - t0, tuple(each), cpu)
+    return Timed(len(each), last - t0, tuple(each), time.process_time() - cpu0)
 
 
 def _load(spec, caches, augment: PerSample, share, clock) -> PerSample:

@@ -74,7 +74,7 @@ def measure(exp: Experiment, options: Options, *, coord: Any, held: allocator.He
         return
     # the stages alone witness the verdict of every round; with `full` alone there is no
     # drop to witness (the change's check runs the script so, briefly): after the points
-    witnessed = len([p for p in options.points if p != "full"]) > 0
+    witnessed = any(p != "full" for p in options.points)
     if witnessed:
         exp.isolated, exp.syncs = isolate.before_points(exp, max_seconds=options.max_seconds)
     if exp.spec.num_workers and exp.spec.batches_per_epoch and not exp.loop:  # the rounds leave epoch_start its time

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import statistics
 from typing import Mapping, Optional, Sequence
 
 # A point whose windows disagree by more than this (IQR / median of throughput) is
@@ -196,11 +197,10 @@ def paired(a: Sequence[float], b: Sequence[float]) -> "Contrast":
     n = len(logs)
     if n == 0:
         return Contrast(math.nan, math.inf, 0, 0)
-    mean = sum(logs) / n
+    mean = statistics.fmean(logs)
     if n < 2:
         return Contrast(mean, math.inf, 0, 1)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
-    se = sd / math.sqrt(n)
+    se = mean_se(logs)
     return Contrast(mean, se, n - 1, n, se)
 
 
@@ -215,10 +215,10 @@ def unpaired(a: Sequence[float], b: Sequence[float]) -> "Contrast":
     ys = [math.log(y) for y in b if y and y > 0 and math.isfinite(y)]
     if not xs or not ys:
         return Contrast(math.nan, math.inf, 0, None)
-    estimate = sum(xs) / len(xs) - sum(ys) / len(ys)
+    estimate = statistics.fmean(xs) - statistics.fmean(ys)
     if len(xs) < 2 or len(ys) < 2:
         return Contrast(estimate, math.inf, 0, min(len(xs), len(ys)))
-    va, vb = (statistics_var(v) / len(v) for v in (xs, ys))
+    va, vb = (statistics.variance(v) / len(v) for v in (xs, ys))
     se = math.sqrt(va + vb)
     if se == 0:
         return Contrast(estimate, 0.0, math.inf, min(len(xs), len(ys)), 0.0)
@@ -226,10 +226,18 @@ def unpaired(a: Sequence[float], b: Sequence[float]) -> "Contrast":
     return Contrast(estimate, se, df, min(len(xs), len(ys)), se)
 
 
-def statistics_var(values: Sequence[float]) -> float:
-    """The sample variance (n - 1)."""
-    mean = sum(values) / len(values)
-    return sum((x - mean) ** 2 for x in values) / (len(values) - 1)
+def mean_se(values: Sequence[float]) -> float:
+    """The standard error of the mean of `values`: their standard deviation over
+    sqrt(n) (two at least)."""
+    return statistics.stdev(values) / math.sqrt(len(values))
+
+
+def difference(a: "Contrast", b: "Contrast") -> "Contrast":
+    """a - b for two contrasts measured apart (each its own pairs: two trials against the
+    same reference, a stage's cost in two runs): their errors combined, at the fewer
+    degrees of freedom and rounds (None where either's are not known)."""
+    rounds = None if a.rounds is None or b.rounds is None else min(a.rounds, b.rounds)
+    return Contrast(a.estimate - b.estimate, math.hypot(a.se, b.se), min(a.df, b.df), rounds)
 
 
 def noise_threshold(sigma: float, reference: float, scale: float = 1.0, z: float = Z_NOISE) -> float:
@@ -420,6 +428,15 @@ class Throughput:
             seconds[w.round] = seconds.get(w.round, 0.0) + w.seconds
             steps[w.round] = steps.get(w.round, 0) + w.steps
         return {r: seconds[r] / steps[r] for r in seconds if steps[r]}
+
+    def times(self) -> list:
+        """Seconds per batch in each round (round_times) where the windows carry two
+        rounds or more, else in each window: the values two runs are compared on
+        (unpaired: compare, --sweep)."""
+        rounds = self.round_times()
+        if len(rounds) >= 2 and None not in rounds:
+            return list(rounds.values())
+        return [w.seconds / w.steps for w in self.windows if w.steps > 0]
 
     @property
     def samples_per_sec(self) -> float:

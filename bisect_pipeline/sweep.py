@@ -162,9 +162,7 @@ class SweepResult:
         were measured one after the other), as compare.py decides a point's change."""
         if self.speedup(row) is None:
             return None
-        def times(r: Row) -> list:
-            return [w.seconds / w.steps for w in r.throughput.windows if w.steps > 0]
-        return compare(unpaired(times(self.baseline), times(row)), 1.0).real
+        return compare(unpaired(self.baseline.throughput.times(), row.throughput.times()), 1.0).real
 
     @property
     def best(self) -> Optional[Row]:

@@ -37,7 +37,7 @@ from .advice import WORKER_STAGES
 from .experiment import Experiment
 from .outcome import THREADS, Outcome, compared, interval, outcome, settings_text
 from .results import Trial, Tuning
-from .stats import Contrast, compare, is_real
+from .stats import Contrast, compare, difference, is_real
 from .verify import BLOCK, MIN_BLOCKS, fits, trial
 from .witness import waits
 from .visit import Visit
@@ -213,11 +213,8 @@ def beats(a: Tried, b: Tried) -> bool:
     (at the fewer degrees of freedom), by the one comparison."""
     if a.log is None or b.log is None or a.speedup is None or b.speedup is None:
         return False
-    se = math.hypot(a.log.se, b.log.se)
-    if not math.isfinite(se):
-        return False
-    c = Contrast(a.log.estimate - b.log.estimate, se, min(a.log.df, b.log.df), min(a.log.rounds, b.log.rounds))
-    return c.estimate > 0 and compare(c, 1.0).real
+    c = difference(a.log, b.log)
+    return math.isfinite(c.se) and c.estimate > 0 and compare(c, 1.0).real
 
 
 def best(ts: list) -> Optional[Tried]:
@@ -389,11 +386,8 @@ def _agrees(applied: Optional[Trial], b: Optional[Tried], batch_size: float) -> 
     c = compared(applied) if applied is not None and not applied.error else None
     if c is None or b is None or b.log is None:
         return None
-    se = math.hypot(c.se, b.log.se)
-    if not math.isfinite(se):
-        return None
-    return not compare(Contrast(c.estimate - b.log.estimate, se, min(c.df, b.log.df), min(c.rounds, b.log.rounds)),
-                       1.0).real
+    d = difference(c, b.log)
+    return None if not math.isfinite(d.se) else not compare(d, 1.0).real
 
 
 def _summary(t: Tuning, ts: list, b: Optional[Tried], top: bool, ceiling: Optional[float]) -> str:

@@ -250,7 +250,7 @@ def _witnessed(v: Verdict, a: Optional[witness.Alone], *, noise_scale: float) ->
     if a is None or v.bottleneck is None or v.noise is None or "full" not in v.fitted:
         return v
     t_full = v.fitted["full"]
-    base_point = next((p for p in v.fitted if p not in witness.WORK_POINTS), None)
+    base_point = witness.first_after(v.fitted)
     gap = v.drop("full", base_point) if base_point is not None else None
     pred = witness.predict(a, v.fitted, None if gap is None else (max(0.0, gap.estimate), gap.se))
     cost = {s.stage: s for s in v.stages if s.status == "ok"}
@@ -291,11 +291,12 @@ def _disagreeing(v: Verdict, cost: Mapping, predicted: Mapping, a: witness.Alone
     out = []
     if a.mode != "parallel":
         for name, (p, _, e) in predicted.items():
-            c = _cost_noise(cost[name])
+            c = cost_noise(cost[name])
             diff = Contrast(cost[name].sec_per_batch - p, math.hypot(c.se, e), c.df, c.rounds, pooled=c.pooled)
             if compare(diff, t_full, scale=noise_scale, z=Z_NOISE).real:
                 out.append(name)
-    top = _costed(v.stages)[0].stage if _costed(v.stages) else None
+    costed = _costed(v.stages)
+    top = costed[0].stage if costed else None
     for lead in v.leads:
         if lead.real and top in predicted and lead.over in predicted:
             behind = _alone_lead(predicted, a, lead.over, top, noise_scale)
@@ -559,7 +560,7 @@ def _leads(stages: tuple, coef: Mapping, noise: Noise, t_full: float, noise_scal
         # the level stats.level asks: Z_LEAD, or Z_NOISE where pooled over few rounds)
         lead = top.sec_per_batch - other.sec_per_batch
         cmp = compare(dataclasses.replace(c, estimate=lead), t_full, scale=noise_scale,
-                      bound=(_cost_noise(top), _cost_noise(other)))
+                      bound=(cost_noise(top), cost_noise(other)))
         real = lead > cmp.threshold
         tell = None if real else rounds_to_tell(lead, cmp.sigma, c, t_full, noise_scale)
         out.append(Lead(top.stage, other.stage, lead, cmp.sigma, cmp.threshold, real, c.rounds, tell))
@@ -595,9 +596,10 @@ def _projected_sd(se: float, c: Contrast) -> float:
     return se * math.sqrt(c.rounds)
 
 
-def _cost_noise(s: StageCost) -> Contrast:
+def cost_noise(s: StageCost) -> Contrast:
     """A costed stage's cost with its noise as a Contrast (its sigma is the standard error
-    widened at Z_NOISE's level for `df`; no df: noise from windows, known)."""
+    widened at Z_NOISE's level for `df`; no df: noise from windows, known): what the
+    leads, the second witness and `compare` weigh a stage's cost with."""
     df = math.inf if s.df is None else s.df
     se = s.sigma / t_factor(df) if s.sigma is not None and math.isfinite(s.sigma) else math.inf
     return Contrast(s.sec_per_batch, se, df, s.rounds)

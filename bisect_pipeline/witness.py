@@ -226,16 +226,21 @@ def _between_se(a: Alone, lower: str, upper: str, base_point: str) -> float:
     return math.sqrt(sum(a.se[s] ** 2 for s in stages))
 
 
+def first_after(fitted: Mapping[str, float]) -> Optional[str]:
+    """The base point: the first fitted point after the worker stages' points (collated,
+    host or device), or None."""
+    return next((p for p in fitted if p not in WORK_POINTS), None)
+
+
 def predict(a: Optional[Alone], fitted: Mapping[str, float], gap: Optional[tuple] = None) -> Optional[Prediction]:
     """The prediction for one verdict's fitted points (verdict._fit: point -> seconds per
     batch, upstream to downstream), or None without `full` or a point after `augmented`.
     `gap`: the rounds' t(full) - base and its standard error, for the shared model's k."""
     if a is None or "full" not in fitted:
         return None
-    after = [p for p in fitted if p not in WORK_POINTS]
-    if not after:
+    base_point = first_after(fitted)
+    if base_point is None:
         return None
-    base_point = after[0]
     base = fitted[base_point]
     times, se = {base_point: base}, {base_point: 0.0}
     k, k_se = 1.0, 0.0
