@@ -43,7 +43,7 @@ class Caches:
     held: dict = dataclasses.field(default_factory=dict)  # bytes held at once, per part (HELD_PARTS), all batches
     budget_bytes: Optional[int] = None  # --cache-mb, in bytes
     stopped_by: Optional[str] = None  # an error that ended the fill after the first batch
-    warnings: list = dataclasses.field(default_factory=list)  # problems seen while filling (for the report)
+    warnings: list = dataclasses.field(default_factory=list)  # problems seen while filling: results.Note
     # Positions in `samples` of each batch's samples, as the user's sampler (or batch
     # sampler) grouped them: `raw` and `augmented` replay these same groups.
     groups: list = dataclasses.field(default_factory=list)

@@ -214,27 +214,33 @@ def _checked(f: Finding, m: Measurements) -> Finding:
 
 
 def derived_notes(d: Diagnosis) -> list:
-    """What the numbers call for: points left out, noisy, cut short or unsteady, windows
-    discarded, a cache smaller than asked, more workers than cores, an allocator not held
-    still, and any rule of the report's own that the numbers break."""
+    """What the numbers call for, each note one line with its next step (Note): points
+    left out, noisy, cut short, unsteady or paused, a cache smaller than asked, more
+    workers than cores, an allocator not held still, and any rule of the report's own
+    that the numbers break."""
     out = []
     v = d.verdict
     for inc in v.inconsistent:
-        out.append(Note("inconsistent", f"{inc.describe()}, beyond the noise: the step did not cost the same at both "
-                        f"(the process, not the pipeline: another program, memory, frequency). {inc.slower} is left "
-                        f"out and the ceiling is {v.ceiling}, the fastest consistent point.", inc.slower, True))
+        slower = 1 - inc.slower_samples_per_sec / inc.faster_samples_per_sec if inc.faster_samples_per_sec else 0.0
+        out.append(Note("inconsistent", f"{inc.slower} ran {slower * 100:.0f}% slower than {inc.faster}: close other "
+                                        "programs and rerun.", inc.slower, True,
+                        "the step did not cost the same at both points (the process, not the pipeline: another "
+                        f"program, memory, frequency); the ceiling is {v.ceiling}, the fastest consistent point"))
     for p in d.points:
-        out.extend(_point_notes(p))
+        out.extend(points_note(kind, [p]) for kind in point_kinds(p))
     if d.cache.limited_by:
-        out.append(Note("cache", cache_note(d.cache), derived=True))
+        out.append(cache_note(d.cache))
     workers, cores = d.loader.get("num_workers") or 0, d.run.cpu_count
     if cores and workers > cores:
-        out.append(Note("workers", f"num_workers={workers} is more than this machine's {cores} cores: workers compete "
-                                   "for CPU.", derived=True))
+        out.append(Note("workers", f"num_workers={workers} is more than this machine's {cores} cores: use {cores} or "
+                                   "fewer.", derived=True, detail="the workers compete for CPU"))
     held = d.run.allocator
     if held is not None and not held.controlled and str(d.device).startswith("cpu"):
-        out.append(Note("allocator", f"the memory allocator was not held still ({held.reason}): the step's own cost "
-                                     "may differ from point to point, and the drops with it.", derived=True))
+        off = str(held.reason or "").startswith("turned off")
+        out.append(Note("allocator", "The memory allocator was not held still (turned off): drop --no-hold-allocator."
+                        if off else "The memory allocator could not be held still: read small drops with care.",
+                        derived=True, detail=f"{held.reason}: the step's own cost may differ from point to point, "
+                                             "and the drops with it"))
     shown = {p: d.batch_size / t for p, t in v.fitted.items()}
     loader_pins = bool(d.loader.get("pin_memory")) and not str(d.device).startswith("cpu")
     out.extend(Note("rules", w, derived=True)
@@ -245,44 +251,86 @@ def derived_notes(d: Diagnosis) -> list:
 # What the caches hold at once, per part (cache.HELD_PARTS), as the cache note names them.
 _HELD = (("collated", "collated"), ("samples", "as samples"), ("raw_inputs", "of the transforms' inputs"),
          ("point_copy", "for the copy the host or device point makes while it is measured"))
+# What raises what limits the caches.
+_RAISE = {"memory budget": "--cache-mb", "time": "--max-seconds"}
 
 
-def cache_note(c: CacheInfo) -> str:
-    """Why the caches hold fewer batches than asked; for the memory budget, its arithmetic:
-    what one batch holds in every part at once, and the budget it fills."""
-    text = f"the caches hold {c.batches} batch(es), limited by {c.limited_by}"
-    held, n = c.held or {}, c.batches or 0
+def cache_note(c: CacheInfo) -> Note:
+    """The caches hold fewer batches than asked: how many, what limited them and what to
+    raise; beneath, for the memory budget, its arithmetic: what one batch holds in every
+    part at once, and the budget it fills."""
+    n = c.batches or 0
+    what = "the memory budget" if c.limited_by == "memory budget" else c.limited_by
+    line = (f"The caches hold {n} batch{'es' if n != 1 else ''}, limited by {what}: raise "
+            f"{_RAISE.get(c.limited_by, '--cache-mb or --max-seconds')}.")
+    detail = "cached points cycle over fewer distinct batches"
+    held = c.held or {}
     if c.limited_by == "memory budget" and held and n and c.budget_bytes:
         parts = " + ".join(f"{_mb(held[k] / n)} {label}" for k, label in _HELD if k in held)
         total = sum(held.values())
-        text += (f" (--cache-mb counts everything cached at once: per batch {parts} = {_mb(total / n)}; "
-                 f"{n} batch(es) hold {_mb(total)} of {_mb(c.budget_bytes)}, and one more would not fit)")
-    return text + "; cached points cycle over fewer distinct batches (raise --cache-mb or --max-seconds)."
+        detail = (f"--cache-mb counts everything cached at once: per batch {parts} = {_mb(total / n)}; {n} batch(es) "
+                  f"hold {_mb(total)} of {_mb(c.budget_bytes)}, and one more would not fit; {detail}")
+    return Note("cache", line, derived=True, detail=detail)
 
 
 def _mb(nbytes: float) -> str:
     return f"{nbytes / 2**20:,.1f} MB"
 
 
-def _point_notes(p: PointResult) -> list:
+# The notes about a point that the report groups, one line for all the points of a kind
+# (report/summary.warnings), in this order.
+POINT_KINDS = ("noise", "deadline", "unsteady", "paused")
+
+
+def point_kinds(p: PointResult) -> list:
+    """The kinds of note (POINT_KINDS) that a point's numbers call for."""
     out = []
+    if p.status == "ok" and p.throughput is not None:
+        if p.throughput.rel_iqr > NOISY_REL_IQR:
+            out.append("noise")
+        if p.stopped_by_deadline:
+            out.append("deadline")
+        elif not p.steady:
+            out.append("unsteady")
     if p.pauses:
-        out.append(Note("paused", f"{p.point}: your loop paused {p.pauses} time(s) between two batches "
-                                  f"({p.paused_seconds:.1f} s: epoch ends, evaluations, other loaders); that time is in "
-                                  f"no window, and {p.discarded} window(s) under way were discarded.", p.point, True))
-    if p.status != "ok" or p.throughput is None:
-        return out
-    if p.throughput.rel_iqr > NOISY_REL_IQR:
-        out.append(Note("noise", f"{p.point}: windows disagree by {p.throughput.rel_iqr * 100:.0f}% (IQR/median); the "
-                                 "machine is busy or the pipeline is bursty. Close other work or raise --max-seconds "
-                                 "for more rounds.", p.point, True))
-    if p.stopped_by_deadline:
-        out.append(Note("deadline", f"{p.point}: cut short by --max-seconds after {p.throughput.n} window(s); raise it "
-                                    "for firmer numbers.", p.point, True))
-    elif not p.steady:
-        out.append(Note("unsteady", f"{p.point}: its windows kept changing from one to the next in a visit: it never "
-                                    "reached a steady state.", p.point, True))
+        out.append("paused")
     return out
+
+
+def points_note(kind: str, points: list) -> Note:
+    """One line for the points (PointResult) that have a note of `kind` (POINT_KINDS):
+    what was seen at them with its figure, then the next step. One point: its own note
+    (`point` set); several: the report's grouped line."""
+    at = " and ".join(p.point for p in points) if len(points) <= 2 else f"{len(points)} points"
+    one = points[0].point if len(points) == 1 else None
+    if kind == "noise":
+        fig = _span([p.throughput.rel_iqr * 100 for p in points])
+        return Note(kind, f"Windows spread \u00b1{fig}% at {at}: close other programs.", one, True,
+                    "the machine is busy or the pipeline is bursty; more rounds (--max-seconds) average it out")
+    if kind == "deadline":
+        n = [p.throughput.n for p in points]
+        return Note(kind, f"Cut short by --max-seconds at {at} ({_span(n)} window{_s(max(n))}): raise it.",
+                    one, True, "fewer windows, wider noise")
+    if kind == "unsteady":
+        return Note(kind, f"No steady state at {at}: raise --max-seconds for longer visits.", one, True,
+                    "the windows kept changing from one to the next within a visit")
+    pauses, seconds = sum(p.pauses for p in points), sum(p.paused_seconds for p in points)
+    voided = sum(p.discarded for p in points)
+    seen = f"Loop paused {pauses} time{_s(pauses)} at {at} ({seconds:.1f} s"
+    line = (f"{seen}, {voided} window{_s(voided)} voided): raise --max-seconds." if voided
+            else f"{seen}, in no window): nothing to do.")
+    return Note(kind, line, one, True, "epoch ends, evaluations, other loaders: that time is in no window, and a "
+                                       "window under way when it came is discarded")
+
+
+def _span(values: list) -> str:
+    """'15', or '11-15' for values that differ once rounded."""
+    lo, hi = f"{min(values):.0f}", f"{max(values):.0f}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
 
 
 def summary(d: Diagnosis) -> str:

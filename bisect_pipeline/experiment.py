@@ -122,8 +122,10 @@ class Experiment:
     def sync(self) -> None:
         devices.synchronizer(self.device)()
 
-    def note(self, kind: str, message: str, point: Optional[str] = None) -> None:
-        self.notes.append(Note(kind, message, point))
+    def note(self, kind: str, message: str, point: Optional[str] = None, detail: Optional[str] = None) -> None:
+        """A warning for the report: `message` one line, what was seen and the next step;
+        `detail` the why beneath it (results.Note)."""
+        self.notes.append(Note(kind, message, point, detail=detail))
 
     def step_estimate(self) -> Optional[float]:
         """Seconds a training step takes at most, from what was measured so far: the
@@ -498,9 +500,10 @@ def fill(exp: Experiment, selected: tuple, *, cache_mb: float, cache_batches: in
     batch can be built, every cached point fails with the reason. First, the class the
     replay loaders are built through (sources.loader_class)."""
     exp.emit({"event": "cache", "message": "filling the caches"})
+    cls = exp.spec.loader_cls
     exp.spec, why = sources.loader_class(exp.spec)
     if why:
-        exp.note("loader", why)
+        exp.notes.append(loader_note(cls, why))
     budget = max(1.0, CACHE_TIME_SHARE * max_seconds)
     t0 = exp.clock()
     try:
@@ -517,15 +520,31 @@ def fill(exp: Experiment, selected: tuple, *, cache_mb: float, cache_batches: in
                                                 failed_stage="hang" if exc.hang else exc.stage)
         return
     caches = exp.caches
-    for w in caches.warnings:  # pipeline problems seen while filling (a non-sharding IterableDataset)
-        exp.note("pipeline", w)
+    exp.notes.extend(caches.warnings)  # pipeline problems seen while filling (a non-sharding IterableDataset)
     shm = faults.shm_problem(exp.spec.num_workers, exp.spec.prefetch_depth, caches.batch_bytes, faults.shm_free_bytes())
     if shm:
-        exp.note("shm", shm)
+        exp.notes.append(shm)
     if caches.stopped_by:
-        exp.note("cache", f"filling the caches stopped after {caches.n_batches} batch(es): {caches.stopped_by}")
+        exp.notes.append(fill_failed_note(caches.n_batches, caches.stopped_by))
     for n in exp.notes:
         exp.emit({"event": "warning", "message": n.message})
+
+
+def loader_note(cls: type, why: str) -> Note:
+    """The user's DataLoader subclass could not be rebuilt (sources.loader_class says why)."""
+    return Note("loader", f"{cls.__qualname__} could not be rebuilt: let it take DataLoader's arguments.", detail=why)
+
+
+def fill_failed_note(kept: int, reason: str) -> Note:
+    """Filling the caches stopped on an error after `kept` batches (kept and measured)."""
+    return Note("cache", f"Filling the caches failed after {kept} batch{'es' if kept != 1 else ''}: fix the error "
+                         "for more batches.", detail=reason)
+
+
+# A step that changes its input batch in place.
+FRESH_COPY = Note("step", "The step changes its input batch in place: leave the batch as it is given.",
+                  detail="the cached points hand the step a fresh copy each step, and the copy is in their time, "
+                         "not in the full pipeline's")
 
 
 def probe_step(exp: Experiment, coord: Any) -> None:
@@ -539,8 +558,7 @@ def probe_step(exp: Experiment, coord: Any) -> None:
         coord.unit(lambda: probe.append(_step_mutates(exp)), exp.caches is None)
         exp.fresh = bool(probe and probe[0])
     if exp.fresh:
-        exp.note("step", "the training step changes its input batch in place: the cached points hand it a fresh "
-                         "copy each step (the copy is included in their time).")
+        exp.notes.append(FRESH_COPY)
 
 
 def one_device_batch(exp: Experiment) -> Any:

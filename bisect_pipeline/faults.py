@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from .results import Note
+
 # Default --step-timeout: generous, so a slow but healthy first batch (a large model's
 # first CUDA call, workers importing heavy modules) is never mistaken for a hang.
 DEFAULT_STEP_TIMEOUT = 120.0
@@ -305,14 +307,15 @@ def shm_free_bytes(path: str = "/dev/shm") -> Optional[int]:
 SHM_SAFETY = 2.0
 
 
-def shm_problem(num_workers: int, prefetch_depth: int, batch_bytes: int, free: Optional[int]) -> Optional[str]:
+def shm_problem(num_workers: int, prefetch_depth: int, batch_bytes: int, free: Optional[int]) -> Optional[Note]:
     """A warning when /dev/shm cannot hold the batches the workers keep in flight."""
     if num_workers == 0 or free is None or batch_bytes <= 0:
         return None
     need = int(prefetch_depth * batch_bytes * SHM_SAFETY)
     if need <= free:
         return None
-    return (f"/dev/shm has {free / 2**20:.0f} MiB free, but {num_workers} workers x prefetch keep about "
-            f"{need / 2**20:.0f} MiB of batches in shared memory: workers may die with a bus error. Give the container "
-            "more shared memory (docker run --shm-size=2g), or use fewer workers, a smaller prefetch_factor or smaller "
-            "batches.")
+    return Note("shm", f"/dev/shm has {free / 2**20:.0f} MiB free, workers need about {need / 2**20:.0f}: give docker "
+                       "--shm-size=2g.",
+                detail=f"{num_workers} workers x prefetch keep about {need / 2**20:.0f} MiB of batches in shared "
+                       "memory: workers may die with a bus error. Else use fewer workers, a smaller prefetch_factor "
+                       "or smaller batches")

@@ -153,15 +153,18 @@ class PointResult:
 @dataclasses.dataclass(frozen=True)
 class Note(Record):
     """A warning as a value: `kind` says what it is about (`loader`, `pipeline`, `shm`,
-    `cache`, `step`, `noise`, `deadline`, `unsteady`, `inconsistent`, `workers`,
-    `allocator`, `rules`, ...), `message` is what the report prints, `point` the point it
-    concerns, if one; `derived` when the report derives it from the numbers (else it was
-    seen while measuring)."""
+    `cache`, `step`, `budget`, `noise`, `deadline`, `unsteady`, `paused`, `inconsistent`,
+    `workers`, `allocator`, `rules`, ...), `message` is what the report prints: one line,
+    what was seen with its figure, then the next step; `detail` the why beneath it, if
+    any (the HTML folds it, the JSON keeps it); `point` the point it concerns, if one;
+    `derived` when the report derives it from the numbers (else it was seen while
+    measuring)."""
 
     kind: str
     message: str
     point: Optional[str] = None
     derived: bool = False
+    detail: Optional[str] = None
 
     def __str__(self) -> str:
         return self.message

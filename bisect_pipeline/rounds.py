@@ -26,7 +26,7 @@ import math
 from typing import Iterator, Optional
 
 from .experiment import MEASURE_ORDER, Experiment, no_window
-from .results import PointResult
+from .results import Note, PointResult
 from .stats import Throughput
 from .verdict import SETTLE_NOISE_SCALE, deciding_points, settled
 from .visit import Visit
@@ -166,9 +166,7 @@ class Rounds:
             self._budget_check(planned, visited=())
             if not self.tight:  # said once: the budget is tight from now on
                 self.tight = True
-                self._budget_note(f"{name}: no window in a visit of its share of --max-seconds (slow steps, or an "
-                                  "epoch too short for a window after its workers start); from now on each visit "
-                                  "gets all the time left in its round, the full pipeline first")
+                self._budget_note(no_window_note(name))
         return True
 
     def _budget_check(self, todo: list, visited: tuple) -> None:
@@ -191,9 +189,7 @@ class Rounds:
             return
         self.tight = True
         suggest = int(math.ceil(needed / 10.0) * 10)
-        self._budget_note(f"one step takes {sec_per_step:.2g} s: a verdict needs at least about {suggest} s "
-                          f"({plan.min_rounds} rounds over {len(todo)} points), more than --max-seconds {max_s:g}: "
-                          f"rerun with --max-seconds {suggest}; what fits is measured")
+        self._budget_note(step_budget_note(sec_per_step, suggest, plan.min_rounds, len(todo), max_s))
 
     def _batches_check(self, todo: list) -> None:
         """Where the user's script says how many batches it has left (Experiment.
@@ -207,10 +203,7 @@ class Rounds:
         need = exp.plan.min_rounds * sum(exp.least_visit_steps(n) for n in todo)
         self.reserve = max(0, min(int(BATCH_CHECK_SHARE * left), left - need))
         if need > left:
-            self._budget_note(f"your script has about {left} batches left to give; a verdict needs at least about "
-                              f"{need} ({exp.plan.min_rounds} rounds over {len(todo)} points, each visit its first "
-                              "batch, a warm-up and its shortest windows): run it for more epochs; what fits is "
-                              "measured")
+            self._budget_note(batches_note(left, need, exp.plan.min_rounds, len(todo)))
 
     def _batch_share(self, name: str, share: float) -> Optional[int]:
         """The most batches a visit of `name` given `share` of the rounds' time may take
@@ -226,10 +219,35 @@ class Rounds:
             return 0
         return max(least, int(avail * share))
 
-    def _budget_note(self, message: str) -> None:
-        """A `budget` note in the report, and the same words as a warning event."""
-        self.exp.note("budget", message)
-        self.exp.emit({"event": "warning", "message": message})
+    def _budget_note(self, note: Note) -> None:
+        """A `budget` note in the report, and its line as a warning event."""
+        self.exp.notes.append(note)
+        self.exp.emit({"event": "warning", "message": note.message})
+
+
+# The `budget` notes: the minimum rounds do not fit, said when it shows.
+
+def no_window_note(name: str) -> Note:
+    """A visit of `name` ran out of its share before one window (no step time known yet)."""
+    return Note("budget", f"A visit of {name} got no timed window: raise --max-seconds.",
+                detail="its share of --max-seconds was too short for one (slow steps, or an epoch too short for a "
+                       "window after its workers start); from now on each visit gets all the time left in its round, "
+                       "the full pipeline first")
+
+
+def step_budget_note(sec_per_step: float, suggest: int, min_rounds: int, points: int, max_s: float) -> Note:
+    """The minimum rounds at this step's time need `suggest` seconds, more than `max_s`."""
+    return Note("budget", f"Steps of {sec_per_step:.2g} s need about {suggest} s for a verdict: rerun with "
+                          f"--max-seconds {suggest}.",
+                detail=f"at least {min_rounds} rounds over {points} points, more than --max-seconds {max_s:g}; what "
+                       "fits is measured")
+
+
+def batches_note(left: int, need: int, min_rounds: int, points: int) -> Note:
+    """The user's script has `left` batches to give, the minimum rounds need `need`."""
+    return Note("budget", f"Your script has about {left} batches left, {need} needed: run more epochs.",
+                detail=f"at least {min_rounds} rounds over {points} points, each visit its first batch, a warm-up and "
+                       "its shortest windows; what fits is measured")
 
 
 def in_round(result: PointResult, r: int) -> PointResult:

@@ -833,26 +833,27 @@ def deciding_points(v: Verdict) -> set:
 def self_check(points: Mapping[str, float], v: Verdict, num_workers: Optional[int], pinned_transfer: bool) -> list:
     """The report's rules (SPEC.md, "Rules that are not negotiable") checked on the
     numbers the report will show: `points` maps each ok point to the samples/s it shows.
-    Returns one warning per broken rule (none when the report agrees with itself)."""
+    Returns one warning line per broken rule (none when the report agrees with itself)."""
     out = []
     names = [p for p in POINTS if p in points]
     for i, up in enumerate(names):
         for down in names[i + 1:]:
             if points[down] < points[up] * (1 - 1e-6):  # the shown rates are fitted: any slower is a bug
-                out.append(f"the report shows {down} slower than {up}, which does more work")
+                out.append(f"{down} slower than {up}")
     real = [s for s in v.stages if s.status == "ok" and s.significant]
     for s in real:
         if (s.share_of_gap or 0) > 1.0 + 1e-9:
-            out.append(f"the report shows {s.stage} at {s.share_of_gap:.0%} of the gap")
+            out.append(f"{s.stage} at {s.share_of_gap:.0%} of the gap")
     if v.bottleneck == "none" and real:
-        out.append(f"the verdict is none beside real stage cost(s): {', '.join(s.stage for s in real)}")
+        out.append(f"none beside a real cost of {', '.join(s.stage for s in real)}")
     if v.bottleneck in STAGES and v.witness != "isolated costs" and any(not lead.real for lead in v.leads):
-        out.append(f"{v.bottleneck} is named with a lead within the noise")
+        out.append(f"{v.bottleneck} named on a lead within the noise")
     if v.bottleneck == "tie" and v.witness != "disagree" and any(lead.real for lead in v.leads if lead.over in v.tied):
-        out.append(f"the tie of {', '.join(v.tied)} holds a stage led beyond the noise")
+        out.append(f"a tie of {', '.join(v.tied)} led beyond the noise")
     if num_workers == 0 and not pinned_transfer and any(s.stage == "handoff" for s in real):
-        out.append("handoff shows a real cost at num_workers=0, where the loop has no handoff work")
-    return [f"the report breaks its own rules: {p}. Please report this with the JSON document." for p in out]
+        out.append("a real handoff at num_workers=0")
+    # a rule broken is the tool's bug, not the pipeline's: the document reproduces it
+    return [f"Tool bug ({p}): report it with the --json file." for p in out]
 
 
 # The stage that ends at a point: when that point does not apply here (it coincides with

@@ -268,7 +268,7 @@ def test_dataset_without_len_is_measured():
 def test_cache_over_budget_keeps_fewer_batches_and_says_so():
     report = run(tiny_model(), make_loader(PlantedDataset()), cache_mb=0.001, max_seconds=5)
     assert report.cache.batches == 1 and report.cache.limited_by == "memory budget"
-    assert any("limited by memory budget" in w for w in report.warnings)
+    assert "The caches hold 1 batch, limited by the memory budget: raise --cache-mb." in report.warnings
 
 
 @pytest.mark.e2e
@@ -286,7 +286,9 @@ def test_small_dev_shm_is_detected_before_the_run(monkeypatch):
 def test_shm_rule():
     assert faults.shm_problem(0, 0, 10**9, 10) is None
     assert faults.shm_problem(2, 4, 1000, 10**6) is None
-    assert "fewer workers" in faults.shm_problem(2, 4, 10**6, 10**6)
+    small = faults.shm_problem(2, 4, 10**6, 10**6)
+    assert small.message == "/dev/shm has 1 MiB free, workers need about 8: give docker --shm-size=2g."
+    assert "fewer workers" in small.detail and "bus error" in small.detail
 
 
 # ---------------------------------------------------------------- files and interruption
@@ -390,8 +392,8 @@ def test_a_sample_hanging_in_the_fill_ends_the_run_in_time_with_the_json(tmp_pat
     assert time.monotonic() - t0 < bound
     assert r.returncode == 1, r.stderr  # no verdict: the full pipeline hangs
     doc = json.loads(out.read_text())
-    stopped = [w for w in doc["warnings"] if "filling the caches stopped" in w]
-    assert stopped and "sample 50 hung in load" in stopped[0]
+    stopped = [n for n in doc["notes"] if n["message"].startswith("Filling the caches failed after 6 batches")]
+    assert stopped and "sample 50 hung in load" in stopped[0]["detail"]
     full = next(p for p in doc["points"] if p["point"] == "full")
     assert full["status"] in ("failed", "not run") and doc["bottleneck"] is None
     if full["status"] == "failed":

@@ -23,7 +23,7 @@ MAX_S = 8
 TINY_PLAN = Plan(window_seconds=0.05, windows_per_visit=1, max_warmup_windows=0, min_warmup_steps=1, min_rounds=1,
                  max_rounds=1)
 # raw needs per-sample transforms apart from loading; an iterator has none
-DUPLICATES = "does not shard across workers"
+DUPLICATES = "times per epoch: split the data by worker."
 
 
 
@@ -82,7 +82,9 @@ def test_webdataset_without_worker_split_warns_about_duplicates(tmp_path, no_lef
     report, messages = run(tiny_model(2.0), loader, TINY_PLAN)
     assert report.point("full").status == "ok", str(report)
     dup = [m for m in messages if DUPLICATES in m]
-    assert dup and "every sample comes 2 times per epoch" in dup[0], messages
+    assert dup and dup[0].endswith(" yields every sample 2 times per epoch: split the data by worker."), messages
+    (note,) = [n for n in report.notes if n.kind == "pipeline"]
+    assert "does not shard across workers" in note.detail and "get_worker_info" in note.detail
 
 
 class Unsharded(IterableDataset):
@@ -123,7 +125,7 @@ def test_sharding_in_worker_init_fn_is_followed():
 
     ds = Ranged()
     assert iterable_duplicates(ds, 2, shard) is None
-    assert DUPLICATES in iterable_duplicates(ds, 2, None)
+    assert DUPLICATES in iterable_duplicates(ds, 2, None).message
     assert (ds.start, ds.end) == (0, 100)  # probed on copies
     assert iterable_duplicates(ds, 1, None) is None  # one worker: nothing to duplicate
 
@@ -140,5 +142,5 @@ def test_probe_leaves_state_kept_by_the_datasets_iterators_alone():
             return iter(range(10))
 
     ds = Epochs()
-    assert DUPLICATES in iterable_duplicates(ds, 2, None)
+    assert DUPLICATES in iterable_duplicates(ds, 2, None).message
     assert ds.state == {"epoch": 0}

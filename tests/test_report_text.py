@@ -10,6 +10,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from bisect_pipeline import advice as advice_mod
 from bisect_pipeline.advice import Finding
@@ -504,6 +505,56 @@ def tuned_report() -> Report:
     return Report.of(dataclasses.replace(d.measurements, tune=t))
 
 
+class _Unsharded(torch.utils.data.IterableDataset):
+    """Every worker yields the whole range (integrations.iterable.duplicates warns)."""
+
+    def __iter__(self):
+        return iter(range(100))
+
+
+class _OwnLoader(torch.utils.data.DataLoader):
+    pass
+
+
+def _point(name: str, rate: float, jitter: float = 0.01, **kw):
+    from bisect_pipeline.report import PointResult
+    from bisect_pipeline.stats import Throughput, Window
+    secs = 10 * 32 / rate
+    tp = Throughput(tuple(Window(10, secs * (1 + jitter * ((i % 3) - 1))) for i in range(6)), 32)
+    return PointResult(name, "ok", tp, first_batch_seconds=0.05, **kw)
+
+
+def warned_report() -> Report:
+    """A report with every kind of warning a run can give, each made by the code that
+    makes it in a run: the notes seen while measuring (a small /dev/shm, an unsharded
+    IterableDataset, a loader class not rebuilt, a fill that failed, a step that changes
+    its batch, the three budget notes, a rule broken) and those its numbers call for
+    (device slower than collated, two noisy points, a pause, a point cut short, one not
+    steady, a cache at its memory budget, more workers than cores, an allocator not held)."""
+    from bisect_pipeline import experiment, faults, rounds
+    from bisect_pipeline.integrations.iterable import duplicates
+    from bisect_pipeline.report import PointResult, build
+    from bisect_pipeline.results import Note
+    from bisect_pipeline.stats import Throughput, Window
+    from bisect_pipeline.verdict import decide, self_check
+    points = [_point("full", 320, 0.3, pauses=2, paused_seconds=3.0, discarded=1),
+              _point("raw", 330, 0.25, stopped_by_deadline=True), _point("augmented", 940, steady=False),
+              _point("collated", 950), PointResult("host", "skipped", reason="no accelerator: host and device coincide"),
+              _point("device", 800)]
+    one = {"device": Throughput((Window(10, 0.1),) * 3, 8), "collated": Throughput((Window(10, 0.12),) * 3, 8)}
+    broken = self_check({"device": 80.0, "collated": 100.0}, decide(one, 8), 0, False)
+    measured = [faults.shm_problem(4, 2, 10**8, 64 * 2**20), duplicates(_Unsharded(), 2),
+                experiment.loader_note(_OwnLoader, "the loader is a _OwnLoader, which could not be rebuilt from the "
+                                                   "DataLoader arguments (TypeError: x)"),
+                experiment.fill_failed_note(6, "sample 50 hung in load: no batch in 120 s"), experiment.FRESH_COPY,
+                rounds.no_window_note("augmented"), rounds.step_budget_note(2.1, 90, 3, 5, 30.0),
+                rounds.batches_note(120, 400, 3, 5)] + [Note("rules", w) for w in broken]
+    held = {"controlled": False, "reason": "the C library is musl: only glibc's malloc can be held still"}
+    return build(points, 32, "cpu", loader={"num_workers": 4, "pin_memory": False},
+                 cache={"batches": 2, "limited_by": "memory budget"}, warnings=measured,
+                 run={"cpu_count": 2, "max_seconds": 30.0, "elapsed_s": 29.0, "allocator": held})
+
+
 KINDS = {
     "demo": demo_report,
     "none": lambda: planted_report({"device": 950.0, "full": 940.0}),
@@ -513,9 +564,11 @@ KINDS = {
     "run": lambda: _loop_report({"index": 1, "dataset": "Data", "batch_size": 2, "created_at": "train.py:9"},
                                 complete=True),
     "tune": tuned_report,
+    "warned": warned_report,
 }
 VERDICT_WORDS = {"demo": "Bottleneck: augment.", "none": "The input pipeline keeps up", "tie": ", tied:",
-                 "inconclusive": "Inconclusive:", "run": "Bottleneck: augment.", "tune": "Bottleneck: augment."}
+                 "inconclusive": "Inconclusive:", "run": "Bottleneck: augment.", "tune": "Bottleneck: augment.",
+                 "warned": ", tied:"}
 
 
 def sentences(flat: str) -> list:
@@ -623,3 +676,75 @@ def test_brief_on_the_command_line_prints_the_summary_alone(tmp_path, monkeypatc
     ran = cli_in_process("demo", "--brief", cwd=tmp_path)
     assert ran.returncode == 0 and ran.stdout.rstrip("\n") == r.brief() and len(r.brief().splitlines()) <= 6
     assert "--brief" in cli_in_process("run", "--help", cwd=tmp_path).stdout
+
+
+# --- the warnings (issue 45): one line each, what was seen then the next step -----------------------
+
+# The kinds of warning a report can carry (results.Note), all of them planted in warned_report.
+WARNING_KINDS = {"shm", "pipeline", "loader", "cache", "step", "budget", "rules", "inconsistent", "noise", "paused",
+                 "deadline", "unsteady", "workers", "allocator"}
+# What a warning's next step starts with: a verb the user acts on (or "nothing to do").
+NEXT_STEPS = {"close", "raise", "rerun", "run", "fix", "give", "use", "drop", "read", "leave", "let", "split", "report",
+              "nothing"}
+
+
+def warnings_block(text: str) -> list:
+    (block,) = [b for b in blocks(text) if b[0] == "Warnings:"]
+    return block[1:]
+
+
+def test_every_kind_of_warning_is_one_line_what_was_seen_then_the_next_step():
+    from bisect_pipeline.report.summary import warnings
+    r = warned_report()
+    assert {n.kind for n in r.notes} == WARNING_KINDS
+    items = warnings_block(to_text(r))
+    # one line each: no item wraps onto a second line
+    assert all(ln.startswith("  - ") and len(ln) <= WIDTH for ln in items), "\n".join(items)
+    lines = [w.message for w in warnings(r)]
+    assert [ln[4:] for ln in items] == lines
+    # 14 kinds, the budget's three and the cache's two, the noisy points (full, raw) in one line
+    assert len(lines) == 17 and sum("Windows spread" in w for w in lines) == 1
+    for line in lines:
+        assert not re.search(r"[.;]\s", line), line  # one sentence
+        seen, step = line.rsplit(": ", 1)
+        assert seen and step.split()[0] in NEXT_STEPS and step.endswith("."), line
+    # what was seen, with its figure where it has one
+    for figure in ("/dev/shm has 64 MiB free, workers need about 381", "every sample 2 times per epoch",
+                   "failed after 6 batches", "Steps of 2.1 s need about 90 s", "about 120 batches left, 400 needed",
+                   "device ran 16% slower than collated", "Windows spread ±40-49% at full and raw",
+                   "Loop paused 2 times at full (3.0 s, 1 window voided)", "at raw (6 windows)",
+                   "The caches hold 2 batches", "num_workers=4 is more than this machine's 2 cores"):
+        assert sum(figure in w for w in lines) == 1, figure
+
+
+def test_the_html_warnings_are_the_same_lines_their_why_folded_beneath():
+    import html as html_mod
+    from bisect_pipeline.report.summary import warnings
+    r = warned_report()
+    page = r.html()
+    section = page[page.index('<ul class="warnings">'):]
+    section = section[:section.index("</ul>")]
+    items = re.findall(r"<li>(.*?)(?:<details><summary>why</summary><p>(.*?)</p></details>)?</li>", section)
+    notes = warnings(r)
+    assert [html_mod.unescape(line) for line, _ in items] == [n.message for n in notes]
+    # the why where a note has one (the noise's, the cache's arithmetic, the error the fill stopped on, ...)
+    assert [bool(why) for _, why in items] == [bool(n.detail) for n in notes]
+    assert "Sample 50 hung in load: no batch in 120 s." in [html_mod.unescape(why) for _, why in items]
+
+
+def test_the_points_of_one_kind_are_one_warning_however_many():
+    from bisect_pipeline.report.summary import warnings
+    r = planted_report(AUGMENT, jitter=0.3)  # every point noisy
+    (noisy,) = [w.message for w in warnings(r) if w.kind == "noise"]
+    assert re.fullmatch(r"Windows spread ±\d+% at 5 points: close other programs\.", noisy), noisy
+    assert sum(n.kind == "noise" for n in r.notes) == 5  # the JSON keeps one note per point
+
+
+def test_the_warnings_and_their_why_read_back_from_json_the_same():
+    r = warned_report()
+    doc = json.loads(r.to_json())
+    again = Report.from_dict(doc)
+    assert to_text(again) == to_text(r) and again.html() == r.html()
+    assert again.to_dict() == doc
+    kept = {n["kind"]: n for n in doc["notes"]}
+    assert kept["cache"]["detail"] and "derived" in kept["noise"] and doc["warnings"] == [n["message"] for n in doc["notes"]]

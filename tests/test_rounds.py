@@ -4,6 +4,7 @@ so what is asserted is the schedule itself: order, pooling, the stop rule, the d
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 from typing import Optional
 
@@ -198,22 +199,20 @@ def test_a_first_round_without_a_window_is_not_the_end_of_the_run(monkeypatch):
     assert seen[1][0] == "full"  # the first visit without a window turns the budget tight: full next
     assert all(run.results[n].status == "ok" for n in DOWN)
     assert run.decide().bottleneck == "augment" and info["rounds"] > 1
-    assert any("no window in a visit" in n.message for n in run.notes)
+    assert any(n.message == "A visit of device got no timed window: raise --max-seconds." for n in run.notes)
 
 
 def test_a_first_visit_without_a_window_names_the_budget_its_first_batch_shows(monkeypatch):
     # steps of 7 s (bf16 autocast on a CPU without bf16 units): no visit of a 60-s run
     # gets a window, and the first one's first batch says how long a verdict would take
-    import dataclasses
-
     run, seen, clock = make_run(monkeypatch, {n: 7000.0 for n in DOWN}, seconds_per_visit=30.0)
     planted = run.result
     monkeypatch.setattr(run, "result", lambda v: dataclasses.replace(planted(v), first_batch_seconds=7.0))
     measure(run, POINTS)
     budget = [n.message for n in run.notes if n.kind == "budget"]
-    assert len(budget) == 1 and budget[0].startswith("one step takes 7 s: a verdict needs at least about")
+    assert len(budget) == 1 and budget[0].startswith("Steps of 7 s need about")
     assert "rerun with --max-seconds" in budget[0]
-    assert int(budget[0].split("rerun with --max-seconds ")[1].split(";")[0]) > 60
+    assert int(budget[0].split("rerun with --max-seconds ")[1].rstrip(".")) > 60
     assert seen[1][0] == "full"  # and the budget is tight: full next
 
 
@@ -285,8 +284,9 @@ def test_a_budget_too_short_for_a_heavy_step_says_how_long_a_verdict_needs(monke
     run, seen, _ = make_run(monkeypatch, heavy, seconds_per_visit=0.5, max_seconds=10.0)
     measure(run, POINTS)
     notes = budget_notes(run)
-    assert len(notes) == 1 and "one step takes 2 s" in notes[0] and "--max-seconds 10" in notes[0], notes
-    needed = int(re.search(r"needs at least about (\d+) s", notes[0]).group(1))
+    assert len(notes) == 1 and notes[0].startswith("Steps of 2 s need about"), notes
+    assert "more than --max-seconds 10;" in next(n.detail for n in run.notes if n.kind == "budget")
+    needed = int(re.search(r"need about (\d+) s for a verdict: rerun with --max-seconds \1\.", notes[0]).group(1))
     assert needed > 10 and needed % 10 == 0
     assert run.results["device"].ok  # measured regardless
     again, _, _ = make_run(monkeypatch, heavy, seconds_per_visit=0.5, max_seconds=needed)
@@ -471,6 +471,6 @@ def test_a_script_too_short_for_three_rounds_says_so_before_they_start(monkeypat
     ms = {"device": 2.0, "collated": 2.05, "augmented": 2.1, "raw": 4.0, "full": 4.1}
     exp, used, schedule = fast_script_run(monkeypatch, ms, batches=120)
     notes = budget_notes(exp)
-    assert len(notes) == 1 and notes[0].startswith("your script has about 120 batches left to give; a verdict needs "
-                                                   "at least about")
+    assert len(notes) == 1 and re.fullmatch(r"Your script has about 120 batches left, \d+ needed: run more epochs\.",
+                                            notes[0]), notes
     assert used <= 120 and schedule.reserve == 0

@@ -11,12 +11,14 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import tree
+from ..results import Note
 
 PROBE_SAMPLES = 2
 
 
-def duplicates(dataset: Any, num_workers: int, worker_init_fn: Optional[Callable] = None) -> Optional[str]:
-    """A warning when an IterableDataset yields the same first samples in two workers.
+def duplicates(dataset: Any, num_workers: int, worker_init_fn: Optional[Callable] = None) -> Optional[Note]:
+    """A warning (a `pipeline` note) when an IterableDataset yields the same first samples
+    in two workers.
 
     The check runs in this process: for worker 0 and worker 1 it takes a fresh copy of
     the dataset, makes `torch.utils.data.get_worker_info()` return what a real worker
@@ -61,10 +63,12 @@ def duplicates(dataset: Any, num_workers: int, worker_init_fn: Optional[Callable
         state_mod.restore(snap, None, None)
     if not prints[0] or prints[0] != prints[1]:
         return None
-    return (f"{type(dataset).__name__} is an IterableDataset that does not shard across workers: workers 0 and 1 of "
-            f"{num_workers} yield the same first samples, so every sample comes {num_workers} times per epoch. "
-            "Split the data by worker in __iter__ (torch.utils.data.get_worker_info()), or use a sharded source "
-            "(e.g. webdataset's split_by_worker).")
+    return Note("pipeline", f"{type(dataset).__name__} yields every sample {num_workers} times per epoch: split the "
+                            "data by worker.",
+                detail=f"it is an IterableDataset that does not shard across workers: workers 0 and 1 of "
+                       f"{num_workers} yield the same first samples. Split the data by worker in __iter__ "
+                       "(torch.utils.data.get_worker_info()), or use a sharded source (e.g. webdataset's "
+                       "split_by_worker)")
 
 
 # A dataset holding more than this in memory is probed on a shallow copy (a deep copy

@@ -597,9 +597,7 @@ def _context(r: "Report") -> str:
         cache = f"{c.batches} batch(es), {c.samples} samples"
         if c.fill_seconds is not None:
             cache += f", filled in {c.fill_seconds:.2f} s"
-        if c.limited_by:
-            cache += f", limited by {c.limited_by}"
-        items.append(("cache", cache))
+        items.append(("cache", cache))  # what limited it, if anything: the warnings say it
     run = r.run
     versions = ", ".join(f"{k} {getattr(run, k)}" for k in ("torch", "torchvision", "python") if getattr(run, k))
     if versions:
@@ -629,8 +627,7 @@ def to_html(r: "Report", *, style: bool = True, breakdown: str = "bottleneck") -
         parts.append(f'<p class="incomplete ended">{_e(ended[0])}</p>')
     warned = summary_mod.warnings(r)
     if warned:
-        parts.append('<h3>Warnings</h3><ul class="warnings">' + "".join(f"<li>{_e(w)}</li>" for w in warned)
-                     + "</ul>")
+        parts.append('<h3>Warnings</h3><ul class="warnings">' + "".join(_warning(w) for w in warned) + "</ul>")
     if r.advice:
         parts.append('<h3>What to do, first to last</h3><ol class="advice">'
                      + "".join(_advice_item(a, a is s.first_item) for a in r.advice) + "</ol>")
@@ -662,6 +659,14 @@ def summary_box(r: "Report", s: "summary_mod.Summary") -> str:
     out = [f'<div class="summary {cls}"><p class="verdict {cls}">{_e(head)}</p>']
     out += [f'<p class="{k}">{_e(v)}</p>' for k, v in (("first", s.first), ("next", s.next)) if v]
     return "".join(out) + "</div>"
+
+
+def _warning(n: Any) -> str:
+    """One warning: its line, its detail (why) folded beneath."""
+    d = n.detail or ""
+    d = d[:1].upper() + d[1:] + ("" if d.endswith(".") else ".")
+    why = f"<details><summary>why</summary><p>{_e(d)}</p></details>" if n.detail else ""
+    return f"<li>{_e(n.message)}{why}</li>"
 
 
 def _advice_item(a: Any, first: bool) -> str:

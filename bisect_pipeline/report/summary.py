@@ -17,6 +17,7 @@ import math
 from typing import TYPE_CHECKING, Optional
 
 from .. import advice as advice_mod
+from ..diagnosis import POINT_KINDS, point_kinds, points_note
 from ..outcome import interval
 from ..verdict import rounds_to_decide
 from .figures import ended_parts, incomplete_why
@@ -140,19 +141,16 @@ def rerun_seconds(r: "Report", rounds: int) -> Optional[int]:
 
 
 def warnings(r: "Report") -> list:
-    """The warnings, one item each with its next step: windows that disagree and points
-    cut short by --max-seconds grouped into one line each; the others as they are."""
-    out, noisy, cut = [], [], []
+    """The warnings (results.Note), one line each with its next step, in the order the
+    notes came: the notes of one kind about points (diagnosis.POINT_KINDS: noisy, cut
+    short, unsteady, paused) grouped into one line where their first came."""
+    out, grouped = [], set()
     for n in r.notes:
-        tp = r.throughput(n.point) if n.point else None
-        if n.kind == "noise" and tp is not None:
-            noisy.append(f"{n.point} \u00b1{tp.rel_iqr * 100:.0f}%")
-        elif n.kind == "deadline" and tp is not None:
-            cut.append(f"{n.point} ({tp.n} window{'s' if tp.n != 1 else ''})")
+        if n.kind in POINT_KINDS and n.derived and n.point:
+            if n.kind not in grouped:
+                grouped.add(n.kind)
+                at = [p for p in r.points if n.kind in point_kinds(p)]
+                out.append(points_note(n.kind, at) if at else n)
         else:
-            out.append(n.message)
-    if noisy:
-        out.insert(0, f"noisy windows ({', '.join(noisy)}): close other work or raise --max-seconds")
-    if cut:
-        out.insert(int(bool(noisy)), f"cut short by --max-seconds: {', '.join(cut)}: raise it for firmer numbers")
+            out.append(n)
     return out

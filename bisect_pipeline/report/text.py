@@ -71,8 +71,8 @@ def to_text(r: "Report", *, breakdown: str = "bottleneck") -> str:
     warned = summary_mod.warnings(r)
     if warned:
         lines += ["", "Warnings:"]
-        for w in warned:
-            lines += _wrap(w, first="  - ", rest="    ")
+        for w in warned:  # the line alone: its detail is the HTML's and the JSON's
+            lines += _wrap(w.message, first="  - ", rest="    ")
     lines += _advice_lines(r, s)
     if r.tune is not None:
         lines += ["", *tune_lines(r, s)]
