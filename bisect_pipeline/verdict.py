@@ -221,8 +221,7 @@ def _judge(stages: tuple, fitted: Mapping[str, float], coef: Mapping, noise: Noi
     gap = max(0.0, t_full - fitted[ceiling])
     gap_c = dataclasses.replace(_drop(noise, coef, "full", ceiling), estimate=gap)
     leads = _leads(stages, coef, noise, t_full, noise_scale)
-    bottleneck, tied, reason = _name(stages, leads, gap_c, t_full=t_full, noise_scale=noise_scale, ceiling=ceiling,
-                                     measured=measured)
+    bottleneck, tied, reason = _name(stages, leads, gap_c, t_full=t_full, noise_scale=noise_scale, measured=measured)
     return Verdict(bottleneck, stages, reason=reason, gap_sec_per_batch=gap, input_bound_fraction=gap / t_full,
                    ceiling=ceiling, fitted=fitted, inconsistent=inconsistent, gap_sigma=gap_c.sigma,
                    gap_upper=gap_c.upper(Z_UPPER, noise_scale), gap_rounds=gap_c.rounds, tied=tied, leads=leads,
@@ -327,7 +326,7 @@ def _disagreement(v: Verdict, cost: Mapping, predicted: Mapping, disagree: tuple
                                    reason=(f"the rounds read input costs the stages alone do not have ({'; '.join(words)}), "
                                            f"and alone the worker stages add at most {_ms(up)} ms per batch, under "
                                            f"{MIN_REL_DROP * 100:.0f}%: the step drifted while the points were "
-                                           "measured, or another program slowed some of them; more rounds may tell"))
+                                           "measured, or another program slowed some of them"))
     if asked == [top_alone]:
         return dataclasses.replace(v, witness="both", disagree=disagree)
     tied = tuple(sorted(set(asked) | {top_alone} | {s for s in disagree if s in asked + [top_alone]},
@@ -618,7 +617,7 @@ def _lead_coef(top: StageCost, other: StageCost, of) -> dict:
     return {q: w for q, w in out.items() if abs(w) > 1e-12}
 
 
-def _name(stages: tuple, leads: tuple, gap: Contrast, *, t_full: float, noise_scale: float, ceiling: str,
+def _name(stages: tuple, leads: tuple, gap: Contrast, *, t_full: float, noise_scale: float,
           measured: Mapping[str, Throughput]) -> tuple[str, tuple, str]:
     """(bottleneck, tied, reason) from the costed stages and the leads (see decide)."""
     costed = _costed(stages)
@@ -633,7 +632,7 @@ def _name(stages: tuple, leads: tuple, gap: Contrast, *, t_full: float, noise_sc
     upper = gap.upper(Z_UPPER, noise_scale)
     if upper <= NONE_MAX_LOSS * t_full:
         return "none", (), "the full pipeline runs at the ceiling within noise"
-    return "inconclusive", (), undecided(gap, upper, t_full, ceiling, measured)
+    return "inconclusive", (), undecided(gap, upper, t_full, measured)
 
 
 def _ms(x: float) -> str:
@@ -696,22 +695,16 @@ def _tie_reason(stages: tuple, tied: tuple, behind: list, gap: Optional[Contrast
     return f"{head}{_and(list(tied))}, tied: {costs} ms per batch; " + "; ".join(parts)
 
 
-def undecided(gap: Contrast, upper: float, t_full: float, ceiling: str, measured: Mapping[str, Throughput]) -> str:
-    """Why a run without a real cost cannot say `none`, and the figure that would decide
-    it: the gap's bound against NONE_MAX_LOSS, and about how many rounds of `full` and
-    the ceiling would bring the bound under it or make the gap real."""
+def undecided(gap: Contrast, upper: float, t_full: float, measured: Mapping[str, Throughput]) -> str:
+    """Why a run without a real cost cannot say `none`: the gap's bound against
+    NONE_MAX_LOSS. What would decide it (about how many rounds of `full` and the ceiling:
+    rounds_to_decide) is the report's next step, said there (report/summary.py), not here."""
     if gap.rounds is None:  # noise from the windows (a document of schema 1)
         return too_noisy(measured, upper / t_full)
-    bound = (f"up to {min(upper / t_full, 9.99) * 100:.0f}% at {normal_cdf(Z_UPPER) * 100:.1f}% confidence"
-             if math.isfinite(upper) else "its bound unknown")
-    head = (f"whether the pipeline is input-bound is unknown: it loses {gap.estimate / t_full * 100:.0f}% of its time "
-            f"to input ({bound}, from {gap.rounds} round{'s' if gap.rounds != 1 else ''}), and `none` needs that "
-            f"bound under {NONE_MAX_LOSS * 100:.0f}%")
-    need = rounds_to_decide(gap, t_full)
-    if need is None:
-        return head + ": more rounds would not tell at this noise; close other work on this machine"
-    return (f"{head}: about {need} rounds of full and {ceiling} would tell; raise --max-seconds, or close other work "
-            "on this machine")
+    bound = (f"could be up to {min(upper / t_full, 9.99) * 100:.0f}% at {normal_cdf(Z_UPPER) * 100:.1f}% confidence"
+             if math.isfinite(upper) else "has no bound yet")
+    return (f"the loss to input {bound} (from {gap.rounds} round{'s' if gap.rounds != 1 else ''}), and `none` needs "
+            f"that bound under {NONE_MAX_LOSS * 100:.0f}%")
 
 
 def rounds_to_decide(gap: Contrast, t_full: float, most: int = MOST_ROUNDS) -> Optional[int]:
@@ -765,13 +758,12 @@ def find_inconsistent(measured: Mapping[str, Throughput], present: list, noise: 
 
 
 def too_noisy(measured: Mapping[str, Throughput], upper_loss: float) -> str:
-    """Why a run without a real drop cannot say `none`, and what to do (noise from the
-    windows: a document of schema 1)."""
-    noisy = sorted(((tp.rel_iqr, p) for p, tp in measured.items() if tp.rel_iqr > NOISY_REL_IQR), reverse=True)
-    where = ", ".join([f"{p} ±{r * 100:.0f}%" for r, p in noisy[:3]]
-                      + [f"{p}: {tp.n} window" for p, tp in measured.items() if tp.n < 2])
-    return (f"the measurements are too noisy to tell ({where + '; ' if where else ''}the loss to input could be up to "
-            f"{min(upper_loss, 1.0) * 100:.0f}%): close other work on this machine, or raise --max-seconds for more rounds")
+    """Why a run without a real drop cannot say `none` (noise from the windows: a
+    document of schema 1): the points of one window, and the loss to input's bound. The
+    noisy points are the report's warning, what to do its next step."""
+    few = "; ".join(f"{p}: {tp.n} window" for p, tp in measured.items() if tp.n < 2)
+    return (f"the measurements are too noisy to tell ({few + '; ' if few else ''}the loss to input could be up to "
+            f"{min(upper_loss, 1.0) * 100:.0f}%)")
 
 
 def settled(v: Verdict, more_noise: Verdict, less_noise: Verdict) -> bool:

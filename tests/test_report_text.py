@@ -189,7 +189,8 @@ def test_a_noisy_run_says_inconclusive_and_claims_no_input_bound_class():
     assert r.bottleneck == "inconclusive" and r.verdict.input_bound_fraction > 0.2
     text = " ".join(to_text(r).split())
     assert text.startswith("Inconclusive: whether input holds the step back is not known yet")
-    assert "Why inconclusive: the measurements are too noisy to tell (" in text and "device ±" in text
+    assert "Why inconclusive: the measurements are too noisy to tell (the loss to input could be up to" in text
+    assert "Windows spread ±" in text and " at full and device: close other programs." in text  # where: a warning
     assert "keeps up" not in text and "Input-bound:" not in text and "input-bound)" not in text
     # no rounds in a planted run without them: what to do next, from the noise
     assert "Next: close other work on this machine, or raise --max-seconds for more rounds." in text
@@ -748,3 +749,20 @@ def test_the_warnings_and_their_why_read_back_from_json_the_same():
     assert again.to_dict() == doc
     kept = {n["kind"]: n for n in doc["notes"]}
     assert kept["cache"]["detail"] and "derived" in kept["noise"] and doc["warnings"] == [n["message"] for n in doc["notes"]]
+
+
+@pytest.mark.parametrize("kind", ["inconclusive", "noisy windows"])
+def test_an_inconclusive_reason_says_why_and_its_next_step_once(kind):
+    from bisect_pipeline.report.summary import summarize
+    r = KINDS["inconclusive"]() if kind == "inconclusive" else planted_report({"device": 950.0, "full": 665.0},
+                                                                                 jitter=0.6)
+    assert r.bottleneck == "inconclusive"
+    s = summarize(r)
+    text = " ".join(to_text(r).split())
+    # the reason: why (the bound, or too noisy); what to measure next, the summary's Next alone
+    assert "--max-seconds" not in r.verdict.reason and "would tell" not in r.verdict.reason
+    assert "close other work" not in r.verdict.reason
+    assert s.next.startswith("Next: ") and text.count(s.next) == 1 and text.count("--max-seconds") == 1
+    assert r.to_dict()["verdict"]["next"] == s.next[len("Next: "):]
+    assert demo_report().to_dict()["verdict"]["next"] is None  # settled: nothing to measure next
+

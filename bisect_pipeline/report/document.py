@@ -17,6 +17,7 @@ from ..diagnosis import derived_notes, diagnose
 from ..results import (CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo, Syncs, Tuning, Verification)
 from ..stats import Throughput, Window
 from ..verdict import StageCost
+from . import summary as summary_mod
 from .figures import finite, gain_if_free, ms
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,7 +58,10 @@ if TYPE_CHECKING:  # pragma: no cover
 #       of schema 1 is still read: its windows have no round, so its noise is the
 #       windows', as it was decided. The `tune` section (--tune: the search of the
 #       loader's settings, the patch, the patched script's check) is versioned on its
-#       own, TUNE_SCHEMA_VERSION.
+#       own, TUNE_SCHEMA_VERSION. Since 2026-11-27 (afternoon) each note's message is
+#       one line with its next step, its why (where it has one) in notes[].detail; the
+#       verdict's reason says why, verdict.next what to measure next (an inconclusive
+#       reason said both before).
 SCHEMA_VERSION = 2
 READS = (1, 2)
 
@@ -79,6 +83,7 @@ def to_dict(r: "Report") -> dict:
             "bottleneck": v.bottleneck,
             "summary": r.summary,
             "reason": v.reason,
+            "next": _next_step(r),
             "gap_ms_per_batch": ms(v.gap_sec_per_batch),
             "input_bound_fraction": finite(v.input_bound_fraction, 4),
             "input_bound_class": advice_mod.input_bound_class(r),
@@ -112,6 +117,14 @@ def to_dict(r: "Report") -> dict:
         "verification": r.verification.to_dict() if r.verification is not None else {},
         "tune": tune_dict(r),
     }
+
+
+def _next_step(r: "Report") -> Optional[str]:
+    """What to measure next where nothing is settled (the summary's Next, without its
+    label: about how many rounds would tell, and the --max-seconds that holds them);
+    None where the verdict is settled."""
+    nxt = summary_mod.summarize(r).next
+    return nxt[len("Next: "):] if nxt else None
 
 
 # Version of the `tune` section (--tune), within the document's own schema_version:
