@@ -63,7 +63,7 @@ def check(path: str) -> str:
         out = subprocess.run([sys.executable, CHECK_REPORT, path], capture_output=True, text=True).stdout
         return out.split(": ", 1)[-1].strip()
     doc = json.load(open(path))
-    broken = [w for w in doc.get("warnings", []) if "breaks its own rules" in w]
+    broken = [n["message"] for n in doc.get("notes", []) if n.get("kind") == "rules"]
     return "; ".join(broken) or "consistent"
 
 
