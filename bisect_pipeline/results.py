@@ -153,7 +153,7 @@ class PointResult:
 @dataclasses.dataclass(frozen=True)
 class Note(Record):
     """A warning as a value: `kind` says what it is about (`loader`, `pipeline`, `shm`,
-    `cache`, `step`, `budget`, `noise`, `deadline`, `unsteady`, `paused`, `inconsistent`,
+    `cache`, `step`, `budget`, `batches`, `noise`, `deadline`, `unsteady`, `paused`, `inconsistent`,
     `workers`, `allocator`, `rules`, ...), `message` is what the report prints: one line,
     what was seen with its figure, then the next step; `detail` the why beneath it, if
     any (the HTML folds it, the JSON keeps it); `point` the point it concerns, if one;

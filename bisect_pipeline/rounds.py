@@ -244,8 +244,10 @@ def step_budget_note(sec_per_step: float, suggest: int, min_rounds: int, points:
 
 
 def batches_note(left: int, need: int, min_rounds: int, points: int) -> Note:
-    """The user's script has `left` batches to give, the minimum rounds need `need`."""
-    return Note("budget", f"Your script has about {left} batches left, {need} needed: run more epochs.",
+    """The user's script has `left` batches to give, the minimum rounds need `need` (a
+    `batches` note: said before the rounds, superseded by what happened where the script
+    did end first, report/summary.warnings)."""
+    return Note("batches", f"Your script has about {left} batches left, {need} needed: run more epochs.",
                 detail=f"at least {min_rounds} rounds over {points} points, each visit its first batch, a warm-up and "
                        "its shortest windows; what fits is measured")
 

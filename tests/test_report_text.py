@@ -529,7 +529,7 @@ def warned_report() -> Report:
     """A report with every kind of warning a run can give, each made by the code that
     makes it in a run: the notes seen while measuring (a small /dev/shm, an unsharded
     IterableDataset, a loader class not rebuilt, a fill that failed, a step that changes
-    its batch, the three budget notes, a rule broken) and those its numbers call for
+    its batch, the two budget notes and the batches note, a rule broken) and those its numbers call for
     (device slower than collated, two noisy points, a pause, a point cut short, one not
     steady, a cache at its memory budget, more workers than cores, an allocator not held)."""
     from bisect_pipeline import experiment, faults, rounds
@@ -682,8 +682,8 @@ def test_brief_on_the_command_line_prints_the_summary_alone(tmp_path, monkeypatc
 # --- the warnings (issue 45): one line each, what was seen then the next step -----------------------
 
 # The kinds of warning a report can carry (results.Note), all of them planted in warned_report.
-WARNING_KINDS = {"shm", "pipeline", "loader", "cache", "step", "budget", "rules", "inconsistent", "noise", "paused",
-                 "deadline", "unsteady", "workers", "allocator"}
+WARNING_KINDS = {"shm", "pipeline", "loader", "cache", "step", "budget", "batches", "rules", "inconsistent", "noise",
+                 "paused", "deadline", "unsteady", "workers", "allocator"}
 # What a warning's next step starts with: a verb the user acts on (or "nothing to do").
 NEXT_STEPS = {"close", "raise", "rerun", "run", "fix", "give", "use", "drop", "read", "leave", "let", "split", "report",
               "nothing"}
@@ -703,7 +703,7 @@ def test_every_kind_of_warning_is_one_line_what_was_seen_then_the_next_step():
     assert all(ln.startswith("  - ") and len(ln) <= WIDTH for ln in items), "\n".join(items)
     lines = [w.message for w in warnings(r)]
     assert [ln[4:] for ln in items] == lines
-    # 14 kinds, the budget's three and the cache's two, the noisy points (full, raw) in one line
+    # 15 kinds, the budget's two and the cache's two, the noisy points (full, raw) in one line
     assert len(lines) == 17 and sum("Windows spread" in w for w in lines) == 1
     for line in lines:
         assert not re.search(r"[.;]\s", line), line  # one sentence
@@ -749,6 +749,22 @@ def test_the_warnings_and_their_why_read_back_from_json_the_same():
     assert again.to_dict() == doc
     kept = {n["kind"]: n for n in doc["notes"]}
     assert kept["cache"]["detail"] and "derived" in kept["noise"] and doc["warnings"] == [n["message"] for n in doc["notes"]]
+
+
+def test_a_script_that_ended_first_is_not_told_again_in_a_warning_to_run_more_epochs():
+    from bisect_pipeline import rounds
+    from bisect_pipeline.report.summary import warnings
+    foretold = rounds.batches_note(100, 334, 2, 5)
+    short = {"how": "ended", "detail": None, "batches": 100, "needed": 334, "rounds": 2, "points": 5,
+             "epoch_batches": 10, "epoch_needs": 19}
+    m = _loop_report({"ended": short}, rates={}).measurements
+    r = Report.of(dataclasses.replace(m, notes=(foretold,)))
+    # said above (what happened, and that more epochs would not help): not again below
+    assert warnings(r) == [] and "Warnings:" not in to_text(r) and "run more epochs" not in to_text(r)
+    # a script that did not end first: the warning is the only one to say it
+    going = Report.of(dataclasses.replace(_loop_report({"index": 1}).measurements, notes=(foretold,)))
+    assert [w.message for w in warnings(going)] == ["Your script has about 100 batches left, 334 needed: run more "
+                                                    "epochs."]
 
 
 @pytest.mark.parametrize("kind", ["inconclusive", "noisy windows"])

@@ -278,7 +278,7 @@ def test_pool_keeps_the_first_batch_of_the_visit_that_started_the_workers():
 
 
 def budget_notes(exp) -> list:
-    return [n.message for n in exp.notes if n.kind == "budget"]
+    return [n.message for n in exp.notes if n.kind in ("budget", "batches")]
 
 
 def test_a_budget_too_short_for_a_heavy_step_says_how_long_a_verdict_needs(monkeypatch):

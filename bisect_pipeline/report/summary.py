@@ -143,9 +143,14 @@ def rerun_seconds(r: "Report", rounds: int) -> Optional[int]:
 def warnings(r: "Report") -> list:
     """The warnings (results.Note), one line each with its next step, in the order the
     notes came: the notes of one kind about points (diagnosis.POINT_KINDS: noisy, cut
-    short, unsteady, paused) grouped into one line where their first came."""
+    short, unsteady, paused) grouped into one line where their first came. Where the
+    user's script ended first, what happened is said above the warnings (with what to run
+    instead): the `batches` note, its shortfall foretold, is not said again."""
     out, grouped = [], set()
+    ended = ended_parts(r.measurements.source, r.bottleneck) is not None
     for n in r.notes:
+        if n.kind == "batches" and ended:
+            continue
         if n.kind in POINT_KINDS and n.derived and n.point:
             if n.kind not in grouped:
                 grouped.add(n.kind)
