@@ -334,7 +334,7 @@ def _disagreement(v: Verdict, cost: Mapping, predicted: Mapping, disagree: tuple
     if len(tied) < 2:
         tied = tuple(sorted({top_alone, *asked}, key=lambda n: -cost[n].sec_per_batch))
     reason = (f"{_and(list(tied))}: the rounds and the stages' costs alone disagree ({'; '.join(words)}), so "
-              "neither names a stage alone; more rounds may settle it")
+              "neither names a stage alone")
     return dataclasses.replace(v, bottleneck="tie", tied=tied, witness="disagree", disagree=disagree, reason=reason)
 
 
@@ -650,14 +650,6 @@ def _rounds_note(rounds: Optional[int]) -> str:
     return f", noise from {rounds} round{'s' if rounds != 1 else ''}"
 
 
-def _tell_note(lead: Lead) -> str:
-    """'; at its spread, real from about 9 rounds (5 so far)' for a lead that more
-    rounds would show real (Lead.rounds_to_tell)."""
-    if lead.rounds_to_tell is None:
-        return ""
-    return f"; at its spread, real from about {lead.rounds_to_tell} rounds ({lead.rounds} so far)"
-
-
 def _named_reason(top: StageCost, leads: tuple) -> str:
     if not leads:
         return f"removing {top.stage} buys the most throughput ({_ms(top.sec_per_batch)} ms per batch)"
@@ -670,7 +662,9 @@ def _tie_reason(stages: tuple, tied: tuple, behind: list, gap: Optional[Contrast
     """'load and augment, tied: 45.0 and 42.0 ms per batch; ...' (or, where only the
     leader's cost is real, 'augment leads, load not ruled out: 30.0 and 0.6 ms per
     batch; ...') with, for each stage the leader does not lead beyond the noise, why: the
-    lead within its noise, or the other stage's own cost too noisy to rule out."""
+    lead within its noise, or the other stage's own cost too noisy to rule out. The
+    rounds after which a lead would be real (Lead.rounds_to_tell) are the report's next
+    step (report/summary.py), not the reason's."""
     cost = {s.stage: s for s in stages if s.status == "ok"}
     parts = []
     for lead in behind:
@@ -680,7 +674,7 @@ def _tie_reason(stages: tuple, tied: tuple, behind: list, gap: Optional[Contrast
                          "estimate yet (their points were measured together in fewer than 2 rounds)")
             continue
         within = (f"{lead.stage}'s lead over {lead.over}, {_ms(lead.sec_per_batch)} ms, is within the noise (real "
-                  f"above {_ms(lead.threshold)} ms{_rounds_note(lead.rounds)}{_tell_note(lead)})")
+                  f"above {_ms(lead.threshold)} ms{_rounds_note(lead.rounds)})")
         if not other.significant:
             within = (f"{lead.over}'s own cost is known only to ±{_ms(other.sigma)} ms, so {within}"
                       if math.isfinite(other.sigma) else f"{lead.over}'s own cost has no noise estimate, so {within}")

@@ -782,3 +782,14 @@ def test_an_inconclusive_reason_says_why_and_its_next_step_once(kind):
     assert r.to_dict()["verdict"]["next"] == s.next[len("Next: "):]
     assert demo_report().to_dict()["verdict"]["next"] is None  # settled: nothing to measure next
 
+
+def test_a_tie_more_rounds_would_tell_apart_says_how_many_once():
+    from bisect_pipeline.report.summary import summarize
+    r = rounds_report({"device": 20.0, "augmented": 21.0, "raw": 41.0, "full": 66.0}, 4, {"full": 0.1, "raw": 0.1})
+    (lead,) = [lead for lead in r.verdict.leads if lead.rounds_to_tell]
+    assert r.bottleneck == "tie" and lead.rounds_to_tell > lead.rounds == 4
+    text = " ".join(to_text(r).split())
+    said = f"about {lead.rounds_to_tell} rounds would tell load and augment apart (4 so far)"
+    assert summarize(r).next.startswith(f"Next: {said}") and text.count(f"{lead.rounds_to_tell} rounds") == 1
+    assert "so far" not in r.verdict.reason and text.count("so far") == 1  # the reason says why, not how many
+
