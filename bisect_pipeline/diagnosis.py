@@ -319,8 +319,9 @@ def points_note(kind: str, points: list) -> Note:
     seen = f"Loop paused {pauses} time{_s(pauses)} at {at} ({seconds:.1f} s"
     line = (f"{seen}, {voided} window{_s(voided)} voided): raise --max-seconds." if voided
             else f"{seen}, in no window): nothing to do.")
-    return Note(kind, line, one, True, "epoch ends, evaluations, other loaders: that time is in no window, and a "
-                                       "window under way when it came is discarded")
+    why = (f"the window{_s(voided)} under way when one came {'was' if voided == 1 else 'were'} discarded, so that "
+           "no window holds the pause" if voided else f"{'it' if pauses == 1 else 'they'} came between windows")
+    return Note(kind, line, one, True, f"epoch ends, evaluations, other loaders: {why}")
 
 
 def _span(values: list) -> str:

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from bisect_pipeline.diagnosis import derived_notes, diagnose, summary, to_check
+from bisect_pipeline.diagnosis import derived_notes, diagnose, points_note, summary, to_check
 from bisect_pipeline.results import (AllocatorHold, CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo,
                                      Verification, Workers)
 from bisect_pipeline.stats import Throughput, Window
@@ -58,6 +58,12 @@ def test_the_notes_the_numbers_call_for():
     paused = next(n for n in d.notes if n.kind == "paused")
     assert paused.point == "device"
     assert paused.message == "Loop paused 3 times at device (1.5 s, 1 window voided): raise --max-seconds."
+    assert paused.detail.endswith(": the window under way when one came was discarded, so that no window holds the "
+                                  "pause")
+    # a pause between windows voids none: nothing to do, and its why says no more than that
+    between = points_note("paused", [PointResult("full", "ok", pauses=1, paused_seconds=0.6)])
+    assert between.message == "Loop paused 1 time at full (0.6 s, in no window): nothing to do."
+    assert between.detail == "epoch ends, evaluations, other loaders: it came between windows"
     assert derived_notes(d) == [n for n in d.notes if n.derived]
 
 
