@@ -547,7 +547,8 @@ class RunInfo(Record):
     startup_s: Optional[float] = None
     # the pause at the start of each epoch of your loader, which no point's window holds
     # (phases.epoch_start): epoch_batches, ms_per_epoch, ms_per_batch, samples_per_sec
-    # (the full point's) and samples_per_sec_with_epochs, how it was measured
+    # (the full point's) and samples_per_sec_with_epochs, how it was measured; timed:
+    # epochs_timed and ms_per_epoch_se (the epochs' standard error)
     epoch_start: Optional[dict] = None
 
     @classmethod
