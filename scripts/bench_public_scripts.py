@@ -502,7 +502,12 @@ def cpu_lock(path: str):
         yield
         return
     with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # say so: under `flock PATH` this process would wait on its own parent
+            print(f"waiting for {path}, held by another process (pass --lock '' when this run already holds it, "
+                  "as under `flock`)", file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
