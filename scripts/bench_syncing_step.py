@@ -96,10 +96,14 @@ def main() -> None:
     ap.add_argument("--sample-ms", type=float, default=1.4, help="CPU: each sample's cost in a worker")
     ap.add_argument("--side", type=int, default=112, help="CUDA: image side")
     ap.add_argument("--max-seconds", type=float, default=30.0)
-    ap.add_argument("--hand-epochs", type=int, default=0, help="epochs a hand block (default: about 64 batches)")
+    ap.add_argument("--hand-epochs", type=int, default=0,
+                    help="epochs a hand block (default: about 128 batches, at least 2 epochs)")
     args = ap.parse_args()
     model, loader, step = build(args)
-    epochs = args.hand_epochs or max(2, 64 // args.epoch_batches)
+    # The hand's two blocks together time about as many epochs as the tool's epochs visit or
+    # more (on 2 cores: 9-10 epochs of 16 batches): on a busy machine one block of 4 epochs
+    # read 7-13% from the next, a reference noisier than what it checks.
+    epochs = args.hand_epochs or max(2, 128 // args.epoch_batches)
     hand(loader, step, args.device, 1)  # warm
     ratios_full, ratios_epochs = [], []
     for r in range(args.runs):
@@ -115,8 +119,9 @@ def main() -> None:
         if with_epochs:
             ratios_epochs.append(with_epochs / h)
         print(f"run {r + 1}: hand {before:.1f} / {after:.1f}; full {full:.1f} ({full / h:.3f}); with each epoch's "
-              f"start {with_epochs} ({(with_epochs or 0) / h:.3f}; {e.get('ms_per_epoch')} ms an epoch, "
-              f"{e.get('how')}); verdict {rep.bottleneck}", flush=True)
+              f"start {with_epochs} ({(with_epochs or 0) / h:.3f}; {e.get('ms_per_epoch')} ms an epoch "
+              f"+- {e.get('ms_per_epoch_se')}, {e.get('how')}, {e.get('epochs_timed')} epochs); "
+              f"verdict {rep.bottleneck}", flush=True)
     print(f"median: full / hand {statistics.median(ratios_full):.3f}; with epochs / hand "
           f"{statistics.median(ratios_epochs) if ratios_epochs else float('nan'):.3f}")
 
