@@ -448,6 +448,8 @@ class Experiment:
                 # its visits ran out before a window and the script then ended: more
                 # --max-seconds would not have measured it
                 self.results[name] = dataclasses.replace(self.results[name], reason=f"no window measured: {unreached}")
+                # nor is "raise --max-seconds" the next step the point's budget note said it was
+                self.notes = [n for n in self.notes if not (n.kind == "budget" and n.point == name)]
         complete = not interrupted and all(p.status != "not run" and not p.stopped_by_deadline
                                            for p in self.results.values())
         b = self.budget

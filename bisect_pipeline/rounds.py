@@ -229,7 +229,7 @@ class Rounds:
 
 def no_window_note(name: str) -> Note:
     """A visit of `name` ran out of its share before one window (no step time known yet)."""
-    return Note("budget", f"A visit of {name} got no timed window: raise --max-seconds.",
+    return Note("budget", f"A visit of {name} got no timed window: raise --max-seconds.", point=name,
                 detail="its share of --max-seconds was too short for one (slow steps, or an epoch too short for a "
                        "window after its workers start); from now on each visit gets all the time left in its round, "
                        "the full pipeline first")
