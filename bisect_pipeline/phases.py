@@ -273,8 +273,8 @@ class Probe:
         self.exp.sync()
         self.exp.fresh = not tree.same_values(handed, original)
         if self.exp.fresh:
-            self.exp.note("step", "your loop changes its input batch in place: the cached points hand it a fresh "
-                                  "copy each step (the copy is included in their time).")
+            said = experiment.FRESH_COPY  # the step's note, said of the loop
+            self.exp.notes.append(dataclasses.replace(said, message=said.message.replace("The step", "Your loop")))
 
 
 class SyncCount:

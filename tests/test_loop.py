@@ -378,6 +378,23 @@ def test_watching_in_python_keeps_training_on_the_real_loader_after_the_verdict(
     assert not loop_mod._SESSIONS
 
 
+@pytest.mark.e2e
+def test_a_loop_that_changes_its_batch_in_place_is_told_so_in_one_line(no_leftover_workers):
+    model = tiny_model(1.0)
+    loader = make_loader(PlantedDataset(n=64), batch_size=8, num_workers=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watching(max_seconds=6, plan=FAST_PLAN, verify_seconds=0) as s:
+        for epoch in range(1000):
+            for x, y in loader:
+                x.mul_(0.5)  # the batch it is handed, changed
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+    (note,) = [n for n in s.report.notes if n.kind == "step"]
+    assert note.message == "Your loop changes its input batch in place: leave the batch as it is given."
+    assert "fresh copy" in note.detail
+
+
 def test_created_at_is_the_user_s_line_for_a_library_subclass_and_a_subclass_of_their_own():
     monai = pytest.importorskip("monai.data")
 
