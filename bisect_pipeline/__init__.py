@@ -1,11 +1,11 @@
 """bisect-pipeline: find the stage of a PyTorch input pipeline that starves the training step."""
 
 from .api import Interrupted, bisect
-from .errors import BisectError
-from .plan import Plan
+from .core.errors import BisectError
+from .measure.plan import Plan
 from .report import Report
 from .loop import ScriptStopped, Session, watch, watching
-from .workload import Workload
+from .pipeline.workload import Workload
 
 __version__ = "0.2.0"
 

@@ -9,20 +9,23 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from . import allocator, devices, distributed, faults, phases, state
-from . import loader as loader_mod
-from .cache import DEFAULT_CACHE_BATCHES
-from .errors import BisectError
-from .experiment import Experiment
+from .measure import allocator, devices, distributed
+from .core import faults
+from . import phases
+from .pipeline import state
+from .pipeline import loader as loader_mod
+from .measure.cache import DEFAULT_CACHE_BATCHES
+from .core.errors import BisectError
+from .measure.experiment import Experiment
 from .phases import Options
-from .plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Budget, Plan, plan_budget
+from .measure.plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Budget, Plan, plan_budget
 from .report import Report
 from .report.ranks import combine
-from .verdict import POINTS
-from .tune import CHECK_SHARE, TUNE_SHARE
-from .verify import VERIFY_SHARE
-from .visit import drive_all
-from .workload import Workload, validate
+from .derive.verdict import POINTS
+from .advise.tune import CHECK_SHARE, TUNE_SHARE
+from .advise.verify import VERIFY_SHARE
+from .measure.visit import drive_all
+from .pipeline.workload import Workload, validate
 
 
 class Interrupted(KeyboardInterrupt):

@@ -10,11 +10,14 @@ from typing import Any, Callable, Optional
 
 import click
 
-from . import api, distributed, entry, faults
-from .errors import BisectError
+from . import api
+from .measure import distributed
+from .pipeline import entry
+from .core import faults
+from .core.errors import BisectError
 from .progress import make_progress
 from .report import Report
-from .verdict import POINTS
+from .derive.verdict import POINTS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 2, 130, 143
 
@@ -319,7 +322,8 @@ def _change(report: Report, script: tuple, *, patch_path, json_path, html_path, 
     script with it against it as it is (change.check; not after an interrupt or a run
     without a verdict), the outputs written again, the report printed. True when the
     check was interrupted."""
-    from . import change, script as script_mod
+    from .advise import change
+    from . import script as script_mod
     from .report import write_atomic
 
     m = report.measurements

@@ -13,12 +13,12 @@ import json
 import math
 from typing import Optional
 
-from . import outcome
-from .errors import BisectError
+from .advise import outcome
+from .core.errors import BisectError
 from .report import Report
-from .stats import MIN_REL_DROP, Throughput, difference, unpaired
-from .stats import compare as stats_compare
-from .verdict import POINTS, cost_noise
+from .core.stats import MIN_REL_DROP, Throughput, difference, unpaired
+from .core.stats import compare as stats_compare
+from .derive.verdict import POINTS, cost_noise
 
 # A change is decided by the tool's one comparison (stats.compare: 97.7% one-sided, Student's
 # t at the degrees of freedom of the difference's noise) on the two runs' own values, not

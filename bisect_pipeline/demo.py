@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
-from .workload import Workload
+from .pipeline.workload import Workload
 
 IMAGE_SIZE = 64
 NUM_CLASSES = 10

@@ -26,15 +26,17 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from . import allocator, confirm, distributed, experiment, isolate, sources, stats, tree, tune
-from .cache import DEFAULT_CACHE_BATCHES
-from .diagnosis import judged, to_check
-from .experiment import Experiment
-from .plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, EPOCH_WINDOW_S, Plan
-from .results import AllocatorTiming, Isolated, Syncs, Verification
-from .rounds import Rounds
-from .verify import Trials
-from .verdict import in_question
+from .measure import allocator, distributed, experiment, isolate, sources
+from .advise import confirm, tune
+from .core import stats, tree
+from .measure.cache import DEFAULT_CACHE_BATCHES
+from .advise.diagnose import judged, to_check
+from .measure.experiment import Experiment
+from .measure.plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, EPOCH_WINDOW_S, Plan
+from .core.results import AllocatorTiming, Isolated, Syncs, Verification
+from .measure.rounds import Rounds
+from .advise.verify import Trials
+from .derive.verdict import in_question
 
 
 @dataclasses.dataclass(frozen=True)

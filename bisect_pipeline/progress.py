@@ -28,7 +28,7 @@ from typing import Callable, Optional, TextIO
 
 import click
 
-from .plan import Plan
+from .measure.plan import Plan
 
 STEPS = 1000  # resolution of the bar
 BAR_WIDTH = 20

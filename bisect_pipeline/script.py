@@ -16,7 +16,7 @@ import sys
 import traceback
 from typing import Any, Callable, Optional
 
-from .errors import BisectError
+from .core.errors import BisectError
 from .report import Report
 from .loop import ScriptStopped, Session
 

@@ -19,14 +19,16 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from . import devices, state, tree
-from . import loader as loader_mod
-from .errors import BisectError
-from .experiment import Experiment
-from .plan import DEFAULT_MAX_SECONDS, Plan
-from .stats import Throughput, compare, unpaired
-from .visit import Visit, drive
-from .workload import Workload, validate
+from .measure import devices
+from .pipeline import state
+from .core import tree
+from .pipeline import loader as loader_mod
+from .core.errors import BisectError
+from .measure.experiment import Experiment
+from .measure.plan import DEFAULT_MAX_SECONDS, Plan
+from .core.stats import Throughput, compare, unpaired
+from .measure.visit import Visit, drive
+from .pipeline.workload import Workload, validate
 
 SCHEMA_VERSION = 1
 

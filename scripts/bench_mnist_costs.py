@@ -162,7 +162,7 @@ def main() -> None:
     args = ap.parse_args()
     from torchvision import datasets, transforms
 
-    from bisect_pipeline.plan import Plan
+    from bisect_pipeline.measure.plan import Plan
 
     root = tempfile.mkdtemp(prefix="mnist-")
     write_mnist(root)

@@ -37,8 +37,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from bisect_pipeline import Plan, bisect, testing
-from bisect_pipeline.step import to_device
-from bisect_pipeline.visit import time_steps
+from bisect_pipeline.pipeline.step import to_device
+from bisect_pipeline.measure.visit import time_steps
 
 HAND_BLOCK_SECONDS = 1.0
 HAND_WINDOW_SECONDS = 0.25  # the tool's window length (Plan.window_seconds)

@@ -433,7 +433,7 @@ def _time(source, step, batches: int, it_holder: dict, name: str) -> float:
 
 
 def hand(name: str, pairs: int, batches: int) -> dict:
-    from bisect_pipeline.step import make_step
+    from bisect_pipeline.pipeline.step import make_step
 
     wl, raw, apply = CASES[name]()
     loader = wl.loader

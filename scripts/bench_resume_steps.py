@@ -39,9 +39,9 @@ def main() -> None:
     os.environ.setdefault("EXAMPLES", "/tmp/examples")
     import bench_public_pipelines as b
 
-    from bisect_pipeline.loader import describe
-    from bisect_pipeline.sources import full_loader
-    from bisect_pipeline.step import make_step
+    from bisect_pipeline.pipeline.loader import describe
+    from bisect_pipeline.measure.sources import full_loader
+    from bisect_pipeline.pipeline.step import make_step
 
     wl, _, _ = b.CASES[args.case]()
     step = make_step(wl.model, wl.optimizer or torch.optim.SGD(wl.model.parameters(), lr=0.01), wl.loss_fn, wl.step)

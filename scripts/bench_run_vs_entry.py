@@ -23,7 +23,7 @@ import statistics
 import torch
 
 from bisect_pipeline import bisect, testing, watching
-from bisect_pipeline.stats import MIN_REL_DROP, Z_NOISE
+from bisect_pipeline.core.stats import MIN_REL_DROP, Z_NOISE
 
 STAGES = ("load", "augment", "collate", "handoff")
 

@@ -63,9 +63,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from bisect_pipeline import bisect  # noqa: E402
-from bisect_pipeline.plan import Plan  # noqa: E402
+from bisect_pipeline.measure.plan import Plan  # noqa: E402
 from bisect_pipeline.testing import Spin  # noqa: E402
-from bisect_pipeline.visit import time_steps  # noqa: E402
+from bisect_pipeline.measure.visit import time_steps  # noqa: E402
 
 BATCH = 8
 STEP_MS = 12.0

@@ -24,9 +24,11 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from bisect_pipeline import bisect, entry, outcome, verify
-from bisect_pipeline.plan import Plan
-from bisect_pipeline.visit import time_steps
+from bisect_pipeline import bisect
+from bisect_pipeline.pipeline import entry
+from bisect_pipeline.advise import outcome, verify
+from bisect_pipeline.measure.plan import Plan
+from bisect_pipeline.measure.visit import time_steps
 
 
 def main() -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import gc
 import json
 import multiprocessing
+import os
+import sys
 import textwrap
 import time
 
@@ -18,8 +20,14 @@ import torch
 from torch.utils.data import Dataset
 
 from bisect_pipeline import Plan
-from bisect_pipeline.testing import (CLASSES, FEATURES, PlantedDataset, PlantedIterable, Sleep,  # noqa: F401
-                                     SleepLayer, SlowCollate, make_loader, planted, tiny_model)
+from bisect_pipeline.testing import (CLASSES, FEATURES, PlantedDataset, PlantedIterable, Sleep, SleepLayer,
+                                     SlowCollate, make_loader, planted, tiny_model)
+
+# The tests mirror the package's folders (tests/test_layout.py); a test imports another's
+# helpers by module name (`from test_outcome import side`) from whichever folder holds it.
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(_TESTS, d) for d in sorted(os.listdir(_TESTS))
+                if os.path.isdir(os.path.join(_TESTS, d)) and d[0] not in "._"]
 
 # Short windows keep each end-to-end run to a few seconds; the verdict margins below
 # do not need more.

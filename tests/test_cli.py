@@ -144,7 +144,7 @@ def test_breakdown_takes_bottleneck_or_all_only(tmp_path):
 
 def test_breakdown_all_shows_the_augment_table_whatever_the_bottleneck(tmp_path, monkeypatch):
     from bisect_pipeline import api
-    from test_report_text import _with_breakdown
+    from test_text import _with_breakdown
     load_bound = _with_breakdown({"device": 950.0, "collated": 930.0, "augmented": 920.0, "raw": 910.0, "full": 320.0})
     monkeypatch.setattr(api, "bisect", lambda **kw: load_bound)  # no run: the report as measured
     assert load_bound.bottleneck == "load"

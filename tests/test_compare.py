@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from bisect_pipeline import compare
 from bisect_pipeline.cli import main
 from bisect_pipeline.report import PointResult, Report, build
-from bisect_pipeline.stats import Throughput, Window
-from bisect_pipeline.verdict import POINTS
+from bisect_pipeline.core.stats import Throughput, Window
+from bisect_pipeline.derive.verdict import POINTS
 
 BS = 16
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -197,7 +197,7 @@ def test_compare_warns_when_the_ceiling_itself_moved():
 def with_parts(ms: dict, rows=(), split=None, collate=None, num_workers: int = 0) -> Report:
     """make_report, its isolated costs holding the augment rows (name, where, ms or None
     for a row not run), load's split and collate's."""
-    from bisect_pipeline.results import Breakdown, BreakdownRow, Isolated, PerSample
+    from bisect_pipeline.core.results import Breakdown, BreakdownRow, Isolated, PerSample
     brows = tuple(BreakdownRow(name=n, where=w, ms_per_sample=x, share=None, input="a", output="b", samples=4)
                   if x is not None else BreakdownRow(status="not run", reason="out of time", name=n, where=w)
                   for n, w, x in rows)
@@ -250,7 +250,7 @@ def test_a_transform_in_place_is_matched_by_where_before_its_namesake_elsewhere(
 
 
 def test_load_split_and_collate_split_before_and_after():
-    from bisect_pipeline.results import Collate, LoadSplit
+    from bisect_pipeline.core.results import Collate, LoadSplit
     split = LoadSplit(read_ms_per_sample=3.0, decode_ms_per_sample=1.0, read_mb_per_s=80.0, bound="read")
     faster = LoadSplit(read_ms_per_sample=0.5, decode_ms_per_sample=1.1, read_mb_per_s=480.0, bound="decode")
     col = Collate(ms_per_batch=12.4, collate_fn="pad", default_collate_ms_per_batch=5.1)

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from bisect_pipeline import Plan, bisect, phases
-from bisect_pipeline.experiment import Experiment
-from bisect_pipeline.results import PointResult
-from bisect_pipeline.stats import Throughput, Window
-from bisect_pipeline.visit import drive
+from bisect_pipeline.measure.experiment import Experiment
+from bisect_pipeline.core.results import PointResult
+from bisect_pipeline.core.stats import Throughput, Window
+from bisect_pipeline.measure.visit import drive
 from conftest import FAST_PLAN, FakeClock, PlantedDataset, Sleep, make_loader, tiny_model
 
 STEP_S = 0.010

@@ -16,16 +16,16 @@ PKG = pathlib.Path(__file__).resolve().parent.parent / "bisect_pipeline"
 MAX_POSITIONAL = 5
 SCREEN_LINES = 60
 # The layers below the report: what measures and what derives from the measurements.
-MEASURING_AND_DERIVING = ("bisect_pipeline.plan", "bisect_pipeline.visit", "bisect_pipeline.results",
-                          "bisect_pipeline.experiment", "bisect_pipeline.rounds", "bisect_pipeline.distributed",
-                          "bisect_pipeline.verify", "bisect_pipeline.sweep", "bisect_pipeline.cache",
-                          "bisect_pipeline.sources", "bisect_pipeline.isolate", "bisect_pipeline.breakdown", "bisect_pipeline.confirm",
-                          "bisect_pipeline.reads", "bisect_pipeline.reorder",
-                          "bisect_pipeline.allocator",
-                          "bisect_pipeline.stats", "bisect_pipeline.verdict", "bisect_pipeline.witness",
-                          "bisect_pipeline.advice",
-                          "bisect_pipeline.outcome", "bisect_pipeline.diagnosis", "bisect_pipeline.loop",
-                          "bisect_pipeline.patch", "bisect_pipeline.tune")
+MEASURING_AND_DERIVING = ("bisect_pipeline.measure.plan", "bisect_pipeline.measure.visit", "bisect_pipeline.core.results",
+                          "bisect_pipeline.measure.experiment", "bisect_pipeline.measure.rounds", "bisect_pipeline.measure.distributed",
+                          "bisect_pipeline.advise.verify", "bisect_pipeline.sweep", "bisect_pipeline.measure.cache",
+                          "bisect_pipeline.measure.sources", "bisect_pipeline.measure.isolate", "bisect_pipeline.measure.breakdown", "bisect_pipeline.advise.confirm",
+                          "bisect_pipeline.measure.reads", "bisect_pipeline.measure.reorder",
+                          "bisect_pipeline.measure.allocator",
+                          "bisect_pipeline.core.stats", "bisect_pipeline.derive.verdict", "bisect_pipeline.derive.witness",
+                          "bisect_pipeline.advise.advice",
+                          "bisect_pipeline.advise.outcome", "bisect_pipeline.advise.diagnose", "bisect_pipeline.loop",
+                          "bisect_pipeline.advise.patch", "bisect_pipeline.advise.tune")
 
 
 def modules() -> dict:
@@ -47,7 +47,7 @@ def _resolve(mod: str, is_pkg: bool, node: ast.ImportFrom) -> list:
     else:
         target = node.module or ""
     out = [target]
-    for alias in node.names:  # `from . import tree` loads the module bisect_pipeline.tree
+    for alias in node.names:  # `from . import tree` loads the module bisect_pipeline.core.tree
         out.append(f"{target}.{alias.name}")
     return out
 

@@ -19,7 +19,7 @@ import torch
 
 from bisect_pipeline import script as script_mod
 from bisect_pipeline import loop as loop_mod
-from bisect_pipeline.errors import BisectError
+from bisect_pipeline.core.errors import BisectError
 from bisect_pipeline.loop import ScriptStopped, Session, watching
 from conftest import FAST_PLAN, PLANTED_DATA, PlantedDataset, Sleep, assert_names, make_loader, tiny_model
 

@@ -5,11 +5,12 @@ import time
 
 import torch
 
-from bisect_pipeline import cache, phases
-from bisect_pipeline.experiment import Experiment
-from bisect_pipeline.loader import describe
-from bisect_pipeline.plan import Plan
-from bisect_pipeline.step import to_device
+from bisect_pipeline.measure import cache
+from bisect_pipeline import phases
+from bisect_pipeline.measure.experiment import Experiment
+from bisect_pipeline.pipeline.loader import describe
+from bisect_pipeline.measure.plan import Plan
+from bisect_pipeline.pipeline.step import to_device
 from conftest import PlantedDataset, make_loader
 
 CPU = torch.device("cpu")

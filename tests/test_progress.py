@@ -210,7 +210,7 @@ def test_the_confirm_and_verify_events_are_lines_inside_a_script():
 
 
 def test_a_window_event_carries_its_point_s_place_from_the_experiment():
-    from bisect_pipeline.experiment import Experiment
+    from bisect_pipeline.measure.experiment import Experiment
 
     seen: list = []
     exp = Experiment.__new__(Experiment)  # only emit's own state

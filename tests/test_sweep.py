@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from bisect_pipeline import BisectError, Workload, sweep
 from bisect_pipeline.cli import main
-from bisect_pipeline.loader import describe
-from bisect_pipeline.stats import Throughput, Window
+from bisect_pipeline.pipeline.loader import describe
+from bisect_pipeline.core.stats import Throughput, Window
 from conftest import FAST_PLAN, PlantedDataset, Sleep, make_loader, planted, tiny_model
 
 TESTS = os.path.dirname(os.path.abspath(__file__))

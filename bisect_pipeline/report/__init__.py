@@ -2,7 +2,7 @@
 ways (document), and its renderings as pure functions of it: text, html, plot; the
 torchrun report of all ranks (ranks)."""
 
-from ..results import NOT_SELECTED, STATUSES, PointResult
+from ..core.results import NOT_SELECTED, STATUSES, PointResult
 from .document import SCHEMA_VERSION, measurements_of, point_dict, stage_dict, to_dict
 from .figures import POINT_MEANING, write_atomic
 from .model import Report, build

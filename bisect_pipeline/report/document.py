@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Optional
 
-from .. import advice as advice_mod
-from ..diagnosis import derived_notes, diagnose
-from ..results import (CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo, Syncs, Tuning, Verification)
-from ..stats import Throughput, Window
-from ..verdict import StageCost
+from ..advise import advice as advice_mod
+from ..advise.diagnose import derived_notes, diagnose
+from ..core.results import CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo, Syncs, Tuning, Verification
+from ..core.stats import Throughput, Window
+from ..derive.verdict import StageCost
 from . import summary as summary_mod
 from .figures import finite, gain_if_free, ms
 

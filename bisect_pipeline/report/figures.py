@@ -7,7 +7,7 @@ import os
 import tempfile
 from typing import Optional
 
-from ..verdict import StageCost
+from ..derive.verdict import StageCost
 
 POINT_MEANING = {
     "device": "batches cached on the device: step only (the ceiling)",

@@ -14,10 +14,10 @@ import html
 import math
 from typing import TYPE_CHECKING, Any, Optional
 
-from .. import tune
-from ..verdict import STAGES, in_question
+from ..advise import tune
+from ..derive.verdict import STAGES, in_question
 from . import plot as plot_mod
-from .. import advice as advice_mod
+from ..advise import advice as advice_mod
 from .figures import POINT_MEANING, Footnotes, batch_size_text, ended_parts
 from . import summary as summary_mod, text as text_mod
 from .text import noise_text

@@ -7,9 +7,9 @@ import dataclasses
 import json
 from typing import Any, Iterable, Optional
 
-from ..diagnosis import Diagnosis, diagnose
-from ..results import (AllocatorHold, CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo, Syncs,
-                       Verification)
+from ..advise.diagnose import Diagnosis, diagnose
+from ..core.results import (AllocatorHold, CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo, Syncs,
+                            Verification)
 from . import document, html, plot as plot_mod, text
 from .figures import write_atomic
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..verdict import POINTS, in_question
+from ..derive.verdict import POINTS, in_question
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Report

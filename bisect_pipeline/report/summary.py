@@ -16,14 +16,14 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Optional
 
-from .. import advice as advice_mod
-from ..diagnosis import POINT_KINDS, point_kinds, points_note
-from ..outcome import interval
-from ..verdict import rounds_to_decide
+from ..advise import advice as advice_mod
+from ..advise.diagnose import POINT_KINDS, point_kinds, points_note
+from ..advise.outcome import interval
+from ..derive.verdict import rounds_to_decide
 from .figures import ended_parts, incomplete_why
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..advice import Finding
+    from ..advise.advice import Finding
     from .model import Report
 
 SUMMARY_LINES = 6

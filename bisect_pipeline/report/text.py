@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Optional
 
 from tabulate import tabulate
 
-from .. import advice as advice_mod, tune
-from ..verdict import POINTS, in_question
+from ..advise import advice as advice_mod, tune
+from ..derive.verdict import POINTS, in_question
 from . import summary as summary_mod
 from .figures import Footnotes, batch_size_text, ended_parts, gain_if_free
 

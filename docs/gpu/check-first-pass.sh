@@ -10,7 +10,7 @@ say machine
 python3 -m pip install -q --no-deps --no-build-isolation -e . >>$L 2>&1 || say "pip -e failed"
 BP="python3 -m bisect_pipeline"
 say cuda tests
-timeout $((100*S)) python3 -m pytest -q -rs -p no:cacheprovider --durations=8 tests/test_devices.py tests/test_state.py tests/test_step.py tests/test_advice.py tests/test_isolate.py::test_cuda_counts_a_planted_item_sync_per_step tests/test_batch_structures.py::test_custom_batch_pins_and_moves_itself_on_cuda > $OUT/tests.txt 2>&1; echo "pytest rc $?" | tee -a $L; tail -25 $OUT/tests.txt >> $L
+timeout $((100*S)) python3 -m pytest -q -rs -p no:cacheprovider --durations=8 tests/measure/test_devices.py tests/pipeline/test_state.py tests/pipeline/test_step.py tests/advise/test_advice.py tests/measure/test_isolate.py::test_cuda_counts_a_planted_item_sync_per_step tests/test_batch_structures.py::test_custom_batch_pins_and_moves_itself_on_cuda > $OUT/tests.txt 2>&1; echo "pytest rc $?" | tee -a $L; tail -25 $OUT/tests.txt >> $L
 say gpu_check
 timeout $((160*S)) python3 scripts/gpu_check.py --max-seconds $((15*S)) --json $OUT/gpu_check.json 2>&1 | tail -40 | tee -a $L
 say demo

@@ -12,7 +12,7 @@ say() { echo "=== $(date +%T) $*" | tee -a $L; }
 say machine
 (nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; python3 -c "import torch,torchvision,sys;print(sys.version.split()[0],torch.__version__,torchvision.__version__,torch.cuda.is_available())") 2>&1 | tee -a $L
 say parked and pinned tests
-timeout 60 python3 -m pytest -q -rs -p no:cacheprovider tests/test_sources.py tests/test_experiment.py 2>&1 | tail -4 | tee -a $L
+timeout 60 python3 -m pytest -q -rs -p no:cacheprovider tests/measure/test_sources.py tests/measure/test_experiment.py 2>&1 | tail -4 | tee -a $L
 say fast subset with CUDA present, 4 shards
 FILES=(tests/test_*.py)
 for k in 0 1 2 3; do

@@ -9,7 +9,7 @@ say syncprobe
 timeout 60 python3 .gpu/syncprobe.py > $OUT/syncprobe.txt 2>&1; echo "rc $? SYNC lines: $(grep -c '^SYNC' $OUT/syncprobe.txt)" | tee -a $L
 grep -A13 -m3 '^SYNC' $OUT/syncprobe.txt >> $L; grep 'syncs Syncs' $OUT/syncprobe.txt >> $L
 say cuda sync tests
-timeout 60 python3 -m pytest -q -rs -p no:cacheprovider tests/test_isolate.py 2>&1 | tail -6 | tee -a $L
+timeout 60 python3 -m pytest -q -rs -p no:cacheprovider tests/measure/test_isolate.py 2>&1 | tail -6 | tee -a $L
 say overhead
 timeout 110 python3 scripts/bench_overhead.py --device cuda --runs 3 --workers 0 --max-seconds 15 2>&1 | tail -6 | tee -a $L
 say non-e2e suite with CUDA present

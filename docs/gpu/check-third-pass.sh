@@ -10,7 +10,7 @@ say() { echo "=== $(date +%T) $*" | tee -a $L; }
 say machine
 (nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; python3 -c "import torch,torchvision,sys;print(sys.version.split()[0],torch.__version__,torchvision.__version__,torch.cuda.is_available())") 2>&1 | tee -a $L
 say allocator tests
-timeout 40 python3 -m pytest -q -p no:cacheprovider tests/test_allocator.py 2>&1 | tail -4 | tee -a $L
+timeout 40 python3 -m pytest -q -p no:cacheprovider tests/measure/test_allocator.py 2>&1 | tail -4 | tee -a $L
 say demo
 timeout 40 $BP demo --device cuda --max-seconds 15 --json $OUT/demo-gpu.json 2>&1 | tail -30 | tee -a $L
 say run imagenet -j 0

@@ -1,0 +1,288 @@
+"""The change itself, under `run --tune`: the best settings the search found written
+against the user's script (patch.py), and, with `--patch FILE`, checked after the change.
+
+`patched(m, argv)`: the measurements with the tune section's `patch`, made where the
+training loader was created (the report's `source.created_at`): the diff, the flags to
+rerun with, the environment; the allocator's variables where the report found they
+matter. Never writes the user's file.
+
+`check(m, ...)`: the patched script run as the user would run it, against the original,
+in alternating runs (A B B A, verify.BLOCK): each run is `bisect-pipeline run --points
+full` of the script in a process of its own, its loop measured with the full pipeline
+for `seconds`, with the malloc settings it would train with (the allocator is not held
+still there); the patched file is a temporary copy beside the original (so that its
+imports resolve), removed after; flags go on its command line, variables in its
+environment. The windows of the full point of each run are the two sides of a Trial,
+read by the same rule as the advice's check (outcome.py), beside the search's figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Optional
+
+from . import patch as patch_mod, tune
+from .outcome import THREADS
+from ..measure.plan import PATCH_RUN_LEAST_S, PATCH_RUN_MARGIN_S
+from ..core.results import Measurements, Trial, VisitWindow
+from .verify import BLOCK
+
+# The patched script's copy, beside the original.
+COPY_SUFFIX = "_bisect_tuned"
+# A run still going at the end of its share of the budget is sent SIGTERM (it writes its
+# partial report, its windows so far), and killed this long after.
+TERM_GRACE_S = 3.0
+
+
+def settings_to_write(m: Measurements) -> Optional[dict]:
+    """The settings of the search's best, as the script would be given them (what differs
+    from the user's), with the allocator's variables where the report measured they help."""
+    found = tune.summarize(m.tune, m.batch_size) if m.tune is not None else None
+    if found is None or found.best is None:
+        return None
+    out = dict(found.best.settings)
+    held = m.isolated.allocator if m.isolated is not None and m.isolated.ok else None
+    if held is not None and held.ok and held.real:
+        out["env"] = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "-1"}
+    return out
+
+
+def created_at(m: Measurements) -> tuple[Optional[str], Optional[int]]:
+    """(file, line) where the training loader was created, from the report's source."""
+    where = (m.source or {}).get("created_at")
+    if not where or ":" not in where:
+        return None, None
+    path, _, line = where.rpartition(":")
+    return path, int(line) if line.isdigit() else None
+
+
+def patched(m: Measurements, argv: Optional[list] = None) -> Measurements:
+    """The measurements with the tune section's patch (see the module's docstring);
+    unchanged without a search or a best setting."""
+    t = m.tune
+    settings = settings_to_write(m)
+    if t is None or settings is None:
+        return m
+    path, line = created_at(m)
+    if m.mode != "loop":
+        p = patch_mod.Patch(reason="with --entry the tool does not see where your loader is built: run your script "
+                                   "with bisect-pipeline run --tune for the change itself")
+    elif path is None or not os.path.isfile(path):
+        p = patch_mod.Patch(path=path, line=line, reason="where the loader was created is not a file the tool can "
+                                                         f"read ({path or 'not known'})")
+    elif _installed(path):
+        p = patch_mod.Patch(path=path, line=line, reason=f"the loader was created in an installed library ({path}:"
+                                                         f"{line}), not in your code: set the settings where you call it")
+    else:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+            source = fh.read()
+        current = {**{k: (m.loader or {}).get(k) for k in patch_mod.LOADER_KEYS}, THREADS: (t.user or {}).get(THREADS)}
+        p = patch_mod.make(source, path=path, line=line, settings=settings, current=current,
+                           display=_display(path))
+    doc = p.to_dict()
+    if argv and not p.reason:
+        doc["command"] = p.command(argv)
+    if p.diff and os.path.relpath(path).startswith(".."):  # the diff names the file by its name: apply it there
+        doc["apply_in"] = os.path.dirname(path)
+    return dataclasses.replace(m, tune=dataclasses.replace(t, patch=doc))
+
+
+def _display(path: str) -> str:
+    """The path as the diff names it: relative to the working directory where the file
+    is under it, else its name (git apply and patch -p1 then run in its directory:
+    `apply_in`)."""
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else os.path.basename(path)
+
+
+def _installed(path: str) -> bool:
+    """Is `path` in the standard library or an installed package (not the user's code)?"""
+    import sysconfig
+
+    roots = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    real = os.path.realpath(path)
+    return any(real.startswith(r + os.sep) for r in roots) or f"{os.sep}site-packages{os.sep}" in real
+
+
+# --------------------------------------------------------------------------------------
+# Checked after the change
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The script as run: its path (None with -m), module, arguments."""
+
+    script: Optional[str]
+    module: Optional[str]
+    args: tuple
+
+
+def why_not_checked(m: Measurements, target: Target) -> Optional[str]:
+    """Why the change cannot be checked by running the script with it, or None."""
+    t = m.tune
+    p = patch_mod.Patch.from_dict(t.patch) if t is not None and t.patch else None
+    if p is None:
+        return "the search found nothing that beats your settings beyond the noise, so there is no change to check"
+    if p.reason or p.empty:
+        return p.reason or "the change has nothing the script can be run with"
+    if any(c.how == "not applied" for c in p.changes):
+        return "part of the change is not applied to the script (see above): the script with the rest would not " \
+               "be what the search measured"
+    path, _ = created_at(m)
+    if p.diff and (target.script is None or os.path.abspath(target.script) != os.path.abspath(path or "")):
+        return (f"the loader is created in {path}, not in the script run ({target.script or target.module}): only a "
+                "change to the script itself is run from a copy; apply the diff and compare two runs")
+    return None
+
+
+def check(m: Measurements, target: Target, *, end: Optional[float] = None, seconds: Optional[float] = None,
+          clock: Callable[[], float] = time.perf_counter, emit: Callable[[str], None] = lambda s: None,
+          run: Optional[Callable] = None) -> Measurements:
+    """The measurements with the tune section's `applied` (the patched script against
+    the original, see the module's docstring) or `applied_reason`. The runs end by `end`
+    (on `clock`: the end of --max-seconds), each given its share of the time left less
+    the script's start-up (the run's `startup_s`) and PATCH_RUN_MARGIN_S to measure, in
+    the number of runs the budget planned (run.budget's patch_runs: A B B A, or A B); a
+    run still going at its share's end is stopped (run_once). `seconds`: each run
+    measures this long, in A B B A, whatever the time (tests)."""
+    t = m.tune
+    why = why_not_checked(m, target)
+    if why is None and seconds is None:
+        why, seconds, n = fit_runs(m, None if end is None else end - clock())
+    else:
+        n = len(BLOCK)
+    if why is not None:
+        return dataclasses.replace(m, tune=dataclasses.replace(t, applied_reason=why))
+    p = patch_mod.Patch.from_dict(t.patch)
+    block = BLOCK[:n]
+    start = clock()
+    share = None if end is None else (end - start) / n
+    sides: dict = {False: [], True: []}
+    error = None
+    with _patched_copy(target, p) as copy:
+        for i, side in enumerate(block):
+            emit(f"checking the change: {'the change applied' if side else 'your script as it is'} "
+                 f"({i + 1} of {len(block)})")
+            command, env = _command(target, p, copy, side, seconds)
+            if run is not None:
+                windows, error = run(command, env)
+            else:
+                limit = None if share is None else max(1.0, start + (i + 1) * share - clock())
+                windows, error = run_once(command, env, limit)
+            if error is not None:
+                error = f"{'the patched script' if side else 'your script'}: {error}"
+                break
+            sides[side].append(windows)
+    applied = Trial("applied", dict(settings_to_write(m) or {}), _dump(sides[False]), _dump(sides[True]), error)
+    return dataclasses.replace(m, tune=dataclasses.replace(t, applied=applied))
+
+
+def fit_runs(m: Measurements, left: Optional[float]) -> tuple[Optional[str], float, int]:
+    """(why not, seconds each run measures, runs) for the change's check in `left`
+    seconds: the runs the budget planned (plan.plan_budget: A B B A), each measuring its
+    share less the script's start-up and PATCH_RUN_MARGIN_S, at least PATCH_RUN_LEAST_S."""
+    budget = m.run.budget or {}
+    if budget.get("patch_reason"):
+        return f"out of time: {budget['patch_reason']}", 0.0, 0
+    if left is None:
+        return "out of time: no time was kept for it", 0.0, 0
+    overhead = (m.run.startup_s or 0.0) + PATCH_RUN_MARGIN_S
+    n = min(len(BLOCK), int(budget.get("patch_runs") or len(BLOCK)))
+    seconds = left / n - overhead
+    if seconds >= PATCH_RUN_LEAST_S:
+        return None, round(seconds, 1), n
+    return (f"out of time: {max(0.0, left):.0f} s of --max-seconds were left for it, less than {n} runs of your "
+            f"script need (each about {overhead:.0f} s to start, then {PATCH_RUN_LEAST_S:g} s measuring); raise "
+            "--max-seconds"), 0.0, 0
+
+
+class _patched_copy:
+    """The script with the diff applied, in a temporary copy beside it (None without a
+    diff); removed on leaving."""
+
+    def __init__(self, target: Target, p: patch_mod.Patch) -> None:
+        self.target, self.p, self.path = target, p, None
+
+    def __enter__(self) -> Optional[str]:
+        if not self.p.diff:
+            return None
+        script = os.path.abspath(self.target.script)
+        with open(script, encoding="utf-8", errors="surrogateescape") as fh:
+            source = fh.read()
+        text = patch_mod.applied(source, self.p.diff)
+        stem, ext = os.path.splitext(os.path.basename(script))
+        fd, self.path = tempfile.mkstemp(prefix=f"{stem}{COPY_SUFFIX}_", suffix=ext, dir=os.path.dirname(script))
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
+            fh.write(text)
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        if self.path is not None and os.path.exists(self.path):
+            os.remove(self.path)
+
+
+def _command(target: Target, p: patch_mod.Patch, copy: Optional[str], patched: bool,
+             seconds: float) -> tuple[list, dict]:
+    """The command line and environment of one run: the tool's `run --points full` of the
+    script as the user ran it, or, `patched`, of its patched copy (where the change has a
+    diff) with the change's flags on its command line and variables in its environment."""
+    env = dict(os.environ)
+    # --no-hold-allocator: each side with the malloc settings it would train with (the
+    # change's variables included), as the user would run it
+    base = [sys.executable, "-m", "bisect_pipeline", "run", "--points", "full", "--verify-seconds", "0",
+            "--no-hold-allocator", "--max-seconds", f"{seconds:g}", "--quiet", "--json", "{json}"]
+    script = [target.script] if target.script else ["-m", target.module]
+    args = list(target.args)
+    if patched:
+        env.update({k: str(v) for k, v in (p.env or {}).items()})
+        args = patch_mod.with_flags(["script", *args], p.changes)[1:]
+        script = [copy] if copy else script
+    return base + script + args, env
+
+
+def run_once(command: list, env: dict, limit: Optional[float] = None) -> tuple[list, Optional[str]]:
+    """One run: the windows of its full point, or the error that left none. Past `limit`
+    seconds it is sent SIGTERM (it writes its partial report: the windows measured so far
+    count) and killed TERM_GRACE_S later."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "r.json")
+        cmd = [out if c == "{json}" else c for c in command]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stopped = False
+        try:
+            _, stderr = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            stopped = True
+            proc.send_signal(signal.SIGTERM)
+            try:
+                _, stderr = proc.communicate(timeout=TERM_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, stderr = proc.communicate()
+        except BaseException:
+            proc.kill()
+            proc.communicate()
+            raise
+        if not os.path.exists(out):
+            why = f"stopped at the end of its share of --max-seconds ({limit:.0f} s)" if stopped else \
+                f"exit {proc.returncode}"
+            return [], f"{why}: {(stderr or '').strip()[-300:]}"
+        with open(out) as fh:
+            doc = json.load(fh)
+    full = next((p for p in doc.get("points", ()) if p.get("point") == "full"), {})
+    # one window is a run's time per batch (its visit's, outcome.compared pairs the runs);
+    # none is a run out of time, not a failure of the script: its place stays empty
+    windows = full.get("windows") or []
+    return windows, None
+
+
+def _dump(runs: list) -> tuple:
+    return tuple(VisitWindow(int(w["steps"]), float(w["seconds"]), v) for v, ws in enumerate(runs) for w in ws)

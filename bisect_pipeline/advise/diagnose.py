@@ -1,0 +1,395 @@
+"""What follows from the measurements: the derivation layer, pure.
+
+    diagnose(measurements) -> Diagnosis
+        verdict  = verdict.decide(the points measured ok)
+        points   = the points, the inconsistent ones marked (left out by the verdict)
+        notes    = the measured notes + those the numbers call for (derived_notes)
+        advice   = advice.findings(...), each with what its check measured
+                   (outcome.verified) when the run has a verification block
+        summary  = the verdict in one sentence
+        tune     = what the search of --tune found (tune.summarize), when it ran
+
+`to_check(measurements)` is the advice before it is checked: what verify.Trials measures
+(the draft); `diagnose` of the measurements with the trials' windows is the final report.
+A report loaded from JSON is diagnosed again from its measurements, so it says exactly
+what the run said.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Optional
+
+from . import advice as advice_mod, outcome, tune
+from ..derive import witness
+from .advice import Finding
+from ..core.results import NOT_SELECTED, CacheInfo, Measurements, Note, PointResult
+from ..core.stats import NOISY_REL_IQR, Throughput
+from ..derive.verdict import POINTS, StageCost, Verdict, decide, self_check
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .tune import Found
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    """The measurements and what follows from them (see the module's docstring)."""
+
+    measurements: Measurements
+    verdict: Verdict
+    points: tuple[PointResult, ...]
+    notes: tuple[Note, ...] = ()
+    advice: tuple[Finding, ...] = ()
+    summary: str = ""
+    tune: Optional["Found"] = None  # what the search of --tune found (tune.summarize)
+
+    # -- the measurements, as the report reads them ----------------------------------
+
+    @property
+    def bottleneck(self) -> Optional[str]:
+        return self.verdict.bottleneck
+
+    @property
+    def device(self) -> str:
+        return self.measurements.device
+
+    @property
+    def batch_size(self) -> float:
+        return self.measurements.batch_size
+
+    @property
+    def batch_size_source(self) -> str:
+        return self.measurements.batch_size_source
+
+    @property
+    def loader(self) -> dict:
+        return self.measurements.loader
+
+    @property
+    def cache(self):
+        return self.measurements.cache
+
+    @property
+    def run(self):
+        return self.measurements.run
+
+    @property
+    def isolated(self):
+        return self.measurements.isolated
+
+    @property
+    def syncs(self):
+        return self.measurements.syncs
+
+    @property
+    def verification(self):
+        return self.measurements.verification
+
+    @property
+    def complete(self) -> bool:
+        return self.measurements.complete
+
+    @property
+    def interrupted(self) -> bool:
+        return self.measurements.interrupted
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """The notes as the report prints them."""
+        return tuple(n.message for n in self.notes)
+
+    # -- queries ------------------------------------------------------------------------
+
+    def point(self, name: str) -> PointResult:
+        for p in self.points:
+            if p.point == name:
+                return p
+        raise KeyError(name)
+
+    def stage(self, name: str) -> StageCost:
+        for s in self.verdict.stages:
+            if s.stage == name:
+                return s
+        raise KeyError(name)
+
+    def throughput(self, name: str) -> Optional[Throughput]:
+        """The windows of a point measured ok, else None."""
+        p = next((p for p in self.points if p.point == name), None)
+        return p.throughput if p is not None and p.status == "ok" else None
+
+    def sigma(self, name: str) -> Optional[float]:
+        """A point's own standard error of seconds per batch as the verdict weighs it (the
+        ordered fit's weight: stats.Noise.point_sigma), else None."""
+        noise = self.verdict.noise
+        return noise.point_sigma(name) if noise is not None and name in noise.mu else None
+
+    def drop_sigma(self, upper: str, lower: str) -> Optional[float]:
+        """The noise of t(lower) - t(upper) as the verdict weighs it (stats.Noise: from
+        the per-round differences), else None."""
+        c = self.verdict.drop(lower, upper)
+        return None if c is None else c.sigma
+
+    def measured_rate(self, name: str) -> Optional[float]:
+        """A point's own samples/s before the ordered fit: its time in a middling round
+        (stats.Noise, the rounds' shared factor taken out), or its windows' median where
+        the windows have no rounds; None when not measured."""
+        noise = self.verdict.noise
+        if noise is not None and name in noise.mu:
+            return self.batch_size / noise.time(name)
+        tp = self.throughput(name)
+        return tp.samples_per_sec if tp else None
+
+    def rate(self, name: str) -> Optional[float]:
+        """The samples/s the report shows for a point: the verdict's fitted estimate
+        (verdict.decide), else the median of its windows; None when not measured."""
+        t = self.verdict.fitted.get(name)
+        if t:
+            return self.batch_size / t
+        tp = self.throughput(name)
+        return tp.samples_per_sec if tp else None
+
+
+# --------------------------------------------------------------------------------------
+# The derivations
+# --------------------------------------------------------------------------------------
+
+
+def diagnose(m: Measurements) -> Diagnosis:
+    """The final report's content (see the module's docstring)."""
+    d = _judged(m)
+    d = dataclasses.replace(d, notes=m.notes + tuple(derived_notes(d)))
+    checked = advice_mod.ranked(tuple(_checked(f, m) for f in advice_mod.findings(d)))
+    d = dataclasses.replace(d, advice=checked)
+    found = tune.summarize(m.tune, m.batch_size) if m.tune is not None else None
+    return dataclasses.replace(d, summary=summary(d), tune=found)
+
+
+def to_check(m: Measurements) -> tuple[Finding, ...]:
+    """The advice as it stands before its check (verify.Trials measures its settings)."""
+    return tuple(advice_mod.findings(_judged(m)))
+
+
+def judged(m: Measurements) -> Diagnosis:
+    """The verdict and points of the measurements, before notes and advice (what
+    tune.space_of prunes the search from)."""
+    return _judged(m)
+
+
+def _judged(m: Measurements) -> Diagnosis:
+    points = tuple(sorted(m.points, key=lambda p: POINTS.index(p.point)))
+    v = _verdict(points, m.batch_size, witness.alone(m.isolated, m.loader or {}, m.device))
+    return Diagnosis(m, v, tuple(_mark_inconsistent(p, v) for p in points))
+
+
+def _verdict(points: tuple, batch_size: float, alone: Optional[witness.Alone] = None) -> Verdict:
+    # Points already left out as inconsistent (a loaded document) are given back to
+    # decide, which leaves them out again: the same verdict either way.
+    measured = {p.point: p.throughput for p in points if p.throughput is not None
+                and (p.status == "ok" or p.failed_stage == "inconsistent")}
+    skipped = {p.point: p.reason or "" for p in points if p.status == "skipped" and p.reason != NOT_SELECTED}
+    v = decide(measured, batch_size, skipped, alone=alone)
+    full = next((p for p in points if p.point == "full"), None)
+    if v.bottleneck is None and full is not None and full.status not in ("ok", "skipped"):
+        v = dataclasses.replace(v, reason=f"the full pipeline was not measured ({full.status}: {full.reason})")
+    return v
+
+
+def _mark_inconsistent(p: PointResult, v: Verdict) -> PointResult:
+    inc = next((i for i in v.inconsistent if i.slower == p.point), None)
+    if inc is None:
+        return p
+    return dataclasses.replace(p, status="failed", failed_stage="inconsistent",
+                               reason=f"inconsistent: {inc.describe()}, beyond the noise; left out")
+
+
+def _checked(f: Finding, m: Measurements) -> Finding:
+    """An advice item with what its check measured (outcome.verified), when the run has a
+    verification block (a document without one is left as it was written)."""
+    if m.verification is None and f.kind != "allocator":
+        return f
+    v = outcome.verified(f, m.verification, m.isolated, m.batch_size)
+    if v is None:
+        return f
+    return advice_mod.checked(f, v)
+
+
+def derived_notes(d: Diagnosis) -> list:
+    """What the numbers call for, each note one line with its next step (Note): points
+    left out, noisy, cut short, unsteady or paused, a cache smaller than asked, more
+    workers than cores, an allocator not held still, and any rule of the report's own
+    that the numbers break."""
+    out = []
+    v = d.verdict
+    for inc in v.inconsistent:
+        slower = 1 - inc.slower_samples_per_sec / inc.faster_samples_per_sec if inc.faster_samples_per_sec else 0.0
+        out.append(Note("inconsistent", f"{inc.slower} ran {slower * 100:.0f}% slower than {inc.faster}: close other "
+                                        "programs and rerun.", inc.slower, True,
+                        "the step did not cost the same at both points (the process, not the pipeline: another "
+                        f"program, memory, frequency); the ceiling is {v.ceiling}, the fastest consistent point"))
+    for p in d.points:
+        out.extend(points_note(kind, [p]) for kind in point_kinds(p))
+    if d.cache.limited_by:
+        out.append(cache_note(d.cache))
+    workers, cores = d.loader.get("num_workers") or 0, d.run.cpu_count
+    if cores and workers > cores:
+        out.append(Note("workers", f"num_workers={workers} is more than this machine's {cores} cores: use {cores} or "
+                                   "fewer.", derived=True, detail="the workers compete for CPU"))
+    held = d.run.allocator
+    if held is not None and not held.controlled and str(d.device).startswith("cpu"):
+        off = str(held.reason or "").startswith("turned off")
+        out.append(Note("allocator", "The memory allocator was not held still (turned off): drop --no-hold-allocator."
+                        if off else "The memory allocator could not be held still: read small drops with care.",
+                        derived=True, detail=f"{held.reason}: the step's own cost may differ from point to point, "
+                                             "and the drops with it"))
+    shown = {p: d.batch_size / t for p, t in v.fitted.items()}
+    loader_pins = bool(d.loader.get("pin_memory")) and not str(d.device).startswith("cpu")
+    out.extend(Note("rules", w, derived=True)
+               for w in self_check(shown, v, d.loader.get("num_workers"), pinned_transfer=loader_pins))
+    return out
+
+
+# What the caches hold at once, per part (cache.HELD_PARTS), as the cache note names them.
+_HELD = (("collated", "collated"), ("samples", "as samples"), ("raw_inputs", "of the transforms' inputs"),
+         ("point_copy", "for the copy the host or device point makes while it is measured"))
+# What raises what limits the caches.
+_RAISE = {"memory budget": "--cache-mb", "time": "--max-seconds"}
+
+
+def cache_note(c: CacheInfo) -> Note:
+    """The caches hold fewer batches than asked: how many, what limited them and what to
+    raise; beneath, for the memory budget, its arithmetic: what one batch holds in every
+    part at once, and the budget it fills."""
+    n = c.batches or 0
+    what = "the memory budget" if c.limited_by == "memory budget" else c.limited_by
+    line = (f"The caches hold {n} batch{'es' if n != 1 else ''}, limited by {what}: raise "
+            f"{_RAISE.get(c.limited_by, '--cache-mb or --max-seconds')}.")
+    detail = "cached points cycle over fewer distinct batches"
+    held = c.held or {}
+    if c.limited_by == "memory budget" and held and n and c.budget_bytes:
+        parts = " + ".join(f"{_mb(held[k] / n)} {label}" for k, label in _HELD if k in held)
+        total = sum(held.values())
+        detail = (f"--cache-mb counts everything cached at once: per batch {parts} = {_mb(total / n)}; {n} batch(es) "
+                  f"hold {_mb(total)} of {_mb(c.budget_bytes)}, and one more would not fit; {detail}")
+    return Note("cache", line, derived=True, detail=detail)
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.1f} MB"
+
+
+# The notes about a point that the report groups, one line for all the points of a kind
+# (report/summary.warnings), in this order.
+POINT_KINDS = ("noise", "deadline", "unsteady", "paused")
+
+
+def point_kinds(p: PointResult) -> list:
+    """The kinds of note (POINT_KINDS) that a point's numbers call for."""
+    out = []
+    if p.status == "ok" and p.throughput is not None:
+        if p.throughput.rel_iqr > NOISY_REL_IQR:
+            out.append("noise")
+        if p.stopped_by_deadline:
+            out.append("deadline")
+        elif not p.steady:
+            out.append("unsteady")
+    if p.pauses:
+        out.append("paused")
+    return out
+
+
+def points_note(kind: str, points: list) -> Note:
+    """One line for the points (PointResult) that have a note of `kind` (POINT_KINDS):
+    what was seen at them with its figure, then the next step. One point: its own note
+    (`point` set); several: the report's grouped line."""
+    at = " and ".join(p.point for p in points) if len(points) <= 2 else f"{len(points)} points"
+    one = points[0].point if len(points) == 1 else None
+    if kind == "noise":
+        fig = _span([p.throughput.rel_iqr * 100 for p in points])
+        return Note(kind, f"Windows spread \u00b1{fig}% at {at}: close other programs.", one, True,
+                    "the machine is busy or the pipeline is bursty; more rounds (--max-seconds) average it out")
+    if kind == "deadline":
+        n = [p.throughput.n for p in points]
+        return Note(kind, f"Cut short by --max-seconds at {at} ({_span(n)} window{_s(max(n))}): raise it.",
+                    one, True, "fewer windows, wider noise")
+    if kind == "unsteady":
+        return Note(kind, f"No steady state at {at}: raise --max-seconds for longer visits.", one, True,
+                    "the windows kept changing from one to the next within a visit")
+    pauses, seconds = sum(p.pauses for p in points), sum(p.paused_seconds for p in points)
+    voided = sum(p.discarded for p in points)
+    seen = f"Loop paused {pauses} time{_s(pauses)} at {at} ({seconds:.1f} s"
+    line = (f"{seen}, {voided} window{_s(voided)} voided): raise --max-seconds." if voided
+            else f"{seen}, in no window): nothing to do.")
+    why = (f"the window{_s(voided)} under way when one came {'was' if voided == 1 else 'were'} discarded, so that "
+           "no window holds the pause" if voided else f"{'it' if pauses == 1 else 'they'} came between windows")
+    return Note(kind, line, one, True, f"epoch ends, evaluations, other loaders: {why}")
+
+
+def _span(values: list) -> str:
+    """'15', or '11-15' for values that differ once rounded."""
+    lo, hi = f"{min(values):.0f}", f"{max(values):.0f}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def summary(d: Diagnosis) -> str:
+    """The verdict in one sentence or two, on one line (--quiet prints it; the report's
+    summary opens with it): the stage, what it costs of every batch and what input holds
+    back of the ceiling's throughput, or why no stage is named. The reasoning (the
+    verdict's reason) is the report's, beneath it."""
+    v = d.verdict
+    if v.bottleneck is None:
+        return f"No verdict: {v.reason}."
+    t_full = v.fitted.get("full")
+    if v.bottleneck == "none":
+        if v.witness == "isolated costs":
+            return ("The input pipeline keeps up, by the stages' costs alone: the training step itself is the "
+                    "limit.")
+        bound = (f" (it loses at most {v.gap_upper / t_full * 100:.0f}% to input)"
+                 if v.gap_upper is not None and t_full and math.isfinite(v.gap_upper) else "")
+        return (f"The input pipeline keeps up: the full pipeline runs at the ceiling within noise{bound}, so the "
+                "training step itself is the limit.")
+    lost = _lost(d)
+    if v.bottleneck == "inconclusive":
+        return (f"Inconclusive: whether input holds the step back is not known yet{' (' + lost + ')' if lost else ''}"
+                ".")
+    if v.bottleneck == "tie":
+        return _tie_summary(d)
+    s = d.stage(v.bottleneck)
+    full_rate = d.rate("full")
+    gain = (s.samples_per_sec_if_free / full_rate - 1) if full_rate else None
+    parts = f" (with {', '.join(s.includes[1:])})" if len(s.includes) > 1 else ""
+    alone = ", named on the stages' costs alone" if v.witness == "isolated costs" else ""
+    of = f" of every {t_full * 1e3:.1f}-ms batch" if t_full else " per batch"
+    return (f"Bottleneck: {v.bottleneck}{parts}{alone}. It costs {s.sec_per_batch * 1e3:.1f} ms{of}"
+            + (f": {lost}" if lost else "") + f"; without it, {s.samples_per_sec_if_free:,.0f} samples/s instead "
+            f"of {full_rate:,.0f} ({gain * 100:+.0f}%).")
+
+
+def _lost(d: Diagnosis) -> str:
+    """'64% of the ceiling's throughput is lost to input (highly input-bound)'; '' where
+    the verdict has no such figure."""
+    f, cls = d.verdict.input_bound_fraction, advice_mod.input_bound_class(d)
+    if f is None:
+        return ""
+    how = f" ({cls} input-bound)" if cls in ("moderately", "highly") else ""
+    if d.verdict.bottleneck == "inconclusive":
+        return f"it loses {f * 100:.0f}% of the ceiling's throughput to input, within the noise"
+    return f"{f * 100:.0f}% of the ceiling's throughput is lost to input{how}"
+
+
+def _tie_summary(d: Diagnosis) -> str:
+    """A tie in one sentence: the stages, what each costs of a batch, and what input
+    holds back (what each would buy if free is the stage table's)."""
+    v = d.verdict
+    tied = [d.stage(s) for s in v.tied]
+    names = ", ".join(s.stage for s in tied[:-1]) + " and " + tied[-1].stage
+    costs = " and ".join(f"{s.sec_per_batch * 1e3:.1f}" for s in tied)
+    t_full = v.fitted.get("full")
+    of = f" of every {t_full * 1e3:.1f}-ms batch" if t_full else " per batch"
+    how = "; the loop and their costs alone disagree on which costs more" if v.witness == "disagree" else ""
+    lost = _lost(d)
+    return f"Bottleneck: {names}, tied: {costs} ms{of}{how}." + (f" {lost[:1].upper()}{lost[1:]}." if lost else "")

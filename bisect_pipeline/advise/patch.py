@@ -1,0 +1,738 @@
+"""The change itself: loader settings written against the user's script.
+
+Given the script's source and the line where its training loader was created
+(loop.Seen.created_at), `make` finds the call there with `ast` and says, setting by
+setting, how to get the new value:
+
+- a keyword of the call, changed or added (`num_workers=2` -> `num_workers=1`), or the
+  place its value comes from: a constant assigned once in the same scope, a literal dict
+  passed as `**kwargs` (or, where that cannot be told, `**dict(kwargs, num_workers=1)`),
+  the `__init__` parameter behind `self.num_workers` and the call that builds the object;
+- a flag of the script's own command line where the value is `args.workers` (or
+  `int(opt.workers)`) and an `add_argument` call of the script defines that dest: the
+  flag to rerun with (`-j 1`) instead of a diff;
+- for a loader built by Hugging Face's Trainer, its `TrainingArguments(...)`
+  (`dataloader_num_workers`), or the flag `HfArgumentParser` makes of it;
+- the step's threads as a `torch.set_num_threads(N)` line at the top of `main()` (or
+  after the imports), or the call already there changed; an environment variable as the
+  command's prefix.
+
+Every edit is one span of the original text replaced, so untouched lines stay byte for
+byte as they were; the diff (git's a/ b/ form) is made with difflib. Pure: it reads the
+source it is given and writes nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import shlex
+from typing import Any, ClassVar, Optional
+
+from ..core.results import Record
+
+LOADER_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "pin_memory_device")
+THREADS = "torch_num_threads"
+ENV = "env"
+# Hugging Face TrainingArguments: the loader's settings under their names there.
+HF_NAMES = {"num_workers": "dataloader_num_workers", "pin_memory": "dataloader_pin_memory",
+            "persistent_workers": "dataloader_persistent_workers", "prefetch_factor": "dataloader_prefetch_factor"}
+# Calls that pass their value through unchanged: `int(args.workers)` is the flag's value.
+_CONVERSIONS = ("int", "bool", "str")
+# How deep `self.x` -> `__init__(x=...)` -> `Module(x=args.x)` is followed.
+_DEPTH = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Change(Record):
+    """One setting: `how` it is applied (keyword: in the diff; flag: rerun with it;
+    lines: lines added by the diff; env: the command's prefix; unchanged: the script
+    already says so; not applied: `text` says why), `where` (file:line) and `text`."""
+
+    setting: str
+    value: Any
+    how: str
+    where: Optional[str] = None
+    text: str = ""
+    tokens: Optional[tuple] = None  # a flag: what to pass, e.g. ("-j", "1")
+    aliases: Optional[tuple] = None  # a flag: every spelling of it, to take out of the command line
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch(Record):
+    """The change for one script: the diff, the flags, the environment, each setting's
+    Change, and `reason` when no part of it could be written."""
+
+    _nested: ClassVar[dict] = {"changes": Change}
+    path: Optional[str] = None
+    line: Optional[int] = None
+    call: Optional[str] = None
+    diff: str = ""
+    flags: tuple = ()  # the tokens to add to the script's command line, e.g. ("-j", "1")
+    env: Optional[dict] = None
+    changes: tuple = ()
+    reason: Optional[str] = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.diff or self.flags or self.env)
+
+    def command(self, argv: Optional[list] = None) -> str:
+        """The command to rerun with: env prefix, the flags (replacing the same flags in
+        `argv`, the script and its arguments as run)."""
+        words = ["python", *with_flags(list(argv), self.changes)] if argv else list(self.flags)
+        env = [f"{k}={shlex.quote(str(v))}" for k, v in (self.env or {}).items()]
+        return " ".join(env + [shlex.quote(w) for w in words])
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """An option of the script's argparse parser: its option strings, dest and action
+    (store, store_true, store_false, boolean_optional, or another it cannot set)."""
+
+    options: tuple
+    dest: str
+    action: str = "store"
+
+    def tokens(self, value: Any) -> Optional[tuple]:
+        """The command-line tokens that set `value`, or None when this flag cannot."""
+        opt = self.options[0]
+        if self.action == "store":
+            return opt, _literal(value) if not isinstance(value, str) else value
+        if self.action == "store_true" and value is True or self.action == "store_false" and value is False:
+            return (opt,)
+        if self.action == "boolean_optional":
+            long = next((o for o in self.options if o.startswith("--")), opt)
+            return (long,) if value else ("--no-" + long[2:],)
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setting:
+    """One setting to give: its name where it is written, the new value, and the value
+    the loader has as the script ran (None: not known)."""
+
+    name: str
+    value: Any
+    current: Any = None
+
+
+# --------------------------------------------------------------------------------------
+# The script, read
+# --------------------------------------------------------------------------------------
+
+
+class _Script:
+    """The parsed source, with parents, line offsets and the script's argparse flags."""
+
+    def __init__(self, source: str, tree: ast.Module, path: str) -> None:
+        self.source, self.tree, self.path = source, tree, path
+        self.lines = source.splitlines(keepends=True)
+        self.newline = "\r\n" if self.lines and self.lines[0].endswith("\r\n") else "\n"
+        self.parent: dict = {}
+        for node in ast.walk(tree):
+            for child in ast.iter_child_nodes(node):
+                self.parent[child] = node
+        self.flags = argparse_flags(tree)
+
+    def where(self, node: ast.AST) -> str:
+        return f"{self.path}:{node.lineno}"
+
+    def col(self, line: int, byte_col: int) -> int:
+        """ast's UTF-8 byte offset as a character offset in the line."""
+        text = self.lines[line - 1] if line - 1 < len(self.lines) else ""
+        return len(text.encode("utf-8")[:byte_col].decode("utf-8", "replace"))
+
+    def start(self, node: ast.AST) -> tuple:
+        return node.lineno, self.col(node.lineno, node.col_offset)
+
+    def end(self, node: ast.AST) -> tuple:
+        return node.end_lineno, self.col(node.end_lineno, node.end_col_offset)
+
+    def text(self, node: ast.AST) -> str:
+        return ast.get_source_segment(self.source, node) or ast.unparse(node)
+
+    def enclosing(self, node: ast.AST, kinds: tuple) -> Optional[ast.AST]:
+        p = self.parent.get(node)
+        while p is not None and not isinstance(p, kinds):
+            p = self.parent.get(p)
+        return p
+
+    def indent(self, line: int) -> str:
+        text = self.lines[line - 1]
+        return text[: len(text) - len(text.lstrip(" \t"))]
+
+
+def argparse_flags(tree: ast.AST) -> dict:
+    """dest -> Flag, from every `X.add_argument('-j', '--workers', ...)` call in the
+    source (a parser, a group or a subparser alike)."""
+    out: dict = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"):
+            continue
+        options = tuple(a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                        and a.value.startswith("-"))
+        if not options:
+            continue
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        dest = kw.get("dest")
+        name = dest.value if isinstance(dest, ast.Constant) else _dest(options)
+        out.setdefault(name, Flag(options, name, _action(kw.get("action"))))
+    return out
+
+
+def _dest(options: tuple) -> str:
+    long = next((o for o in options if o.startswith("--")), None)
+    return (long[2:] if long else options[0].lstrip("-")).replace("-", "_")
+
+
+def _action(node: Optional[ast.AST]) -> str:
+    if node is None:
+        return "store"
+    if isinstance(node, ast.Constant):
+        return node.value if node.value in ("store", "store_true", "store_false") else "other"
+    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+    return "boolean_optional" if name == "BooleanOptionalAction" else "other"
+
+
+def _name(func: ast.AST) -> str:
+    """The called name as written, its last part: `torch.utils.data.DataLoader` -> DataLoader."""
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Call):  # super().__init__ and the like
+        return _name(func.func)
+    return ""
+
+
+def _loader_classes(tree: ast.Module) -> set:
+    """Names that build a DataLoader: DataLoader (and ...DataLoader), and the classes the
+    script derives from one."""
+    names = {"DataLoader"}
+    classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    for _ in range(3):  # a subclass of a subclass
+        for c in classes:
+            if any(_name(b) in names or _name(b).endswith("DataLoader") for b in c.bases):
+                names.add(c.name)
+    return names
+
+
+def find_call(s: _Script, line: int) -> Optional[ast.Call]:
+    """The call at `line` that built the loader: among the calls whose span holds the
+    line, a DataLoader (or a class derived from one) first, then one that takes a loader's
+    keywords (a factory), then the outermost (the frame's line is where the called name
+    ends: `torch.utils.data.DataLoader(` of a call over several lines)."""
+    loaders = _loader_classes(s.tree)
+    calls = [n for n in ast.walk(s.tree) if isinstance(n, ast.Call) and n.lineno <= line <= n.end_lineno]
+    if not calls:
+        return None
+
+    def rank(c: ast.Call) -> tuple:
+        name = _name(c.func)
+        loader = name in loaders or name.endswith("DataLoader") or _is_super_init(s, c, loaders)
+        keys = any(k.arg in LOADER_KEYS or k.arg is None for k in c.keywords)
+        return (loader, keys, c.func.end_lineno == line, -(c.lineno * 10**6 + c.col_offset))
+
+    return max(calls, key=rank)
+
+
+def _is_super_init(s: _Script, call: ast.Call, loaders: set) -> bool:
+    """`super().__init__(...)` inside a class derived from a DataLoader."""
+    f = call.func
+    if not (isinstance(f, ast.Attribute) and f.attr == "__init__" and isinstance(f.value, ast.Call)
+            and _name(f.value.func) == "super"):
+        return False
+    cls = s.enclosing(call, (ast.ClassDef,))
+    return cls is not None and cls.name in loaders
+
+
+def accepts_loader_keywords(s: _Script, call: ast.Call) -> bool:
+    """Whether keywords a DataLoader takes can be added to this call: a DataLoader, a
+    class derived from one, or its super().__init__; not a factory of a library."""
+    loaders = _loader_classes(s.tree)
+    name = _name(call.func)
+    return name in loaders or name.endswith("DataLoader") or _is_super_init(s, call, loaders)
+
+
+# --------------------------------------------------------------------------------------
+# The change
+# --------------------------------------------------------------------------------------
+
+
+def make(source: str, *, path: str, line: Optional[int], settings: dict, current: Optional[dict] = None,
+         display: Optional[str] = None) -> Patch:
+    """The Patch that gives the script `settings` (LOADER_KEYS, THREADS, ENV). `current`:
+    the settings the loader has as the script ran (a constant that disagrees is not where
+    the value comes from); `display`: the path written in the diff (default `path`)."""
+    name = display or path
+    base = Patch(path=name, line=line)
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return dataclasses.replace(base, reason=f"{name} could not be parsed ({exc.msg}, line {exc.lineno})")
+    s = _Script(source, tree, name)
+    call = find_call(s, line) if line else None
+    edits = _Edits(s)
+    changes: list = []
+    loader = {k: settings[k] for k in LOADER_KEYS if k in settings}
+    if loader:
+        if call is None:
+            why = f"no call at {name}:{line}" if line else "where the loader was created is not known"
+            changes += [Change(k, v, "not applied", None, why) for k, v in loader.items()]
+        else:
+            changes += _loader_changes(s, call, loader, current or {}, edits)
+    if THREADS in settings:
+        changes.append(_threads(s, int(settings[THREADS]), edits))
+    if settings.get(ENV):
+        env = dict(settings[ENV])
+        changes.append(Change(ENV, env, "env", None, "start it with " + " ".join(f"{k}={v}" for k, v in env.items())))
+    flags = tuple(t for c in changes if c.how == "flag" for t in c.tokens)
+    patch = dataclasses.replace(base, call=None if call is None else s.text(call.func), diff=edits.diff(name),
+                                flags=flags, env=dict(settings[ENV]) if settings.get(ENV) else None,
+                                changes=tuple(changes))
+    if patch.empty and all(c.how == "not applied" for c in changes) and changes:
+        patch = dataclasses.replace(patch, reason=changes[0].text)
+    return patch
+
+
+def _loader_changes(s: _Script, call: ast.Call, loader: dict, current: dict, edits: "_Edits") -> list:
+    """Each loader setting applied to the call, or to Hugging Face's TrainingArguments when
+    the line is a Trainer's (no loader keyword there)."""
+    target, names = call, {k: k for k in loader}
+    if not accepts_loader_keywords(s, call) and not any(k.arg in LOADER_KEYS or k.arg is None for k in call.keywords):
+        hf = _hf_arguments(s)
+        if hf is not None:
+            target, names = hf, HF_NAMES
+        elif _uses(s.tree, "HfArgumentParser"):
+            return [_hf_flag(k, v) for k, v in loader.items()]
+    out, adds = [], {}
+    for key, value in loader.items():
+        name = names.get(key)
+        if name is None:
+            out.append(Change(key, value, "not applied", s.where(target), f"{_name(target.func)} has no {key}"))
+            continue
+        can_add = target is not call or accepts_loader_keywords(s, call)
+        change = _keyword(s, target, _Setting(name, value, current.get(key)), edits, can_add)
+        if change is None:  # neither in the call nor in its **kwargs: added to the call
+            if not can_add:
+                out.append(Change(key, value, "not applied", s.where(call),
+                                  f"{_name(call.func)}(...) does not show {key}: set it where it builds the loader"))
+                continue
+            adds[name] = value
+            change = Change(key, value, "keyword", s.where(target), f"{name}={_literal(value)} added")
+        out.append(dataclasses.replace(change, setting=key))
+    if adds:
+        edits.add(target, adds)
+    return out
+
+
+def _keyword(s: _Script, call: ast.Call, st: _Setting, edits: "_Edits", can_add: bool = True) -> Optional[Change]:
+    """The setting where the call's keyword `name` (or its **kwargs) gives it; None when
+    neither does (or, for a call that may not take it, `can_add` False, when only a
+    `**dict(kwargs, name=value)` would)."""
+    name, value = st.name, st.value
+    kw = next((k for k in call.keywords if k.arg == name), None)
+    if kw is not None:
+        return _assign(s, kw.value, st, edits)
+    starred = [k for k in call.keywords if k.arg is None]
+    if not starred:
+        return None
+    found = [(src, e) for k in starred for src, e in _dict_sources(s, k.value, call) if e is not None and src == name]
+    if len(found) == 1:
+        change = _assign(s, found[0][1], st, edits, strict=True)
+        if change is not None:
+            return change
+    if not can_add:
+        return None
+    edits.wrap(starred[-1].value, name, value)
+    return Change(name, value, "keyword", s.where(starred[-1].value),
+                  f"**{s.text(starred[-1].value)} given {name}={_literal(value)}")
+
+
+def _assign(s: _Script, expr: ast.AST, st: _Setting, edits: "_Edits", depth: int = 0, *,
+            strict: bool = False) -> Optional[Change]:
+    """Give the expression that sets `name` the new value: a flag for `args.x`, the place
+    a name or `self.x` comes from, else the expression itself replaced by the literal.
+    `strict`: None where a constant there disagrees with `current` (not in effect)."""
+    where, name, value = s.where(expr), st.name, st.value
+    if isinstance(expr, ast.Constant):
+        if st.current is not None and expr.value != st.current and strict:
+            return None
+        if expr.value == value and type(expr.value) is type(value):
+            return Change(name, value, "unchanged", where, f"{name}={_literal(value)} already")
+        edits.replace(expr, _literal(value))
+        return Change(name, value, "keyword", where, f"{name}={s.text(expr)} -> {_literal(value)}")
+    inner = _unwrapped(expr)
+    if depth < _DEPTH:
+        found = (_flag(s, inner, st) or _from_name(s, inner, st, edits, depth)
+                 or _from_self(s, inner, st, edits, depth))
+        if found is not None:
+            return found
+    if strict:
+        return None
+    edits.replace(expr, _literal(value))
+    return Change(name, value, "keyword", where, f"{name}={s.text(expr)} -> {_literal(value)}")
+
+
+def _unwrapped(expr: ast.AST) -> ast.AST:
+    """`int(args.workers)` -> `args.workers`."""
+    while (isinstance(expr, ast.Call) and _name(expr.func) in _CONVERSIONS and len(expr.args) == 1
+           and not expr.keywords):
+        expr = expr.args[0]
+    return expr
+
+
+def _flag(s: _Script, expr: ast.AST, st: _Setting) -> Optional[Change]:
+    """`args.workers` where the script's parser defines dest `workers`: rerun with its flag."""
+    name, value = st.name, st.value
+    if not (isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name)):
+        return None
+    flag = s.flags.get(expr.attr)
+    tokens = flag.tokens(value) if flag is not None else None
+    if tokens is None:
+        return None
+    others = sum(1 for n in ast.walk(s.tree) if isinstance(n, ast.Attribute) and n.attr == expr.attr
+                 and isinstance(n.value, ast.Name) and n.value.id == expr.value.id and n is not expr)
+    also = f" (it also sets the {others} other use(s) of {s.text(expr)} in the script)" if others else ""
+    aliases = flag.options + tuple("--no-" + o[2:] for o in flag.options
+                                   if o.startswith("--") and flag.action == "boolean_optional")
+    return Change(name, value, "flag", s.where(expr),
+                  f"{name}={s.text(expr)}{also}: rerun with {' '.join(shlex.quote(t) for t in tokens)}", tokens, aliases)
+
+
+def _from_name(s: _Script, expr: ast.AST, st: _Setting, edits: "_Edits", depth: int) -> Optional[Change]:
+    """A name assigned once in its scope (`NUM_WORKERS = 4`): that assignment."""
+    if not isinstance(expr, ast.Name):
+        return None
+    scope = s.enclosing(expr, (ast.FunctionDef, ast.AsyncFunctionDef)) or s.tree
+    stores = [n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+              and any(isinstance(t, ast.Name) and t.id == expr.id for t in _targets(n))]
+    if len(stores) != 1 or isinstance(stores[0], ast.AugAssign) or stores[0].value is None:
+        return None
+    if isinstance(stores[0], ast.Assign) and len(stores[0].targets) != 1:
+        return None
+    return _assign(s, stores[0].value, st, edits, depth + 1, strict=True)
+
+
+def _targets(node: ast.AST) -> list:
+    return node.targets if isinstance(node, ast.Assign) else [node.target]
+
+
+def _from_self(s: _Script, expr: ast.AST, st: _Setting, edits: "_Edits", depth: int) -> Optional[Change]:
+    """`self.num_workers` (or `self.hparams.num_workers`) set from an `__init__` parameter:
+    the argument of the one call in the script that builds the class, added there when
+    absent; else the parameter's default."""
+    name, value = st.name, st.value
+    attr = _self_attr(expr)
+    cls = s.enclosing(expr, (ast.ClassDef,)) if attr else None
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None) if cls else None
+    if init is None:
+        return None
+    param = _param_of(init, attr)
+    if param is None:
+        return None
+    builds = [n for n in ast.walk(s.tree) if isinstance(n, ast.Call) and _name(n.func) == cls.name]
+    params = [a.arg for a in init.args.args[1:]]
+    if len(builds) == 1:
+        b = builds[0]
+        kw = next((k for k in b.keywords if k.arg == param), None)
+        i = params.index(param) if param in params else None
+        arg = kw.value if kw is not None else (b.args[i] if i is not None and i < len(b.args) else None)
+        if arg is not None:
+            return _assign(s, arg, st, edits, depth + 1)
+        if not any(k.arg is None for k in b.keywords):
+            edits.add(b, {param: value})
+            return Change(name, value, "keyword", s.where(b), f"{cls.name}({param}={_literal(value)}) added")
+    if not builds and _uses(s.tree, "LightningCLI"):  # the CLI builds it: its flag
+        group = "data" if any("DataModule" in _name(b) for b in cls.bases) else "model"
+        tokens = (f"--{group}.{param}", _literal(value))
+        return Change(name, value, "flag", s.where(expr), f"{name}={s.text(expr)} (LightningCLI, {cls.name}): rerun "
+                      f"with {' '.join(tokens)}", tokens, (tokens[0],))
+    default = _default_of(init, param)
+    return None if default is None else _assign(s, default, st, edits, depth + 1)
+
+
+def _self_attr(expr: ast.AST) -> Optional[str]:
+    if not isinstance(expr, ast.Attribute):
+        return None
+    v = expr.value
+    if isinstance(v, ast.Name) and v.id == "self":
+        return expr.attr
+    if isinstance(v, ast.Attribute) and v.attr == "hparams" and isinstance(v.value, ast.Name) and v.value.id == "self":
+        return expr.attr
+    return None
+
+
+def _param_of(init: ast.FunctionDef, attr: str) -> Optional[str]:
+    """The `__init__` parameter `self.<attr>` holds: `self.attr = param`, or a parameter
+    of that name (save_hyperparameters)."""
+    names = {a.arg for a in init.args.args + init.args.kwonlyargs}
+    for n in ast.walk(init):
+        if isinstance(n, ast.Assign) and any(_self_attr(t) == attr for t in n.targets):
+            v = _unwrapped(n.value)
+            return v.id if isinstance(v, ast.Name) and v.id in names else None
+    return attr if attr in names else None
+
+
+def _default_of(fn: ast.FunctionDef, param: str) -> Optional[ast.AST]:
+    pos = fn.args.args
+    defaults = dict(zip([a.arg for a in pos[len(pos) - len(fn.args.defaults):]], fn.args.defaults))
+    defaults.update({a.arg: d for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults) if d is not None})
+    return defaults.get(param)
+
+
+def _dict_sources(s: _Script, expr: ast.AST, call: ast.Call) -> list:
+    """(key, value) of the literal dicts a `**name` is built from in its scope: `name =
+    {...}` or `dict(...)`, `name.update(...)` of those or of another such name, `name[k] = v`;
+    (None, None) for a part that cannot be read (the key may be anywhere)."""
+    if not isinstance(expr, ast.Name):
+        return [(None, None)]
+    scope = s.enclosing(call, (ast.FunctionDef, ast.AsyncFunctionDef)) or s.tree
+    out: list = []
+    for n in ast.walk(scope):
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == expr.id for t in n.targets):
+            out += _literal_items(n.value)
+        elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "update"
+              and isinstance(n.func.value, ast.Name) and n.func.value.id == expr.id):
+            for a in n.args:
+                out += _literal_items(a) if not isinstance(a, ast.Name) else _dict_sources(s, a, call)
+            out += [(k.arg, k.value) for k in n.keywords]
+        elif (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Subscript)
+              and isinstance(n.targets[0].value, ast.Name) and n.targets[0].value.id == expr.id):
+            key = n.targets[0].slice
+            out.append((key.value, n.value) if isinstance(key, ast.Constant) else (None, None))
+    return out
+
+
+def _literal_items(node: ast.AST) -> list:
+    if isinstance(node, ast.Dict):
+        return [(k.value, v) if isinstance(k, ast.Constant) else (None, None) for k, v in zip(node.keys, node.values)]
+    if isinstance(node, ast.Call) and _name(node.func) == "dict":
+        return [(k.arg, k.value) for k in node.keywords] + [(None, None) for _ in node.args]
+    return [(None, None)]
+
+
+def _hf_arguments(s: _Script) -> Optional[ast.Call]:
+    calls = [n for n in ast.walk(s.tree) if isinstance(n, ast.Call) and _name(n.func).endswith("TrainingArguments")]
+    return calls[0] if len(calls) == 1 else None
+
+
+def _hf_flag(key: str, value: Any) -> Change:
+    name = HF_NAMES.get(key)
+    if name is None:
+        return Change(key, value, "not applied", None, f"TrainingArguments has no {key}")
+    tokens = (f"--{name}", _literal(value))
+    return Change(key, value, "flag", None, f"{name} (HfArgumentParser): rerun with {' '.join(tokens)}", tokens,
+                  (f"--{name}", f"--{name.replace('_', '-')}"))
+
+
+def _uses(tree: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name or isinstance(n, ast.Attribute) and n.attr == name
+               for n in ast.walk(tree))
+
+
+def _threads(s: _Script, n: int, edits: "_Edits") -> Change:
+    """The step's threads: the script's own set_num_threads call changed, else the line
+    added at the top of `main()`, else after the module's imports."""
+    calls = [c for c in ast.walk(s.tree) if isinstance(c, ast.Call) and _name(c.func) == "set_num_threads"
+             and len(c.args) == 1]
+    if len(calls) == 1:
+        change = _assign(s, calls[0].args[0], _Setting(THREADS, n), edits)
+        return dataclasses.replace(change, setting=THREADS)
+    torch_name = _torch_alias(s.tree)
+    main = next((f for f in s.tree.body if isinstance(f, ast.FunctionDef) and f.name == "main"), None)
+    body = [b for b in (main.body if main else []) if not _is_docstring(b)]
+    importing = [] if torch_name else ["import torch"]
+    lines = importing + [f"{torch_name or 'torch'}.set_num_threads({n})"]
+    if body and body[0].lineno > main.lineno:
+        at, indent = body[0].lineno, s.indent(body[0].lineno)
+        edits.insert_lines(at, [indent + x for x in lines])
+        return Change(THREADS, n, "lines", f"{s.path}:{at}", f"torch.set_num_threads({n}) at the top of main()")
+    at = _after_imports(s.tree)
+    edits.insert_lines(at, lines)
+    return Change(THREADS, n, "lines", f"{s.path}:{at}", f"torch.set_num_threads({n}) after the imports")
+
+
+def _torch_alias(tree: ast.Module) -> Optional[str]:
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "torch" or (a.name.startswith("torch.") and a.asname is None):
+                    return a.asname or "torch"
+    return None
+
+
+def _is_docstring(node: ast.AST) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def _after_imports(tree: ast.Module) -> int:
+    """The line after the module's leading docstring and imports."""
+    at = 1
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or (_is_docstring(node) and at == 1):
+            at = node.end_lineno + 1
+        else:
+            break
+    return at
+
+
+def _literal(value: Any) -> str:
+    return repr(value)
+
+
+# --------------------------------------------------------------------------------------
+# Edits and the diff
+# --------------------------------------------------------------------------------------
+
+
+class _Edits:
+    """Spans of the original text replaced (start, end as (line, col), 1-based lines),
+    applied from the last to the first so earlier positions hold."""
+
+    def __init__(self, s: _Script) -> None:
+        self.s = s
+        self.spans: list = []
+        self.wraps: dict = {}  # id(expr) -> (expr, {name: value})
+        self.adds: dict = {}  # id(call) -> (call, {name: value})
+
+    def replace(self, node: ast.AST, text: str) -> None:
+        self.spans.append((self.s.start(node), self.s.end(node), text))
+
+    def insert_lines(self, line: int, lines: list) -> None:
+        nl = self.s.newline
+        self.spans.append(((line, 0), (line, 0), "".join(x + nl for x in lines)))
+
+    def wrap(self, expr: ast.AST, name: str, value: Any) -> None:
+        self.wraps.setdefault(id(expr), (expr, {}))[1][name] = value
+
+    def add(self, call: ast.Call, values: dict) -> None:
+        self.adds.setdefault(id(call), (call, {}))[1].update(values)
+
+    def _all(self) -> list:
+        spans = list(self.spans)
+        for expr, values in self.wraps.values():
+            items = ", ".join(f"{k}={_literal(v)}" for k, v in values.items())
+            spans.append((self.s.start(expr), self.s.end(expr), f"dict({self.s.text(expr)}, {items})"))
+        for call, values in self.adds.values():
+            spans.append(_added(self.s, call, values))
+        return sorted(spans, key=lambda x: (x[0], x[1]), reverse=True)
+
+    def apply(self) -> str:
+        lines = list(self.s.lines)
+        text = "".join(lines)
+        offsets = [0]
+        for line in lines:
+            offsets.append(offsets[-1] + len(line))
+        for (l0, c0), (l1, c1), new in self._all():
+            a, b = offsets[l0 - 1] + c0, offsets[l1 - 1] + c1
+            text = text[:a] + new + text[b:]
+        return text
+
+    def diff(self, name: str) -> str:
+        if not self.spans and not self.wraps and not self.adds:
+            return ""
+        after = self.apply().splitlines(keepends=True)
+        before = self.s.lines
+        if before and not before[-1].endswith(("\n", "\r")):  # difflib needs the last line ended
+            before = before[:-1] + [before[-1] + "\n\\ No newline at end of file\n"]
+            after = after[:-1] + [after[-1] + "\n\\ No newline at end of file\n"] if after else after
+        return "".join(difflib.unified_diff(before, after, f"a/{name}", f"b/{name}"))
+
+
+def _added(s: _Script, call: ast.Call, values: dict) -> tuple:
+    """The span that adds keywords `values` to `call`, in its style: one per line after a
+    last argument on a line of its own (its trailing comma kept), else `, k=v` after it."""
+    items = [f"{k}={_literal(v)}" for k, v in values.items()]
+    args = sorted(list(call.args) + list(call.keywords), key=lambda n: (n.lineno, n.col_offset))
+    if not args:  # DataLoader(): just inside the parentheses
+        end = s.end(call)
+        return (end[0], end[1] - 1), (end[0], end[1] - 1), ", ".join(items)
+    last = args[-1]
+    end = s.end(last)
+    close = s.end(call)
+    between = _between(s, end, (close[0], close[1] - 1))
+    own_line = last.lineno > (args[-2].end_lineno if len(args) > 1 else call.func.end_lineno)
+    if own_line:
+        indent = s.indent(last.lineno)
+        nl = s.newline
+        if "," in between.split("#")[0]:
+            comma = (end[0], end[1] + between.index(",") + 1)
+            return comma, comma, "".join(f"{nl}{indent}{x}," for x in items)
+        return end, end, "".join(f",{nl}{indent}{x}" for x in items)
+    return end, end, "".join(f", {x}" for x in items)
+
+
+def _between(s: _Script, start: tuple, end: tuple) -> str:
+    (l0, c0), (l1, c1) = start, end
+    if l0 == l1:
+        return s.lines[l0 - 1][c0:c1]
+    return s.lines[l0 - 1][c0:] + "".join(s.lines[l0:l1 - 1]) + s.lines[l1 - 1][:c1]
+
+
+def applied(source: str, diff: str) -> str:
+    """`source` with a unified diff of it applied (the diffs `make` writes: exact context);
+    ValueError where the diff does not match the source."""
+    old = source.splitlines(keepends=True)
+    out: list = []
+    at = 0  # lines of `old` consumed
+    lines = diff.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith("@@"):
+            i += 1
+            continue
+        start = int(lines[i].split()[1][1:].split(",")[0])
+        start = start - 1 if start else 0  # an empty old side starts at 0
+        out += old[at:start]
+        at = start
+        i += 1
+        while i < len(lines) and not lines[i].startswith("@@"):
+            tag, text = lines[i][:1], lines[i][1:]
+            if i + 1 < len(lines) and lines[i + 1].startswith("\\"):
+                text = text.rstrip("\r\n")  # "\ No newline at end of file"
+            if tag in (" ", "-"):
+                if at >= len(old) or old[at] != text:
+                    raise ValueError(f"the diff does not match line {at + 1}")
+                at += 1
+            if tag in (" ", "+"):
+                out.append(text)
+            i += 1
+    return "".join(out + old[at:])
+
+
+# --------------------------------------------------------------------------------------
+# The command line
+# --------------------------------------------------------------------------------------
+
+
+def with_flags(argv: list, changes: tuple) -> list:
+    """The script's command line (script and arguments) with the flags of `changes` set:
+    every spelling of each taken out of `argv` where it is already (`-j 2`, `-j2`,
+    `--workers=2`, with its value), then the new tokens added at the end."""
+    flags = [c for c in changes if c.how == "flag" and c.tokens]
+    out: list = list(argv[:1])
+    rest = list(argv[1:])
+    i = 0
+    while i < len(rest):
+        tok = rest[i]
+        hit = next((c for c in flags if _spells(tok, c)), None)
+        if hit is None:
+            out.append(tok)
+        elif tok in hit.aliases and len(hit.tokens) == 2:
+            i += 1  # its value goes with it
+        i += 1
+    return out + [t for c in flags for t in c.tokens]
+
+
+def _spells(tok: str, c: Change) -> bool:
+    """Whether `tok` sets the flag of `c`: an alias, `--alias=value`, or `-jVALUE`."""
+    if tok in c.aliases:
+        return True
+    if len(c.tokens) != 2:
+        return False
+    return any(tok.startswith(a + "=") or (len(a) == 2 and a[1] != "-" and tok.startswith(a) and len(tok) > 2)
+               for a in c.aliases)

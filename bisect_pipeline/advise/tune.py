@@ -1,0 +1,410 @@
+"""The loader settings found by measurement (--tune): a search, not a sweep.
+
+After the bisection and the advice's check, the settings the user's loop can change
+without changing what it learns from (num_workers, persistent_workers, prefetch_factor,
+pin_memory on an accelerator, the step's torch threads on a CPU step) are measured on
+the `full` point against the user's own, each candidate as the advice's check measures
+one (verify.trial: A B B A visits, the epochs ending as in the user's loop), until:
+
+- a candidate is within the noise of the ceiling (the `device` point: no loader setting
+  can beat the step alone), or
+- the best candidate's neighbours are measured and none beats it beyond the noise, or
+- the budget is spent (--max-seconds).
+
+The space is pruned first from what the bisection measured (`space_of`): nothing to
+search when the pipeline keeps up (verdict `none`); num_workers from 0 (1 when a worker
+stage is a real cost) to the cores this process may use, and no more than one past the
+workers the isolated costs say would feed the step; the search starts at that count.
+Each num_workers candidate comes with persistent_workers=True and, on a CPU step whose
+threads would compete with the workers, the step's threads lowered to the cores left
+(as the advice's candidates, verify.candidates). Around the best count, variants: the
+step's threads as the user has them, pin_memory turned over on an accelerator,
+prefetch_factor raised. A candidate that raises (a dataset that cannot be pickled
+under spawn, pin_memory without an accelerator) is kept as failed, with its error, and
+the search goes on.
+
+`propose` (what to measure next) and `summarize` (what the trials say) are pure; Search
+is the schedule that yields the visits (as rounds.Rounds and verify.Trials do).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Iterator, Optional
+
+from .advice import WORKER_STAGES
+from ..measure.experiment import Experiment
+from .outcome import THREADS, Outcome, compared, interval, outcome, settings_text
+from ..core.results import Trial, Tuning
+from ..core.stats import Contrast, compare, difference, is_real
+from .verify import BLOCK, MIN_BLOCKS, fits, trial
+from ..derive.witness import waits
+from ..measure.visit import Visit
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .diagnose import Diagnosis
+
+KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", THREADS)
+# Share of --max-seconds kept for the check and the search from the rounds after the
+# minimum ones, with --tune, the verdict named or inconclusive (verify.VERIFY_SHARE
+# without, from the rounds that only settle a named one): the search measures each
+# candidate in 4 visits at least, about 1 s each on a 2-core machine, and needs the
+# ceiling and stage costs, not a named stage.
+TUNE_SHARE = 0.5
+# Share of that budget the advice's check may take first; its trials seed the search.
+CHECK_SHARE = 0.4
+# prefetch_factor tried above the default of 2 (DataLoader's).
+PREFETCH = 4
+# Candidates the search keeps budget for beyond the one it measures (verify.alternate's
+# `owed`): without it the first candidate's undecided blocks would take all that is left.
+OWED_CANDIDATES = 2
+# A worker stage that waits more than it computes (witness.waits: a network file system,
+# an object store, a database read) has workers that overlap their waits, so they scale
+# past the cores (users of such loaders run 16-32 workers on 8 cores): the search may go
+# up to WAITING_CORES_FACTOR times the cores, as far as the isolated costs say would
+# feed the step.
+WAITING_CORES_FACTOR = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Space:
+    """What the search may try (see the module's docstring). `user`: the user's settings
+    (KEYS, effective: what DataLoader applies); `workers`: the num_workers it may try,
+    ascending; `reason`: why there is nothing to search (then `workers` is empty)."""
+
+    user: dict
+    workers: tuple = ()
+    start: int = 0
+    cores: int = 1
+    on_cpu: bool = True
+    pin: bool = False
+    prefetch: bool = False
+    ceiling_ms: Optional[float] = None
+    ceiling_rel_se: float = 0.0
+    why: str = ""
+    reason: Optional[str] = None
+
+    def candidate(self, w: int) -> dict:
+        """The settings tried for `w` workers: persistent, and on a CPU step the step's
+        threads lowered to the cores the workers leave when it uses more."""
+        full = dict(self.user, num_workers=w)
+        if w > 0:
+            full.update(persistent_workers=True, prefetch_factor=full.get("prefetch_factor") or 2)
+            lowered = max(1, self.cores - w)
+            if self.on_cpu and (self.user.get(THREADS) or 1) > lowered:
+                full[THREADS] = lowered
+        return effective(full)
+
+    def delta(self, full: dict) -> dict:
+        """`full` as the settings that differ from the user's (what a visit applies); a
+        prefetch_factor of 2 where the user's is unset is DataLoader's default, no change."""
+        user = effective(self.user)
+        return {k: full[k] for k in KEYS if full.get(k) != user.get(k)
+                and not (k == "prefetch_factor" and (full[k] or 2) == (user[k] or 2))}
+
+
+def effective(settings: dict) -> dict:
+    """Settings as DataLoader applies them: without workers, prefetch_factor and
+    persistent_workers do nothing; with workers and no prefetch_factor, 2."""
+    out = {k: settings.get(k) for k in KEYS}
+    out["num_workers"] = int(out["num_workers"] or 0)
+    out["pin_memory"] = bool(out["pin_memory"])
+    if out["num_workers"] == 0:
+        out["prefetch_factor"], out["persistent_workers"] = None, False
+    else:
+        out["prefetch_factor"] = out["prefetch_factor"] or 2
+        out["persistent_workers"] = bool(out["persistent_workers"])
+    return out
+
+
+def space_of(d: "Diagnosis", *, cores: int, threads: int) -> Space:
+    """The space the search may try, pruned from what the bisection measured (see the
+    module's docstring); `reason` says why there is nothing to search."""
+    lo = d.loader or {}
+    user = effective({**{k: lo.get(k) for k in KEYS}, THREADS: threads})
+    v = d.verdict
+    if v.bottleneck is None:
+        return Space(user, reason=f"no verdict ({v.reason})")
+    if v.bottleneck == "none":
+        return Space(user, reason="the pipeline keeps up with the step (verdict none): no loader setting can make it "
+                                  "faster than the ceiling beyond the noise")
+    t_ceiling = v.fitted.get(v.ceiling) if v.ceiling else None
+    if not t_ceiling:
+        return Space(user, reason="the ceiling was not measured")
+    t_full = v.fitted.get("full")
+    if t_full and v.gap_sigma is not None and not is_real(v.gap_sec_per_batch or 0.0, v.gap_sigma, t_full):
+        gap = (v.gap_sec_per_batch or 0.0) * 1e3
+        return Space(user, reason=f"your full pipeline is within the noise of the ceiling ({gap:.1f} \u00b1 "
+                                  f"{v.gap_sigma * 1e3:.1f} ms per batch apart): no loader setting can make it faster "
+                                  "beyond the noise")
+    sigma = d.sigma(v.ceiling) or 0.0
+    workers_stage = any(s.stage in WORKER_STAGES and s.status == "ok" and s.significant for s in v.stages)
+    part = d.isolated.part("workers") if d.isolated is not None else None
+    needed = int(part.needed) if part is not None and part.needed else None
+    low = 1 if workers_stage else 0
+    wait = waits(d.isolated)
+    most = cores * WAITING_CORES_FACTOR if wait else cores
+    high = max(low, min(most, needed + 1)) if needed else max(low, cores)
+    start = min(high, max(low, needed)) if needed else min(high, max(low, user["num_workers"] + 1))
+    why = (f"num_workers {low} to {high}: " + ("0 left out, a worker stage is a real cost; " if low else "")
+           + (f"{needed} feed the step by the isolated costs, one more at most; " if needed else "")
+           + f"{cores} cores this process may use"
+           + (f" ({wait}: its workers wait more than they compute, up to {most})" if wait else ""))
+    on_cpu = str(d.device).startswith("cpu")
+    transfer = next((s for s in v.stages if s.stage in ("transfer", "handoff") and s.status == "ok" and s.significant),
+                    None)
+    return Space(user, tuple(range(low, high + 1)), start, cores, on_cpu,
+                 pin=not on_cpu, prefetch=high > 0 and (workers_stage or transfer is not None),
+                 ceiling_ms=t_ceiling * 1e3, ceiling_rel_se=sigma / t_ceiling, why=why)
+
+
+# --------------------------------------------------------------------------------------
+# What the trials say (pure)
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Tried:
+    """One candidate as measured: its settings (those that differ from the user's), the
+    effective whole, the trial's outcome, and the log of its speed-up over the user's
+    with its noise, from its pairs of visits (outcome.compared)."""
+
+    settings: dict
+    full: dict
+    outcome: Outcome
+    log: Optional[Contrast] = None
+    item: str = "tune"
+
+    @property
+    def speedup(self) -> Optional[float]:
+        return self.outcome.speedup
+
+    @property
+    def ms_per_batch(self) -> Optional[float]:
+        return self.outcome.ms_per_batch[1] if self.outcome.ms_per_batch else None
+
+
+def tried(space: Space, trials: tuple, batch_size: float) -> list:
+    """The trials as the search reads them."""
+    out = []
+    for t in trials:
+        full = effective({**space.user, **t.settings})
+        out.append(Tried(space.delta(full), full, outcome(t, batch_size), compared(t) if not t.error else None,
+                         t.item or "tune"))
+    return out
+
+
+def at_ceiling(space: Space, t: Tried) -> bool:
+    """Is this candidate, one that helps, within the noise of the ceiling's time per batch
+    (or below it)? Its time over the ceiling's, in logs, by the one comparison: the
+    noise of its speed-up's pairs and the ceiling's own (relative) noise. (One that does
+    not help is no closer to the ceiling than the user's.)"""
+    ms, ceiling = t.ms_per_batch, space.ceiling_ms
+    if ms is None or not ceiling or t.log is None or not math.isfinite(t.log.se) or t.outcome.status != "helps":
+        return False
+    c = Contrast(math.log(ms / ceiling), math.hypot(t.log.se, space.ceiling_rel_se), t.log.df, t.log.rounds)
+    return not (c.estimate > 0 and compare(c, 1.0).real)
+
+
+def beats(a: Tried, b: Tried) -> bool:
+    """Is `a` faster than `b` beyond the noise? Each was measured against the user's in
+    its own pairs of visits: the log of their speed-ups' ratio, its noise both trials'
+    (at the fewer degrees of freedom), by the one comparison."""
+    if a.log is None or b.log is None or a.speedup is None or b.speedup is None:
+        return False
+    c = difference(a.log, b.log)
+    return math.isfinite(c.se) and c.estimate > 0 and compare(c, 1.0).real
+
+
+def best(ts: list) -> Optional[Tried]:
+    """The candidate to recommend: among those that help beyond the noise, the one with
+    the fewest workers (then threads, then prefetched batches) of those no slower than the
+    fastest beyond the noise; None when none helps."""
+    helping = [t for t in ts if t.outcome.status == "helps"]
+    if not helping:
+        return None
+    top = max(helping, key=lambda t: t.speedup)
+    close = [t for t in helping if t is top or not beats(top, t)]
+    return min(close, key=lambda t: (t.full["num_workers"], t.full.get(THREADS) or 0, t.full["prefetch_factor"] or 0,
+                                     -t.speedup))
+
+
+def propose(space: Space, ts: list) -> tuple[Optional[dict], str]:
+    """(the next candidate's settings, ""), or (None, why the search stops)."""
+    if space.reason:
+        return None, space.reason
+    if any(t.outcome.status == "helps" and at_ceiling(space, t) for t in ts):
+        return None, "a candidate is within the noise of the ceiling"
+    # a candidate cut short by a budget (the check's, for a seed) is measured again
+    done = [t.full for t in ts if t.outcome.status != "not measured"] + [effective(space.user)]
+    for full in _order(space, ts):
+        if full not in done:
+            return space.delta(full), ""
+    return None, "the best candidate's neighbours are measured"
+
+
+def _order(space: Space, ts: list) -> Iterator[dict]:
+    """The candidates in the order worth measuring: the first count; on a CPU step, the
+    same count with the step's threads the other way (lowered beside the workers, or the
+    user's: a heavy step loses more to fewer threads than the workers take from it); then
+    the neighbours of the best count so far, with its threads (a climb: a neighbour no
+    faster beyond the noise ends it); then the variants of the best."""
+    first = space.candidate(space.start)
+    yield first
+    counts = [t for t in ts if t.speedup is not None and t.full in (_count(space, t.full["num_workers"], True),
+                                                                     _count(space, t.full["num_workers"], False))]
+    # the climb's centre: the best count (a faster one within the noise does not move it)
+    centre = best(counts) or max(counts, key=lambda t: t.speedup, default=None)
+    full = centre.full if centre is not None else first
+    w, users = full["num_workers"], full.get(THREADS) == space.user.get(THREADS)
+    if space.on_cpu and w > 0:
+        yield _count(space, w, not users)
+    for nb in (w + 1, w - 1):
+        if nb in space.workers:
+            yield _count(space, nb, users)
+    base = best(ts) or centre
+    yield from _variants(space, base.full if base is not None else first)
+
+
+def _count(space: Space, w: int, user_threads: bool) -> dict:
+    """The candidate for `w` workers, with the user's threads for the step or lowered
+    beside the workers (Space.candidate)."""
+    full = space.candidate(w)
+    return effective(dict(full, **{THREADS: space.user.get(THREADS)})) if user_threads else full
+
+
+def _variants(space: Space, full: dict) -> Iterator[dict]:
+    """The best's variants: pin_memory turned over (accelerator), prefetch_factor raised,
+    persistent workers."""
+    w = full["num_workers"]
+    if space.pin:
+        yield effective(dict(full, pin_memory=not full["pin_memory"]))
+    if w > 0 and space.prefetch and (full["prefetch_factor"] or 2) < PREFETCH:
+        yield effective(dict(full, prefetch_factor=PREFETCH))
+    if w > 0 and not full["persistent_workers"]:
+        yield effective(dict(full, persistent_workers=True))
+
+
+# --------------------------------------------------------------------------------------
+# The schedule
+# --------------------------------------------------------------------------------------
+
+
+class Search:
+    """The search as a schedule: yields the visits of each candidate's trial (verify.trial)
+    within `budget_s` of the experiment's clock; `result` is the report's `tune`
+    (results.Tuning). `seeds`: trials already measured (the advice's check's), read as
+    candidates of the search."""
+
+    def __init__(self, exp: Experiment, space: Space, *, budget_s: float, seeds: tuple = ()) -> None:
+        self.exp = exp
+        self.space = space
+        self.budget_s = budget_s
+        self.trials: list = [t for t in seeds if t.settings]
+        self.result = self._record("not run", None, 0.0)
+
+    def __iter__(self) -> Iterator[Visit]:
+        exp = self.exp
+        start = exp.clock()
+        deadline = start + self.budget_s
+        stopped = "out of time"
+        try:
+            while True:
+                settings, why = propose(self.space, tried(self.space, tuple(self.trials), exp.batch_size))
+                if settings is None or not fits(exp, "full", deadline):
+                    stopped = why if settings is None and not self._cut() else stopped
+                    break
+                exp.emit({"event": "verify", "item": "tune", "settings": settings})
+                t = yield from trial(exp, "tune", settings, deadline, owed=len(BLOCK) * MIN_BLOCKS * OWED_CANDIDATES)
+                self.trials.append(t)
+                if not t.error and not t.user_windows and not t.candidate_windows:
+                    # no visit of it fitted what is left (verify.alternate measures none that
+                    # cannot show two windows): another candidate would fare no better
+                    stopped = "out of time: a visit of your pipeline takes longer than what was left"
+                    break
+        finally:
+            status = "skipped" if self.space.reason else ("ok" if self.trials else "out of time")
+            self.result = self._record(status, stopped, exp.clock() - start)
+
+    def _cut(self) -> bool:
+        """Was the last trial cut short by the budget (a side without two windows)?"""
+        last = self.trials[-1] if self.trials else None
+        return last is not None and not last.error and (len(last.user_windows) < 2 or len(last.candidate_windows) < 2)
+
+    def _record(self, status: str, stopped: Optional[str], elapsed: float) -> Tuning:
+        s = self.space
+        return Tuning(status=status, reason=s.reason, budget_s=round(self.budget_s, 3), elapsed_s=round(elapsed, 3),
+                      user=dict(s.user), workers=s.workers, start=s.start if s.workers else None, why=s.why or None,
+                      ceiling_ms_per_batch=None if s.ceiling_ms is None else round(s.ceiling_ms, 3),
+                      ceiling_rel_se=round(s.ceiling_rel_se, 4), trials=tuple(self.trials), stopped=stopped)
+
+
+def space_of_record(t: Tuning, cores: int = 1) -> Space:
+    """The Space a Tuning record was searched in (for summarize on a loaded document)."""
+    return Space(dict(t.user or {}), tuple(t.workers or ()), t.start or 0, cores,
+                 ceiling_ms=t.ceiling_ms_per_batch, ceiling_rel_se=t.ceiling_rel_se or 0.0, why=t.why or "",
+                 reason=t.reason)
+
+
+# --------------------------------------------------------------------------------------
+# What it found (pure): the report's tune section
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """What the search found: every candidate tried, the best (None: nothing beat the
+    user's within the noise), whether it reached the ceiling, the ceiling as a speed-up
+    over the user's, the summary sentence, and the patched script against the original."""
+
+    tried: tuple
+    best: Optional[Tried]
+    at_ceiling: bool
+    ceiling_speedup: Optional[float]
+    summary: str
+    applied: Optional[Outcome] = None
+    agrees: Optional[bool] = None  # the patched script's speed-up and the best's, within their combined noise
+
+
+def summarize(t: Tuning, batch_size: float) -> Found:
+    """The report's reading of a Tuning record (see Found)."""
+    space = space_of_record(t)
+    ts = tried(space, t.trials, batch_size)
+    b = best(ts)
+    top = b is not None and at_ceiling(space, b)
+    user_ms = next((x.outcome.ms_per_batch[0] for x in ts if x.outcome.ms_per_batch), None)
+    ceiling = round(user_ms / t.ceiling_ms_per_batch, 4) if user_ms and t.ceiling_ms_per_batch else None
+    applied = outcome(t.applied, batch_size) if t.applied is not None else None
+    return Found(tuple(ts), b, top, ceiling, _summary(t, ts, b, top, ceiling), applied,
+                 _agrees(t.applied, b, batch_size))
+
+
+def _agrees(applied: Optional[Trial], b: Optional[Tried], batch_size: float) -> Optional[bool]:
+    """Does the patched script's speed-up agree with the search's (the one comparison on
+    the log of their ratio, with both trials' noise)? None when either is missing."""
+    c = compared(applied) if applied is not None and not applied.error else None
+    if c is None or b is None or b.log is None:
+        return None
+    d = difference(c, b.log)
+    return None if not math.isfinite(d.se) else not compare(d, 1.0).real
+
+
+def _summary(t: Tuning, ts: list, b: Optional[Tried], top: bool, ceiling: Optional[float]) -> str:
+    if t.reason:
+        return f"Nothing to tune: {t.reason}."
+    if not ts:
+        return f"Nothing was measured: {t.stopped or 'out of time'} (raise --max-seconds)."
+    if b is None:
+        ok = [x for x in ts if x.outcome.status not in ("failed", "not measured")]
+        if not ok:  # nothing measured is not "yours is the best"
+            return (f"None of the {len(ts)} setting(s) tried could be measured ({t.stopped or 'out of time'}): each "
+                    "needs two pairs of visits of your pipeline, one with yours and one with it; raise --max-seconds.")
+        unmeasured = f" ({len(ts) - len(ok)} more could not be measured)" if len(ok) < len(ts) else ""
+        return (f"None of the {len(ok)} setting(s) {'measured' if unmeasured else 'tried'} beats yours beyond the "
+                f"noise{unmeasured}: keep your settings.")
+    fig = f"{b.speedup:.2f}\u00d7" + (f" ({interval(b.outcome)})" if interval(b.outcome) else "")
+    where = ("within the noise of the ceiling" if top else
+             f"the ceiling is {ceiling:.2f}\u00d7" if ceiling else "the ceiling is not known")
+    return f"Best: {settings_text(b.settings)}: {fig} your speed; {where}."
+

@@ -1,0 +1,245 @@
+"""Every recommended setting measured before it is printed.
+
+When the advice recommends settings the tool can apply itself (num_workers, pin_memory,
+prefetch_factor, persistent_workers, the step's torch threads), the full pipeline runs
+with them and with the user's own in alternating visits (user, candidate, candidate,
+user, ...: a machine drifting over the trial weighs on both alike), within the
+verification's budget. The speed-up is the geometric mean of the pairs of visits taken
+next to each other, real when beyond the noise by the one comparison (outcome.py,
+stats.compare on stats.paired). A candidate that does not help
+is said so, and the next one is tried while the budget lasts (the workers with fewer
+torch threads, the workers alone, one worker fewer).
+
+`Trials` is a schedule (as rounds.Rounds): it yields the visits of the full pipeline to
+drive and keeps their raw windows in the report's `verification`; outcome.py derives
+each advice item's `verified` block from those windows.
+
+The user's objects are never changed: every visit builds its loader from a modified
+copy of the LoaderSpec, and the thread count is set for the candidate's visits only
+(and restored after each, and with the rest of the user's state after the run).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from ..measure.experiment import Experiment
+from .outcome import APPLICABLE, THREADS, outcome
+from ..core.results import Measured, Trial, Verification, VisitWindow
+from ..measure.visit import Visit
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .advice import Finding
+
+# Share of --max-seconds kept for verification by default, from the rounds that only
+# settle the verdict (after the first two): a trial visits the full pipeline four times
+# at least, about 1 s each on a 2-core machine, so a quarter of the default 30 s is
+# about one candidate and the start of a second. A verdict that settles early leaves more.
+VERIFY_SHARE = 0.25
+# Visits per trial: decided after each A B B A block from MIN_BLOCKS on, given up (within
+# noise) after MAX_BLOCKS. A candidate found slower stops there (it is not a fix, however
+# precise the figure); one that helps goes on (budget allowing) until its figure is within
+# +-TARGET_SPREAD: "1.55x (+-41%)" decides, but says little about the gain. Each later
+# candidate is owed MIN_BLOCKS blocks of the budget, so the first cannot spend it all.
+MIN_BLOCKS = 1
+MAX_BLOCKS = 3
+TARGET_SPREAD = 0.15
+BLOCK = (False, True, True, False)  # True: the candidate's visit
+# Candidates tried per advice item at most.
+MAX_CANDIDATES = 3
+
+
+# --------------------------------------------------------------------------------------
+# What to try
+# --------------------------------------------------------------------------------------
+
+
+def candidates(finding: Finding, *, threads: int, cores: int, on_cpu: bool) -> list:
+    """The settings to try for one advice item, best guess first: the applicable part of
+    its recommendation; on the CPU, where workers and the step share the cores, the same
+    workers with the step's threads lowered to the cores left (or, when the
+    recommendation lowers them already, the workers alone); then one worker fewer
+    (workers recommended to a loader without persistent workers come with
+    persistent_workers=True, advice._workers, and every candidate keeps it)."""
+    rec = dict(finding.numbers.get("recommended") or {})
+    first = {k: v for k, v in rec.items() if k in APPLICABLE}
+    if not first or finding.numbers.get("not_checked"):  # an item this check cannot measure says why itself
+        return []
+    out = [first]
+    workers = first.get("num_workers")
+    if workers:
+        alone = {k: v for k, v in first.items() if k != THREADS}
+        fewer = max(1, cores - workers)
+        if THREADS in first:
+            out.append(alone)
+        elif on_cpu and threads > fewer:
+            out.append(dict(first, **{THREADS: fewer}))
+        if workers > 1:
+            out.append(dict(first, num_workers=workers - 1))
+    unique: list = []
+    for c in out:
+        if c not in unique:
+            unique.append(c)
+    return unique[:MAX_CANDIDATES]
+
+
+# --------------------------------------------------------------------------------------
+# The schedule
+# --------------------------------------------------------------------------------------
+
+
+class Trials:
+    """The candidates of every advice item that recommends applicable settings, measured
+    within `budget_s` seconds of the experiment's clock. `result` is the report's
+    `verification` (results.Verification: raw windows; outcome.verified derives the rest)."""
+
+    def __init__(self, exp: Experiment, advice: list, *, budget_s: float, threads: int, cores: int) -> None:
+        self.exp = exp
+        self.budget_s = budget_s
+        on_cpu = exp.device.type == "cpu"
+        items = [(f, candidates(f, threads=threads, cores=cores, on_cpu=on_cpu)) for f in advice]
+        self.items = [(f, c) for f, c in items if c]
+        self.result = Verification(status="not run")
+
+    def __iter__(self) -> Iterator[Visit]:
+        exp = self.exp
+        start = exp.clock()
+        deadline = start + self.budget_s
+        trials: list = []
+        try:
+            for i, (finding, cands) in enumerate(self.items):
+                for k, settings in enumerate(cands):
+                    if not self._fits(deadline):
+                        break
+                    exp.emit({"event": "verify", "item": finding.kind, "settings": settings})
+                    # the candidates after this one are each owed MIN_BLOCKS blocks
+                    later = len(cands) - k - 1 + sum(len(c) for _, c in self.items[i + 1:])
+                    trial = yield from self._trial(finding.kind, settings, deadline,
+                                                   owed=len(BLOCK) * MIN_BLOCKS * later)
+                    trials.append(trial)
+                    if outcome(trial, exp.batch_size).status == "helps":
+                        break  # the first candidate that helps is the one to print
+        finally:
+            status = "ok" if trials else ("skipped" if not self.items else "out of time")
+            self.result = Verification(status=status, budget_s=round(self.budget_s, 3),
+                                       elapsed_s=round(exp.clock() - start, 3), trials=tuple(trials))
+
+    def _fits(self, deadline: float) -> bool:
+        return fits(self.exp, "full", deadline)
+
+    def _trial(self, item: str, settings: dict, deadline: float, owed: int = 0):
+        return (yield from trial(self.exp, item, settings, deadline, owed=owed))
+
+
+def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: int = 0):
+    """The user's settings and the candidate `settings` in A B B A blocks of full-pipeline
+    visits (`alternate`), until a block ends with the candidate decided slower, or decided
+    helping within TARGET_SPREAD: a Trial. The advice's check (Trials) and the search of
+    --tune (tune.Search) measure each candidate so."""
+
+    def decided(sides: dict) -> bool:
+        o = outcome(Trial(item, dict(settings), dump(sides[False]), dump(sides[True])), exp.batch_size)
+        return o.status == "slower" or (o.status == "helps" and (o.spread or float("inf")) <= TARGET_SPREAD)
+    sides, error = yield from alternate(
+        exp, "full", lambda candidate, visit_deadline: _visit(exp, settings if candidate else {}, visit_deadline,
+                                                              deadline),
+        deadline, owed=owed, decided=decided)
+    return Trial(item, dict(settings), dump(sides[False]), dump(sides[True]), error)
+
+
+def fits(exp: Experiment, point: str, deadline: float, least: float = 0.0) -> bool:
+    """Is there time before `deadline` for a visit of `point` with one window (`least`:
+    what the side's earlier visits showed one takes, see `Lead`)? (Its first step runs
+    whatever is left: a long step would outrun --max-seconds.)"""
+    return deadline - exp.clock() >= max(1e-9, least, exp.least_visit_seconds(point, windows=1))
+
+
+class Lead:
+    """What a side's visits took, learned from its last one: the time before its first
+    kept window (opening, first batch, warm-up and warm-up windows) and its longest
+    window. The plan's estimate (Experiment.least_visit_seconds) knows only the step:
+    a side whose loader ends its epochs and forks its workers again at each (the user's
+    side of a persistent_workers trial: 0.2 s of start-up every 4 batches) or whose
+    workers take long to start needs several times that, and visits given the plan's
+    share ended before a window, one after the other (a busy 2-core machine: 2 windows
+    in 12 s on the user's side). A visit that ended with no window counts its whole time
+    for both, so the next gets at least three times as long."""
+
+    def __init__(self) -> None:
+        self.lead = self.window = 0.0
+
+    @classmethod
+    def of_point(cls, p: Any) -> "Lead":
+        """A side's first guess, before its own first visit: what the bisection's visits
+        of the same point took (its first batch, which started its workers, the warm-up
+        steps of a visit, its longest window). Without it, a first visit given an equal
+        share of a short budget ended before a window where the workers start slowly (a
+        GPU machine's 15 workers: no window in 24 s of --tune on the torchvision
+        reference, every candidate 'not measured')."""
+        out = cls()
+        tp = getattr(p, "throughput", None) if p is not None and getattr(p, "ok", False) else None
+        if tp is None or not tp.windows:
+            return out
+        out.window = max(w.seconds for w in tp.windows)
+        visits = max(1, getattr(p, "visits", 1) or 1)
+        out.lead = (p.first_batch_seconds or 0.0) + p.warmup_steps / visits * tp.sec_per_batch
+        return out
+
+    def learn(self, m: Measured, seconds: float) -> None:
+        if not m.windows:
+            self.lead = self.window = seconds
+            return
+        self.window = max(w.seconds for w in m.windows)
+        self.lead = m.opened_seconds + (m.first_batch_seconds or 0.0) + m.warmup_seconds + m.warmup_windows * self.window
+
+    def least(self, windows: int) -> float:
+        """The least time a visit of this side needs for `windows` windows (0 before any)."""
+        return self.lead + windows * self.window
+
+
+def alternate(exp: Experiment, point: str, visit_of: Callable[[bool, float], Visit], deadline: float, *,
+              owed: int = 0, decided: Callable[[dict], bool] = lambda sides: False, blocks: int = MAX_BLOCKS):
+    """Two sides of a comparison in A B B A blocks of visits of `point` (a machine drifting
+    over them weighs on both alike): `visit_of(side, visit_deadline)` builds a side's visit
+    (False: the reference, True: the other). Until a block ends, from MIN_BLOCKS on, with
+    `decided(sides)`; `blocks` blocks; the deadline; or a visit's error. Each visit gets
+    an equal share of what is left, counting `owed` visits of later comparisons, and at
+    least what the side's last visit showed two windows take (`Lead`; before its first,
+    what the bisection's visits of the point took: Lead.of_point). Returns
+    (the windows of each side, one list per visit; the error, or None). The advice's check
+    (Trials) and the confirmation in the pipeline (confirm.py) are its two users."""
+    sides: dict = {False: [], True: []}
+    leads = {side: Lead.of_point(exp.results.get(point)) for side in (False, True)}
+    total = len(BLOCK) * blocks
+    for i in range(total):
+        side = BLOCK[i % len(BLOCK)]
+        now = exp.clock()
+        if not fits(exp, point, deadline, leads[side].least(1)):
+            break
+        share = (deadline - now) / (total - i + owed)
+        visit = visit_of(side, exp.visit_deadline(point, share, deadline, least=leads[side].least(2)))
+        yield visit
+        m = visit.measured
+        leads[side].learn(m, exp.clock() - now)
+        if m.error is not None:  # this side breaks the pipeline: say so
+            return sides, f"{type(m.error).__name__}: {m.error}"[:300]
+        # a visit without a window keeps its place: visit i of one side is paired with
+        # visit i of the other (outcome.compared)
+        sides[side].append(list(m.windows))
+        if (i + 1) % len(BLOCK) == 0 and (i + 1) // len(BLOCK) >= MIN_BLOCKS and decided(sides):
+            break
+    return sides, None
+
+
+def _visit(exp: Experiment, settings: dict, deadline: float, end: float) -> Visit:
+    """One visit of the full pipeline with `settings` applied ({}: the user's own), as the
+    bisection visits `full` (same dataset copy, transfer, step and plan), but with the
+    epochs ending as in the user's loop: workers added are forked again every epoch
+    unless persistent, and that is part of what they cost."""
+    return exp.visit("full", deadline, spec=exp.spec.with_settings(settings), epochs=True,
+                     threads=settings.get(THREADS), end=end)
+
+
+def dump(visits: list) -> tuple:
+    """The windows of a side's visits as the document keeps them, each with its visit."""
+    return tuple(VisitWindow(w.steps, w.seconds, v) for v, windows in enumerate(visits) for w in windows)

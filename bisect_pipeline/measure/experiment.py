@@ -1,0 +1,681 @@
+"""One experiment: what a bisection carries from phase to phase (Experiment), the phases
+before any point is measured (fill the caches, probe the step, hold the allocator), and
+the visits of its points, which every schedule asks for here: rounds.py (one process),
+distributed.py (torchrun), verify.py (the advice's check) and sweep.py."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import torch
+from torch.utils.data import DataLoader
+
+from . import allocator, cache, devices, sources
+from ..core import faults, tree
+from ..pipeline import split
+from ..derive import witness
+from ..pipeline.integrations import timm
+from ..pipeline.loader import LoaderSpec
+from .plan import Budget, Plan
+from ..core.results import (NOT_SELECTED, AllocatorHold, AllocatorTiming, CacheInfo, Isolated, Measurements, Note,
+                            PointResult, RunInfo, Syncs, Tuning, Verification)
+from ..core.stats import Throughput
+from ..pipeline.step import make_step, to_device as default_to_device
+from ..derive.verdict import POINTS, Verdict, decide
+from .visit import LOCAL, Pace, Visit
+
+# Measured from the ceiling down, so the most trustworthy numbers come first and a
+# run cut short by --max-seconds still has a ceiling to compare with.
+MEASURE_ORDER = tuple(reversed(POINTS))
+# Share of --max-seconds the cache fill may take before it settles for fewer batches.
+CACHE_TIME_SHARE = 0.2
+# A hang is cut at the latest this long after --max-seconds (or after the fill's own
+# time budget, once a batch is cached): a run ends within --max-seconds plus this plus
+# the shutdown of its workers.
+HANG_GRACE_S = 5.0
+# In a user's loop (loop.py), a pause between two requests longer than this many times
+# the warm-up's step (and than a window) is not the loop's own work: an evaluation, a
+# checkpoint, an epoch's end the loader could not see; its window is discarded. Periodic
+# work shorter than that (a log line every N steps) is part of the loop and stays in.
+LOOP_GAP_FACTOR = 20.0
+# The step timed alone before and after the allocator is held still (the `allocator`
+# advice): this share of --max-seconds, at most ALLOCATOR_SECONDS.
+ALLOCATOR_SHARE = 0.02
+ALLOCATOR_SECONDS = 1.0
+# It takes at least allocator.LEAST_STEPS steps: where those would take more than this
+# share of --max-seconds (a step of a second or more), the step is not timed alone.
+ALLOCATOR_MAX_SHARE = 0.1
+
+
+@dataclasses.dataclass
+class Experiment:
+    """One bisection: the pipeline, the device, the plan and clock, the step and transfer,
+    the caches once filled, and the points' results as they come."""
+
+    spec: LoaderSpec
+    device: torch.device
+    plan: Plan
+    clock: Callable[[], float]
+    progress: Callable[[dict], None]  # where `emit` sends the events (progress.py words them)
+    step_timeout: Optional[float]
+    start: float
+    end: float  # start + max_seconds: the hard end
+    deadline: float  # when measuring points stops
+    # when the rounds that only settle the verdict stop (after plan.min_rounds): room
+    # left for the verification of the advice (verify.py)
+    settle_deadline: float = 0.0
+    # the rounds after the minimum stop at settle_deadline with an inconclusive verdict
+    # too (--tune: the search needs the ceiling and the stage costs, not a named stage)
+    settle_undecided: bool = False
+    step: Any = None
+    move: Any = None
+    caches: Optional[cache.Caches] = None
+    fresh: bool = False  # the step changes its batch in place: cached points hand it copies
+    # The step is a user's own loop (loop.py): batches are handed over as the loader
+    # yields them (the loop moves them itself), the windows its pauses fall in are
+    # discarded, and the watchdog watches the fetching only.
+    loop: bool = False
+    room: Callable[[], Optional[int]] = lambda: None  # the batches left in the loop's epoch (loop.py)
+    # the batches the user's script has left to give, where it is known (loop.py: its
+    # loader's length times the epochs its command line asks for); None: as many as asked
+    batches_left: Callable[[], Optional[int]] = lambda: None
+    wrapper: Any = None  # the user's loader wrapper every point's batches go through (integrations.timm)
+    results: dict = dataclasses.field(default_factory=dict)
+    notes: list = dataclasses.field(default_factory=list)  # results.Note, as seen while measuring
+    visits: int = 0
+    # What the phases besides the points measured, as they run.
+    allocator_timing: Optional[AllocatorTiming] = None
+    schedule: dict = dataclasses.field(default_factory=dict)  # the RunInfo fields of the schedule (rounds.Rounds)
+    isolated: Optional[Isolated] = None
+    syncs: Optional[Syncs] = None
+    verification: Optional[Verification] = None
+    tuning: Optional[Tuning] = None  # the search of --tune (tune.py)
+    waits: dict = dataclasses.field(default_factory=dict)  # lockstep: per point, the wait for data per batch
+    step_alone: Optional[float] = None  # seconds of one step timed alone (hold_allocator), when it was
+    at: Optional[dict] = None  # the last "point" event, while its visit's windows come
+    # point -> (ExitStack, next_batch, move, source): replay loaders kept between the visits
+    # of the rounds, their workers started once (keeps; open, keep=True; close_kept)
+    kept: dict = dataclasses.field(default_factory=dict)
+    budget: Optional[Budget] = None  # --max-seconds divided up front (api.start)
+    epoch_start: Optional[dict] = None  # the pause at each epoch's start (phases.epoch_start)
+
+    def __post_init__(self) -> None:
+        self.settle_deadline = min(self.settle_deadline or self.deadline, self.deadline)
+
+    def emit(self, event: dict) -> None:
+        """Send a progress event (progress.describe lists them). A window event carries the
+        index and total of the point event before it, so that it is worded on its own."""
+        kind = event.get("event")
+        if kind == "point":
+            self.at = event
+        elif kind == "window" and self.at is not None and self.at.get("point") == event.get("point"):
+            event = dict(event, index=self.at["index"], total=self.at["total"])
+        elif kind != "warning":  # another phase: its windows are not the point's
+            self.at = None
+        self.progress(event)
+
+    @property
+    def batch_size(self) -> float:
+        return self.caches.batch_size if self.caches else (self.spec.batch_size or 1)
+
+    def sync(self) -> None:
+        devices.synchronizer(self.device)()
+
+    def note(self, kind: str, message: str, point: Optional[str] = None, detail: Optional[str] = None) -> None:
+        """A warning for the report: `message` one line, what was seen and the next step;
+        `detail` the why beneath it (results.Note)."""
+        self.notes.append(Note(kind, message, point, detail=detail))
+
+    def step_estimate(self) -> Optional[float]:
+        """Seconds a training step takes at most, from what was measured so far: the
+        fastest point (its time per batch includes the step), else the step timed alone
+        (hold_allocator), else the fastest first batch of a visit that ended before a
+        window (a batch and its step: steps of seconds show here first); None before any."""
+        measured = [p.throughput.sec_per_batch for p in self.results.values() if p.ok]
+        if measured:
+            return min(measured)
+        if self.step_alone is not None:
+            return self.step_alone
+        firsts = [p.first_batch_seconds for p in self.results.values() if no_window(p) and p.first_batch_seconds]
+        return min(firsts) if firsts else None
+
+    def least_visit_steps(self, name: str) -> int:
+        """The fewest batches a visit of `name` takes: its first batch, its warm-up (and the
+        prefetched batches) and its windows at their least (Plan.least_visit_steps of a
+        step too long for more than min_window_steps a window)."""
+        plan, prefetch = self.visit_plan(name, fit=False)
+        return plan.least_visit_steps(math.inf, self.start_prefetch(name, prefetch, self.keeps(name)))
+
+    def least_visit_seconds(self, name: str, spec: Optional[LoaderSpec] = None, *, windows: Optional[int] = None,
+                            spare: int = 0) -> float:
+        """The least time a visit of `name` takes as `visit` would plan it (Plan.
+        least_visit_seconds at step_estimate), with `windows` windows (the plan's by
+        default) and `spare` more; 0 while the step's time is not known."""
+        sec_per_step = self.step_estimate()
+        if sec_per_step is None:
+            return 0.0
+        plan, prefetch = self.visit_plan(name, spec)
+        n = (plan.windows_per_visit if windows is None else windows) + spare
+        return plan.least_visit_seconds(sec_per_step, self.start_prefetch(name, prefetch, spec is None), n)
+
+    def visit_plan(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False,
+                   fit: bool = True) -> tuple[Plan, int]:
+        """The plan a visit of point `name` follows, fitted to the step as far as it is
+        known (Plan.for_step), and the batches its loader has prefetched when it starts:
+        none where the batches are cached on the host or device; behind a long step, the
+        first batch of each worker at most (workers start together, so only those come
+        out at once: the queue fills beyond them only when the workers outpace the step).
+        `fit=False`: not fitted here (under torchrun each rank knows its own step, and the
+        ranks' warm-ups must be alike: the visit fits the plan to rank 0's estimate).
+        With `epochs` (the loader ends its epochs: open), windows of whole epochs
+        (Plan.for_epochs) where the user's loader starts its workers again every epoch, a
+        cost the check must count at its rate, on both sides of a trial alike (elsewhere an
+        epoch's end costs little, and windows stay short); not in a user's loop, whose own
+        epoch ends void its windows."""
+        spec = spec or self.spec
+        est = self.step_estimate() if fit else None
+        cached = name in ("host", "device")  # no worker hands these batches over
+        plan = self.plan.for_workers(0 if cached else spec.num_workers)
+        if epochs and not self.loop and self.spec.num_workers > 0 and not self.spec.persistent_workers:
+            plan = plan.for_epochs(spec.batches_per_epoch)
+        plan = plan.for_step(est)
+        prefetch = 0 if cached else spec.prefetch_depth
+        return plan, (min(prefetch, spec.num_workers) if plan.long(est) else prefetch)
+
+    def visit_deadline(self, name: str, share: float, limit: float, spec: Optional[LoaderSpec] = None,
+                       least: float = 0.0) -> float:
+        """When a visit of `name` given `share` seconds of a schedule ends: at least its
+        least time with a spare window (for a first pair that disagrees), or `least` where
+        the schedule saw more (verify.Lead), where that is left before `limit`: a share
+        too short for two windows measures no spread."""
+        now = self.clock()
+        return now + min(limit - now, max(share, least, self.least_visit_seconds(name, spec, spare=1)))
+
+    def watchdog(self, what: Callable[[], str], end: Optional[float] = None) -> faults.Watchdog:
+        """A watchdog for one phase: --step-timeout without progress, or `end` (the hard
+        end by default) plus HANG_GRACE_S."""
+        return faults.Watchdog(self.step_timeout, what, end=(self.end if end is None else end) + HANG_GRACE_S
+                               - self.clock())
+
+    def decide(self, noise_scale: float = 1.0) -> Verdict:
+        ok = {n: p.throughput for n, p in self.results.items() if p.status == "ok"}
+        skipped = {n: p.reason or "" for n, p in self.results.items()
+                   if p.status == "skipped" and p.reason != NOT_SELECTED}
+        alone = witness.alone(self.isolated, {"num_workers": getattr(self.spec, "num_workers", 0)},
+                              str(self.device))  # the second witness
+        return decide(ok, self.batch_size, skipped, noise_scale=noise_scale, alone=alone)
+
+    def use(self, wl: Any) -> None:
+        """The workload's step (the default one built now: inside the run, whose state is
+        restored afterwards), its transfer to this device, and its loader wrapper."""
+        self.step = make_step(wl.model, wl.optimizer, wl.loss_fn, wl.step)
+        move, dev = wl.to_device or default_to_device, self.device
+        self.move = lambda batch: move(batch, dev)
+        self.wrapper = wl.wrapper
+
+    def not_applicable(self, name: str) -> Optional[PointResult]:
+        if name == "host" and self.device.type == "cpu":
+            return PointResult(name, "skipped", reason="no accelerator: host and device coincide")
+        if name == "collated" and self.spec.num_workers == 0 and not (self.spec.pin_memory and self.device.type != "cpu"):
+            return PointResult(name, "skipped", reason="num_workers=0: no worker hands batches over and nothing pins "
+                                                       "them, so collated and host coincide (no handoff)")
+        if name == "raw" and self.caches is not None and self.caches.raw_calls is None:
+            return PointResult(name, "unavailable", reason=self.caches.raw_reason)
+        return None
+
+    # -- the points' sources and visits ---------------------------------------------
+
+    @contextlib.contextmanager
+    def open(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False,
+             threads: Optional[int] = None, calls: Optional[list] = None, *, keep: bool = False) -> Iterator[tuple]:
+        """The point's batch source, open: (next_batch, the transfer applied to each batch
+        or None when the batches are already on the device). `spec`: other loader settings
+        for `full` (verify.py, sweep.py); the user's own by default. `epochs`: `full` ends
+        its epochs as the user's loop does (sources.full_loader). `threads`: the step's
+        intra-op threads while the source is open, restored after. `calls`: the transform
+        calls `raw` replays, one list per cached sample (the recorded ones by default;
+        confirm.py replays part of a Compose from a cached intermediate). `keep`: the
+        user's settings, left open after the visit for the next one (close_kept)."""
+        before = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(int(threads))
+        try:
+            if keep:
+                yield from self._kept(name)
+            else:
+                source, move = self._source(name, spec or self.spec, epochs, calls)
+                with source as next_batch:
+                    yield next_batch, move
+        finally:
+            if threads:
+                torch.set_num_threads(before)
+
+    def keeps(self, name: str) -> bool:
+        """Whether point `name`'s replay loader stays open from one visit to the next
+        (`open`, keep): its workers started once. Each visit of a loader started anew
+        pays for the start in its first steps, beyond the untimed first batch: a worker
+        pool forked from this process shares its memory copy-on-write, so the step after
+        the fork copies every page it writes (a MobileNet step on 2 cores: 1.9 s instead
+        of 0.85, the next one 1.0), time a long step's visit has no warm-up for, and a
+        few seconds of every round with steps of a second. A loader parked between
+        visits (`parks`) does no work meanwhile; one that cannot be parked is kept open
+        only where your workers are persistent (it finishes the batches in flight, a
+        batch or two per worker, while the next point starts, as at the end of a visit
+        of your loop's own pool). A pool is kept only while the machine has the memory
+        for it (room_for_a_pool)."""
+        if name in self.kept:
+            return True
+        if name in ("host", "device") or self.spec.num_workers == 0:
+            return False
+        return (self.parks(name) or bool(getattr(self.spec, "persistent_workers", False))) and room_for_a_pool()
+
+    def parks(self, name: str) -> bool:
+        """Whether point `name`'s replay loader can be parked between visits (sources.
+        LoaderSource.park): a DataLoader over a map-style dataset (the cached points,
+        and `full` but for an IterableDataset), not behind a loader wrapper, with
+        workers. Its workers are then persistent, a setting that differs from yours only
+        at an epoch's end, which no window holds (the advice's check measures that end
+        with your setting)."""
+        spec = self.spec
+        return (name not in ("host", "device") and spec.num_workers > 0 and self.wrapper is None
+                and spec.loader_cls is DataLoader and not (name == "full" and spec.iterable))
+
+    def resumes(self, name: str) -> bool:
+        """Whether the next visit of point `name` resumes its parked replay loader: its
+        queue was emptied at the park and its workers idle since, so at the resume they
+        start together on an empty queue, as in their steady state after a batch each:
+        no batch is ready ahead of the step but where the step is the slower side, which
+        is that steady state too. Its warm-up is then the plan's alone, without the
+        prefetch that a start (the first steps slow after the fork, the workers filling
+        the queue meanwhile) or a pause (the queue filled) holds. Measured (scripts/
+        bench_resume_steps.py; DCGAN example,
+        2 workers, 6 resumes, median ms by step after the resume): 1193, 677, 614, 572,
+        580, 568 ... (steps 2-3 slower, within the plan's 2 warm-up steps, none faster);
+        ImageNet example (a long step, no warm-up step): 1699, 1086, 1108, 1096, 1135.
+        (A pool kept open without parking made its batches in flight meanwhile.)"""
+        source = self.kept[name][3] if name in self.kept else None
+        return isinstance(source, sources.LoaderSource) and source.parked
+
+    def start_prefetch(self, name: str, prefetch: int, kept: bool, lockstep: bool = False) -> int:
+        """The batches a visit of `name` may find ready at its start (its warm-up steps
+        through them): `prefetch`, or none where it resumes a parked pool (`kept`: it uses
+        the kept source; resumes). Under torchrun every rank warms up alike, whether its
+        own pool was kept (room_for_a_pool) or not: the whole prefetch."""
+        return 0 if kept and not lockstep and self.resumes(name) else prefetch
+
+    def _kept(self, name: str) -> Iterator[tuple]:
+        """The point's source as `open` gives it, opened at its first visit and kept
+        after it: parked (its epoch ended after the batches in flight, its workers idle)
+        and resumed at the next visit, whose first batch and warm-up then go as at a
+        first visit without the workers' start; or, where it cannot be parked, left
+        open. A visit that fails closes it (its workers terminated, as `open` does)."""
+        if name not in self.kept:
+            stack = contextlib.ExitStack()
+            source, move = self._source(name, self.spec, False, park=self.parks(name))
+            self.kept[name] = (stack, stack.enter_context(source), move, source)
+        stack, next_batch, move, source = self.kept[name]
+        gated = isinstance(source, sources.LoaderSource) and source.gate is not None
+        if gated:
+            source.resume()  # (nothing to resume at the first visit)
+        try:
+            yield next_batch, move
+            parked = not gated or source.park()  # (not parkable: left open, its workers persistent)
+        except BaseException as exc:
+            del self.kept[name]
+            stack.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        if not parked:  # its epoch did not end: not left running beside the next point
+            del self.kept[name]
+            stack.close()
+
+    def close_kept(self, keep: Iterable = ()) -> None:
+        """Close the sources kept open between visits (their workers shut down), but those
+        of the points in `keep`."""
+        for name in [n for n in self.kept if n not in keep]:
+            stack = self.kept.pop(name)[0]
+            stack.close()
+
+    def _source(self, name: str, spec: LoaderSpec, epochs: bool, calls: Optional[list] = None,
+                park: bool = False) -> tuple:
+        caches = self.caches
+        if name == "device":
+            host = sources.host_batches(caches, spec, self.device)
+            return sources.cached_source(sources.device_batches(host, self.move, self.device), self.fresh), None
+        if name == "full":
+            source = sources.full_loader(spec, caches.dataset if caches else _tagged_copy(spec), epochs, park)
+        elif name == "raw":
+            source = sources.sample_loader(spec, sources.RawReplay(caches.samples, calls or caches.raw_calls),
+                                           caches.groups, park)
+        elif name == "augmented":
+            source = sources.sample_loader(spec, sources.SampleCache(caches.samples), caches.groups, park)
+        elif name == "collated":
+            source = sources.batch_loader(spec, caches.batches, self.fresh and self.device.type == "cpu", park)
+        else:  # host
+            source = sources.cached_source(sources.host_batches(caches, spec, self.device))
+        if self.loop:  # the user's loop moves its batches itself
+            return source, None
+        if self.wrapper is not None:  # the user's wrapper moves the batches, overlapping the step
+            return timm.through(self.wrapper, source), None
+        if self.fresh and self.device.type != "cpu":
+            # A step that changes its batch gets a copy made on the device after the
+            # transfer, as the device point makes one: the host batch stays pinned, and
+            # both sides of `transfer` pay the same copy.
+            return source, self._move_then_copy
+        return source, self.move
+
+    def _move_then_copy(self, batch: Any) -> Any:
+        return tree.clone(self.move(batch))
+
+    def visit(self, name: str, deadline: float, *, spec: Optional[LoaderSpec] = None, epochs: bool = False,
+              threads: Optional[int] = None, keep: Optional[int] = None, pace: Pace = LOCAL,
+              end: Optional[float] = None, skip: bool = False, calls: Optional[list] = None,
+              keep_open: bool = False, max_steps: Optional[int] = None) -> Visit:
+        """One visit of point `name` until `deadline`, for a schedule to hand to its driver
+        (visit.drive, or a user's loop). `spec`, `epochs`, `threads`, `calls`: see `open`; `keep`:
+        windows to keep (plan.windows_per_visit); `end`: the watchdog's hard end (the
+        run's by default); `skip`: take part in a lockstep point without steps;
+        `keep_open`: the source stays open for the next visit (`open`, keep); `max_steps`:
+        the most batches it may take (Plan.for_steps: a script's batches shared out)."""
+        spec = spec or self.spec
+        plan, prefetch = self.visit_plan(name, spec, epochs, fit=not pace.lockstep)
+        first_prefetch = self.start_prefetch(name, prefetch, keep_open, pace.lockstep)
+        plan = plan.for_steps(max_steps, first_prefetch)
+        self.visits += 1
+        return Visit(
+            name, None if skip else (lambda: self.open(name, spec, epochs, threads, calls, keep=keep_open)),
+            batch_size=self.batch_size, plan=plan, deadline=deadline,
+            clock=self.clock, sync=self.sync, keep=keep, pace=pace, prefetch_depth=prefetch,
+            first_prefetch=first_prefetch,
+            watchdog=lambda: self.watchdog(lambda: f"point {name}", end),
+            on_window=lambda i, w: self.emit({"event": "window", "point": name, "window": i,
+                                              "max_windows": keep or self.plan.windows_per_visit}),
+            # under torchrun a pause seen on one rank only would break the lockstep: there
+            # only the epoch ends, which every rank sees at the same step, void a window
+            gap_factor=LOOP_GAP_FACTOR if self.loop and not pace.lockstep else None,
+            consumer_unwatched=self.loop, room=self.room)
+
+    def result(self, visit: Visit, batch_size: Optional[float] = None) -> PointResult:
+        """The point's result of one visit: ok with its windows, failed with the stage
+        whose code raised, or out of time before a window."""
+        m, name = visit.measured, visit.point
+        first = None if m.first_batch_seconds is None else m.opened_seconds + m.first_batch_seconds
+        if m.error is not None:
+            return self.failed(name, m.error)
+        if m.peer_failed:
+            return PointResult(name, "failed", reason="another rank failed at this point", failed_stage="peer")
+        if not m.windows:
+            return PointResult(name, "failed", reason="out of time before one window was measured (raise --max-seconds)",
+                               first_batch_seconds=first, warmup_steps=m.warmup_steps, stopped_by_deadline=True,
+                               discarded=m.discarded, pauses=m.pauses, paused_seconds=m.paused_seconds)
+        return PointResult(name, "ok", Throughput(m.windows, batch_size or self.batch_size), None, first,
+                           m.warmup_steps, m.stopped_by_deadline, steady=m.steady, wait_seconds=m.wait_seconds,
+                           discarded=m.discarded, pauses=m.pauses, paused_seconds=m.paused_seconds)
+
+    def failed(self, name: str, exc: BaseException) -> PointResult:
+        """A failed point: the stage whose code raised, and the original error."""
+        if isinstance(exc, faults.StepTimeout):
+            batch = faults.hang_location(exc) == "no batch"
+            if exc.past_end:
+                what = ("no batch came before the end of --max-seconds" if batch
+                        else "the training step was still running at the end of --max-seconds")
+            else:
+                what = (f"no batch in {self.step_timeout:g} s" if batch
+                        else f"the training step did not finish in {self.step_timeout:g} s") + " (--step-timeout)"
+            return PointResult(name, "failed", reason=f"{what}; its workers were terminated", failed_stage="hang")
+        stage, reason = faults.classify(exc)
+        if stage is None:
+            stage = _stage_from_traceback(exc, name, self.step, self.move)
+            if stage is not None:
+                reason = f"{stage} raised {reason}"
+        return PointResult(name, "failed", reason=reason, failed_stage=stage)
+
+
+    # -- what it measured ---------------------------------------------------------------
+
+    def measurements(self, selected: tuple, *, held: AllocatorHold, interrupted: bool, mode: str = "entry",
+                     source: Optional[dict] = None, unreached: Optional[str] = None) -> Measurements:
+        """Everything measured so far, typed: the input of diagnosis.diagnose. Points not
+        selected are `skipped`, points not reached `not run` (`unreached`: why, where it
+        was neither an interruption nor the time: a user's script that ended first)."""
+        for name in POINTS:
+            if name not in selected:
+                self.results[name] = PointResult(name, "skipped", reason=NOT_SELECTED)
+            elif name not in self.results:
+                why = "interrupted" if interrupted else (unreached or "out of time")
+                self.results[name] = PointResult(name, "not run", reason=why)
+            elif unreached and not interrupted and no_window(self.results[name]):
+                # its visits ran out before a window and the script then ended: more
+                # --max-seconds would not have measured it
+                self.results[name] = dataclasses.replace(self.results[name], reason=f"no window measured: {unreached}")
+                # nor is "raise --max-seconds" the next step the point's budget note said it was
+                self.notes = [n for n in self.notes if not (n.kind == "budget" and n.point == name)]
+        complete = not interrupted and all(p.status != "not run" and not p.stopped_by_deadline
+                                           for p in self.results.values())
+        b = self.budget
+        run = RunInfo(max_seconds=round(b.max_seconds if b else self.end - self.start, 6),
+                      elapsed_s=round(self.clock() - self.start, 3), **_versions(), allocator=held, **self.schedule,
+                      budget=b.to_dict() if b else None, startup_s=b.startup_s if b else None,
+                      epoch_start=self.epoch_start)
+        isolated = self.isolated
+        if isolated is not None and isolated.ok and self.allocator_timing is not None:
+            isolated = dataclasses.replace(isolated, allocator=self.allocator_timing)
+        return Measurements(device=str(self.device), batch_size=self.batch_size, points=tuple(self.results.values()),
+                            batch_size_source=self._size_source(), loader=self.spec.settings(),
+                            cache=self._cache_info(), run=run, isolated=isolated, syncs=self.syncs,
+                            verification=self.verification, tune=self.tuning, notes=tuple(self.notes),
+                            complete=complete,
+                            interrupted=interrupted, mode=mode, source=source)
+
+    def _size_source(self) -> str:
+        if self.caches is not None:
+            return self.caches.batch_size_source
+        return "DataLoader.batch_size" if self.spec.batch_size is not None else "unknown (the caches could not be filled)"
+
+    def _cache_info(self) -> CacheInfo:
+        c = self.caches
+        if c is None:
+            return CacheInfo()
+        return CacheInfo(batches=c.n_batches, samples=len(c.samples), batch_bytes=c.batch_bytes,
+                         fill_seconds=round(c.fill_seconds, 4), limited_by=c.limited_by,
+                         raw_transforms=tuple(c.raw_found), held=dict(c.held) or None, budget_bytes=c.budget_bytes)
+
+
+def _versions() -> dict:
+    import platform
+
+    import torchvision
+
+    return {"torch": torch.__version__, "torchvision": torchvision.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "cpu_count": os.cpu_count()}
+
+
+# --------------------------------------------------------------------------------------
+# Before the points
+# --------------------------------------------------------------------------------------
+
+
+def fill(exp: Experiment, selected: tuple, *, cache_mb: float, cache_batches: int, max_seconds: float,
+         batch_size: Any = None) -> None:
+    """Fill the caches under the watchdog: a hang before the first batch is cut at the
+    hard end, one after it at the end of the fill's own time budget. When not even one
+    batch can be built, every cached point fails with the reason. First, the class the
+    replay loaders are built through (sources.loader_class)."""
+    exp.emit({"event": "cache", "message": "filling the caches"})
+    cls = exp.spec.loader_cls
+    exp.spec, why = sources.loader_class(exp.spec)
+    if why:
+        exp.notes.append(loader_note(cls, why))
+    budget = max(1.0, CACHE_TIME_SHARE * max_seconds)
+    t0 = exp.clock()
+    try:
+        with exp.watchdog(lambda: "building the caches") as dog:
+            def on_batch(n: int) -> None:
+                if n == 1:
+                    dog.end_in(max(0.0, budget - (exp.clock() - t0)) + 1.0, label="the fill's time budget")
+            exp.caches = cache.fill(exp.spec, cache_mb=cache_mb, max_batches=cache_batches, time_budget=budget,
+                                    clock=exp.clock, on_batch=on_batch, batch_size=batch_size)
+    except cache.FillError as exc:
+        for name in MEASURE_ORDER[:-1]:
+            if name in selected:
+                exp.results[name] = PointResult(name, "failed", reason=f"filling the cache failed: {exc.reason}",
+                                                failed_stage="hang" if exc.hang else exc.stage)
+        return
+    caches = exp.caches
+    exp.notes.extend(caches.warnings)  # pipeline problems seen while filling (a non-sharding IterableDataset)
+    shm = faults.shm_problem(exp.spec.num_workers, exp.spec.prefetch_depth, caches.batch_bytes, faults.shm_free_bytes())
+    if shm:
+        exp.notes.append(shm)
+    if caches.stopped_by:
+        exp.notes.append(fill_failed_note(caches.n_batches, caches.stopped_by))
+    for n in exp.notes:
+        exp.emit({"event": "warning", "message": n.message})
+
+
+def loader_note(cls: type, why: str) -> Note:
+    """The user's DataLoader subclass could not be rebuilt (sources.loader_class says why)."""
+    return Note("loader", f"{cls.__qualname__} could not be rebuilt: let it take DataLoader's arguments.", detail=why)
+
+
+def fill_failed_note(kept: int, reason: str) -> Note:
+    """Filling the caches stopped on an error after `kept` batches (kept and measured)."""
+    return Note("cache", f"Filling the caches failed after {kept} batch{'es' if kept != 1 else ''}: fix the error "
+                         "for more batches.", detail=reason)
+
+
+# A step that changes its input batch in place.
+FRESH_COPY = Note("step", "The step changes its input batch in place: leave the batch as it is given.",
+                  detail="the cached points hand the step a fresh copy each step, and the copy is in their time, "
+                         "not in the full pipeline's")
+
+
+def probe_step(exp: Experiment, coord: Any) -> None:
+    """One step on a copy of a cached batch: does the step change its input in place?
+    (It also makes the step's first, slow calls before anything is timed.) Under
+    torchrun every rank steps once, or the others would wait in DDP's all-reduce."""
+    if coord is None:
+        exp.fresh = exp.caches is not None and _step_mutates(exp)
+    else:
+        probe: list = []
+        coord.unit(lambda: probe.append(_step_mutates(exp)), exp.caches is None)
+        exp.fresh = bool(probe and probe[0])
+    if exp.fresh:
+        exp.notes.append(FRESH_COPY)
+
+
+def one_device_batch(exp: Experiment) -> Any:
+    """A cached batch on the device, as the `device` point hands it out."""
+    return sources.device_batches(sources.host_batches(exp.caches, exp.spec, exp.device, 1), exp.move, exp.device)[0]
+
+
+def _step_mutates(exp: Experiment) -> bool:
+    batch = one_device_batch(exp)
+    reference = tree.clone(batch)
+    try:
+        exp.step(batch)
+    except Exception:  # the points will fail with this error themselves
+        return False
+    exp.sync()
+    return not tree.same_values(batch, reference)
+
+
+def hold_allocator(exp: Experiment, held: allocator.Held, coord: Any, max_seconds: float) -> AllocatorTiming:
+    """Hold the allocator still for the rest of the run, timing the step alone just
+    before and after (allocator.Held.time_step) when that can be done here: on the CPU,
+    with a cached batch, in one process (under torchrun a step on one rank alone would
+    wait for the others in DDP's all-reduce)."""
+    why = ("the step runs on an accelerator" if exp.device.type != "cpu" else
+           "not timed under torch.distributed" if coord is not None else
+           "the caches could not be filled" if exp.caches is None else None)
+    if why is not None:
+        held.hold()
+        return AllocatorTiming.missing("skipped", why)
+    batch = one_device_batch(exp)
+    try:
+        with exp.watchdog(lambda: "the step timed alone (allocator)"):
+            t0 = exp.clock()
+            exp.step(batch)  # the first of the timing's warm-up steps, timed: is the step long?
+            exp.step_alone = exp.clock() - t0
+            least = exp.step_alone * allocator.LEAST_STEPS
+            if least > ALLOCATOR_MAX_SHARE * max_seconds:
+                return AllocatorTiming.missing(
+                    "skipped", f"one step takes {exp.step_alone:.2g} s: timing it before and after would take "
+                               f"{least:.0f} s, more than {ALLOCATOR_MAX_SHARE:.0%} of --max-seconds")
+            timing = held.time_step(lambda: exp.step(batch), min(ALLOCATOR_SECONDS, ALLOCATOR_SHARE * max_seconds),
+                                    exp.clock)
+            if timing.held_ms_per_batch:
+                exp.step_alone = timing.held_ms_per_batch / 1e3
+            return timing
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # the points will fail with this error themselves
+        return AllocatorTiming.missing("failed", f"{type(exc).__name__}: {exc}"[:300])
+    finally:
+        held.hold()
+
+
+# --------------------------------------------------------------------------------------
+# Which stage raised
+# --------------------------------------------------------------------------------------
+
+
+def _stage_from_traceback(exc: BaseException, point: str, train_step: Any, move: Any) -> Optional[str]:
+    """Untagged errors: in the step or the transfer (seen from the traceback, at no
+    per-step cost), else in the dataset's own __getitem__ (load) at the full point."""
+    seen = []
+    tb = exc.__traceback__
+    while tb is not None:
+        seen.append(tb.tb_frame.f_code)
+        tb = tb.tb_next
+    for stage, fn in (("step", train_step), ("transfer", move)):
+        code = _code_of(fn)
+        if code is not None and code in seen:
+            return stage
+    in_fetch = any(c.co_filename.replace(os.sep, "/").endswith("torch/utils/data/_utils/fetch.py") for c in seen)
+    if point == "full" and (in_fetch or "DataLoader worker" in str(exc)):
+        return "load"
+    return None
+
+
+def _code_of(fn: Any) -> Any:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        code = getattr(getattr(type(fn), "__call__", None), "__code__", None)
+    return code
+
+
+def room_for_a_pool() -> bool:
+    """Whether the machine has the memory for one more worker pool kept open: more
+    available than twice this process's resident size. A pool forked from this process
+    shares its pages copy-on-write and comes to hold the old copy of every page the step
+    writes afterwards (the ImageNet example's MobileNet on 2 cores: 0.6 GB a pool, 2.5 GB
+    for four). True where /proc cannot tell."""
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        with open("/proc/self/statm") as f:
+            resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, StopIteration, ValueError, IndexError):
+        return True
+    return available > 2 * resident
+
+
+def _tagged_copy(spec: LoaderSpec) -> Any:
+    """A copy of the dataset whose transforms name the augment stage when they raise
+    (not recording): for the full point when the caches could not be filled."""
+    if spec.iterable:
+        return None
+    try:
+        return split.instrument(spec.dataset).dataset
+    except Exception:  # cannot be copied: the full point runs over a plain copy
+        return None
+
+
+def no_window(p: Optional[PointResult]) -> bool:
+    """A point whose visits all ran out of time before a window (no error); False for
+    one not visited yet (None)."""
+    return (p is not None and p.status == "failed" and p.stopped_by_deadline and p.failed_stage is None
+            and p.throughput is None)

@@ -1,0 +1,612 @@
+"""Stage costs measured in isolation, in this process, without workers.
+
+The bisection measures what each stage costs *under the user's parallelism*; this
+module measures what each stage costs *alone*, one sample or batch at a time in the
+main process, so the advice can say how many workers would feed the step:
+
+    worker work per batch = (load + augment) ms per sample * batch size + collate ms per batch
+    workers needed        = ceil(worker work per batch / step ms per batch)
+
+It also records what crosses the bus (bytes and dtypes of a batch), the achieved
+host-to-device bandwidth, and, on CUDA, the host-device synchronizations of the step
+and its peak memory. Every measurement is bounded by a small time budget.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import itertools
+import math
+import os
+import sys
+import threading
+import time
+import warnings
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+from torch.utils.data import default_collate
+
+from . import breakdown, devices, reads, reorder, sources
+from ..core import faults, tree
+from ..pipeline import recording
+from ..pipeline.loader import LoaderSpec, copy_or_same, index_order
+from ..core.results import (BatchShape, Breakdown, Collate, Isolated, LoadSplit, Memory, Part, PerSample,
+                            SampleStructure, StepTime, SyncSite, Syncs, TensorInfo, Transfer, Workers)
+from ..core.stats import mean_se, median
+
+# The isolation measurements take at most this share of --max-seconds, and never more
+# than ISOLATE_MAX_SECONDS: they refine the advice, the bisection is the measurement.
+ISOLATE_SHARE = 0.05
+ISOLATE_MAX_SECONDS = 2.0
+# The isolated step: untimed warm-up steps, then at most this many timed ones.
+STEP_WARMUP = 3
+STEP_MAX_TIMED = 20
+# Training steps run under torch.cuda.set_sync_debug_mode("warn") to count syncs.
+SYNC_STEPS = 3
+# At most this many tensors of a batch are described in the JSON.
+_MAX_TENSORS = 16
+
+
+def budget(max_seconds: float) -> float:
+    """Seconds reserved for isolation out of a run of `max_seconds`."""
+    return min(ISOLATE_MAX_SECONDS, ISOLATE_SHARE * max_seconds)
+
+
+def cores() -> int:
+    """CPU cores this process may run on (affinity-aware where the OS says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Callable[[Any], Any],
+                train_step: Optional[Callable[[Any], Any]], *, step_sec_per_batch: Optional[float], budget_s: float,
+                clock: Callable[[], float] = time.perf_counter, end: float = math.inf,
+                step_estimate_s: Optional[float] = None,
+                step_source: str = "the device point (batches cached on the device)") -> tuple[Isolated, Syncs]:
+    """(isolated, syncs). Never raises for a failing measurement: a part that fails says
+    so with its reason; KeyboardInterrupt propagates. `train_step` None: the step is the
+    user's own loop (loop.py), timed only at the device point; no syncs are counted here.
+    `end` (on `clock`): the run's hard end; the parts that run the training step (the
+    step alone, the sync count) are skipped when `step_estimate_s` says they would pass it."""
+    if caches is None:
+        reason = "the caches could not be filled"
+        return Isolated.missing("unavailable", reason), Syncs.missing("unavailable", reason)
+    start = clock()
+    share = budget_s / 5  # augment, load, collate, transfer, step
+
+    def fits(steps: int) -> bool:
+        return step_estimate_s is None or clock() + steps * step_estimate_s <= end
+
+    def out_of_time(steps: int) -> str:
+        return (f"out of time: {steps} training steps of about {step_estimate_s:.3g} s would run past the end "
+                "of --max-seconds")
+    bs = caches.batch_size
+    with worker_threads(spec):
+        augment = _guard(PerSample, lambda: _augment(caches, share, clock))
+        parts = dict(augment=augment, load=_guard(PerSample, lambda: _load(spec, caches, augment, share, clock)),
+                     collate=_guard(Collate, lambda: _collate(spec, caches, share, clock)))
+    parts.update(batch=_guard(BatchShape, lambda: describe_batch(caches.batches[0])),
+                 sample_structure=_guard(SampleStructure, lambda: sample_structure(caches.samples[0])),
+                 transfer=_guard(Transfer, lambda: _transfer(spec, caches, device, move, share=share, clock=clock)))
+    device_batch, syncs = None, None
+    try:
+        device_batch = sources.device_batches(sources.host_batches(caches, spec, device, 1), move, device)[0]
+    except Exception as exc:
+        syncs = Syncs.missing("failed", _reason(exc))
+    if step_sec_per_batch is not None:
+        parts["step"] = StepTime(ms_per_batch=round(step_sec_per_batch * 1e3, 3), source=step_source)
+    elif device_batch is not None and train_step is not None and not fits(STEP_WARMUP + 1):
+        parts["step"] = StepTime.missing("skipped", out_of_time(STEP_WARMUP + 1))
+    elif device_batch is not None and train_step is not None:
+        parts["step"] = _guard(StepTime, lambda: _step(train_step, device_batch, device, share, clock))
+    else:
+        parts["step"] = StepTime.missing("unavailable", "no batch on the device to step on")
+    if device_batch is not None:
+        if train_step is not None and (device.type != "cuda" or fits(SYNC_STEPS)):
+            syncs = _guard(Syncs, lambda: count_syncs(train_step, device_batch, device))
+        elif train_step is not None:
+            syncs = Syncs.missing("skipped", out_of_time(SYNC_STEPS))
+        if device.type == "cuda":
+            parts["memory"] = _guard(Memory, lambda: _memory(device))
+    items = caches.items_per_batch
+    out = Isolated(budget_s=round(budget_s, 3), batch_size=bs, items_per_batch=round(items, 4), **parts)
+    workers = workers_needed(out, items, cores(), step_threads=torch.get_num_threads() if device.type == "cpu" else 0)
+    return dataclasses.replace(out, workers=workers, elapsed_s=round(clock() - start, 4)), syncs
+
+
+@contextlib.contextmanager
+def worker_threads(spec: LoaderSpec) -> Iterator[None]:
+    """The work of the workers (load, augment, collate) timed with the intra-op threads
+    a worker has: DataLoader sets one in each worker process, while this process may run
+    several; a tensor transform timed on 2 threads of a busy 2-core machine was measured
+    2-60x slower than on one (Normalize of 3x224x224: 0.54 ms on one thread, 33 ms on two
+    beside other work). Without workers it runs in this process, on its threads."""
+    before = torch.get_num_threads()
+    if spec.num_workers > 0:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _guard(kind: type, fn: Callable[[], Part]) -> Part:
+    try:
+        return fn()
+    except (KeyboardInterrupt, faults.StepTimeout):  # the watchdog ends all of the isolation
+        raise
+    except Exception as exc:
+        return kind.missing("failed", _reason(exc))
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+
+
+@dataclasses.dataclass(frozen=True)
+class Timed:
+    """What _timed_loop measured: the items timed, their wall time in all and each one's,
+    and the CPU time of this process over them."""
+
+    n: int
+    seconds: float
+    each: tuple = ()
+    cpu_seconds: float = 0.0
+
+    @property
+    def ms(self) -> float:
+        return self.seconds / self.n * 1e3
+
+    @property
+    def se_ms(self) -> Optional[float]:
+        """The standard error of the mean item (ms): their spread over sqrt(n); None
+        below two items."""
+        return se_ms(self.each)
+
+    @property
+    def cpu_ms(self) -> float:
+        return self.cpu_seconds / self.n * 1e3
+
+
+def se_ms(seconds: Any) -> Optional[float]:
+    """The standard error of the mean of per-item `seconds`, in ms (None below two)."""
+    return round(mean_se(seconds) * 1e3, 5) if len(seconds) >= 2 else None
+
+
+def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock,
+                started: Optional[Callable[[], None]] = None) -> Timed:
+    """Run fn over items until `share` seconds pass (at least one call). The first call
+    is a warm-up when there are more: it is not timed. `started` is called as the timing
+    starts (after the warm-up). Each call is timed, and the process's CPU time over all."""
+    if len(items) > 1:
+        fn(items[0])
+        items = items[1:]
+    if started is not None:
+        started()
+    cpu0 = time.process_time()
+    t0 = last = clock()
+    each = []
+    for item in items:
+        fn(item)
+        now = clock()  # one read an item: its end is the next one's start
+        each.append(now - last)
+        last = now
+        if now - t0 >= share:
+            break
+    return Timed(len(each), last - t0, tuple(each), time.process_time() - cpu0)
+
+
+def _load(spec, caches, augment: PerSample, share, clock) -> PerSample:
+    """Building a sample through the dataset (loading + its transforms), minus the
+    transforms replayed alone: what loading costs; split into reading files and the
+    rest on the same calls (reads.py)."""
+    dataset = copy_or_same(spec.dataset)
+    with reads.Reads(clock) as seen:
+        if spec.iterable:
+            it = iter(dataset)
+            timed = _timed_loop(list(range(len(caches.samples) + 1)), lambda _: next(it), share, clock,
+                                started=seen.reset)
+        else:
+            order = index_order(spec)
+            if spec.batch_sampler is not None:
+                order = itertools.chain.from_iterable(order)
+            indices = list(itertools.islice(order, max(2, len(caches.samples) + 1)))
+            timed = _timed_loop(indices, lambda i: dataset[i], share, clock, started=seen.reset)
+    n = timed.n
+    getitem = round(timed.ms, 4)
+    measured = dict(samples=n, se_ms_per_sample=timed.se_ms, cpu_ms_per_sample=round(timed.cpu_ms, 4))
+    if spec.iterable:
+        load = PerSample(ms_per_sample=getitem, includes=("load", "augment"),
+                         note="IterableDataset: loading and transforms run together", **measured)
+    elif not augment.ok:
+        load = PerSample(ms_per_sample=getitem, getitem_ms_per_sample=getitem, includes=("load", "augment"),
+                         note="the transforms could not be split from loading: both are included", **measured)
+    else:
+        # __getitem__ less the transforms replayed alone: both errors, and both CPU times
+        both = (None if timed.se_ms is None or augment.se_ms_per_sample is None
+                else round(math.hypot(timed.se_ms, augment.se_ms_per_sample), 5))
+        cpu = (None if augment.cpu_ms_per_sample is None
+               else round(max(0.0, timed.cpu_ms - augment.cpu_ms_per_sample), 4))
+        load = PerSample(ms_per_sample=round(max(0.0, timed.ms - augment.ms_per_sample), 4), samples=n,
+                         getitem_ms_per_sample=getitem, includes=("load",), se_ms_per_sample=both,
+                         cpu_ms_per_sample=cpu)
+    return dataclasses.replace(load, split=_guard(LoadSplit, lambda: reads.split(seen, n, load)))
+
+
+def _augment(caches, share, clock) -> PerSample:
+    """The stage replayed whole and transform by transform on the same samples, in turn
+    (breakdown.measure_with_whole); the first sample, untimed, is the warm-up of both."""
+    if caches.raw_calls is None:
+        return PerSample.missing("unavailable", caches.raw_reason or "the transforms could not be split from loading")
+    pairs = list(zip(caches.samples, caches.raw_calls))
+    start = clock()
+    if len(pairs) > 1:
+        recording.replay_sample(*pairs[0])
+        pairs = pairs[1:]
+    # A reorder the transforms' classes allow (reorder.py) takes half of the share.
+    movable = reorder.possible(caches.raw_calls)
+    try:
+        whole, parts = breakdown.measure_with_whole([calls for _, calls in pairs], share / 2 if movable else share,
+                                                    clock, lambda i: recording.prepared_sample(*pairs[i]))
+    except (KeyboardInterrupt, faults.StepTimeout):
+        raise
+    except Exception as exc:  # a transform that fails alone: the stage is still timed whole
+        timed = _timed_loop(pairs, lambda p: recording.replay_sample(*p), share / 2, clock)
+        whole = PerSample(ms_per_sample=round(timed.ms, 4), samples=timed.n, se_ms_per_sample=timed.se_ms,
+                          cpu_ms_per_sample=round(timed.cpu_ms, 4))
+        parts = Breakdown.missing("failed", _reason(exc))
+    if movable and parts.ok and clock() - start < share:  # else none is timed: the share is spent
+        parts = dataclasses.replace(parts, reorders=_reorders(caches.raw_calls, share - (clock() - start), clock))
+    return dataclasses.replace(whole, breakdown=parts)
+
+
+def _reorders(calls_per_sample: list, share: float, clock) -> Optional[tuple]:
+    """The reorders timed (reorder.measure) within what is left of the share; None when
+    they failed (a transform that raised on a cached input): the breakdown stands."""
+    try:
+        return reorder.measure(calls_per_sample, max(0.0, share), clock)
+    except (KeyboardInterrupt, faults.StepTimeout):
+        raise
+    except Exception:
+        return None
+
+
+def _groups(spec, caches) -> list:
+    """The cached samples as collate_fn got them: the user's sampler's groups."""
+    if not spec.auto_collation:
+        return list(caches.samples)
+    return [[caches.samples[i] for i in g] for g in caches.groups]
+
+
+def _collate(spec, caches, share, clock) -> Collate:
+    groups = _groups(spec, caches)
+    timed = _timed_loop(groups, spec.collate_fn, share / 2, clock)
+    n = timed.n
+    info = Collate(ms_per_batch=round(timed.ms, 4), batches=n,
+                   collate_fn=getattr(spec.collate_fn, "__qualname__", type(spec.collate_fn).__name__),
+                   mixes=batch_mixers(spec.collate_fn) or None, se_ms_per_batch=timed.se_ms,
+                   cpu_ms_per_batch=round(timed.cpu_ms, 4))
+    if spec.collate_fn is not default_collate and spec.auto_collation:
+        # The same samples through torch's default_collate: tells the function's own work
+        # apart from what the batch structure costs.
+        try:
+            again = _timed_loop(groups[:n + 1], default_collate, share / 2, clock)  # the batches timed above
+            info = dataclasses.replace(info, default_collate_ms_per_batch=round(again.ms, 4))
+        except Exception as exc:
+            info = dataclasses.replace(info, default_collate_reason=_reason(exc))
+    return info
+
+
+# Transforms that mix the samples of a batch, by class name: torchvision v2's, timm's
+# collate-time one (timm.data.FastCollateMixup) and its loop-time one.
+BATCH_MIXERS = ("MixUp", "CutMix", "FastCollateMixup", "Mixup")
+
+
+def batch_mixers(fn: Any) -> tuple:
+    """The batch-mixing transforms a collate_fn holds: itself, its attributes, a lambda's
+    or closure's cells, a partial's arguments, and the children of a container among
+    those (the torchvision reference's RandomChoice([MixUp, CutMix])), one level each."""
+    seen: list = []
+    near = [fn, *getattr(fn, "__dict__", {}).values(), *getattr(fn, "args", ()), *getattr(fn, "keywords", {}).values()]
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            near.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    for obj in near:
+        for o in [obj, *(getattr(obj, "transforms", None) or ())] if isinstance(getattr(obj, "transforms", None),
+                                                                                 (list, tuple)) else [obj]:
+            name = type(o).__name__
+            if name in BATCH_MIXERS and name not in seen:
+                seen.append(name)
+    return tuple(seen)
+
+
+def _transfer(spec, caches, device, move, *, share, clock) -> Transfer:
+    host = sources.host_batches(caches, spec, device)
+    nbytes = tree.nbytes(host[0])
+    if device.type == "cpu":
+        return Transfer(status="skipped", reason="no accelerator: host and device coincide", bytes_per_batch=nbytes)
+    sync = devices.synchronizer(device)
+
+    def one(batch):
+        move(batch)
+        sync()
+    timed = _timed_loop(host, one, share, clock)
+    n, per = timed.n, timed.seconds / timed.n
+    return Transfer(ms_per_batch=round(per * 1e3, 4), bytes_per_batch=nbytes,
+                    gb_per_s=round(nbytes / per / 1e9, 3) if per > 0 else None, pinned=bool(spec.pin_memory),
+                    batches=n)
+
+
+def _step(train_step, batch, device, share, clock) -> StepTime:
+    """The step alone on one device batch, after STEP_WARMUP untimed steps: a fresh
+    step's first calls are several times slower (lazy initialisation, the optimizer's
+    first update), which would overstate the step and understate the workers needed."""
+    sync = devices.synchronizer(device)
+
+    def one(b):
+        train_step(b)
+        sync()
+    for _ in range(STEP_WARMUP):
+        one(batch)
+    # The median step: on a shared machine a few steps wait for a core, and the step's
+    # own time is what the workers must keep up with.
+    times: list = []
+    t0 = clock()
+    while len(times) < STEP_MAX_TIMED:
+        t = clock()
+        one(batch)
+        times.append(clock() - t)
+        if clock() - t0 >= share:
+            break
+    return StepTime(ms_per_batch=round(median(times) * 1e3, 3), steps=len(times),
+                    source="median of steps timed in isolation")
+
+
+# Frames a sync is not attributed to: torch's own (the call that synchronizes is inside
+# torch; its caller is the site) and the warnings machinery. A sync whose innermost
+# other frame is this package's (a window edge, a batch moved for the step) is the
+# tool's, not the step's: not counted. The planted workloads are user code.
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_WORKLOADS = (os.path.join(_OWN_DIR, "testing.py"), os.path.join(_OWN_DIR, "demo.py"))
+
+
+def sync_site(frame: Any) -> Optional[str]:
+    """Where a host-device sync was asked for, from the Python frame it was reported in:
+    "file:line" of the innermost frame outside torch and the warnings module; None when
+    that frame is this package's (the tool's own sync) or there is none."""
+    f = frame
+    while f is not None and (f.f_code.co_filename.startswith(_TORCH_DIR)
+                             or f.f_globals.get("__name__") in ("warnings", "_py_warnings")):
+        f = f.f_back
+    if f is None:
+        return None
+    name = os.path.abspath(f.f_code.co_filename)
+    if name.startswith(_OWN_DIR) and name not in _WORKLOADS:
+        return None
+    return f"{f.f_code.co_filename}:{f.f_lineno}"
+
+
+class SyncRecorder:
+    """Records the host-device syncs torch reports as warnings (their message says
+    "synchronizing") while it is open, with the site each was asked for at (sync_site):
+    only those of the thread that opened it (the loop's; a sync in another thread does
+    not stall the step) and not the tool's own. Other warnings are swallowed, as the
+    "always" filter would repeat them every step."""
+
+    def __init__(self) -> None:
+        self.sites: list = []
+        self._catch = warnings.catch_warnings()
+        self._thread = None
+
+    def __enter__(self) -> "SyncRecorder":
+        self._thread = threading.get_ident()
+        self._catch.__enter__()
+        warnings.simplefilter("always")
+        warnings.showwarning = self._show
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._catch.__exit__(*exc)
+
+    def _show(self, message: Any, *_: Any) -> None:  # warnings.showwarning's arguments
+        if "synchroniz" not in str(message).lower() or threading.get_ident() != self._thread:
+            return
+        site = sync_site(sys._getframe(1))
+        if site is not None:
+            self.sites.append(site)
+
+    def syncs(self, steps: int) -> Syncs:
+        top = collections.Counter(self.sites).most_common(5)  # ties in the order first seen, as before
+        return Syncs(steps=steps, total=len(self.sites), per_step=round(len(self.sites) / max(steps, 1), 2),
+                     sites=tuple(SyncSite(k, c) for k, c in top))
+
+
+class SyncCounter:
+    """Counts host-device synchronizations while it is open, with
+    torch.cuda.set_sync_debug_mode("warn") (the mode is restored on exit) and a
+    SyncRecorder; `syncs(steps)` is the count per step over the `steps` that ran inside.
+    Around the tool's own step (count_syncs) or a span of the user's loop
+    (phases.SyncCount)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._recorder = SyncRecorder()
+        self._previous = 0
+
+    def __enter__(self) -> "SyncCounter":
+        torch.cuda.synchronize(self.device)
+        self._previous = torch.cuda.get_sync_debug_mode()
+        self._recorder.__enter__()
+        torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            torch.cuda.set_sync_debug_mode(self._previous)
+        finally:
+            self._recorder.__exit__(*exc)
+        torch.cuda.synchronize(self.device)
+
+    def syncs(self, steps: int) -> Syncs:
+        return self._recorder.syncs(steps)
+
+
+def no_syncs_counted(device: torch.device) -> Optional[Syncs]:
+    """Why syncs are not counted on this device (None on CUDA, where they are)."""
+    if device.type == "cuda":
+        return None
+    return Syncs.missing("skipped", f"no CUDA device (running on {device.type}): host-device syncs are counted on "
+                                    "CUDA only")
+
+
+def count_syncs(train_step: Callable[[Any], Any], batch: Any, device: torch.device, steps: int = SYNC_STEPS) -> Syncs:
+    """Host-device synchronizations per training step, over `steps` steps on one device
+    batch (SyncCounter)."""
+    skipped = no_syncs_counted(device)
+    if skipped is not None:
+        return skipped
+    with SyncCounter(device) as counter:
+        for _ in range(steps):
+            train_step(batch)
+    return counter.syncs(steps)
+
+
+def _memory(device: torch.device) -> Memory:
+    total = torch.cuda.get_device_properties(device).total_memory
+    peak = torch.cuda.max_memory_allocated(device)
+    return Memory(peak_bytes=int(peak), total_bytes=int(total), fraction=round(peak / total, 4) if total else None,
+                  note="peak since the process started (includes the tool's cached batches): an upper bound")
+
+
+def workers_needed(iso: Isolated, items_per_batch: float, n_cores: int, step_threads: int = 0) -> Workers:
+    """Workers that would produce batches as fast as the step consumes them.
+
+    worker work per batch = (load + augment) ms per sample * items per batch + collate ms
+    per batch; needed = ceil(work / step ms). A "sample" here is one item of the dataset
+    (one __getitem__, as load and augment are timed), so items per batch is the sampler's
+    count (cache.Caches.items_per_batch), not the batch size when an item becomes several. The training loop's process keeps one core, so
+    the machine can supply at most n_cores - 1 workers. `step_threads` is the number of
+    intra-op threads a CPU step runs on (torch.get_num_threads(); 0 on an accelerator):
+    workers beyond n_cores - step_threads compete with the step for cores.
+    """
+    step, load, aug, col = iso.part("step"), iso.part("load"), iso.part("augment"), iso.part("collate")
+    if step is None or load is None or col is None:
+        return Workers.missing("unavailable", "the step, load or collate cost was not measured")
+    # When the transforms could not be split from loading, load's time already holds them.
+    merged = "augment" in (load.includes or ())
+    per_sample = load.ms_per_sample + (aug.ms_per_sample if aug is not None and not merged else 0.0)
+    work = per_sample * items_per_batch + col.ms_per_batch
+    step_ms = step.ms_per_batch
+    needed = max(1, math.ceil(work / step_ms)) if step_ms > 0 else None
+    available = max(0, n_cores - 1)
+    return Workers(worker_ms_per_batch=round(work, 3), step_ms_per_batch=round(step_ms, 3), needed=needed,
+                   cores=n_cores, available=available, step_threads=step_threads,
+                   fits=needed is not None and needed <= available)
+
+
+# --------------------------------------------------------------------------------------
+# What a batch and a sample are made of (for the payload and collate advice)
+# --------------------------------------------------------------------------------------
+
+
+def is_image(shape: list, dtype: str) -> bool:
+    """A batch of images: rank 4, channels (1, 3 or 4) first or last, and 2-D extent."""
+    if len(shape) != 4:
+        return False
+    c_first = shape[1] in (1, 3, 4) and min(shape[2], shape[3]) >= 8
+    c_last = shape[3] in (1, 3, 4) and min(shape[1], shape[2]) >= 8
+    return c_first or c_last
+
+
+def describe_batch(batch: Any) -> BatchShape:
+    tensors = []
+    for path, t in tree.tensors(batch):
+        shape = tuple(t.shape)
+        dtype = str(t.dtype).replace("torch.", "")
+        tensors.append(TensorInfo(path="batch" + "".join(f"[{k!r}]" for k in path), dtype=dtype, shape=shape,
+                                  bytes=t.element_size() * t.nelement(),
+                                  image=t.is_floating_point() and is_image(list(shape), dtype)))
+    return BatchShape(bytes=int(tree.nbytes(batch)), n_tensors=len(tensors), tensors=tuple(tensors[:_MAX_TENSORS]))
+
+
+def sample_structure(sample: Any) -> SampleStructure:
+    """Counts of the nodes of one sample by kind: what default_collate turns into tensors."""
+    counts = {"tensors": 0, "ndarrays": 0, "numbers": 0, "strings": 0, "images": 0, "other": 0, "containers": 0,
+              "longest_list": 0}
+    for _, node in tree.nodes(sample):
+        counts[_kind(node)] += 1
+        if isinstance(node, list):
+            counts["longest_list"] = max(counts["longest_list"], len(node))
+    counts["leaves"] = sum(counts[k] for k in ("tensors", "ndarrays", "numbers", "strings", "images", "other"))
+    return SampleStructure(**counts)
+
+
+def _kind(obj: Any) -> str:
+    module = type(obj).__module__ or ""
+    if isinstance(obj, torch.Tensor):
+        return "tensors"
+    if module.startswith("numpy") and hasattr(obj, "shape") and getattr(obj, "ndim", 0) > 0:
+        return "ndarrays"
+    if isinstance(obj, (bool, int, float, complex)) or module.startswith("numpy"):
+        return "numbers"
+    if isinstance(obj, (str, bytes)):
+        return "strings"
+    if module.startswith("PIL"):
+        return "images"
+    return "containers" if tree.is_container(obj) else "other"
+
+
+def before_points(exp: Any, *, max_seconds: float) -> tuple[Isolated, Syncs]:
+    """Before the points are measured, once the caches are filled and the step probed:
+    the stages timed alone, so that every verdict of the rounds (verdict.decide, the
+    second witness) can hold the drops it measures against them (after them where only
+    `full` is measured: no drop to witness, and the change's short check runs so). The step's time is the
+    one timed alone while the allocator was held (Experiment.step_alone) where it was,
+    else timed here (the tool's step), else left to the device point (a user's loop:
+    with_ceiling). Guarded by the run's watchdog, within what is left of --max-seconds (a
+    hard bound: the parts that run the training step are skipped where they would pass
+    it). Not on CUDA, syncs say so whatever happened here."""
+    no_cuda = no_syncs_counted(exp.device)
+    left = exp.end - exp.clock()
+    if left <= 0:
+        reason = "out of time: the caches used all of --max-seconds"
+        return Isolated.missing("skipped", reason), no_cuda or Syncs.missing("skipped", reason)
+    try:
+        with exp.watchdog(lambda: "the isolated stage timing") as dog:
+            def beating_clock() -> float:  # every timed item beats the watchdog
+                dog.beat()
+                return exp.clock()
+            return time_stages(exp.spec, exp.caches, exp.device, exp.move, exp.step, step_sec_per_batch=exp.step_alone,
+                               budget_s=min(budget(max_seconds), left), clock=beating_clock, end=exp.end,
+                               step_estimate_s=exp.step_estimate(), step_source=STEP_ALONE)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # never costs the run its verdict
+        return Isolated.missing("failed", _reason(exc)), no_cuda or Syncs.missing("failed", _reason(exc))
+
+
+STEP_ALONE = "the step timed alone while the allocator was held"
+STEP_CEILING = "the device point (batches cached on the device)"
+
+
+def with_ceiling(iso: Optional[Isolated], results: dict) -> Optional[Isolated]:
+    """The isolated costs once the points are measured: the step's time taken from the
+    device point (the ceiling, the step as the rounds ran it) where it was measured, and
+    the workers that would feed it computed again from it."""
+    dp = results.get("device")
+    if iso is None or not iso.ok or dp is None or not dp.ok:
+        return iso
+    step = StepTime(ms_per_batch=round(dp.throughput.sec_per_batch * 1e3, 3), source=STEP_CEILING)
+    out = dataclasses.replace(iso, step=step)
+    w = iso.workers
+    threads = w.step_threads if w is not None and w.step_threads is not None else 0
+    return dataclasses.replace(out, workers=workers_needed(out, iso.items_per_batch or iso.batch_size or 1, cores(),
+                                                           step_threads=threads))

@@ -1,0 +1,300 @@
+"""The points measured in one process: visits in paired rounds until the verdict settles.
+
+Points are visited from the ceiling down, then back up, and so on; each point pools the
+windows of its visits, so a machine that slows down or speeds up over the run weighs on
+every point alike instead of showing up as a stage cost between points measured early
+and late. After `plan.min_rounds` the verdict is checked after every round and measuring
+stops once it is settled (verdict.settled); otherwise until `plan.max_rounds` or the
+deadline, each further round visiting only the points that can still change the verdict
+(verdict.deciding_points: around the two costliest stages, or `full` and the ceiling
+when the question is the gap). A point found inconsistent (slower than one doing more
+work) is measured again once, next to that point, before anything is decided. Once a
+step's time is known, a budget too short for the minimum rounds is said (a `budget`
+note and a warning event), and what fits is measured. A point's replay loader with
+workers is kept from one visit to the next, parked between them (Experiment.keeps,
+open), until the point leaves the deciding points or the rounds end.
+
+`Rounds` is a schedule: it yields the visits to make, and whoever drives them (the
+tool's step, visit.drive; or a user's loop, loop.py) hands each back measured when it
+asks for the next one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterator, Optional
+
+from .experiment import MEASURE_ORDER, Experiment, no_window
+from ..core.results import Note, PointResult
+from ..core.stats import Throughput
+from ..derive.verdict import SETTLE_NOISE_SCALE, deciding_points, settled
+from .visit import Visit
+
+# `full` may take this many times the time of another point per visit: without it there
+# is no verdict, and its first batch (worker start-up over the real pipeline) is the
+# slowest of all.
+FULL_WEIGHT = 2.0
+# A user's script whose batches are counted (Experiment.batches_left): the share of them
+# kept from the rounds for the advice's check (verify.VERIFY_SHARE of the time), where the
+# minimum rounds leave that much; the rounds come first.
+BATCH_CHECK_SHARE = 0.25
+
+
+class Rounds:
+    """The visits of the selected points, in paired rounds; `info` is the report's
+    schedule (rounds, settled, the pairs measured again, visits, verdict_s) once done."""
+
+    def __init__(self, exp: Experiment, selected: tuple) -> None:
+        self.exp = exp
+        self.selected = selected
+        self.info: dict = {"rounds": 0, "settled": False, "remeasured": []}
+        self._budget_checked = False
+        self.round = 0  # the round under way: each window is tagged with it (stats.Noise pairs by round)
+        self.tight = False  # the minimum rounds do not fit in --max-seconds (_budget_check)
+        self.reserve = 0  # batches of the user's script kept for the check (_batches_check)
+
+    def __iter__(self) -> Iterator[Visit]:
+        exp = self.exp
+        todo = []
+        for name in MEASURE_ORDER:
+            if name not in self.selected or name in exp.results:
+                continue
+            na = exp.not_applicable(name)
+            if na is not None:
+                exp.results[name] = na
+            else:
+                todo.append(name)
+        focus, decided = set(todo), False
+        self._batches_check(todo)
+        self._budget_check(todo, visited=())
+        try:
+            for r in range(exp.plan.max_rounds):
+                self.round = r
+                order = [n for n in (todo if r % 2 == 0 else todo[::-1]) if _live(exp, n) and n in focus]
+                if "full" not in order:
+                    break  # no verdict can come of more rounds
+                # rounds that only settle a verdict already made leave the verification its
+                # share; an undecided verdict has the whole budget (advice checked under a
+                # verdict that is not there is worth less than the verdict)
+                limit = exp.settle_deadline if decided else exp.deadline
+                visits = len(order)
+                while order:
+                    order = self._tight_order(order, todo[0]) if r == 0 else order
+                    # the visits still owed to the minimum rounds (none once they do not fit)
+                    later = 0 if self.tight else visits * max(0, exp.plan.min_rounds - r - 1)
+                    if not (yield from self._visit(order[0], order, later, limit)):
+                        return
+                    order = order[1:]
+                self.info["rounds"] = r + 1
+                if self.tight and r == 0:  # the second round visits only what can change the verdict
+                    v = yield from self._consistent()
+                    if v is None:
+                        return
+                    # and the points no visit has measured yet: without them there is no verdict
+                    focus = deciding_points(v) | {n for n in todo if no_window(exp.results.get(n))}
+                    exp.close_kept(keep=focus)
+                    continue
+                if r + 1 < exp.plan.min_rounds:
+                    continue
+                v = yield from self._consistent()
+                if v is None:
+                    return
+                # a tie may still be told apart by more rounds: it keeps the whole budget,
+                # unless --tune wants the rest for its search (exp.settle_undecided)
+                decided = v.bottleneck is not None and (v.bottleneck not in ("inconclusive", "tie")
+                                                        or exp.settle_undecided)
+                if settled(v, exp.decide(SETTLE_NOISE_SCALE), exp.decide(1 / SETTLE_NOISE_SCALE)):
+                    self.info["settled"] = True
+                    break
+                focus = deciding_points(v)
+                exp.close_kept(keep=focus)  # the workers of points no longer visited
+        finally:
+            exp.close_kept()
+            self.info["verdict_s"] = round(exp.clock() - exp.start, 3)
+            self.info["visits"] = exp.visits
+
+    def _tight_order(self, order: list, ceiling: str) -> list:
+        """The first round's visits still to make, `full` right after the ceiling when the
+        minimum rounds do not fit: those two bound the gap, and with them a verdict (even
+        `none`) is possible before the stages in between are measured."""
+        if not self.tight or "full" not in order:
+            return order
+        head = [n for n in order if n == ceiling]
+        return head + ["full"] + [n for n in order if n not in head and n != "full"]
+
+    def _consistent(self):
+        """The verdict after each point found inconsistent for the first time is measured
+        again beside the point it contradicts (None when out of time)."""
+        exp, v = self.exp, self.exp.decide()
+        seen = {tuple(p) for p in self.info["remeasured"]}
+        again = [i for i in v.inconsistent if (i.slower, i.faster) not in seen]
+        for inc in again:
+            self.info["remeasured"].append([inc.slower, inc.faster])
+            for name in (inc.slower, inc.faster):
+                if _live(exp, name) and not (yield from self._visit(name, [name], 1, exp.deadline)):
+                    return None
+        return exp.decide() if again else v
+
+    def _visit(self, name: str, planned: list, later: int, limit: float):
+        """One visit of `name`, pooled into its result once driven. Its deadline is its
+        share of the time left before `limit`, counting the visits `planned` in this round
+        and `later` ones; False (and nothing opened) when not even a window's time is left."""
+        exp = self.exp
+        left = limit - exp.clock()
+        if left < max(exp.plan.window_seconds, exp.least_visit_seconds(name, windows=1)):  # not even one window fits
+            p = exp.results.get(name)
+            if p is not None and p.status == "ok":
+                exp.results[name] = dataclasses.replace(p, stopped_by_deadline=True)
+            return False
+        share = _weight(name) / (sum(_weight(n) for n in planned) + later)
+        cap = self._batch_share(name, share)
+        if cap == 0:  # the script's batches for the rounds are used: what was measured is the measurement
+            return False
+        exp.emit({"event": "point", "point": name, "index": exp.visits, "total": exp.visits + len(planned) + later})
+        visit = exp.visit(name, exp.visit_deadline(name, left * share, limit), keep_open=exp.keeps(name),
+                          max_steps=cap)
+        yield visit
+        exp.results[name] = pool(exp.results.get(name), in_round(exp.result(visit), self.round), exp.batch_size)
+        if exp.results[name].ok:
+            self._budget_check(planned, visited=(name,))
+        elif no_window(exp.results[name]) and not self.tight:
+            # its share ran out before one window (steps of seconds, a short epoch whose
+            # workers start again): the minimum rounds do not fit as planned, so from now
+            # on each visit gets the whole time left in its round, `full` next; where its
+            # first batch shows the step, the warning names the budget that would fit
+            self._budget_check(planned, visited=())
+            if not self.tight:  # said once: the budget is tight from now on
+                self.tight = True
+                self._budget_note(no_window_note(name))
+        return True
+
+    def _budget_check(self, todo: list, visited: tuple) -> None:
+        """Once a step's time is known (Experiment.step_estimate: the step timed alone,
+        else the first point measured), say whether the minimum rounds fit in
+        --max-seconds: the least time of the visits they still owe (each as
+        Experiment.visit would plan it) and the time spent.
+        Measuring goes on either way: what fits is measured."""
+        exp = self.exp
+        sec_per_step = None if self._budget_checked else exp.step_estimate()
+        if sec_per_step is None:
+            return
+        self._budget_checked = True
+        plan = exp.plan
+        least = exp.least_visit_seconds
+        owed = plan.min_rounds * sum(least(n) for n in todo) - sum(least(n) for n in visited)
+        needed = (exp.clock() - exp.start) + owed + (exp.end - exp.deadline)
+        max_s = exp.end - exp.start
+        if needed <= max_s:
+            return
+        self.tight = True
+        suggest = int(math.ceil(needed / 10.0) * 10)
+        self._budget_note(step_budget_note(sec_per_step, suggest, plan.min_rounds, len(todo), max_s))
+
+    def _batches_check(self, todo: list) -> None:
+        """Where the user's script says how many batches it has left (Experiment.
+        batches_left), whether the minimum rounds fit in them, said before they start (a
+        `budget` note), and the batches kept for the check (BATCH_CHECK_SHARE, from what
+        the minimum rounds leave)."""
+        exp = self.exp
+        left = exp.batches_left()
+        if left is None:
+            return
+        need = exp.plan.min_rounds * sum(exp.least_visit_steps(n) for n in todo)
+        self.reserve = max(0, min(int(BATCH_CHECK_SHARE * left), left - need))
+        if need > left:
+            self._budget_note(batches_note(left, need, exp.plan.min_rounds, len(todo)))
+
+    def _batch_share(self, name: str, share: float) -> Optional[int]:
+        """The most batches a visit of `name` given `share` of the rounds' time may take
+        of those the script has left (less the check's), at least what one window needs;
+        0 when not even that is left; None where the script's length is not known."""
+        exp = self.exp
+        left = exp.batches_left()
+        if left is None:
+            return None
+        avail = left - self.reserve
+        least = exp.least_visit_steps(name)
+        if avail < least:
+            return 0
+        return max(least, int(avail * share))
+
+    def _budget_note(self, note: Note) -> None:
+        """A `budget` note in the report, and its line as a warning event."""
+        self.exp.notes.append(note)
+        self.exp.emit({"event": "warning", "message": note.message})
+
+
+# The `budget` notes: the minimum rounds do not fit, said when it shows.
+
+def no_window_note(name: str) -> Note:
+    """A visit of `name` ran out of its share before one window (no step time known yet)."""
+    return Note("budget", f"A visit of {name} got no timed window: raise --max-seconds.", point=name,
+                detail="its share of --max-seconds was too short for one (slow steps, or an epoch too short for a "
+                       "window after its workers start); from now on each visit gets all the time left in its round, "
+                       "the full pipeline first")
+
+
+def step_budget_note(sec_per_step: float, suggest: int, min_rounds: int, points: int, max_s: float) -> Note:
+    """The minimum rounds at this step's time need `suggest` seconds, more than `max_s`."""
+    return Note("budget", f"Steps of {sec_per_step:.2g} s need about {suggest} s for a verdict: rerun with "
+                          f"--max-seconds {suggest}.",
+                detail=f"at least {min_rounds} rounds over {points} points, more than --max-seconds {max_s:g}; what "
+                       "fits is measured")
+
+
+def batches_note(left: int, need: int, min_rounds: int, points: int) -> Note:
+    """The user's script has `left` batches to give, the minimum rounds need `need` (a
+    `batches` note: said before the rounds, superseded by what happened where the script
+    did end first, report/summary.warnings)."""
+    return Note("batches", f"Your script has about {left} batches left, {need} needed: run more epochs.",
+                detail=f"at least {min_rounds} rounds over {points} points, each visit its first batch, a warm-up and "
+                       "its shortest windows; what fits is measured")
+
+
+def in_round(result: PointResult, r: int) -> PointResult:
+    """A visit's result with its windows tagged as measured in round `r`."""
+    if result.throughput is None:
+        return result
+    windows = tuple(dataclasses.replace(w, round=r) for w in result.throughput.windows)
+    return dataclasses.replace(result, throughput=Throughput(windows, result.throughput.batch_size))
+
+
+def _live(exp: Experiment, name: str) -> bool:
+    """Still to be visited: measured ok, not yet, or only out of time before a window so
+    far (a later visit with more time may measure it; one that failed is done)."""
+    p = exp.results.get(name)
+    return p is None or p.status == "ok" or no_window(p)
+
+
+def _weight(name: str) -> float:
+    return FULL_WEIGHT if name == "full" else 1.0
+
+
+def pool(before: Optional[PointResult], now: PointResult, batch_size: float) -> PointResult:
+    """A point's result over its visits: the windows of every visit. A visit that ran out
+    of time before a window keeps what the others measured; one that failed fails the
+    point, with the windows measured before kept in the document. The first batch is the
+    first visit's: the one that started the point's workers (a kept loader's next visits
+    do not start them again; advice.py reads their start from it)."""
+    if before is None:
+        return now
+    if before.status != "ok" or before.throughput is None:
+        return dataclasses.replace(now, first_batch_seconds=before.first_batch_seconds or now.first_batch_seconds)
+    if now.status == "ok":
+        windows = before.throughput.windows + now.throughput.windows
+        return dataclasses.replace(before, throughput=Throughput(windows, batch_size),
+                                   warmup_steps=before.warmup_steps + now.warmup_steps,
+                                   stopped_by_deadline=before.stopped_by_deadline or now.stopped_by_deadline,
+                                   visits=before.visits + 1, steady=before.steady and now.steady,
+                                   wait_seconds=before.wait_seconds + now.wait_seconds,
+                                   **_paused(before, now))
+    if now.stopped_by_deadline and now.failed_stage is None:
+        return dataclasses.replace(before, stopped_by_deadline=True, **_paused(before, now))
+    return dataclasses.replace(now, throughput=before.throughput, visits=before.visits + 1)
+
+
+def _paused(before: PointResult, now: PointResult) -> dict:
+    """The loop's pauses over both visits (a user's loop: loop.py)."""
+    return {"discarded": before.discarded + now.discarded, "pauses": before.pauses + now.pauses,
+            "paused_seconds": before.paused_seconds + now.paused_seconds}

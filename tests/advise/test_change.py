@@ -1,0 +1,266 @@
+"""The change under `run --tune` (change.py): the search's best written against the
+script where its loader was created, and checked after the change by running the script
+with it against the script as it is (four alternating runs, here planted).
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from bisect_pipeline.advise import change, patch, tune
+from bisect_pipeline.measure import plan
+from bisect_pipeline.core.results import AllocatorTiming, Isolated, Measurements, Trial, Tuning
+from conftest import FakeClock
+from test_outcome import BS, side
+
+SCRIPT = textwrap.dedent('''
+    import argparse
+    import torch
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-j", "--workers", type=int, default=0)
+
+    def main():
+        args = parser.parse_args()
+        loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=args.workers)
+        return loader
+
+    if __name__ == "__main__":
+        main()
+    ''').lstrip()
+USER = {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False, "pin_memory": False,
+        "torch_num_threads": 2}
+BEST = {"num_workers": 1, "persistent_workers": True, "torch_num_threads": 1}
+
+
+def measured(path: str, *, rate: float = 20.0, mode: str = "loop", isolated=None) -> Measurements:
+    """A run whose search found BEST at `rate` steps/s against the user's 10."""
+    t = Tuning(status="ok", user=USER, workers=(1, 2), start=1, ceiling_ms_per_batch=50.0, ceiling_rel_se=0.01,
+               trials=(Trial.from_dict({"item": "tune", "settings": BEST, "user_windows": side(10.0),
+                                        "candidate_windows": side(rate)}),))
+    return Measurements(device="cpu", batch_size=BS, points=(), loader={"num_workers": 0, "pin_memory": False},
+                        mode=mode, source={"created_at": f"{path}:{line_of_loader()}"}, tune=t, isolated=isolated)
+
+
+def line_of_loader() -> int:
+    return next(i for i, t in enumerate(SCRIPT.splitlines(), 1) if "DataLoader(" in t)
+
+
+@pytest.fixture
+def script(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(SCRIPT)
+    return str(tmp_path / "train.py")
+
+
+def test_the_best_is_written_against_the_line_that_created_the_loader(script):
+    m = change.patched(measured(script), ["train.py", "--epochs", "3", "-j", "0"])
+    p = m.tune.patch
+    assert p["path"] == "train.py" and p["line"] == line_of_loader() and p["flags"] == ["-j", "1"]
+    assert p["command"] == "python train.py --epochs 3 -j 1"
+    assert "+    torch.set_num_threads(1)\n" in p["diff"] and "num_workers=args.workers, persistent_workers=True)" in p["diff"]
+    assert patch.applied(SCRIPT, p["diff"]).count("persistent_workers=True") == 1
+    assert open(script).read() == SCRIPT  # the user's file as it was
+
+
+def test_the_allocator_variables_join_the_change_where_the_report_found_they_help(script):
+    held = AllocatorTiming(default_ms_per_batch=41.0, held_ms_per_batch=24.0, real=True)
+    m = measured(script, isolated=Isolated(allocator=held))
+    assert change.settings_to_write(m) == dict(BEST, env={"MALLOC_MMAP_THRESHOLD_": "33554432",
+                                                          "MALLOC_TRIM_THRESHOLD_": "-1"})
+    p = change.patched(m, ["train.py"]).tune.patch
+    assert p["command"] == "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=-1 python train.py -j 1"
+
+
+def test_a_script_outside_the_working_directory_is_named_by_its_name_and_applied_there(script, tmp_path,
+                                                                                      monkeypatch):
+    elsewhere = tmp_path / "run"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    p = change.patched(measured(script), ["../train.py"]).tune.patch
+    assert p["path"] == "train.py" and p["diff"].startswith("--- a/train.py\n") and p["apply_in"] == str(tmp_path)
+
+
+def test_no_patch_says_why(script, tmp_path):
+    entry = change.patched(measured(script, mode="entry")).tune.patch
+    assert entry["reason"].startswith("with --entry the tool does not see where your loader is built")
+    gone = change.patched(measured(str(tmp_path / "gone.py"))).tune.patch
+    assert gone["reason"].startswith("where the loader was created is not a file the tool can read")
+    import torch
+
+    library = change.patched(measured(torch.utils.data.dataloader.__file__)).tune.patch
+    assert library["reason"].startswith("the loader was created in an installed library")
+    nothing = measured(script, rate=10.0)  # no candidate helps: nothing to write
+    assert change.patched(nothing) is nothing and change.settings_to_write(nothing) is None
+
+
+def planted_runs(rates: dict, seen: list):
+    """change.check's runs planted: each gives 3 windows at the rate of its side (the
+    patched side runs the script's copy)."""
+    def run(command, env):
+        copy = next((c for c in command if change.COPY_SUFFIX in c), None)
+        seen.append((copy is not None, copy, copy is not None and os.path.exists(copy)))
+        rate = rates[copy is not None]
+        return [{"steps": 10, "seconds": 10 / (rate * f)} for f in (0.99, 1.0, 1.01)], None
+    return run
+
+
+def test_the_change_is_checked_in_alternating_runs_of_the_patched_copy(script):
+    m = change.patched(measured(script), ["train.py"])
+    target = change.Target("train.py", None, ("--epochs", "3"))
+    seen: list = []
+    checked = change.check(m, target, seconds=5.0, run=planted_runs({False: 10.0, True: 19.5}, seen))
+    assert [s[0] for s in seen] == [False, True, True, False]  # A B B A
+    copies = [s[1] for s in seen if s[0]]
+    assert copies[0] == copies[1] and os.path.dirname(copies[0]) == os.path.dirname(script)  # beside the original
+    assert all(s[2] for s in seen if s[0]) and not os.path.exists(copies[0])  # there while it ran, gone after
+    found = tune.summarize(checked.tune, BS)
+    assert found.applied.status == "helps" and found.applied.speedup == pytest.approx(1.95, rel=1e-3)
+    assert found.agrees is True  # 1.95x against the search's 2.0x, within the 5% floor
+    wrong = change.check(m, target, seconds=5.0, run=planted_runs({False: 10.0, True: 12.0}, []))
+    assert tune.summarize(wrong.tune, BS).agrees is False
+
+
+def test_the_patched_side_runs_with_the_flags_and_the_variables(script):
+    command, env = change._command(change.Target("train.py", None, ("-j", "4", "--epochs", "3")),
+                                   patch.Patch(flags=("-j", "1"), env={"X_": "1"}, changes=(patch.Change(
+                                       "num_workers", 1, "flag", tokens=("-j", "1"), aliases=("-j", "--workers")),)),
+                                   "/d/train_bisect_tuned_x.py", True, 5.0)
+    assert command[-5:] == ["/d/train_bisect_tuned_x.py", "--epochs", "3", "-j", "1"] and env["X_"] == "1"
+    assert command[command.index("--points") + 1] == "full" and command[command.index("--max-seconds") + 1] == "5"
+    assert "--no-hold-allocator" in command  # each side with the malloc settings it would train with
+    original, env0 = change._command(change.Target(None, "pkg.train", ("-j", "4")), patch.Patch(), None, False, 5.0)
+    assert original[-4:] == ["-m", "pkg.train", "-j", "4"] and "X_" not in env0
+
+
+def test_the_check_fits_the_time_left_of_max_seconds(script):
+    # the budget kept 40 s for it and the script starts in 4 s: A B B A, each 40/4 - 4 - 2
+    # = 4 s measuring, each ended by its share
+    import dataclasses
+
+    from bisect_pipeline.core.results import RunInfo
+
+    m = change.patched(measured(script), ["train.py"])
+    m = dataclasses.replace(m, run=RunInfo(startup_s=4.0, budget={"bisecting": 80.0, "patching": 40.0,
+                                                                 "patch_runs": 4}))
+    assert change.fit_runs(m, 40.0) == (None, 4.0, 4)
+    why, _, n = change.fit_runs(m, 30.0)  # the bisection ran over: the runs do not fit
+    assert n == 0 and why.startswith("out of time: 30 s of --max-seconds were left for it, less than 4 runs")
+    clock = FakeClock(100.0)
+    seen: list = []
+    checked = change.check(m, change.Target("train.py", None, ()), end=140.0, clock=clock,
+                           run=planted_runs({False: 10.0, True: 19.5}, seen))
+    assert [s[0] for s in seen] == [False, True, True, False]
+    assert tune.summarize(checked.tune, BS).applied.status == "helps"
+    late = change.check(m, change.Target("train.py", None, ()), end=120.0, clock=clock,
+                        run=lambda c, e: pytest.fail("ran"))
+    assert late.tune.applied is None and late.tune.applied_reason.startswith("out of time")
+    planned_none = dataclasses.replace(m, run=RunInfo(budget={"bisecting": 30.0, "patch_reason": "too short"}))
+    assert change.check(planned_none, change.Target("train.py", None, ()), end=200.0, clock=clock,
+                        run=lambda c, e: pytest.fail("ran")).tune.applied_reason == "out of time: too short"
+
+
+def test_a_run_past_its_share_is_stopped_and_its_partial_windows_count(tmp_path):
+    # a fake `bisect-pipeline run`: writes its windows at SIGTERM, as the real one does
+    fake = tmp_path / "fake.py"
+    fake.write_text(textwrap.dedent('''
+        import json, signal, sys, time
+        out = sys.argv[1]
+        def term(*a):
+            doc = {"points": [{"point": "full", "windows": [{"steps": 5, "seconds": 0.5}] * 2}]}
+            json.dump(doc, open(out, "w"))
+            sys.exit(143)
+        signal.signal(signal.SIGTERM, term)
+        time.sleep(60)
+        '''))
+    import sys
+    import time
+
+    t0 = time.monotonic()
+    windows, error = change.run_once([sys.executable, str(fake), "{json}"], dict(os.environ), limit=1.0)
+    assert error is None and len(windows) == 2 and time.monotonic() - t0 < 10
+
+
+def test_a_change_that_cannot_be_run_from_a_copy_is_not_checked(script, tmp_path):
+    m = change.patched(measured(script), ["train.py"])
+    elsewhere = change.check(m, change.Target(str(tmp_path / "other.py"), None, ()), seconds=5.0,
+                             run=lambda c, e: pytest.fail("ran"))
+    assert elsewhere.tune.applied is None and "not in the script run" in elsewhere.tune.applied_reason
+    failing = change.check(m, change.Target("train.py", None, ()), seconds=5.0,
+                           run=lambda c, e: ([], "exit 1: Traceback"))
+    assert failing.tune.applied.error == "your script: exit 1: Traceback"
+    assert tune.summarize(failing.tune, BS).applied.status == "failed"
+
+
+# --- end to end ---------------------------------------------------------------------------------
+
+TUNED = textwrap.dedent('''
+    import argparse
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    def main():
+        ap = argparse.ArgumentParser()
+        ap.add_argument("-j", "--workers", type=int, default=0)
+        args = ap.parse_args()
+        torch.set_num_threads(1)
+        model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        train = DataLoader(Data(320, 4.0), batch_size=8, shuffle=True, num_workers=args.workers)
+        for epoch in range(1000):
+            for x, y in train:
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+
+    if __name__ == "__main__":
+        main()
+    ''')
+
+
+@pytest.mark.e2e
+def test_run_tune_patch_gives_the_flag_and_checks_the_change(tmp_path, monkeypatch):
+    # augment sleeps 4 ms a sample (32 ms a batch of 8): workers from the script's own -j
+    from conftest import PLANTED_DATA, cli_in_process
+
+    # the check's runs short, and one of each side (the order A B B A is planted above):
+    # each run pays python's and torch's start, about 8 s here, which a run in this
+    # process does not measure as its own start-up (conftest.cli_in_process)
+    monkeypatch.setattr(plan, "PATCH_RUN_MARGIN_S", 7.0)
+    monkeypatch.setattr(plan, "PATCH_MAX_SHARE", 0.9)
+    monkeypatch.setattr(change, "PATCH_RUN_MARGIN_S", 7.0)
+    monkeypatch.setattr(change, "PATCH_RUN_LEAST_S", 1.0)
+    monkeypatch.setattr(plan, "PATCH_RUN_LEAST_S", 2.0)
+    source = PLANTED_DATA + TUNED
+    (tmp_path / "train.py").write_text(source)
+    ran = cli_in_process("run", "--tune", "--patch", "p.diff", "--json", "r.json", "--max-seconds", "60",
+                         "train.py", "-j", "0", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    import json
+
+    doc = json.loads((tmp_path / "r.json").read_text())["tune"]
+    best = doc["best"]["settings"]
+    assert best["num_workers"] >= 1 and doc["patch"]["flags"] == ["-j", str(best["num_workers"])]
+    assert doc["patch"]["command"].startswith(f"python train.py -j {best['num_workers']}")
+    assert "applied" in doc, (doc.get("applied_reason"), ran.stderr[-1500:])
+    applied = doc["applied"]
+    assert {w["visit"] for w in applied["user_windows"]} == {0, 1} == {w["visit"] for w in applied["candidate_windows"]}
+    assert len(applied["user_windows"]) >= 2 and len(applied["candidate_windows"]) >= 2
+    assert doc["applied_outcome"]["status"] == "helps"
+    assert "Checked after the change: your script with the change ran at" in ran.stderr
+    assert (tmp_path / "train.py").read_text() == source
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.diff", "r.json", "train.py"] or \
+        sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "train.py"]
+
+
+def test_patch_without_tune_and_tune_with_sweep_are_usage_errors(tmp_path):
+    from conftest import cli_in_process
+
+    (tmp_path / "train.py").write_text("")
+    ran = cli_in_process("run", "--patch", "p.diff", "train.py", cwd=tmp_path)
+    assert ran.returncode == 2 and "--patch writes the change the search of --tune finds: give --tune too" in ran.stderr
+    ran = cli_in_process("demo", "--tune", "--sweep", "num_workers=0,1", cwd=tmp_path)
+    assert ran.returncode == 2 and "--sweep and --tune" in ran.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]

@@ -1,0 +1,189 @@
+"""The second witness (witness.py, verdict._witnessed) on planted numbers: the rounds'
+drops held against each worker stage's cost alone, exact values on a fake table."""
+
+import pytest
+
+from bisect_pipeline.derive import witness
+from bisect_pipeline.core.results import Collate, Isolated, PerSample, Workers
+from bisect_pipeline.derive.verdict import SETTLE_NOISE_SCALE, decide, self_check, settled
+from test_verdict import BS, NO_HANDOFF, by_round
+
+CPU = {"host": "no accelerator: host and device coincide"}
+# a round's wobble, alike at every point it touches: the lead of two stages moves by it
+WOBBLE = [9.0, -8.0, 7.0, -9.0, 8.0, -7.0]
+
+
+def alone(mode="serial", workers=0, cores=2, **ms) -> witness.Alone:
+    """Each stage's work per batch alone (ms) with a standard error of 1% of it."""
+    return witness.Alone({k: v / 1e3 for k, v in ms.items()}, {k: v / 1e5 for k, v in ms.items()}, mode, workers,
+                         cores, samples=200)
+
+
+def three(ms: dict, a=None, skipped=NO_HANDOFF):
+    """The verdict at the noise measured, with more (settled's margin) and with less."""
+    return tuple(decide(by_round(ms), BS, skipped, noise_scale=k, alone=a)
+                 for k in (1, SETTLE_NOISE_SCALE, 1 / SETTLE_NOISE_SCALE))
+
+
+def tied_rounds(load: float, augment: float) -> dict:
+    """load and augment whose readings the rounds cannot order: `raw` wobbles round by
+    round, so the lead of one over the other swings by +-9 ms."""
+    return {"device": [30] * 6, "augmented": [30.5] * 6, "raw": [30.5 + augment + w for w in WOBBLE],
+            "full": [30.5 + augment + load] * 6}
+
+
+def test_a_lead_the_rounds_cannot_tell_but_the_costs_alone_show_twice_is_named_with_its_reason():
+    ms = tied_rounds(load=30.0, augment=36.0)
+    plain = decide(by_round(ms), BS, NO_HANDOFF)
+    assert plain.bottleneck == "tie" and set(plain.tied) == {"augment", "load"}  # the rounds alone
+    v, more, less = three(ms, alone(load=20.0, augment=40.0, collate=0.5))
+    assert v.bottleneck == "augment" and v.witness == "isolated costs" and not v.disagree
+    assert v.reason == ("augment leads: the rounds cannot separate it from load yet (augment 35.6, load 30.4 ms per "
+                        "batch); alone it costs 2.0\u00d7 what load does (40.0 against 20.0 ms per batch)")
+    assert v.predicted["augment"] == pytest.approx((0.040, 0.0004, 0.0004), rel=1e-6)
+    assert self_check({p: BS / t for p, t in v.fitted.items()}, v, 0, False) == []
+    assert settled(v, more, less)  # it stands with the margin: named sooner
+
+
+def test_a_true_tie_stays_a_tie_when_the_costs_alone_are_equal_too():
+    v, _, _ = three(tied_rounds(load=33.0, augment=33.0), alone(load=33.0, augment=33.0, collate=0.5))
+    assert v.bottleneck == "tie" and set(v.tied) == {"augment", "load"} and v.witness == "rounds"
+
+
+def test_witnesses_that_disagree_name_no_stage_and_do_not_settle():
+    # the rounds read load 50 ms beyond their noise; alone load costs 5 and augment 40
+    ms = {"device": [30] * 6, "augmented": [30.5] * 6, "raw": [35.5, 35.4, 35.6, 35.5, 35.4, 35.6],
+          "full": [85.5, 85.6, 85.4, 85.5, 85.6, 85.4]}
+    assert decide(by_round(ms), BS, NO_HANDOFF).bottleneck == "load"  # the rounds alone
+    v, more, less = three(ms, alone(load=5.0, augment=40.0, collate=0.5))
+    assert v.bottleneck == "tie" and v.tied == ("load", "augment") and v.witness == "disagree"
+    assert "load" in v.disagree and "augment" in v.disagree
+    assert "load reads 50.0 ms per batch in the loop where alone it costs 5.0" in v.reason
+    assert "neither names a stage alone" in v.reason
+    assert not settled(v, more, less)
+    assert self_check({p: BS / t for p, t in v.fitted.items()}, v, 0, False) == []
+
+
+def test_a_reading_many_times_its_cost_alone_keeps_the_run_from_settling():
+    # issue 43's MNIST example, settled after 4 rounds as a tie of load and collate (5.4
+    # and 3.1 ms per batch, augment 1.2); alone load costs 1.8, augment 4.0, collate 0.08
+    ms = {"device": [50.0] * 4, "augmented": [53.1, 53.2, 53.0, 53.1], "raw": [54.3] * 4,
+          "full": [59.7, 59.6, 59.8, 59.7]}
+    assert settled(*three(ms))  # the rounds alone
+    v, more, less = three(ms, alone(load=1.8, augment=4.0, collate=0.08))
+    assert v.disagree == ("load", "collate") and not settled(v, more, less)
+    assert "collate reads 3.1 ms per batch in the loop where alone it costs 0.1" in v.reason
+
+
+def test_a_heavy_step_the_rounds_cannot_bound_is_none_by_its_costs_alone():
+    # 1.7-s steps, three rounds that wobble by 10%: the rounds cannot bound the loss under
+    # 10%; alone, load + augment + collate add 14 ms a batch (0.8%)
+    ms = {"device": [1700, 1870, 1600], "full": [1720, 1650, 1890]}
+    plain = decide(by_round(ms), BS, CPU)
+    assert plain.bottleneck == "inconclusive"
+    v = decide(by_round(ms), BS, CPU, alone=alone(load=10.0, augment=3.9, collate=0.1))
+    assert v.bottleneck == "none" and v.witness == "isolated costs"
+    assert v.reason == ("the full pipeline keeps up by its costs alone: its worker stages add at most 14.2 ms to a "
+                        "batch of at least 880.1 ms (1.6% with nothing else between); the rounds, which cannot bound "
+                        "the loss yet, read 20.3 ms and agree")
+    # with workers on cores of their own: 410 ms of work a batch over 2 workers under a 1.7-s step
+    on_gpu = {"host": [1700, 1870, 1600], "device": [1700, 1870, 1600], "full": [1720, 1650, 1890]}
+    v = decide(by_round(on_gpu), BS, {}, alone=alone("parallel", 2, 16, load=300.0, augment=100.0, collate=10.0))
+    assert v.bottleneck == "none" and v.witness == "isolated costs"
+    # a busy machine that slowed every point (the MNIST example read 127 ms a batch where it
+    # runs at 60): 8 ms of input is no longer under 10% of the step at its lower bound
+    busy = {"device": [126, 90, 160], "augmented": [150, 126, 100], "raw": [100, 160, 126], "full": [170, 100, 126]}
+    assert decide(by_round(busy), BS, NO_HANDOFF).bottleneck == "inconclusive"  # the rounds alone
+    v = decide(by_round(busy), BS, NO_HANDOFF, alone=alone(load=1.7, augment=4.9, collate=0.1))
+    # not none; and at num_workers=0 those 6.7 ms are a loss the loop pays for certain, over
+    # 5% of its 130 ms: input-bound on the costs alone, augment first
+    assert v.bottleneck == "augment" and v.witness == "isolated costs"
+    assert v.reason == ("the pipeline loses at least 6.6 ms per batch to input by its worker stages' costs alone (5% "
+                        "of 130.1 ms), and the rounds, which cannot tell yet, read 14.6 ms; by the costs alone augment "
+                        "costs the loop 4.9 ms per batch against load's 1.7")
+    # the same work on one worker, over the step: 576 ms a batch the worker cannot hide
+    v = decide(by_round(on_gpu), BS, {}, alone=alone("parallel", 1, 16, load=1500.0, augment=800.0, collate=10.0))
+    assert v.bottleneck == "load" and v.witness == "isolated costs"  # load, augment and collate merged: one stage
+
+
+def test_the_shared_model_divides_the_rounds_own_gap_by_the_costs_alone():
+    # 2 workers and a 2-thread step on 2 cores: the loop read 166 ms of input; alone the
+    # stages cost 97, 59 and 0.4 ms of work, so k = 166 / 156.4: the loop pays more than the
+    # work (its step stalls on descheduled workers), and each stage its share of that
+    ms = {"device": [110] * 5, "collated": [112] * 5, "augmented": [112.4] * 5,
+          "raw": [180 + w for w in WOBBLE[:5]], "full": [278] * 5}
+    a = alone("shared", 2, 2, load=97.0, augment=59.0, collate=0.4)
+    v = decide(by_round(ms), BS, CPU, alone=a)
+    pred = v.prediction
+    assert pred.k == pytest.approx(166 / 156.4, rel=0.01)
+    assert v.predicted["load"][0] == pytest.approx(0.097 * pred.k) and v.predicted["augment"][0] == pytest.approx(
+        0.059 * pred.k)
+    assert a.describe() == "2 worker(s) share 2 cores with the step"
+
+
+def test_the_costs_alone_come_from_the_isolated_record_and_say_which_model_holds():
+    iso = Isolated(items_per_batch=10, load=PerSample(ms_per_sample=2.0, se_ms_per_sample=0.1, includes=("load",),
+                                                      samples=40),
+                   augment=PerSample(ms_per_sample=3.0, se_ms_per_sample=0.2, samples=40),
+                   collate=Collate(ms_per_batch=1.0, se_ms_per_batch=0.05, batches=8),
+                   workers=Workers(cores=16, step_threads=0))
+    a = witness.alone(iso, {"num_workers": 4}, "cuda")
+    assert a.mode == "parallel" and a.work == pytest.approx({"load": 0.02, "augment": 0.03, "collate": 0.001})
+    # each stage's noise: its items' standard error and 10% of its cost for the slice it was
+    # timed in (witness.SLICE_NOISE): augment 30 ms (2 and 3), collate 1 ms (0.05 and 0.1)
+    augment, collate = (0.002 ** 2 + 0.003 ** 2) ** 0.5, (0.00005 ** 2 + 0.0001 ** 2) ** 0.5
+    assert a.at("raw") == pytest.approx((0.031, (augment ** 2 + collate ** 2) ** 0.5))
+    assert witness.alone(iso, {"num_workers": 0}, "cpu").mode == "serial"
+    assert witness.alone(iso, {"num_workers": 16}, "cuda").mode == "shared"  # more workers than cores
+    two = Isolated(**{**iso.__dict__, "workers": Workers(cores=2, step_threads=2)})
+    assert witness.alone(two, {"num_workers": 1}, "cpu").mode == "shared"  # a 2-thread step on the 2 cores
+    # the same where load waits (its CPU time a tenth of its time alone): its workers need no cores
+    sleeps = Isolated(**{**two.__dict__, "load": PerSample(ms_per_sample=2.0, se_ms_per_sample=0.1, cpu_ms_per_sample=0.2,
+                                                           includes=("load",), samples=40)})
+    assert witness.alone(sleeps, {"num_workers": 1}, "cpu").mode == "parallel"
+    assert witness.waits(sleeps) == "the workers' stages wait: CPU 10% of their time alone"
+    # a load of next to nothing that reads no CPU beside an augment that computes: they compute
+    # (the MONAI tutorial, whose transforms load: 2 workers, 2 cores and a CPU step shared)
+    monai = Isolated(**{**two.__dict__,
+                        "load": PerSample(ms_per_sample=0.13, se_ms_per_sample=0.01, cpu_ms_per_sample=0.0,
+                                          includes=("load",), samples=80),
+                        "augment": PerSample(ms_per_sample=2.52, se_ms_per_sample=0.1, cpu_ms_per_sample=2.56,
+                                             samples=80)})
+    assert witness.waits(monai) == "" and witness.alone(monai, {"num_workers": 2}, "cpu").mode == "shared"
+    # a document written before the standard errors were kept: no second witness
+    old = Isolated(items_per_batch=10, load=PerSample(ms_per_sample=2.0), collate=Collate(ms_per_batch=1.0))
+    assert witness.alone(old, {"num_workers": 0}, "cpu") is None
+
+
+def test_an_inconclusive_run_whose_costs_alone_show_a_loss_names_their_leader():
+    # the MONAI tutorial on 2 cores: 2 workers and a 2-thread step share them; one-second
+    # steps that wobble by 20%, five rounds: the rounds cannot tell the loss. Alone its
+    # stages cost 90 ms of work a batch, at least half of it on top of the step (the cores
+    # shared perfectly), 6% of the loop: input-bound, augment far first
+    ms = {"device": [620, 760, 560, 700, 600], "collated": [700, 600, 680, 560, 720],
+          "augmented": [640, 690, 580, 760, 620], "raw": [720, 600, 650, 700, 600],
+          "full": [700, 640, 820, 610, 760]}
+    assert decide(by_round(ms), BS, CPU).bottleneck == "inconclusive"
+    v = decide(by_round(ms), BS, CPU, alone=alone("shared", 2, 2, load=6.6, augment=83.0, collate=0.2))
+    assert v.bottleneck == "augment" and v.witness == "isolated costs"
+    assert v.reason == ("the pipeline loses at least 44.1 ms per batch to input by its worker stages' costs alone (6% "
+                        "of 700.0 ms, as the loop would pay it: 2 worker(s) share 2 cores with the step), and the "
+                        "rounds, which cannot tell yet, read 41.3 ms; by the costs alone augment costs the loop 41.5 "
+                        "ms per batch against load's 3.3")
+    # the rounds reading less than that beyond their noise: no such claim
+    flat = {p: [660 + (3 if p == "full" else 0)] * 5 for p in ms}
+    assert decide(by_round(flat), BS, CPU, alone=alone("shared", 2, 2, load=6.6, augment=83.0, collate=0.2)).bottleneck \
+        != "augment"
+
+
+def test_input_costs_the_stages_alone_do_not_have_are_not_a_stage():
+    # a step-bound MLP whose step drifted while the points were measured: the rounds read
+    # load 12.8 ms, beyond their noise, where alone it costs 0.3 and the whole input 1.5 ms
+    # of a 110-ms step: not a stage, not a tie
+    ms = {"device": [100.0, 100.5, 99.5, 100.2], "augmented": [100.1, 100.4, 99.8, 100.0],
+          "raw": [100.2, 100.3, 99.7, 100.1], "full": [112.8, 113.1, 112.6, 113.0]}
+    assert decide(by_round(ms), BS, NO_HANDOFF).bottleneck == "load"  # the rounds alone
+    v, more, less = three(ms, alone(load=0.3, augment=0.05, collate=1.2))
+    assert v.bottleneck == "inconclusive" and v.witness == "disagree" and v.disagree[0] == "load"
+    assert "load reads 12.8 ms per batch in the loop where alone it costs 0.3" in v.reason
+    assert not settled(v, more, less)

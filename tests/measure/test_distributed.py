@@ -1,0 +1,188 @@
+"""torchrun on CPU (gloo): every rank bisects its pipeline in lockstep, rank 0 names the
+straggler; a rank that fails at a point does not leave the others blocked."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch.distributed as dist
+
+from bisect_pipeline.measure import distributed
+from bisect_pipeline.report import ranks
+from conftest import PLANTED_DATA, assert_names
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not dist.is_available(),
+                                                  reason="torch.distributed is not available")]
+
+ENTRY = PLANTED_DATA + textwrap.dedent('''
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+    from bisect_pipeline import Workload
+
+    def _parts(slow_ms):
+        torch.manual_seed(0)
+        model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+        ds = Data(512, slow_ms if dist.get_rank() == 1 else 0.0)
+        return model, DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds, seed=0))
+
+    def straggler():
+        return _parts(5.0)  # rank 1: 5 ms per sample of augmentation, 40 ms per batch
+
+    def failing():
+        model, loader = _parts(0.0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        calls = [0]
+        def step(batch):
+            calls[0] += 1
+            if dist.get_rank() == 1 and calls[0] == 40:  # once, in the middle of the first point
+                raise RuntimeError("planted failure on rank 1")
+            x, y = batch
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return Workload(model=model, loader=loader, step=step)
+''')
+
+
+def torchrun(tmp_path, func, timeout=150):
+    (tmp_path / "ddp_entry.py").write_text(ENTRY)
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "bisect_pipeline", "--entry", f"{tmp_path / 'ddp_entry.py'}:{func}", "--device", "cpu",
+           "--max-seconds", "24", "--json", str(out), "--step-timeout", "30"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path,
+                          start_new_session=True)
+    return proc, out
+
+
+def _no_children_left() -> None:
+    import psutil
+
+    me = psutil.Process()
+    left = [p for p in me.children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes left behind: {left}"
+
+
+def test_two_ranks_name_the_straggler_and_its_stage(tmp_path):
+    proc, out = torchrun(tmp_path, "straggler")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["world_size"] == 2 and [r["rank"] for r in doc["ranks"]] == [0, 1]
+    assert doc["distributed"]["straggler_ranks"] == [1]
+    assert doc["distributed"]["pace_rank"] == 1
+    assert_names(doc, "augment")
+    waits = [r["input_wait_ms_per_batch"]["full"] for r in doc["ranks"]]
+    assert waits[1] > 20 and waits[1] > 4 * waits[0], waits  # rank 1 waits ~40 ms per batch for its data
+    rank1 = doc["ranks"][1]["report"]
+    assert_names(rank1, "augment")
+    # lockstep: both ranks ran the same steps at every point
+    for p0, p1 in zip(doc["ranks"][0]["report"]["points"], rank1["points"]):
+        assert p0["status"] == p1["status"]
+        assert [w["steps"] for w in p0["windows"]] == [w["steps"] for w in p1["windows"]]
+    table = {p["point"]: p for p in doc["distributed"]["points"]}
+    assert table["full"]["ranks_ok"] == 2 and table["full"]["slowest_samples_per_sec"] is not None
+    # only rank 0 prints the report
+    assert proc.stdout.count("torch.distributed: world size 2") == 1
+    assert "straggler rank(s) 1" in proc.stdout
+    _no_children_left()
+
+
+def test_a_rank_failing_mid_point_does_not_block_the_other(tmp_path):
+    proc, out = torchrun(tmp_path, "failing")
+    # device fails on both ranks; the other points are measured, so there is a verdict
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    r0, r1 = (doc["ranks"][i]["report"] for i in (0, 1))
+    dev0 = next(p for p in r0["points"] if p["point"] == "device")
+    dev1 = next(p for p in r1["points"] if p["point"] == "device")
+    assert dev1["status"] == "failed" and "planted failure on rank 1" in dev1["reason"]
+    assert dev0["status"] == "failed" and "rank 1 failed at this point" in dev0["reason"]
+    # the run went on: the next points were measured on both ranks
+    for r in (r0, r1):
+        full = next(p for p in r["points"] if p["point"] == "full")
+        assert full["status"] == "ok"
+    _no_children_left()
+
+
+def test_straggler_rule():
+    # (wait s per batch at full, s per batch at full) per rank
+    assert ranks.stragglers([(0.0, 0.04), (0.035, 0.04)]) == [1]
+    assert ranks.stragglers([(0.0005, 0.04), (0.001, 0.04)]) == []  # nobody really waits
+    assert ranks.stragglers([(0.03, 0.04), (0.028, 0.04), (0.0, 0.04)]) == [0, 1]
+    assert ranks.stragglers([None, (0.03, 0.04)]) == [1]
+
+
+
+def test_closing_the_coordinator_destroys_its_side_group_and_leaves_the_users():
+    # Under `run` the script owns the default group; the tool's side group is its own to
+    # close, after a last barrier: a rank that left while another still used it aborted
+    # now and then in gloo's teardown ("terminate called without an active exception").
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        coord = distributed.Coordinator()
+        side = coord.group
+        assert dist.get_process_group_ranks(side) == [0]
+        coord.close()
+        with pytest.raises(KeyError):
+            dist.get_process_group_ranks(side)  # gone
+        assert dist.is_initialized()  # the user's default group is theirs
+    finally:
+        dist.destroy_process_group()
+
+SCRIPT = PLANTED_DATA + textwrap.dedent('''
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    def main():
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        ds = Data(1024, 5.0 if dist.get_rank() == 1 else 0.0)  # rank 1: 5 ms per sample of augmentation
+        sampler = DistributedSampler(ds, seed=0)
+        loader = DataLoader(ds, batch_size=8, sampler=sampler)
+        try:
+            for epoch in range(100):
+                sampler.set_epoch(epoch)
+                for x, y in loader:
+                    opt.zero_grad(set_to_none=True)
+                    nn.functional.cross_entropy(model(x), y).backward()
+                    opt.step()
+        finally:
+            dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+''')
+
+
+def test_under_torchrun_every_rank_bisects_the_scripts_own_loop_in_lockstep(tmp_path):
+    (tmp_path / "ddp_train.py").write_text(SCRIPT)
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "bisect_pipeline", "run", "--device", "cpu", "--max-seconds", "30", "--json", str(out),
+           "ddp_train.py"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path, start_new_session=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["world_size"] == 2 and doc["mode"] == "loop"
+    assert doc["distributed"]["straggler_ranks"] == [1]
+    assert_names(doc, "augment")
+    r0, r1 = (doc["ranks"][i]["report"] for i in (0, 1))
+    for p0, p1 in zip(r0["points"], r1["points"]):  # lockstep: the same steps at every point
+        assert [w["steps"] for w in p0["windows"]] == [w["steps"] for w in p1["windows"]]
+    assert proc.stderr.count("torch.distributed: world size 2") == 1  # only rank 0 prints the report
+    _no_children_left()

@@ -1,0 +1,379 @@
+"""Isolated stage costs (isolate.py): planted costs come back roughly right, the
+workers-needed arithmetic is exact, and syncs are counted on CUDA only."""
+
+import os
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from bisect_pipeline.measure import cache, isolate
+from bisect_pipeline.core import faults
+from bisect_pipeline.pipeline import loader as loader_mod
+from bisect_pipeline.measure.experiment import Experiment
+from bisect_pipeline.core.results import Isolated
+from bisect_pipeline.core.stats import Throughput, Window
+from bisect_pipeline.pipeline.step import make_step
+from bisect_pipeline.report import PointResult
+from bisect_pipeline.pipeline.step import to_device
+from conftest import FakeClock, PlantedDataset, Sleep, SlowCollate, make_loader, tiny_model
+
+CPU = torch.device("cpu")
+
+
+def isolated(model, loader, budget_s=1.0):
+    """isolate.time_stages on a real cache fill, as bisect() calls it (no step time given:
+    the step is timed alone too)."""
+    spec = loader_mod.describe(loader)
+    caches = cache.fill(spec, cache_mb=64, max_batches=4, time_budget=10)
+    step = make_step(model)
+    iso, syncs = isolate.time_stages(spec, caches, CPU, lambda b: to_device(b, CPU), step, step_sec_per_batch=None,
+                                      budget_s=budget_s)
+    return iso.to_dict(), syncs.to_dict()  # the document's form
+
+
+def within(value, planted, lo=0.5, hi=2.0):
+    return lo * planted <= value <= hi * planted
+
+
+@pytest.mark.e2e
+def test_planted_costs_come_back_within_a_factor_of_two():
+    # per sample: load 4 ms, augment 3 ms; per batch: collate 20 ms, step 10 ms
+    ds = PlantedDataset(n=48, load_ms=4.0, transform=Sleep(3.0))
+    loader = make_loader(ds, batch_size=8, collate_fn=SlowCollate(20.0))
+    model = tiny_model(10.0)
+    iso, syncs = isolated(model, loader)
+    again, _ = isolated(model, loader)
+    # Other work on a shared machine only ever adds time (a sleeping stage waits for a
+    # core when it wakes): the smaller of two measurements is the stage's own cost.
+    def best(part, key):
+        return min(iso[part][key], again[part][key])
+    assert iso["status"] == "ok"
+    assert within(best("augment", "ms_per_sample"), 3.0), (iso["augment"], again["augment"])
+    assert within(best("load", "ms_per_sample"), 4.0), (iso["load"], again["load"])
+    assert iso["load"]["includes"] == ["load"]  # the transforms were split off
+    assert within(best("collate", "ms_per_batch"), 20.0), (iso["collate"], again["collate"])
+    assert iso["collate"]["collate_fn"] == "SlowCollate"
+    assert iso["collate"]["default_collate_ms_per_batch"] < 5.0  # the same samples, torch's collate
+    # The step: against the same step timed directly here, now (median of 5 after a
+    # warm-up): a busy machine can stretch a 10 ms sleep, for both alike.
+    step = make_step(model)
+    batch = next(iter(make_loader(PlantedDataset(n=16), batch_size=8)))
+    direct = []
+    for i in range(8):
+        t0 = time.perf_counter()
+        step(batch)
+        direct.append(time.perf_counter() - t0)
+    direct_ms = sorted(direct[3:])[2] * 1e3
+    assert direct_ms >= 9.0  # the planted 10 ms sleep is in the step
+    assert within(best("step", "ms_per_batch"), direct_ms), (iso["step"], again["step"], direct_ms)
+    # (4 + 3) ms x 8 + 20 ms = 76 ms of worker work against a ~10 ms step: about 8 workers
+    w = iso["workers"]
+    assert w["status"] == "ok" and 4 <= w["needed"] <= 15, w
+    assert w["cores"] == isolate.cores() and w["available"] == w["cores"] - 1
+    assert w["step_threads"] == torch.get_num_threads()  # a CPU step runs on the intra-op threads
+    # on CPU: no transfer to time, syncs skipped with their reason
+    assert iso["transfer"]["status"] == "skipped" and iso["transfer"]["bytes_per_batch"] == 8 * (16 * 4 + 8)
+    assert syncs["status"] == "skipped" and "CUDA" in syncs["reason"]
+    assert iso["elapsed_s"] < 5.0  # bounded by the budget (plus one call per part)
+
+
+@pytest.mark.e2e
+def test_an_augment_only_pipeline_reports_no_load_cost():
+    ds = PlantedDataset(n=48, transform=Sleep(5.0))
+    loader = make_loader(ds, batch_size=8)
+    runs = [isolated(tiny_model(0.0), loader)[0] for _ in range(2)]
+    assert within(min(r["augment"]["ms_per_sample"] for r in runs), 5.0), runs
+    assert min(r["load"]["ms_per_sample"] for r in runs) < 1.5  # the getitem is all transform
+
+
+def workers_needed(iso: dict, *args, **kw) -> dict:
+    """isolate.workers_needed on the document's form of the isolated parts."""
+    return isolate.workers_needed(Isolated.from_dict({"status": "ok", **iso}), *args, **kw).to_dict()
+
+
+def test_workers_needed_arithmetic():
+    iso = {"load": {"status": "ok", "ms_per_sample": 2.0, "includes": ["load"]},
+           "augment": {"status": "ok", "ms_per_sample": 3.0},
+           "collate": {"status": "ok", "ms_per_batch": 4.0},
+           "step": {"status": "ok", "ms_per_batch": 10.0}}
+    w = workers_needed(iso, items_per_batch=8, n_cores=4)
+    # (2 + 3) x 8 + 4 = 44 ms per batch / 10 ms step -> ceil(4.4) = 5 workers; 3 cores for workers
+    assert w == {"status": "ok", "worker_ms_per_batch": 44.0, "step_ms_per_batch": 10.0, "needed": 5, "cores": 4,
+                 "available": 3, "step_threads": 0, "fits": False}
+    assert workers_needed(iso, items_per_batch=8, n_cores=4, step_threads=4)["step_threads"] == 4
+    assert workers_needed(iso, items_per_batch=8, n_cores=8)["fits"] is True
+    # exactly one step's worth of work: one worker
+    iso["step"]["ms_per_batch"] = 44.0
+    assert workers_needed(iso, 8, 2)["needed"] == 1
+    # a step that outruns the workers by far still needs at least one
+    iso["step"]["ms_per_batch"] = 1000.0
+    assert workers_needed(iso, 8, 2)["needed"] == 1
+
+
+def test_workers_needed_does_not_count_augment_twice_when_merged_into_load():
+    iso = {"load": {"status": "ok", "ms_per_sample": 5.0, "includes": ["load", "augment"]},
+           "augment": {"status": "ok", "ms_per_sample": 3.0},
+           "collate": {"status": "ok", "ms_per_batch": 0.0},
+           "step": {"status": "ok", "ms_per_batch": 10.0}}
+    assert workers_needed(iso, 4, 4)["worker_ms_per_batch"] == 20.0
+
+
+@pytest.mark.parametrize("missing", ["step", "load", "collate"])
+def test_workers_needed_unavailable_without_its_inputs(missing):
+    iso = {"load": {"status": "ok", "ms_per_sample": 2.0}, "augment": {"status": "unavailable"},
+           "collate": {"status": "ok", "ms_per_batch": 4.0}, "step": {"status": "ok", "ms_per_batch": 10.0}}
+    iso[missing] = {"status": "failed", "reason": "boom"}
+    w = workers_needed(iso, 8, 4)
+    assert w["status"] == "unavailable" and "not measured" in w["reason"]
+    # without augment (unavailable) the rest still counts: 2 x 8 + 4 = 20 ms
+    iso[missing] = {"status": "ok", "ms_per_sample": 2.0, "ms_per_batch": 10.0 if missing == "step" else 4.0}
+    assert workers_needed(iso, 8, 4)["worker_ms_per_batch"] == 20.0
+
+
+def test_syncs_skipped_on_cpu_with_reason():
+    calls = []
+    s = isolate.count_syncs(lambda b: calls.append(b), torch.zeros(2), CPU).to_dict()
+    assert s["status"] == "skipped" and "no CUDA device" in s["reason"] and "cpu" in s["reason"]
+    assert calls == []  # nothing run for nothing
+
+
+def test_unfilled_caches_skip_isolation():
+    iso, syncs = isolate.time_stages(None, None, CPU, None, None, step_sec_per_batch=None, budget_s=1.0)
+    assert iso.status == syncs.status == "unavailable"
+
+
+def heavy_stages(step_s: float, end_in: float, estimate):
+    """time_stages on a real cache, on a fake clock where each training step takes step_s."""
+    spec = loader_mod.describe(make_loader(PlantedDataset(n=16), batch_size=4))
+    caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
+    clock, steps = FakeClock(100.0), []
+
+    def step(batch):
+        steps.append(1)
+        clock.t += step_s
+
+    iso, syncs = isolate.time_stages(spec, caches, CPU, lambda b: to_device(b, CPU), step, step_sec_per_batch=None,
+                                      budget_s=2.0, clock=clock, end=clock.t + end_in, step_estimate_s=estimate)
+    return iso, syncs, steps
+
+
+def test_the_step_alone_is_skipped_where_it_would_run_past_the_end():
+    # a 2 s step and 5 s left: warm-up and one timed step (8 s) would pass --max-seconds
+    iso, _, steps = heavy_stages(2.0, end_in=5.0, estimate=2.0)
+    assert iso.step.status == "skipped" and "out of time" in iso.step.reason and "2 s" in iso.step.reason
+    assert steps == []
+    assert iso.collate.ok and iso.load.ok  # the rest is still timed
+    iso, _, steps = heavy_stages(2.0, end_in=60.0, estimate=2.0)  # with room it runs
+    assert iso.step.ok and iso.step.ms_per_batch == pytest.approx(2000.0)
+    assert len(steps) == isolate.STEP_WARMUP + 1  # at least one timed step, past the 0.4 s share
+
+
+def experiment_at(clock, end, results=None, step=None):
+    spec = loader_mod.describe(make_loader(PlantedDataset(n=16), batch_size=4))
+    caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
+    return Experiment(spec, CPU, None, clock, lambda e: None, None, start=0.0, end=end, deadline=end,
+                      step=step, move=lambda b: to_device(b, CPU), caches=caches, results=results or {})
+
+
+def test_isolation_after_the_end_is_skipped_and_syncs_say_why_on_cpu():
+    clock = FakeClock(100.0)
+    iso, syncs = isolate.before_points(experiment_at(clock, end=clock.t - 1.0), max_seconds=60)
+    assert iso.status == "skipped" and "out of time" in iso.reason
+    assert syncs.status == "skipped" and "no CUDA device" in syncs.reason
+
+
+def test_the_step_comes_from_the_device_point_once_measured():
+    clock = FakeClock(100.0)
+    exp = experiment_at(clock, end=clock.t + 60.0, step=lambda b: None)
+    exp.step_alone = 0.5
+    iso, _ = isolate.before_points(exp, max_seconds=60)
+    assert iso.step.ms_per_batch == 500.0 and iso.step.source == isolate.STEP_ALONE
+    assert iso.workers.step_ms_per_batch == 500.0
+    device = PointResult("device", "ok", Throughput((Window(10, 0.2), Window(10, 0.2)), 4))
+    iso = isolate.with_ceiling(iso, {"device": device})
+    assert iso.step.ms_per_batch == 20.0 and iso.step.source == isolate.STEP_CEILING
+    assert iso.workers.step_ms_per_batch == 20.0  # the workers that feed it, from the ceiling's step
+    assert isolate.with_ceiling(iso, {}) is iso
+
+
+def test_isolation_cut_by_the_watchdog_still_says_syncs_are_not_counted_on_cpu():
+    def step(batch):
+        raise faults.StepTimeout("the run's end passed")  # as the watchdog raises it in the main thread
+
+    iso, syncs = isolate.before_points(experiment_at(time.perf_counter, end=time.perf_counter() + 60, step=step),
+                                      max_seconds=60)
+    assert iso.status == "failed" and "StepTimeout" in iso.reason
+    assert syncs.status == "skipped" and "no CUDA device" in syncs.reason  # not "failed (StepTimeout)"
+
+
+def test_budget_is_a_small_bounded_share_of_the_run():
+    assert isolate.budget(10) == pytest.approx(0.5)
+    assert isolate.budget(600) == isolate.ISOLATE_MAX_SECONDS
+
+
+def describe_batch(batch) -> dict:
+    return isolate.describe_batch(batch).to_dict()
+
+
+def test_describe_batch_flags_float_images_only():
+    d = describe_batch((torch.zeros(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)))
+    assert d["n_tensors"] == 2 and d["bytes"] == 4 * 3 * 32 * 32 * 4 + 4 * 8
+    assert [t["image"] for t in d["tensors"]] == [True, False]
+    assert d["tensors"][0]["path"] == "batch[0]" and d["tensors"][0]["shape"] == [4, 3, 32, 32]
+    assert not describe_batch({"x": torch.zeros(4, 3, 32, 32, dtype=torch.uint8)})["tensors"][0]["image"]
+    assert not describe_batch(torch.zeros(4, 16))["tensors"][0]["image"]
+    assert describe_batch(torch.zeros(4, 32, 32, 3))["tensors"][0]["image"]  # channels last
+
+
+def test_sample_structure_counts_what_default_collate_turns_into_tensors():
+    sample = {"img": Image.new("RGB", (8, 8)), "feats": [0.5] * 20, "arr": np.zeros(3), "name": "a",
+              "t": torch.zeros(2), "label": 3}
+    st = isolate.sample_structure(sample).to_dict()
+    assert st["images"] == 1 and st["numbers"] == 21 and st["longest_list"] == 20
+    assert st["ndarrays"] == 1 and st["strings"] == 1 and st["tensors"] == 1
+    assert st["leaves"] == 25
+
+
+SYNC_MESSAGE = "called a synchronizing CUDA operation"  # what torch warns in sync debug mode
+
+
+def _defined_in(path, body: str):
+    """A function `f` whose code says it lives in `path` (a frame of that file)."""
+    ns = {"warnings": warnings, "SYNC_MESSAGE": SYNC_MESSAGE}
+    exec(compile(body, path, "exec"), ns)
+    return ns["f"]
+
+
+def test_a_sync_is_attributed_to_the_users_line_that_asked_for_it_through_torch():
+    # torch's sync is reported inside torch (torch/cuda/__init__.py): the site is the caller
+    inside_torch = _defined_in(os.path.join(os.path.dirname(torch.__file__), "cuda", "fake.py"),
+                               "def f():\n    warnings.warn(SYNC_MESSAGE)\n")
+    with isolate.SyncRecorder() as rec:
+        for _ in range(2):
+            inside_torch(); line = sys._getframe().f_lineno  # noqa: E702
+        warnings.warn("an unrelated warning")  # swallowed, not counted
+    s = rec.syncs(2)
+    assert s.total == 2 and s.per_step == 1.0
+    assert [(x.where, x.count) for x in s.sites] == [(f"{__file__}:{line}", 2)]
+
+
+def test_the_tools_own_syncs_and_other_threads_syncs_are_not_the_steps():
+    own = _defined_in(os.path.join(os.path.dirname(isolate.__file__), "visit.py"),
+                      "def f():\n    warnings.warn(SYNC_MESSAGE)\n")  # a window edge's sync
+    workload = _defined_in(os.path.join(os.path.dirname(os.path.dirname(isolate.__file__)), "testing.py"),
+                           "def f():\n    warnings.warn(SYNC_MESSAGE)\n")  # a planted step: user code
+    with isolate.SyncRecorder() as rec:
+        own()
+        t = threading.Thread(target=lambda: warnings.warn(SYNC_MESSAGE))
+        t.start(); t.join()  # noqa: E702
+        workload()
+    s = rec.syncs(1)
+    assert s.total == 1 and s.sites[0].where.endswith("testing.py:2")
+
+
+def test_warnings_are_as_they_were_after_recording():
+    before = (warnings.showwarning, list(warnings.filters))
+    with isolate.SyncRecorder():
+        warnings.warn(SYNC_MESSAGE)
+    assert (warnings.showwarning, list(warnings.filters)) == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counting host-device syncs needs CUDA")
+def test_cuda_counts_a_planted_item_sync_per_step():
+    dev = torch.device("cuda")
+    batch = torch.randn(64, 64, device=dev)
+    w = torch.randn(64, 64, device=dev)
+
+    def syncing(b):
+        return (b @ w).sum().item()  # one device-to-host copy: a sync per step
+
+    def clean(b):
+        return (b @ w).sum()
+
+    s = isolate.count_syncs(syncing, batch, dev, steps=3).to_dict()
+    assert s["status"] == "ok" and s["steps"] == 3 and s["per_step"] >= 1, s
+    assert s["sites"] and "test_isolate.py" in s["sites"][0]["where"]
+    assert isolate.count_syncs(clean, batch, dev, steps=3).per_step == 0
+    assert torch.cuda.get_sync_debug_mode() == 0  # restored
+
+
+def test_default_collate_runs_beside_a_custom_collate_on_the_same_batches(monkeypatch):
+    from types import SimpleNamespace
+    clock, seen = FakeClock(), []
+
+    def mixup(samples):  # 10 ms a batch on the fake clock
+        clock.t += 0.010
+        return torch.stack([s * 0.5 for s in samples])
+
+    def stacking(samples):  # torch's default_collate, recorded
+        seen.append(len(samples))
+        return torch.stack(samples)
+    monkeypatch.setattr(isolate, "default_collate", stacking)
+    samples = [torch.full((2,), float(i)) for i in range(16)]
+    spec = SimpleNamespace(auto_collation=True, collate_fn=mixup)
+    caches = SimpleNamespace(samples=samples, groups=[list(range(i, i + 2)) for i in range(0, 16, 2)])
+    col = isolate._collate(spec, caches, 0.06, clock)  # 30 ms for mixup: 3 timed batches after the warm-up
+    assert col.batches == 3 and col.ms_per_batch == 10.0 and col.collate_fn == "test_default_collate_runs_" \
+        "beside_a_custom_collate_on_the_same_batches.<locals>.mixup"
+    assert seen == [2] * 4  # the warm-up and the 3 batches mixup was timed on, not the 8 cached
+    assert col.default_collate_ms_per_batch == 0.0
+
+
+def test_the_workers_work_is_timed_on_one_thread_as_a_worker_has_and_the_threads_are_restored():
+    from types import SimpleNamespace
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        with isolate.worker_threads(SimpleNamespace(num_workers=2)):
+            seen.append(torch.get_num_threads())
+        with isolate.worker_threads(SimpleNamespace(num_workers=0)):  # in this process: its own threads
+            seen.append(torch.get_num_threads())
+        with pytest.raises(RuntimeError):
+            with isolate.worker_threads(SimpleNamespace(num_workers=1)):
+                raise RuntimeError("a transform failed")
+        assert seen == [1, 2] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_batch_mixers_are_found_where_a_collate_fn_keeps_them():
+    import functools
+    from torch.utils.data import default_collate
+    from torchvision.transforms import v2
+    mixup, cutmix = v2.MixUp(num_classes=4), v2.CutMix(num_classes=4)
+    choice = v2.RandomChoice([mixup, cutmix])
+
+    def reference(batch):  # the torchvision reference's collate_fn: a closure over RandomChoice
+        return choice(*default_collate(batch))
+
+    class Holder:
+        def __init__(self):
+            self.mix = mixup
+
+        def __call__(self, batch):
+            return self.mix(*default_collate(batch))
+
+    def mixes(fn, batch, m):
+        return m(*default_collate(batch))
+    assert isolate.batch_mixers(reference) == ("MixUp", "CutMix")
+    assert isolate.batch_mixers(Holder()) == ("MixUp",)
+    assert isolate.batch_mixers(functools.partial(mixes, m=cutmix)) == ("CutMix",)
+    assert isolate.batch_mixers(mixup) == ("MixUp",)
+    assert isolate.batch_mixers(default_collate) == () and isolate.batch_mixers(lambda b: b) == ()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counting host-device syncs needs CUDA")
+def test_a_step_without_syncs_reads_none_end_to_end_on_cuda():
+    # the tool's own syncs (window edges, batches moved) must not be counted as the step's
+    from bisect_pipeline import bisect
+    from conftest import planted
+    model, loader = planted("augment", 0)
+    r = bisect(model, loader, device="cuda", max_seconds=8)
+    assert r.syncs.status == "ok" and r.syncs.per_step == 0, r.syncs
