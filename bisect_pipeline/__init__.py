@@ -2,10 +2,10 @@
 
 from .api import Interrupted, bisect
 from .core.errors import BisectError
-from .measure.plan import Plan
-from .report import Report
 from .loop import ScriptStopped, Session, watch, watching
+from .measure.plan import Plan
 from .pipeline.workload import Workload
+from .report import Report
 
 __version__ = "0.2.0"
 

@@ -9,23 +9,23 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from .measure import allocator, devices, distributed
-from .core import faults
 from . import phases
-from .pipeline import state
-from .pipeline import loader as loader_mod
-from .measure.cache import DEFAULT_CACHE_BATCHES
-from .core.errors import BisectError
-from .measure.experiment import Experiment
-from .phases import Options
-from .measure.plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Budget, Plan, plan_budget
-from .report import Report
-from .report.ranks import combine
-from .derive.verdict import POINTS
 from .advise.tune import CHECK_SHARE, TUNE_SHARE
 from .advise.verify import VERIFY_SHARE
+from .core import faults
+from .core.errors import BisectError
+from .derive.verdict import POINTS
+from .measure import allocator, devices, distributed
+from .measure.cache import DEFAULT_CACHE_BATCHES
+from .measure.experiment import Experiment
+from .measure.plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Budget, Plan, plan_budget
 from .measure.visit import drive_all
+from .phases import Options
+from .pipeline import state
+from .pipeline import loader as loader_mod
 from .pipeline.workload import Workload, validate
+from .report import Report
+from .report.ranks import combine
 
 
 class Interrupted(KeyboardInterrupt):

@@ -11,13 +11,13 @@ from typing import Any, Callable, Optional
 import click
 
 from . import api
-from .measure import distributed
-from .pipeline import entry
 from .core import faults
 from .core.errors import BisectError
+from .derive.verdict import POINTS
+from .measure import distributed
+from .pipeline import entry
 from .progress import make_progress
 from .report import Report
-from .derive.verdict import POINTS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 2, 130, 143
 

@@ -15,10 +15,10 @@ from typing import Optional
 
 from .advise import outcome
 from .core.errors import BisectError
-from .report import Report
 from .core.stats import MIN_REL_DROP, Throughput, difference, unpaired
 from .core.stats import compare as stats_compare
 from .derive.verdict import POINTS, cost_noise
+from .report import Report
 
 # A change is decided by the tool's one comparison (stats.compare: 97.7% one-sided, Student's
 # t at the degrees of freedom of the difference's noise) on the two runs' own values, not

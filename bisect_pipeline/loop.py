@@ -53,17 +53,17 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 
-from .measure import allocator, devices, distributed, sources
 from . import api, phases
 from .advise import change
 from .core import faults
 from .core.errors import BisectError
+from .core.results import Measurements, PointResult
+from .derive.verdict import POINTS
+from .measure import allocator, devices, distributed, sources
 from .phases import Options
+from .pipeline.step import to_device
 from .report import Report
 from .report.ranks import combine
-from .core.results import Measurements, PointResult
-from .pipeline.step import to_device
-from .derive.verdict import POINTS
 
 # Frames of these packages are not where a loader is created: its creator is the first
 # frame outside them (the user's script).

@@ -26,17 +26,17 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from .measure import allocator, distributed, experiment, isolate, sources
 from .advise import confirm, tune
-from .core import stats, tree
-from .measure.cache import DEFAULT_CACHE_BATCHES
 from .advise.diagnose import judged, to_check
+from .advise.verify import Trials
+from .core import stats, tree
+from .core.results import AllocatorTiming, Isolated, Syncs, Verification
+from .derive.verdict import in_question
+from .measure import allocator, distributed, experiment, isolate, sources
+from .measure.cache import DEFAULT_CACHE_BATCHES
 from .measure.experiment import Experiment
 from .measure.plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, EPOCH_WINDOW_S, Plan
-from .core.results import AllocatorTiming, Isolated, Syncs, Verification
 from .measure.rounds import Rounds
-from .advise.verify import Trials
-from .derive.verdict import in_question
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,8 +17,8 @@ import traceback
 from typing import Any, Callable, Optional
 
 from .core.errors import BisectError
-from .report import Report
 from .loop import ScriptStopped, Session
+from .report import Report
 
 
 class Ended(Exception):

@@ -19,15 +19,15 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from .measure import devices
-from .pipeline import state
 from .core import tree
-from .pipeline import loader as loader_mod
 from .core.errors import BisectError
+from .core.stats import Throughput, compare, unpaired
+from .measure import devices
 from .measure.experiment import Experiment
 from .measure.plan import DEFAULT_MAX_SECONDS, Plan
-from .core.stats import Throughput, compare, unpaired
 from .measure.visit import Visit, drive
+from .pipeline import state
+from .pipeline import loader as loader_mod
 from .pipeline.workload import Workload, validate
 
 SCHEMA_VERSION = 1

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import Optional
 
-from .outcome import Checked, predicted
-from .outcome import detail as outcome_detail, figure as outcome_figure, sentence as outcome_sentence
-from ..measure.plan import EPOCH_WINDOW_S
-from ..core.results import BatchShape, Collate, Part, Record, SampleStructure
+from ..core.results import BatchShape, Collate, Part, SampleStructure
 from ..core.stats import MIN_REL_DROP, is_real
+from ..derive.findings import Checked, Diagnosis as Report, Finding
 from ..derive.verdict import in_question
+from ..measure.plan import EPOCH_WINDOW_S
+from .outcome import predicted
+from .outcome import detail as outcome_detail, figure as outcome_figure, sentence as outcome_sentence
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .diagnose import Diagnosis as Report
 
 # Input-bound class of the whole pipeline, from Verdict.input_bound_fraction: the share
 # of the ceiling's throughput lost to input, 1 - full/ceiling = gap / t(full). The
@@ -69,31 +68,6 @@ PAYLOAD_KINDS = ("uint8_payload", "handoff")
 LOOP_EPOCHS = ("the check cannot measure it in your own loop: the loop's epoch ends are pauses it leaves out of its "
                "windows, and the workers start again in them; check it with --entry, or with compare (a run before "
                "and after)")
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding(Record):
-    """One thing to change: `kind` (num_workers, cores, pin_memory, persistent_workers,
-    uint8_payload, collate, storage, augment, reorder, handoff, batch_size, syncs, allocator), the
-    stage it is about (or "step", or "epoch" for the workers started again every epoch),
-    the message, the measured numbers and settings it rests on, and what the advice's
-    check measured of it (outcome.verified), once checked.
-
-    The message is composed (`compose`) action first: `action`, what to do, in the
-    imperative; with its figure (what the check measured, else the finding's own
-    `figure`); then `why`, the reasoning; then what the check measured in detail, or
-    `check`, how to check it yourself, when the tool did not."""
-
-    _nested: ClassVar[dict] = {"verified": Checked}
-    kind: str
-    stage: str
-    message: str
-    numbers: dict = dataclasses.field(default_factory=dict)
-    verified: Optional[Checked] = None
-    action: Optional[str] = None
-    figure: Optional[str] = None
-    why: Optional[str] = None
-    check: Optional[str] = None
 
 
 def finding(kind: str, stage: str, action: str, why: str, numbers: dict, *, figure: Optional[str] = None,

@@ -28,10 +28,10 @@ import tempfile
 import time
 from typing import Callable, Optional
 
+from ..core.results import Measurements, Trial, VisitWindow
+from ..measure.plan import PATCH_RUN_LEAST_S, PATCH_RUN_MARGIN_S
 from . import patch as patch_mod, tune
 from .outcome import THREADS
-from ..measure.plan import PATCH_RUN_LEAST_S, PATCH_RUN_MARGIN_S
-from ..core.results import Measurements, Trial, VisitWindow
 from .verify import BLOCK
 
 # The patched script's copy, beside the original.

@@ -27,14 +27,14 @@ import dataclasses
 import math
 from typing import Any, Iterator, Optional
 
-from ..measure import breakdown
 from ..core import tree
-from ..measure.experiment import Experiment
-from .outcome import outcome
-from ..pipeline.recording import Call
 from ..core.results import Confirmation, Isolated, Trial
-from .verify import TARGET_SPREAD, alternate, dump
+from ..measure import breakdown
+from ..measure.experiment import Experiment
 from ..measure.visit import Visit
+from ..pipeline.recording import Call
+from .outcome import outcome
+from .verify import TARGET_SPREAD, alternate, dump
 
 # Share of the check's budget (phases._verify) the confirmation may take when augment is
 # the bottleneck; the advice's check gets the rest.

@@ -19,135 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-from . import advice as advice_mod, outcome, tune
-from ..derive import witness
-from .advice import Finding
 from ..core.results import NOT_SELECTED, CacheInfo, Measurements, Note, PointResult
-from ..core.stats import NOISY_REL_IQR, Throughput
-from ..derive.verdict import POINTS, StageCost, Verdict, decide, self_check
+from ..core.stats import NOISY_REL_IQR
+from ..derive import witness
+from ..derive.findings import Diagnosis, Finding
+from ..derive.verdict import POINTS, Verdict, decide, self_check
+from . import advice as advice_mod, outcome, tune
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .tune import Found
-
-
-@dataclasses.dataclass(frozen=True)
-class Diagnosis:
-    """The measurements and what follows from them (see the module's docstring)."""
-
-    measurements: Measurements
-    verdict: Verdict
-    points: tuple[PointResult, ...]
-    notes: tuple[Note, ...] = ()
-    advice: tuple[Finding, ...] = ()
-    summary: str = ""
-    tune: Optional["Found"] = None  # what the search of --tune found (tune.summarize)
-
-    # -- the measurements, as the report reads them ----------------------------------
-
-    @property
-    def bottleneck(self) -> Optional[str]:
-        return self.verdict.bottleneck
-
-    @property
-    def device(self) -> str:
-        return self.measurements.device
-
-    @property
-    def batch_size(self) -> float:
-        return self.measurements.batch_size
-
-    @property
-    def batch_size_source(self) -> str:
-        return self.measurements.batch_size_source
-
-    @property
-    def loader(self) -> dict:
-        return self.measurements.loader
-
-    @property
-    def cache(self):
-        return self.measurements.cache
-
-    @property
-    def run(self):
-        return self.measurements.run
-
-    @property
-    def isolated(self):
-        return self.measurements.isolated
-
-    @property
-    def syncs(self):
-        return self.measurements.syncs
-
-    @property
-    def verification(self):
-        return self.measurements.verification
-
-    @property
-    def complete(self) -> bool:
-        return self.measurements.complete
-
-    @property
-    def interrupted(self) -> bool:
-        return self.measurements.interrupted
-
-    @property
-    def warnings(self) -> tuple[str, ...]:
-        """The notes as the report prints them."""
-        return tuple(n.message for n in self.notes)
-
-    # -- queries ------------------------------------------------------------------------
-
-    def point(self, name: str) -> PointResult:
-        for p in self.points:
-            if p.point == name:
-                return p
-        raise KeyError(name)
-
-    def stage(self, name: str) -> StageCost:
-        for s in self.verdict.stages:
-            if s.stage == name:
-                return s
-        raise KeyError(name)
-
-    def throughput(self, name: str) -> Optional[Throughput]:
-        """The windows of a point measured ok, else None."""
-        p = next((p for p in self.points if p.point == name), None)
-        return p.throughput if p is not None and p.status == "ok" else None
-
-    def sigma(self, name: str) -> Optional[float]:
-        """A point's own standard error of seconds per batch as the verdict weighs it (the
-        ordered fit's weight: stats.Noise.point_sigma), else None."""
-        noise = self.verdict.noise
-        return noise.point_sigma(name) if noise is not None and name in noise.mu else None
-
-    def drop_sigma(self, upper: str, lower: str) -> Optional[float]:
-        """The noise of t(lower) - t(upper) as the verdict weighs it (stats.Noise: from
-        the per-round differences), else None."""
-        c = self.verdict.drop(lower, upper)
-        return None if c is None else c.sigma
-
-    def measured_rate(self, name: str) -> Optional[float]:
-        """A point's own samples/s before the ordered fit: its time in a middling round
-        (stats.Noise, the rounds' shared factor taken out), or its windows' median where
-        the windows have no rounds; None when not measured."""
-        noise = self.verdict.noise
-        if noise is not None and name in noise.mu:
-            return self.batch_size / noise.time(name)
-        tp = self.throughput(name)
-        return tp.samples_per_sec if tp else None
-
-    def rate(self, name: str) -> Optional[float]:
-        """The samples/s the report shows for a point: the verdict's fitted estimate
-        (verdict.decide), else the median of its windows; None when not measured."""
-        t = self.verdict.fitted.get(name)
-        if t:
-            return self.batch_size / t
-        tp = self.throughput(name)
-        return tp.samples_per_sec if tp else None
 
 
 # --------------------------------------------------------------------------------------

@@ -11,62 +11,19 @@ what the run said; `sentence` is the line the advice's message gets.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import Any, Optional
 
-from ..core.results import AllocatorTiming, Isolated, Record, Trial, Verification
+from ..core.results import AllocatorTiming, Isolated, Trial, Verification
 from ..core.stats import Comparison, Contrast, compare, paired
+from ..derive.findings import Checked, Finding, Outcome
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .advice import Finding
 
 LOADER_SETTINGS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 THREADS = "torch_num_threads"
 APPLICABLE = LOADER_SETTINGS + (THREADS,)
 # The allocator item is checked by the step timed alone (allocator.Held.time_step).
 ALLOCATOR_SOURCE = "the training step alone, paired: this process's malloc settings vs held"
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome(Record):
-    """One candidate against the user's settings: status helps, no gain, slower, failed or
-    not measured; the speed-up (candidate over user: the geometric mean of its pairs of
-    visits), the least relative change that is real at its noise (`spread`: the
-    comparison's threshold, at least the 5% floor), the speed-up's interval at the level
-    it is asked at (`low`, `high`), the pairs it came from, and the time per batch of each
-    side, the user's first (total steps over total time)."""
-
-    _keep_none: ClassVar[tuple] = ()
-    settings: dict = dataclasses.field(default_factory=dict)
-    status: str = "not measured"
-    speedup: Optional[float] = None
-    spread: Optional[float] = None
-    reason: Optional[str] = None
-    ms_per_batch: Optional[tuple] = None
-    low: Optional[float] = None
-    high: Optional[float] = None
-    pairs: Optional[int] = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Checked(Record):
-    """An advice item's `verified` block: the best candidate's figure, the prediction
-    beside it, and every candidate tried."""
-
-    _nested: ClassVar[dict] = {"tried": Outcome}
-    _keep_none: ClassVar[tuple] = ("speedup", "spread", "predicted")
-    status: str = "not measured"
-    speedup: Optional[float] = None
-    spread: Optional[float] = None
-    settings: Optional[dict] = None
-    predicted: Optional[float] = None
-    tried: tuple = ()
-    source: Optional[str] = None
-    reason: Optional[str] = None
-    ms_per_batch: Optional[tuple] = None
-    low: Optional[float] = None  # the speed-up's interval (Outcome)
-    high: Optional[float] = None
 
 
 def outcome(trial: Trial, batch_size: float) -> Outcome:

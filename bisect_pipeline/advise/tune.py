@@ -31,19 +31,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import Iterator, Optional
 
-from .advice import WORKER_STAGES
-from ..measure.experiment import Experiment
-from .outcome import THREADS, Outcome, compared, interval, outcome, settings_text
 from ..core.results import Trial, Tuning
 from ..core.stats import Contrast, compare, difference, is_real
-from .verify import BLOCK, MIN_BLOCKS, fits, trial
+from ..derive.findings import Diagnosis, Found, Tried
 from ..derive.witness import waits
+from ..measure.experiment import Experiment
 from ..measure.visit import Visit
+from .advice import WORKER_STAGES
+from .outcome import THREADS, compared, interval, outcome, settings_text
+from .verify import BLOCK, MIN_BLOCKS, fits, trial
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .diagnose import Diagnosis
 
 KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", THREADS)
 # Share of --max-seconds kept for the check and the search from the rounds after the
@@ -162,27 +161,6 @@ def space_of(d: "Diagnosis", *, cores: int, threads: int) -> Space:
 # --------------------------------------------------------------------------------------
 # What the trials say (pure)
 # --------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Tried:
-    """One candidate as measured: its settings (those that differ from the user's), the
-    effective whole, the trial's outcome, and the log of its speed-up over the user's
-    with its noise, from its pairs of visits (outcome.compared)."""
-
-    settings: dict
-    full: dict
-    outcome: Outcome
-    log: Optional[Contrast] = None
-    item: str = "tune"
-
-    @property
-    def speedup(self) -> Optional[float]:
-        return self.outcome.speedup
-
-    @property
-    def ms_per_batch(self) -> Optional[float]:
-        return self.outcome.ms_per_batch[1] if self.outcome.ms_per_batch else None
 
 
 def tried(space: Space, trials: tuple, batch_size: float) -> list:
@@ -350,21 +328,6 @@ def space_of_record(t: Tuning, cores: int = 1) -> Space:
 # --------------------------------------------------------------------------------------
 # What it found (pure): the report's tune section
 # --------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Found:
-    """What the search found: every candidate tried, the best (None: nothing beat the
-    user's within the noise), whether it reached the ceiling, the ceiling as a speed-up
-    over the user's, the summary sentence, and the patched script against the original."""
-
-    tried: tuple
-    best: Optional[Tried]
-    at_ceiling: bool
-    ceiling_speedup: Optional[float]
-    summary: str
-    applied: Optional[Outcome] = None
-    agrees: Optional[bool] = None  # the patched script's speed-up and the best's, within their combined noise
 
 
 def summarize(t: Tuning, batch_size: float) -> Found:

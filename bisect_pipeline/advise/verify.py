@@ -21,15 +21,14 @@ copy of the LoaderSpec, and the thread count is set for the candidate's visits o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
-from ..measure.experiment import Experiment
-from .outcome import APPLICABLE, THREADS, outcome
 from ..core.results import Measured, Trial, Verification, VisitWindow
+from ..derive.findings import Finding
+from ..measure.experiment import Experiment
 from ..measure.visit import Visit
+from .outcome import APPLICABLE, THREADS, outcome
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .advice import Finding
 
 # Share of --max-seconds kept for verification by default, from the rounds that only
 # settle the verdict (after the first two): a trial visits the full pipeline four times

@@ -6,10 +6,10 @@ import dataclasses
 import math
 from typing import Any, Callable, Mapping, Optional
 
-from . import witness
 from ..core.stats import (FEW_ROUNDS, MIN_REL_DROP, NOISY_REL_IQR, Z_LEAD, Z_NOISE, Contrast, Noise, Throughput,
                           compare, decreasing_blocks, is_real, level, noise_threshold, normal_cdf, t_factor,
                           t_quantile)
+from . import witness
 
 # Upstream to downstream. A stage sits between the point before it and the point after.
 POINTS = ("full", "raw", "augmented", "collated", "host", "device")

@@ -10,9 +10,9 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from ..core import faults, tree
-from ..pipeline import integrations, recording, split
 from ..core.errors import BisectError
 from ..core.faults import StageError
+from ..pipeline import integrations, recording, split
 from ..pipeline.loader import LoaderSpec, copy_or_same, index_order
 from ..pipeline.recording import SplitError
 

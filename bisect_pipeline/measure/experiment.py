@@ -14,18 +14,18 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 from torch.utils.data import DataLoader
 
-from . import allocator, cache, devices, sources
 from ..core import faults, tree
-from ..pipeline import split
-from ..derive import witness
-from ..pipeline.integrations import timm
-from ..pipeline.loader import LoaderSpec
-from .plan import Budget, Plan
 from ..core.results import (NOT_SELECTED, AllocatorHold, AllocatorTiming, CacheInfo, Isolated, Measurements, Note,
                             PointResult, RunInfo, Syncs, Tuning, Verification)
 from ..core.stats import Throughput
-from ..pipeline.step import make_step, to_device as default_to_device
+from ..derive import witness
 from ..derive.verdict import POINTS, Verdict, decide
+from ..pipeline import split
+from ..pipeline.integrations import timm
+from ..pipeline.loader import LoaderSpec
+from ..pipeline.step import make_step, to_device as default_to_device
+from . import allocator, cache, devices, sources
+from .plan import Budget, Plan
 from .visit import LOCAL, Pace, Visit
 
 # Measured from the ceiling down, so the most trustworthy numbers come first and a

@@ -29,13 +29,13 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch.utils.data import default_collate
 
-from . import breakdown, devices, reads, reorder, sources
 from ..core import faults, tree
-from ..pipeline import recording
-from ..pipeline.loader import LoaderSpec, copy_or_same, index_order
 from ..core.results import (BatchShape, Breakdown, Collate, Isolated, LoadSplit, Memory, Part, PerSample,
                             SampleStructure, StepTime, SyncSite, Syncs, TensorInfo, Transfer, Workers)
 from ..core.stats import mean_se, median
+from ..pipeline import recording
+from ..pipeline.loader import LoaderSpec, copy_or_same, index_order
+from . import breakdown, devices, reads, reorder, sources
 
 # The isolation measurements take at most this share of --max-seconds, and never more
 # than ISOLATE_MAX_SECONDS: they refine the advice, the bisection is the measurement.

@@ -30,10 +30,10 @@ import math
 import statistics
 from typing import Any, Callable, Optional
 
-from . import breakdown
 from ..core import tree
 from ..core.results import Reorder
 from ..core.stats import noise_threshold, small_sample_factor
+from . import breakdown
 
 # What each movable transform computes, which says past what it may move:
 #   pointwise  - the same map at every pixel (Normalize, grayscale, invert, posterize,

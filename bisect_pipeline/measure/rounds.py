@@ -25,10 +25,10 @@ import dataclasses
 import math
 from typing import Iterator, Optional
 
-from .experiment import MEASURE_ORDER, Experiment, no_window
 from ..core.results import Note, PointResult
 from ..core.stats import Throughput
 from ..derive.verdict import SETTLE_NOISE_SCALE, deciding_points, settled
+from .experiment import MEASURE_ORDER, Experiment, no_window
 from .visit import Visit
 
 # `full` may take this many times the time of another point per visit: without it there

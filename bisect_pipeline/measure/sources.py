@@ -19,11 +19,11 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_worker_info
 
-from . import devices
 from ..core import faults, tree
-from ..pipeline import integrations, recording
 from ..core.faults import StageError, StepTimeout
+from ..pipeline import integrations, recording
 from ..pipeline.loader import LoaderSpec, copy_or_same, index_order, sampler_copy
+from . import devices
 
 # Replay samplers never end. A length is still given, as large as len() takes, for
 # DataLoader subclasses that count batches per epoch (timm's MultiEpochsDataLoader).

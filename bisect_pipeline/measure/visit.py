@@ -48,9 +48,9 @@ import math
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional
 
 from ..core.errors import BisectError
-from .plan import Plan, kept_windows, next_window
 from ..core.results import Measured
 from ..core.stats import Window
+from .plan import Plan, kept_windows, next_window
 
 Clock = Callable[[], float]
 

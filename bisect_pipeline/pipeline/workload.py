@@ -8,8 +8,8 @@ from typing import Any, Callable, Mapping, Optional, Union
 import torch
 from torch.utils.data import DataLoader
 
-from . import integrations
 from ..core.errors import BisectError
+from . import integrations
 
 
 @dataclasses.dataclass

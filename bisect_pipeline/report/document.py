@@ -10,18 +10,17 @@ diagnosing it again gives the same document: one source of truth, the measuremen
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from ..advise import advice as advice_mod
 from ..advise.diagnose import derived_notes, diagnose
 from ..core.results import CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo, Syncs, Tuning, Verification
 from ..core.stats import Throughput, Window
+from ..derive.findings import Diagnosis
 from ..derive.verdict import StageCost
 from . import summary as summary_mod
 from .figures import finite, gain_if_free, ms
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .model import Report
 
 # Version history of the JSON document:
 #   1 - first release: schema_version, device, batch_size, bottleneck, points, stages,
@@ -66,7 +65,7 @@ SCHEMA_VERSION = 2
 READS = (1, 2)
 
 
-def to_dict(r: "Report") -> dict:
+def to_dict(r: "Diagnosis") -> dict:
     v = r.verdict
     full = r.rate("full")
     return {
@@ -119,7 +118,7 @@ def to_dict(r: "Report") -> dict:
     }
 
 
-def _next_step(r: "Report") -> Optional[str]:
+def _next_step(r: "Diagnosis") -> Optional[str]:
     """What to measure next where nothing is settled (the summary's Next, without its
     label: about how many rounds would tell, and the --max-seconds that holds them);
     None where the verdict is settled."""
@@ -135,7 +134,7 @@ def _next_step(r: "Report") -> Optional[str]:
 TUNE_SCHEMA_VERSION = 1
 
 
-def tune_dict(r: "Report") -> dict:
+def tune_dict(r: "Diagnosis") -> dict:
     """The document's `tune` section: {} without --tune."""
     t, f = r.measurements.tune, r.tune
     if t is None or f is None:

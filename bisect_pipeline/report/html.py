@@ -12,18 +12,17 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from ..advise import tune
+from ..advise import advice as advice_mod
+from ..derive.findings import Diagnosis
 from ..derive.verdict import STAGES, in_question
 from . import plot as plot_mod
-from ..advise import advice as advice_mod
-from .figures import POINT_MEANING, Footnotes, batch_size_text, ended_parts
 from . import summary as summary_mod, text as text_mod
+from .figures import POINT_MEANING, Footnotes, batch_size_text, ended_parts
 from .text import noise_text
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .model import Report
 
 CSS = """
 .bisect-pipeline{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;font-size:14px;
@@ -131,7 +130,7 @@ def _nice_step(span: float) -> float:
     return 10 * mag  # pragma: no cover
 
 
-def _stage_ms(r: "Report", name: str) -> Optional[float]:
+def _stage_ms(r: "Diagnosis", name: str) -> Optional[float]:
     """ms per batch added by the stage a drop is drawn for (named by its first stage)."""
     try:
         s = r.stage(name.split("+")[0])
@@ -174,7 +173,7 @@ class _ChartLayout:
     drops: tuple
 
 
-def chart_svg(r: "Report") -> str:
+def chart_svg(r: "Diagnosis") -> str:
     """Horizontal bars of samples/s per point, the ceiling on top, the full pipeline at
     the bottom; each stage's loss drawn on its upstream point's row, the bottleneck's
     highlighted. One `rect.bar` per measured point."""
@@ -182,7 +181,7 @@ def chart_svg(r: "Report") -> str:
     return '<div class="chart">' + _svg(_chart_layout(c, r)) + _legend(c) + "</div>"
 
 
-def _chart_layout(c: "plot_mod.Chart", r: "Report") -> _ChartLayout:
+def _chart_layout(c: "plot_mod.Chart", r: "Diagnosis") -> _ChartLayout:
     """Where everything goes, in SVG user units (no markup)."""
     bottom = TOP + len(c.bars) * ROW_H
 
@@ -301,7 +300,7 @@ def _table(headers: list, rows: list, numeric: set, row_classes: Optional[list] 
             + "</tbody></table></div>")
 
 
-def stage_table(r: "Report", marks: Optional[Footnotes] = None) -> str:
+def stage_table(r: "Diagnosis", marks: Optional[Footnotes] = None) -> str:
     marks = marks if marks is not None else Footnotes()
     rows, classes = [], []
     predicted = r.verdict.predicted  # the second witness: each worker stage's drop from its cost alone
@@ -331,7 +330,7 @@ def footnotes(marks: Footnotes) -> str:
     return "".join(f'<p class="footnote">[{i}] {_e(reason)}</p>' for i, reason in marks.new())
 
 
-def point_table(r: "Report", marks: Optional[Footnotes] = None) -> str:
+def point_table(r: "Diagnosis", marks: Optional[Footnotes] = None) -> str:
     marks = marks if marks is not None else Footnotes()
     rows = []
     for b in plot_mod.chart(r).bars:
@@ -386,7 +385,7 @@ class _Block:
     detail: str = "note"  # the last column's head
 
 
-def parts_section(r: "Report", *, breakdown: str = "bottleneck") -> str:
+def parts_section(r: "Diagnosis", *, breakdown: str = "bottleneck") -> str:
     """The section "Inside the stage": the parts of the stages in question (the
     bottleneck, or the two an inconclusive verdict could not tell apart; every stage's
     with `breakdown` "all"), one bar per part on one scale per block; "" when there are none."""
@@ -584,7 +583,7 @@ def _bar_row(x: _Bar, scale: float, unit: str) -> str:
             f'<td class="part-bar">{bar}</td><td class="text">{_e(x.detail)}</td></tr>')
 
 
-def _context(r: "Report") -> str:
+def _context(r: "Diagnosis") -> str:
     items = [("device", r.device), ("batch size", batch_size_text(r.batch_size, r.batch_size_source))]
     if r.loader:
         items.append(("loader", ", ".join(f"{k}={v}" for k, v in r.loader.items() if v is not None)))
@@ -609,7 +608,7 @@ def _context(r: "Report") -> str:
     return "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items) + "</dl>"
 
 
-def to_html(r: "Report", *, style: bool = True, breakdown: str = "bottleneck") -> str:
+def to_html(r: "Diagnosis", *, style: bool = True, breakdown: str = "bottleneck") -> str:
     """The report as an HTML fragment (a `div.bisect-pipeline`), its CSS inline unless
     `style=False`, the answer first: the box holds the whole summary (summary.py), then
     the warnings, what to do (each item's action and figure, its reasoning folded), the
@@ -650,7 +649,7 @@ def to_html(r: "Report", *, style: bool = True, breakdown: str = "bottleneck") -
     return "".join(parts)
 
 
-def summary_box(r: "Report", s: "summary_mod.Summary") -> str:
+def summary_box(r: "Diagnosis", s: "summary_mod.Summary") -> str:
     """The box at the top: the verdict and how firm it is, the first change with its
     figure, what to measure next (the same sentences as the text report's summary)."""
     cls = _verdict_class(r.bottleneck)
@@ -677,7 +676,7 @@ def _advice_item(a: Any, first: bool) -> str:
     return f'<li><p class="action">{_e(head)}</p>{why}</li>'
 
 
-def tune_section(r: "Report", s: Optional["summary_mod.Summary"] = None) -> str:
+def tune_section(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> str:
     """The search of --tune: its summary, the settings tried as a table, the change (the
     diff coloured, the flags, the environment) and the change checked."""
     t, f = r.measurements.tune, r.tune
@@ -714,7 +713,7 @@ def _diff_line(line: str) -> str:
     return (f'<span class="{cls}">{_e(line)}</span>' if cls else _e(line)) + "\n"
 
 
-def to_document(r: "Report", *, breakdown: str = "bottleneck") -> str:
+def to_document(r: "Diagnosis", *, breakdown: str = "bottleneck") -> str:
     """A complete standalone HTML document: one self-contained file."""
     title = f"bisect-pipeline: bottleneck {r.bottleneck}" if r.bottleneck else "bisect-pipeline: no verdict"
     return ("<!DOCTYPE html>\n"

@@ -7,9 +7,10 @@ import dataclasses
 import json
 from typing import Any, Iterable, Optional
 
-from ..advise.diagnose import Diagnosis, diagnose
+from ..advise.diagnose import diagnose
 from ..core.results import (AllocatorHold, CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo, Syncs,
                             Verification)
+from ..derive.findings import Diagnosis
 from . import document, html, plot as plot_mod, text
 from .figures import write_atomic
 

@@ -5,12 +5,11 @@ and only when `plot()` is called."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
+from ..derive.findings import Diagnosis
 from ..derive.verdict import POINTS, in_question
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .model import Report
 
 INSTALL_HINT = "report.plot() needs matplotlib, an optional extra: pip install bisect-pipeline[plot]"
 
@@ -53,7 +52,7 @@ class Chart:
         return tuple(b for b in self.bars if b.samples_per_sec is not None)
 
 
-def chart(report: "Report") -> Chart:
+def chart(report: "Diagnosis") -> Chart:
     """What to draw, from the report alone."""
     bars = []
     for name in reversed(POINTS):
@@ -75,7 +74,7 @@ def chart(report: "Report") -> Chart:
     return Chart(tuple(bars), tuple(drops), max(list(rates.values()) + [1.0]))
 
 
-def plot(report: "Report", ax: Any = None) -> Any:
+def plot(report: "Diagnosis", ax: Any = None) -> Any:
     """A horizontal bar chart of samples/s per point (the ceiling on top, the full
     pipeline at the bottom), the bottleneck stage's drop highlighted. Returns the
     matplotlib Figure (drawn into `ax` when given)."""

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from ..advise import advice as advice_mod
 from ..advise.diagnose import POINT_KINDS, point_kinds, points_note
 from ..advise.outcome import interval
+from ..derive.findings import Diagnosis, Finding
 from ..derive.verdict import rounds_to_decide
 from .figures import ended_parts, incomplete_why
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..advise.advice import Finding
-    from .model import Report
 
 SUMMARY_LINES = 6
 # A check that says the candidate is no fix (or could not run it) names no first change.
@@ -51,14 +49,14 @@ class Summary:
         return [p for p in (head, self.first, self.next) if p]
 
 
-def summarize(r: "Report") -> Summary:
+def summarize(r: "Diagnosis") -> Summary:
     """The summary of a report (see Summary)."""
     first, item = _first_change(r)
     why = "" if r.complete else f"Incomplete run ({incomplete_why(r.interrupted, r.measurements.source)})."
     return Summary(r.summary, _status(r), first, why, _next(r), item)
 
 
-def first_item(r: "Report") -> Optional["Finding"]:
+def first_item(r: "Diagnosis") -> Optional["Finding"]:
     """The advice item to make first: the first whose check measured a gain, else the
     first not shown to be no fix by its check; None without one."""
     helps = [f for f in r.advice if f.verified is not None and f.verified.status == "helps"]
@@ -67,7 +65,7 @@ def first_item(r: "Report") -> Optional["Finding"]:
     return next((f for f in r.advice if f.verified is None or f.verified.status not in _NOT_A_FIX), None)
 
 
-def _first_change(r: "Report") -> tuple:
+def _first_change(r: "Diagnosis") -> tuple:
     """('First change: ...', the advice item it is, or None for --tune's best)."""
     best = r.tune.best if r.tune is not None else None
     if best is not None and best.speedup is not None:
@@ -82,7 +80,7 @@ def _first_change(r: "Report") -> tuple:
     return f"First change: {head[:1].lower()}{head[1:]}", f
 
 
-def _status(r: "Report") -> str:
+def _status(r: "Diagnosis") -> str:
     """How firm the verdict is: 'Settled after 4 rounds (13.8 s of measuring).'"""
     run = r.run
     if r.bottleneck is None or run.verdict_s is None:
@@ -92,7 +90,7 @@ def _status(r: "Report") -> str:
     return f"Settled {after}." if run.settled else f"Not settled {after}."
 
 
-def _next(r: "Report") -> str:
+def _next(r: "Diagnosis") -> str:
     """What to measure next, where nothing is settled: the rounds that would tell, and
     the --max-seconds that holds them about; '' where the verdict is settled."""
     v, run = r.verdict, r.run
@@ -128,7 +126,7 @@ def _next(r: "Report") -> str:
     return f"Next: about {need} rounds {what}{so_far}: {rerun}, or close other work on this machine."
 
 
-def rerun_seconds(r: "Report", rounds: int) -> Optional[int]:
+def rerun_seconds(r: "Diagnosis", rounds: int) -> Optional[int]:
     """About the --max-seconds that holds `rounds` rounds at this run's pace: its seconds
     per round, over the share of --max-seconds it gave the bisection (plan.Budget),
     rounded up to 10 s; None without the figures."""
@@ -140,7 +138,7 @@ def rerun_seconds(r: "Report", rounds: int) -> Optional[int]:
     return int(math.ceil(max(seconds, run.max_seconds) / 10.0) * 10)
 
 
-def warnings(r: "Report") -> list:
+def warnings(r: "Diagnosis") -> list:
     """The warnings (results.Note), one line each with its next step, in the order the
     notes came: the notes of one kind about points (diagnosis.POINT_KINDS: noisy, cut
     short, unsteady, paused) grouped into one line where their first came. Where the

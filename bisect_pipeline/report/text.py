@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from tabulate import tabulate
 
 from ..advise import advice as advice_mod, tune
+from ..derive.findings import Diagnosis
 from ..derive.verdict import POINTS, in_question
 from . import summary as summary_mod
 from .figures import Footnotes, batch_size_text, ended_parts, gain_if_free
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .model import Report
 
 
 def _fmt_rate(x: Optional[float]) -> str:
@@ -55,7 +54,7 @@ def _table(title: str, headers: list, rows: list, align: str) -> list:
     return [title] + [line.rstrip() for line in table.splitlines()]
 
 
-def to_text(r: "Report", *, breakdown: str = "bottleneck") -> str:
+def to_text(r: "Diagnosis", *, breakdown: str = "bottleneck") -> str:
     """The report for a terminal, the answer first: the summary (summary.py: at most
     SUMMARY_LINES lines), the warnings, what to do (each item its action and figure, the
     reasoning indented beneath), the search of --tune; then the evidence: why this
@@ -98,7 +97,7 @@ def to_text(r: "Report", *, breakdown: str = "bottleneck") -> str:
     return "\n".join(lines)
 
 
-def brief(r: "Report") -> str:
+def brief(r: "Diagnosis") -> str:
     """The summary alone (`--brief`, `Report.brief()`): for logs and CI."""
     return "\n".join(brief_lines(summary_mod.summarize(r)))
 
@@ -112,7 +111,7 @@ def brief_lines(s: "summary_mod.Summary") -> list:
     return lines
 
 
-def _advice_lines(r: "Report", s: "summary_mod.Summary") -> list:
+def _advice_lines(r: "Diagnosis", s: "summary_mod.Summary") -> list:
     """What to do, first to last: each item's action and figure (advice.headline), its
     reasoning indented beneath; the summary's first change is not said again."""
     if not r.advice:
@@ -131,7 +130,7 @@ def _advice_lines(r: "Report", s: "summary_mod.Summary") -> list:
 FIRST_ABOVE = "The first change, above"
 
 
-def why_text(r: "Report") -> str:
+def why_text(r: "Diagnosis") -> str:
     """Why this verdict (the verdict's reason), where the summary's sentence does not
     already say it."""
     v = r.verdict
@@ -149,7 +148,7 @@ def _notes(marks: "Footnotes") -> list:
     return out
 
 
-def tune_lines(r: "Report", s: Optional["summary_mod.Summary"] = None) -> list:
+def tune_lines(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> list:
     """The search of --tune: what it searched, a table of the settings tried (each against
     yours in its own alternating visits), the best (where the summary names it as the
     first change, only where it stands against the ceiling), the change, and the change
@@ -176,7 +175,7 @@ def tune_lines(r: "Report", s: Optional["summary_mod.Summary"] = None) -> list:
     return lines
 
 
-def tune_summary(r: "Report", s: Optional["summary_mod.Summary"] = None) -> str:
+def tune_summary(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> str:
     """The search's summary sentence (tune.Found.summary); where the report's summary
     already names its best as the first change, only where the best stands against the
     ceiling."""
@@ -243,7 +242,7 @@ def applied_text(f, reason: Optional[str]) -> str:
             f"alternating runs{ms}{said}{verdict}.")
 
 
-def _run_lines(r: "Report") -> list:
+def _run_lines(r: "Diagnosis") -> list:
     """The run last: device, batch size and loader settings, the loop measured (under
     `run`), how --max-seconds was divided, and the input-bound classes the summary names."""
     # the run's line keeps the tool's name: the report's marker in a log, where `run` prints it after the script's
@@ -264,7 +263,7 @@ def _run_lines(r: "Report") -> list:
     return lines
 
 
-def _loop_line(r: "Report") -> str:
+def _loop_line(r: "Diagnosis") -> str:
     """Which loop was measured, in a loop run (loop.py)."""
     src = r.measurements.source or {}
     where = f", created at {src['created_at']}" if src.get("created_at") else ""
@@ -274,7 +273,7 @@ def _loop_line(r: "Report") -> str:
             f"size {size}{where}{again})")
 
 
-def _point_rows(r: "Report", marks: Optional[Footnotes] = None) -> list:
+def _point_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
     marks = marks or Footnotes()
     rows = []
     for name in reversed(POINTS):
@@ -293,7 +292,7 @@ def _point_rows(r: "Report", marks: Optional[Footnotes] = None) -> list:
     return rows
 
 
-def _stage_rows(r: "Report", marks: Optional[Footnotes] = None) -> list:
+def _stage_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
     marks = marks or Footnotes()
     rows = []
     full = r.rate("full")
@@ -326,7 +325,7 @@ def noise_text(sigma: Optional[float], unit: str = "") -> str:
     return f" (±{sigma * 1e3:.2f}{unit})" if math.isfinite(sigma) else " (noise unknown: too few rounds)"
 
 
-def _pooled_note(r: "Report", name: str, rate: Optional[float]) -> str:
+def _pooled_note(r: "Diagnosis", name: str, rate: Optional[float]) -> str:
     """When the shown rate is not the point's own median (verdict.decide pooled it with
     a neighbour that measured faster within the noise), say so and give the median."""
     own = r.measured_rate(name)
@@ -382,7 +381,7 @@ def _stacking(d) -> str:
     return f" (default_collate on the same samples: {dflt:.2f})"
 
 
-def _isolated_lines(r: "Report") -> list:
+def _isolated_lines(r: "Diagnosis") -> list:
     """One line of isolated costs (isolate.py) and one of the step's syncs, when measured."""
     iso, out = r.isolated, []
     if iso is not None and iso.ok:
@@ -414,13 +413,13 @@ def _isolated_lines(r: "Report") -> list:
     return out
 
 
-def _no_cuda_syncs(r: "Report") -> bool:
+def _no_cuda_syncs(r: "Diagnosis") -> bool:
     """The step's syncs were not counted because there is no CUDA device (isolate.no_syncs_counted)."""
     s = r.syncs
     return s is not None and s.status == "skipped" and not str(r.device).startswith("cuda")
 
 
-def _breakdown_lines(r: "Report", every: bool = False) -> list:
+def _breakdown_lines(r: "Diagnosis", every: bool = False) -> list:
     """When augment is in question (verdict.in_question: named, or tied for the lead; or
     `every` time): its transforms one by one (breakdown.py), as a table, and whether they
     add up to the stage timed whole."""
@@ -449,7 +448,7 @@ def _breakdown_lines(r: "Report", every: bool = False) -> list:
     return lines
 
 
-def _confirmed(r: "Report", c) -> str:
+def _confirmed(r: "Diagnosis", c) -> str:
     """The costliest transform measured in the pipeline (confirm.py), beside its prediction."""
     if c is None:
         return ""
@@ -498,7 +497,7 @@ def _breakdown_sum(b) -> str:
             "depend on what ran with it, or the machine was busy.")
 
 
-def _split_lines(r: "Report", every: bool = False) -> list:
+def _split_lines(r: "Diagnosis", every: bool = False) -> list:
     """When load is in question (named, or tied for the lead; or `every` time): load
     split into reading files and decoding (reads.py), as a table, and which to attack;
     or one line saying why not."""

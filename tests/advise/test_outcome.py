@@ -4,7 +4,7 @@ speed-up and its spread, each advice item's verified block, the sentence it gets
 import pytest
 
 from bisect_pipeline.advise import outcome
-from bisect_pipeline.advise.advice import Finding
+from bisect_pipeline.derive.findings import Finding
 from bisect_pipeline.core.results import AllocatorTiming, Isolated, Trial, Verification
 
 BS = 8

@@ -13,7 +13,7 @@ from html.parser import HTMLParser
 import pytest
 
 from bisect_pipeline.advise import advice as advice_mod
-from bisect_pipeline.advise.advice import Finding
+from bisect_pipeline.derive.findings import Finding
 from bisect_pipeline.report.html import to_document, to_html
 from bisect_pipeline.report import PointResult, Report, build
 from bisect_pipeline.core.stats import Throughput, Window

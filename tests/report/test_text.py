@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bisect_pipeline.advise import advice as advice_mod
-from bisect_pipeline.advise.advice import Finding
+from bisect_pipeline.derive.findings import Finding
 from bisect_pipeline.report import Report
 from bisect_pipeline.report.text import WIDTH, to_text
 from test_html import AUGMENT, planted_report
