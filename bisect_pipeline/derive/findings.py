@@ -207,19 +207,19 @@ class Diagnosis:
 
     def sigma(self, name: str) -> Optional[float]:
         """A point's own standard error of seconds per batch as the verdict weighs it (the
-        ordered fit's weight: stats.Noise.point_sigma), else None."""
+        ordered fit's weight: noise.Noise.point_sigma), else None."""
         noise = self.verdict.noise
         return noise.point_sigma(name) if noise is not None and name in noise.mu else None
 
     def drop_sigma(self, upper: str, lower: str) -> Optional[float]:
-        """The noise of t(lower) - t(upper) as the verdict weighs it (stats.Noise: from
+        """The noise of t(lower) - t(upper) as the verdict weighs it (noise.Noise: from
         the per-round differences), else None."""
         c = self.verdict.drop(lower, upper)
         return None if c is None else c.sigma
 
     def measured_rate(self, name: str) -> Optional[float]:
         """A point's own samples/s before the ordered fit: its time in a middling round
-        (stats.Noise, the rounds' shared factor taken out), or its windows' median where
+        (noise.Noise, the rounds' shared factor taken out), or its windows' median where
         the windows have no rounds; None when not measured."""
         noise = self.verdict.noise
         if noise is not None and name in noise.mu:

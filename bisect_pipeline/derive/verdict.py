@@ -6,9 +6,9 @@ import dataclasses
 import math
 from typing import Any, Callable, Mapping, Optional
 
-from ..core.stats import (FEW_ROUNDS, MIN_REL_DROP, NOISY_REL_IQR, Z_LEAD, Z_NOISE, Contrast, Noise, Throughput,
-                          compare, decreasing_blocks, is_real, level, noise_threshold, normal_cdf, t_factor,
-                          t_quantile)
+from ..core.stats import (FEW_ROUNDS, MIN_REL_DROP, NOISY_REL_IQR, Z_LEAD, Z_NOISE, Contrast, Throughput, compare,
+                          decreasing_blocks, is_real, level, noise_threshold, normal_cdf, t_factor, t_quantile)
+from ..core.noise import Noise
 from . import witness
 
 # Upstream to downstream. A stage sits between the point before it and the point after.
@@ -127,7 +127,7 @@ class Verdict:
     gap_rounds: Optional[int] = None
     tied: tuple[str, ...] = ()  # `tie`: the stages in question, costliest first
     leads: tuple[Lead, ...] = ()  # the costliest stage over each other costed stage
-    noise: Any = dataclasses.field(default=None, compare=False, repr=False)  # stats.Noise of the points
+    noise: Any = dataclasses.field(default=None, compare=False, repr=False)  # noise.Noise of the points
     # each fitted point's time as a combination of the points' own (_fit): {point: {q: weight}}
     fit_coef: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # The second witness (witness.py, _witnessed): which witness the verdict rests on
@@ -170,7 +170,7 @@ def decide(
     `alone`: the worker stages' costs alone (witness.alone), the second witness.
 
     Algorithm (t = seconds per batch; every difference's noise from its per-round
-    values, stats.Noise; each constant above says why):
+    values, noise.Noise; each constant above says why):
         no verdict without `full` and one other point
         t(p) = each point's time with what a round shares at every point taken out
         inconsistent = points slower than one upstream of them beyond the noise,
@@ -733,7 +733,7 @@ def first_round(n: int, decides: Callable[[int], bool], most: int = MOST_ROUNDS)
 def find_inconsistent(measured: Mapping[str, Throughput], present: list, noise: Noise,
                       noise_scale: float = 1.0) -> tuple:
     """Points slower than a point upstream of them beyond the noise (of their difference,
-    stats.Noise.contrast), worst first; each one found is left out before looking again
+    noise.Noise.contrast), worst first; each one found is left out before looking again
     (one slow point makes one inconsistency)."""
     t = {p: noise.time(p) for p in present}
     kept, found = list(present), []

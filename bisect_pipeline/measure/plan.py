@@ -40,7 +40,7 @@ class Plan:
 
     window_seconds: float = 0.25
     # The steady pair is the visit: the noise of a point's time is what its visits in
-    # successive rounds show (stats.Noise), and on a shared machine a visit differs from
+    # successive rounds show (noise.Noise), and on a shared machine a visit differs from
     # the next by more than its windows do (the demo: windows within 2%, visits of one
     # point 70 and 110 ms per batch), so a shorter visit buys more rounds for the noise.
     windows_per_visit: int = 2
@@ -54,7 +54,7 @@ class Plan:
     max_warmup_windows: int = 4
     # Rounds: at least three (down, up, down: a machine drifting over the run weighs on
     # every point alike, and each difference of points gets three per-round values, the
-    # fewest whose spread is an estimate of its noise: stats.Noise; with two, t at one
+    # fewest whose spread is an estimate of its noise: noise.Noise; with two, t at one
     # degree of freedom is 78 z and no cost could be real), then more until the verdict
     # is settled; those visit only the points that can still change it, so they are
     # short. The deadline bounds them: max_rounds is a guard (a clock that does not
@@ -116,7 +116,7 @@ class Plan:
         2 + 3 x 3 steps would take a 2-s step 22 s a visit and a verdict minutes: a long
         step gets windows of one batch per worker (one step without workers), no warm-up
         step beyond the first batch's (untimed already), and one window a visit: the noise comes from the rounds
-        (stats.Noise), and a visit of one window buys a round of `full` and the ceiling
+        (noise.Noise), and a visit of one window buys a round of `full` and the ceiling
         in four steps, three rounds of a 2-s step in 24 s; whether a visit is steady is
         not asked of one window."""
         if not self.long(sec_per_step):

@@ -50,7 +50,7 @@ class Rounds:
         self.selected = selected
         self.info: dict = {"rounds": 0, "settled": False, "remeasured": []}
         self._budget_checked = False
-        self.round = 0  # the round under way: each window is tagged with it (stats.Noise pairs by round)
+        self.round = 0  # the round under way: each window is tagged with it (noise.Noise pairs by round)
         self.tight = False  # the minimum rounds do not fit in --max-seconds (_budget_check)
         self.reserve = 0  # batches of the user's script kept for the check (_batches_check)
 

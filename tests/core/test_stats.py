@@ -7,6 +7,7 @@ from bisect_pipeline.core import stats
 from bisect_pipeline.core.stats import (MIN_REL_DROP, Z_NOISE, Throughput, Window, decreasing_fit, iqr, is_real,
                                         median, median_se, noise_threshold, order_se, point_sigmas, quantile,
                                         small_sample_factor, t_factor)
+from bisect_pipeline.core import noise
 
 
 def test_median_odd_even():
@@ -149,9 +150,9 @@ def _erfinv(y: float) -> float:
 def _polished_noise(points: int, rounds: int, missing: set, sigma: float, rng) -> float:
     cells = {f"p{i}": {r: math.log(100.0 + 10 * i) + 0.1 * r + rng.gauss(0.0, sigma)
                        for r in range(rounds) if (i, r) not in missing} for i in range(points)}
-    mu, drift = stats.median_polish(cells)
+    mu, drift = noise.median_polish(cells)
     residuals = [x - mu[p] - drift[r] for p, c in cells.items() for r, x in c.items()]
-    return stats.residual_noise(residuals, len(residuals) - len(mu) - len(drift) + 1)
+    return noise.residual_noise(residuals, len(residuals) - len(mu) - len(drift) + 1)
 
 
 @pytest.mark.parametrize("points,rounds,missing", [
@@ -174,8 +175,8 @@ def test_a_table_the_polish_fits_exactly_in_half_its_cells_still_has_noise():
     residuals = [0.0, 0.0, 0.0, 0.0, 0.03, -0.03, 0.02, -0.02, 0.0]
     free = [0.03, -0.03, 0.02, -0.02]
     assert stats.iqr(residuals) == 0.0  # the spread of them all says no noise at all
-    assert stats.residual_noise(residuals, 4) == pytest.approx(stats.iqr(free) / stats.IQR_PER_SIGMA)
-    assert stats.residual_noise(residuals, 0) == math.inf
+    assert noise.residual_noise(residuals, 4) == pytest.approx(stats.iqr(free) / stats.IQR_PER_SIGMA)
+    assert noise.residual_noise(residuals, 0) == math.inf
 
 
 def test_a_contrast_widened_at_a_level_gives_student_s_bound_there():

@@ -280,7 +280,7 @@ def test_the_stages_in_question_are_the_named_one_or_those_of_a_tie():
 
 
 # --------------------------------------------------------------------------------------
-# The noise from the paired rounds (stats.Noise): windows carry their round
+# The noise from the paired rounds (noise.Noise): windows carry their round
 # --------------------------------------------------------------------------------------
 
 ORDER = ("device", "augmented", "raw", "full")
@@ -558,7 +558,7 @@ def test_a_partial_run_without_full_still_shows_points_that_agree_with_each_othe
 
 
 class OneContrast:
-    """A stats.Noise stand-in whose every contrast is `c` (the noise of a lead, planted)."""
+    """A noise.Noise stand-in whose every contrast is `c` (the noise of a lead, planted)."""
 
     def __init__(self, c: Contrast) -> None:
         self.c = c
