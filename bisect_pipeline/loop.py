@@ -34,6 +34,10 @@ When the verdict is in, the report goes to `on_report`, and the loop is stopped 
 ScriptStopped (a BaseException: the script's finally blocks run), or, with
 `keep_training`, handed back to the real loader. The model trains on the cached batches
 meanwhile: the experiment changes what it learns from, not how.
+
+Why one module: one session in the user's own loop: the class-level patches, the
+loader's stand-in and the script's length all act while the session is open and share
+its state.
 """
 
 from __future__ import annotations

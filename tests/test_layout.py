@@ -1,7 +1,10 @@
-"""The package's shape: no import cycle between its modules (imports inside functions
-counted: they run when called), no function with more than 5 positional parameters,
-none over 60 lines in the measuring and derivation layers, bisect() on one screen, every
-module importable alone. Read from the source (ast), so these run in milliseconds."""
+"""The package's shape: its folders are its layers, and no module imports from a folder
+above its own (imports inside functions and under `TYPE_CHECKING` counted); no import
+cycle between its modules, for the type checker either; tests/ mirrors the folders; no
+module over about 500 lines without the reason at its top; no function with more than 5
+positional parameters, none over 60 lines in the measuring and derivation layers,
+bisect() on one screen, every module importable alone. Read from the source (ast), so
+these run in milliseconds."""
 
 from __future__ import annotations
 
@@ -13,19 +16,26 @@ import sys
 import pytest
 
 PKG = pathlib.Path(__file__).resolve().parent.parent / "bisect_pipeline"
+TESTS = pathlib.Path(__file__).resolve().parent
+# The layers, bottom to top (docs/development.md): a module imports from its own folder and
+# those below it. "" is the package's top: the drivers and the public API.
+LAYERS = ("core", "pipeline", "derive", "measure", "advise", "report", "")
+LONG_MODULE = 500  # lines; a longer module says why at its top ("Why one module: ...")
 MAX_POSITIONAL = 5
 SCREEN_LINES = 60
 # The layers below the report: what measures and what derives from the measurements.
-MEASURING_AND_DERIVING = ("bisect_pipeline.measure.plan", "bisect_pipeline.measure.visit", "bisect_pipeline.core.results",
-                          "bisect_pipeline.measure.experiment", "bisect_pipeline.measure.rounds", "bisect_pipeline.measure.distributed",
+MEASURING_AND_DERIVING = ("bisect_pipeline.measure.plan", "bisect_pipeline.measure.visit",
+                          "bisect_pipeline.core.results", "bisect_pipeline.measure.experiment",
+                          "bisect_pipeline.measure.rounds", "bisect_pipeline.measure.distributed",
                           "bisect_pipeline.advise.verify", "bisect_pipeline.sweep", "bisect_pipeline.measure.cache",
-                          "bisect_pipeline.measure.sources", "bisect_pipeline.measure.isolate", "bisect_pipeline.measure.breakdown", "bisect_pipeline.advise.confirm",
+                          "bisect_pipeline.measure.sources", "bisect_pipeline.measure.isolate",
+                          "bisect_pipeline.measure.breakdown", "bisect_pipeline.advise.confirm",
                           "bisect_pipeline.measure.reads", "bisect_pipeline.measure.reorder",
-                          "bisect_pipeline.measure.allocator",
-                          "bisect_pipeline.core.stats", "bisect_pipeline.derive.verdict", "bisect_pipeline.derive.witness",
-                          "bisect_pipeline.advise.advice",
-                          "bisect_pipeline.advise.outcome", "bisect_pipeline.advise.diagnose", "bisect_pipeline.loop",
-                          "bisect_pipeline.advise.patch", "bisect_pipeline.advise.tune")
+                          "bisect_pipeline.measure.allocator", "bisect_pipeline.core.stats",
+                          "bisect_pipeline.derive.verdict", "bisect_pipeline.derive.witness",
+                          "bisect_pipeline.advise.advice", "bisect_pipeline.advise.outcome",
+                          "bisect_pipeline.advise.diagnose", "bisect_pipeline.loop", "bisect_pipeline.advise.patch",
+                          "bisect_pipeline.advise.tune", "bisect_pipeline.derive.findings", "bisect_pipeline.core.noise")
 
 
 def modules() -> dict:
@@ -52,23 +62,24 @@ def _resolve(mod: str, is_pkg: bool, node: ast.ImportFrom) -> list:
     return out
 
 
-def _imports(node: ast.AST):
-    """Every import statement that can run: at module level and inside functions; not
-    those under `if TYPE_CHECKING:`, which never run."""
+def _imports(node: ast.AST, typing: bool = False):
+    """Every import statement that can run: at module level and inside functions; those
+    under `if TYPE_CHECKING:`, which never run, only when `typing`."""
     for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and getattr(child.test, "id", None) == "TYPE_CHECKING":
+        if not typing and isinstance(child, ast.If) and getattr(child.test, "id", None) == "TYPE_CHECKING":
             continue
         if isinstance(child, (ast.Import, ast.ImportFrom)):
             yield child
-        yield from _imports(child)
+        yield from _imports(child, typing)
 
 
-def import_graph() -> dict:
+def import_graph(typing: bool = False) -> dict:
+    """module -> the package modules it imports (with `typing`, the type checker's imports too)."""
     mods = modules()
     graph = {}
     for name, (path, tree) in mods.items():
         deps = set()
-        for node in _imports(tree):
+        for node in _imports(tree, typing):
             if isinstance(node, ast.ImportFrom):
                 deps.update(d for d in _resolve(name, path.name == "__init__.py", node) if d in mods)
             else:
@@ -79,8 +90,60 @@ def import_graph() -> dict:
     return graph
 
 
-def test_the_modules_import_each_other_without_a_cycle():
-    graph = import_graph()
+def layer(module: str) -> str:
+    """The layer (folder) a module of the package is in; "" at the top."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else ""
+
+
+def upward(graph: dict) -> list:
+    """Every import of a module in a layer above the importer's."""
+    return [f"{m} ({layer(m) or 'top'}) imports {d} ({layer(d) or 'top'})"
+            for m, deps in sorted(graph.items()) for d in sorted(deps)
+            if LAYERS.index(layer(d)) > LAYERS.index(layer(m))]
+
+
+def test_every_module_is_in_a_layer_and_none_imports_from_a_layer_above_its_own():
+    graph = import_graph(typing=True)
+    assert {layer(m) for m in graph} == set(LAYERS)
+    assert not upward(graph)
+
+
+def test_an_import_from_a_layer_above_is_caught_even_for_the_type_checker():
+    assert upward({"bisect_pipeline.advise.advice": {"bisect_pipeline.report.text"}})
+    assert upward({"bisect_pipeline.report.text": {"bisect_pipeline.api"}})
+    assert not upward({"bisect_pipeline.api": {"bisect_pipeline.core.stats"}})
+    assert layer("bisect_pipeline.pipeline.integrations.hf") == "pipeline"
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .x import Y\n")
+    assert [n.module for n in _imports(tree)] == ["typing"]
+    assert [n.module for n in _imports(tree, typing=True)] == ["typing", "x"]
+
+
+def test_tests_mirror_the_package_folders():
+    strays = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        folder = path.parent.relative_to(TESTS).parts
+        if not folder:  # the drivers' tests and those of the whole tool
+            continue
+        subject = path.stem[len("test_"):]
+        if subject.startswith("integrations_"):  # test_integrations_hf: integrations/hf.py
+            folder, subject = folder + ("integrations",), subject[len("integrations_"):]
+        if not PKG.joinpath(*folder, subject + ".py").exists():
+            strays.append(str(path.relative_to(TESTS)))
+    assert not strays, strays
+
+
+def test_no_module_is_over_500_lines_without_saying_why_at_its_top():
+    silent = []
+    for name, (path, tree) in modules().items():
+        lines = len(path.read_text().splitlines())
+        if lines > LONG_MODULE and "Why one module:" not in (ast.get_docstring(tree) or ""):
+            silent.append(f"{name} ({lines} lines)")
+    assert not silent, silent
+
+
+def test_the_modules_import_each_other_without_a_cycle_even_for_the_type_checker():
+    graph = import_graph(typing=True)
     assert len(graph) > 20
     state: dict = {}
 

@@ -8,6 +8,10 @@ The input is a diagnosis in the making (diagnosis.Diagnosis, before its advice):
 verdict (stage costs from the bisection), `loader` (the user's settings,
 `loader.LoaderSpec.settings()`), `isolated` (costs measured alone, in this process:
 isolate.py) and `syncs` (host-device syncs in the step, CUDA only).
+
+Why one module: the rules read one context (the diagnosis, read once into `_Context`)
+and are ranked against each other (`ranked`); each rule is a short function beside the
+constants it rests on, and a split by stage would split that context and the ranking.
 """
 
 from __future__ import annotations

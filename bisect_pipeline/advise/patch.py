@@ -20,6 +20,9 @@ setting, how to get the new value:
 Every edit is one span of the original text replaced, so untouched lines stay byte for
 byte as they were; the diff (git's a/ b/ form) is made with difflib. Pure: it reads the
 source it is given and writes nothing.
+
+Why one module: reading the script, deciding where each setting goes and writing the
+diff are one pass over one syntax tree, each step handing its nodes to the next.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ what was derived; nothing here imports either.
 
 Each record has the JSON form the document stores (`to_dict`, `from_dict`): fields in
 the document's order, None left out unless the document always carries the key.
+
+Why one module: every record of a run with its JSON form, in the order the document
+lists them; they share the `Record` base, and the document's schema reads as this one
+file.
 """
 
 from __future__ import annotations

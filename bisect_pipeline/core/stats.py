@@ -1,4 +1,9 @@
-"""Pure statistics over timed windows: no clock, no torch."""
+"""Pure statistics over timed windows: no clock, no torch.
+
+Why one module: the statistics every layer uses: windows and throughputs, Student's t,
+and the one comparison that decides every difference (`compare`); the noise of the
+rounds' table is noise.py.
+"""
 
 from __future__ import annotations
 

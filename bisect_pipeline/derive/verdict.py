@@ -1,4 +1,9 @@
-"""Compare adjacent points, cost each stage, and name the bottleneck (pure)."""
+"""Compare adjacent points, cost each stage, and name the bottleneck (pure).
+
+Why one module: the ordered fit, the stage costs, the leads, the second witness heard
+and the reasons are the one decision `decide` makes, each step reading the `Verdict` the
+step before it made; its types are what the rest of the package reads.
+"""
 
 from __future__ import annotations
 

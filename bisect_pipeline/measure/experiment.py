@@ -1,7 +1,12 @@
 """One experiment: what a bisection carries from phase to phase (Experiment), the phases
 before any point is measured (fill the caches, probe the step, hold the allocator), and
 the visits of its points, which every schedule asks for here: rounds.py (one process),
-distributed.py (torchrun), verify.py (the advice's check) and sweep.py."""
+distributed.py (torchrun), verify.py (the advice's check) and sweep.py.
+
+Why one module: what one bisection carries (the caches, the batch sources, the visits
+and their results) and the measurements it returns; every phase (phases.py) reads and
+writes this one object.
+"""
 
 from __future__ import annotations
 

@@ -10,6 +10,9 @@ main process, so the advice can say how many workers would feed the step:
 It also records what crosses the bus (bytes and dtypes of a batch), the achieved
 host-to-device bandwidth, and, on CUDA, the host-device synchronizations of the step
 and its peak memory. Every measurement is bounded by a small time budget.
+
+Why one module: the stages timed alone in this process, in the slice before the points;
+the parts share the workers' stand-in, the replayed transforms and one budget.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ Inline SVG and inline CSS only: no JavaScript, nothing fetched, so it renders th
 offline and in exported notebooks. Every string that comes from the user's code or the
 run (class names, reasons, loader settings, advice) is escaped. The markup is also
 well-formed XML, which is how the tests check it strictly.
+
+Why one module: one renderer, section by section in the order the page shows them
+(text.py is its sibling).
 """
 
 from __future__ import annotations

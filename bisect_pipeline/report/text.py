@@ -1,5 +1,9 @@
 """The report for a terminal: fits 80 columns, the answer first (summary.py), one time unit
-per table (a pure function of the Report)."""
+per table (a pure function of the Report).
+
+Why one module: one renderer, section by section in the order the report prints them
+(html.py is its sibling).
+"""
 
 from __future__ import annotations
 
