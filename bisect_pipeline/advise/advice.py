@@ -578,7 +578,7 @@ def _storage(c: _Context):
         each = f" (each becomes {several:g} samples)" if abs(several - 1) > 1e-9 else ""
         cap = (f"alone a sample takes {per_sample:.2f} ms to load{each}, so {max(1, c.workers)} process(es) cap "
                f"input at {rate:,.0f} samples/s")
-    head = numbers["headroom"] = headroom(c, "load")
+    numbers["headroom"] = headroom(c, "load")
     includes = c.stage("load").includes if c.stage("load") else ()
     merged = "Measured together with augment: the transforms could not be split." if "augment" in includes else ""
     split = load.split if load is not None and load.split is not None and load.split.ok else None

@@ -11,9 +11,9 @@ import dataclasses
 import math
 from typing import Any, Callable, Mapping, Optional
 
-from ..core.stats import (FEW_ROUNDS, MIN_REL_DROP, NOISY_REL_IQR, Z_LEAD, Z_NOISE, Contrast, Throughput, compare,
-                          decreasing_blocks, is_real, level, noise_threshold, normal_cdf, t_factor, t_quantile)
 from ..core.noise import Noise
+from ..core.stats import (FEW_ROUNDS, MIN_REL_DROP, Z_NOISE, Contrast, Throughput, compare, decreasing_blocks, is_real,
+                          level, noise_threshold, normal_cdf, t_factor, t_quantile)
 from . import witness
 
 # Upstream to downstream. A stage sits between the point before it and the point after.

@@ -3,11 +3,10 @@ import random
 
 import pytest
 
-from bisect_pipeline.core import stats
+from bisect_pipeline.core import noise, stats
 from bisect_pipeline.core.stats import (MIN_REL_DROP, Z_NOISE, Throughput, Window, decreasing_fit, iqr, is_real,
                                         median, median_se, noise_threshold, order_se, point_sigmas, quantile,
                                         small_sample_factor, t_factor)
-from bisect_pipeline.core import noise
 
 
 def test_median_odd_even():
