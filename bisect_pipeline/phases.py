@@ -275,8 +275,7 @@ class Probe:
         self.exp.sync()
         self.exp.fresh = not tree.same_values(handed, original)
         if self.exp.fresh:
-            said = experiment.FRESH_COPY  # the step's note, said of the loop
-            self.exp.notes.append(dataclasses.replace(said, message=said.message.replace("The step", "Your loop")))
+            self.exp.notes.append(experiment.fresh_copy_note("Your loop"))
 
 
 class SyncCount:

@@ -130,11 +130,6 @@ class Experiment:
     def sync(self) -> None:
         devices.synchronizer(self.device)()
 
-    def note(self, kind: str, message: str, point: Optional[str] = None, detail: Optional[str] = None) -> None:
-        """A warning for the report: `message` one line, what was seen and the next step;
-        `detail` the why beneath it (results.Note)."""
-        self.notes.append(Note(kind, message, point, detail=detail))
-
     def step_estimate(self) -> Optional[float]:
         """Seconds a training step takes at most, from what was measured so far: the
         fastest point (its time per batch includes the step), else the step timed alone
@@ -551,10 +546,11 @@ def fill_failed_note(kept: int, reason: str) -> Note:
                          "for more batches.", detail=reason)
 
 
-# A step that changes its input batch in place.
-FRESH_COPY = Note("step", "The step changes its input batch in place: leave the batch as it is given.",
-                  detail="the cached points hand the step a fresh copy each step, and the copy is in their time, "
-                         "not in the full pipeline's")
+def fresh_copy_note(who: str = "The step") -> Note:
+    """`who` (the step, or the user's loop: phases.Probe) changes its input batch in place."""
+    return Note("step", f"{who} changes its input batch in place: leave the batch as it is given.",
+                detail="the cached points hand the step a fresh copy each step, and the copy is in their time, "
+                       "not in the full pipeline's")
 
 
 def probe_step(exp: Experiment, coord: Any) -> None:
@@ -568,7 +564,7 @@ def probe_step(exp: Experiment, coord: Any) -> None:
         coord.unit(lambda: probe.append(_step_mutates(exp)), exp.caches is None)
         exp.fresh = bool(probe and probe[0])
     if exp.fresh:
-        exp.notes.append(FRESH_COPY)
+        exp.notes.append(fresh_copy_note())
 
 
 def one_device_batch(exp: Experiment) -> Any:

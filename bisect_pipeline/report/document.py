@@ -82,7 +82,7 @@ def to_dict(r: "Diagnosis") -> dict:
             "bottleneck": v.bottleneck,
             "summary": r.summary,
             "reason": v.reason,
-            "next": _next_step(r),
+            "next": summary_mod.next_step(r) or None,
             "gap_ms_per_batch": ms(v.gap_sec_per_batch),
             "input_bound_fraction": finite(v.input_bound_fraction, 4),
             "input_bound_class": advice_mod.input_bound_class(r),
@@ -116,14 +116,6 @@ def to_dict(r: "Diagnosis") -> dict:
         "verification": r.verification.to_dict() if r.verification is not None else {},
         "tune": tune_dict(r),
     }
-
-
-def _next_step(r: "Diagnosis") -> Optional[str]:
-    """What to measure next where nothing is settled (the summary's Next, without its
-    label: about how many rounds would tell, and the --max-seconds that holds them);
-    None where the verdict is settled."""
-    nxt = summary_mod.summarize(r).next
-    return nxt[len("Next: "):] if nxt else None
 
 
 # Version of the `tune` section (--tune), within the document's own schema_version:

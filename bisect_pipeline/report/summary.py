@@ -53,7 +53,8 @@ def summarize(r: "Diagnosis") -> Summary:
     """The summary of a report (see Summary)."""
     first, item = _first_change(r)
     why = "" if r.complete else f"Incomplete run ({incomplete_why(r.interrupted, r.measurements.source)})."
-    return Summary(r.summary, _status(r), first, why, _next(r), item)
+    step = next_step(r)
+    return Summary(r.summary, _status(r), first, why, f"Next: {step}" if step else "", item)
 
 
 def first_item(r: "Diagnosis") -> Optional["Finding"]:
@@ -90,23 +91,24 @@ def _status(r: "Diagnosis") -> str:
     return f"Settled {after}." if run.settled else f"Not settled {after}."
 
 
-def _next(r: "Diagnosis") -> str:
+def next_step(r: "Diagnosis") -> str:
     """What to measure next, where nothing is settled: the rounds that would tell, and
-    the --max-seconds that holds them about; '' where the verdict is settled."""
+    the --max-seconds that holds them about; '' where the verdict is settled. The
+    summary's "Next:" line, and the document's verdict.next."""
     v, run = r.verdict, r.run
     ended = ended_parts(r.measurements.source, r.bottleneck)
     if ended is not None and ended[1]:
-        return f"Next: {ended[1][:1].lower()}{ended[1][1:]}"
+        return f"{ended[1][:1].lower()}{ended[1][1:]}"
     if v.bottleneck is None:
-        return "" if r.complete else "Next: raise --max-seconds: the run ended before a verdict."
+        return "" if r.complete else "raise --max-seconds: the run ended before a verdict."
     need, what = None, ""
     if v.bottleneck == "inconclusive":
         t_full, gap = v.fitted.get("full"), v.drop("full", v.ceiling) if v.ceiling else None
         if gap is None or gap.rounds is None or not t_full:
-            return "Next: close other work on this machine, or raise --max-seconds for more rounds."
+            return "close other work on this machine, or raise --max-seconds for more rounds."
         need = rounds_to_decide(dataclasses.replace(gap, estimate=v.gap_sec_per_batch or 0.0), t_full)
         if need is None:
-            return "Next: more rounds would not tell at this noise: close other work on this machine and rerun."
+            return "more rounds would not tell at this noise: close other work on this machine and rerun."
         what = f"of full and {v.ceiling} would tell"
     elif v.bottleneck == "tie" and v.witness != "disagree":
         behind = [lead for lead in v.leads if not lead.real and lead.over in v.tied]
@@ -114,16 +116,16 @@ def _next(r: "Diagnosis") -> str:
         if tell:
             need, what = max(tell), "would tell " + " and ".join(v.tied) + " apart"
         elif behind and all((lead.rounds or 0) >= 2 for lead in behind):  # their spread known: Lead.rounds_to_tell
-            return ("Next: more rounds would not tell them apart at this noise: close other work on this machine, "
+            return ("more rounds would not tell them apart at this noise: close other work on this machine, "
                     "or treat them as one cost.")
     elif run.settled or run.verdict_s is None:
         return ""
     if need is None:
-        return "Next: raise --max-seconds for more rounds, or close other work on this machine."
+        return "raise --max-seconds for more rounds, or close other work on this machine."
     seconds = rerun_seconds(r, need)
     so_far = f" ({run.rounds} so far)" if run.rounds else ""
     rerun = f"rerun with --max-seconds {seconds} or so" if seconds else "raise --max-seconds"
-    return f"Next: about {need} rounds {what}{so_far}: {rerun}, or close other work on this machine."
+    return f"about {need} rounds {what}{so_far}: {rerun}, or close other work on this machine."
 
 
 def rerun_seconds(r: "Diagnosis", rounds: int) -> Optional[int]:

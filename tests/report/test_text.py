@@ -548,7 +548,7 @@ def warned_report() -> Report:
     measured = [faults.shm_problem(4, 2, 10**8, 64 * 2**20), duplicates(_Unsharded(), 2),
                 experiment.loader_note(_OwnLoader, "the loader is a _OwnLoader, which could not be rebuilt from the "
                                                    "DataLoader arguments (TypeError: x)"),
-                experiment.fill_failed_note(6, "sample 50 hung in load: no batch in 120 s"), experiment.FRESH_COPY,
+                experiment.fill_failed_note(6, "sample 50 hung in load: no batch in 120 s"), experiment.fresh_copy_note(),
                 rounds.no_window_note("augmented"), rounds.step_budget_note(2.1, 90, 3, 5, 30.0),
                 rounds.batches_note(120, 400, 3, 5)] + [Note("rules", w) for w in broken]
     held = {"controlled": False, "reason": "the C library is musl: only glibc's malloc can be held still"}
