@@ -93,7 +93,7 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
     found_warnings = _pipeline_warnings(spec)
     rec = _Recording(spec)
     kept = _Kept()
-    groups = _sample_groups(spec, rec.dataset if rec.iterator is None else None)
+    groups = _sample_groups(spec, rec.dataset)
     at = {"index": None, "n": 0}  # the sample being built, for a hang's reason
     limited_by = stopped_by = None
     while limited_by is None:
@@ -265,6 +265,14 @@ def _pipeline_warnings(spec: LoaderSpec) -> list:
     return out
 
 
+def by_index(spec: LoaderSpec) -> bool:
+    """Whether the caches are filled through the dataset's per-sample access although it
+    is an IterableDataset: a streaming dataset (integrations.streaming) that partitions
+    its samples by worker itself. Iterated in this process, MosaicML's would then hang
+    in the user's workers (its shared state counts this process as a worker of its own)."""
+    return spec.iterable and integrations.streaming.is_streaming(spec.dataset)
+
+
 class FillError(Exception):
     """Not even one batch could be built: every cached point fails with this reason."""
 
@@ -286,11 +294,7 @@ class _Recording:
         self.replayed: set = set()  # the names of the proxies whose calls are replayed
         self.changes: set = set()  # the names of the transforms seen changing their image input (recording.settle_copies)
         self.cuts = None  # a webdataset pipeline's cuts (integrations.webdataset)
-        # a streaming dataset's own iterator over the proxied copy: each sample is built
-        # (and recorded) as it partitions them (integrations.streaming)
-        self.iterator: Optional[Iterator] = None
-        streams = spec.iterable and integrations.streaming.is_streaming(spec.dataset)
-        if spec.iterable and not streams:
+        if spec.iterable and not by_index(spec):
             self.cuts, why = integrations.webdataset.cuts(spec.dataset, limit=TAP_LIMIT)
             self.raw_reason = None if self.cuts is not None else (
                 f"the dataset is an IterableDataset: {why}" if why else
@@ -309,20 +313,14 @@ class _Recording:
                         self.inst.dataset if self.inst is not None else copy_or_same(spec.dataset))
         self.raw_calls: Optional[list] = [] if self.inst is not None else None
         self.batched_fetch = self.inst is not None and integrations.hf.fetches_batches(spec.dataset)
-        if streams:
-            self.iterator = iter(self.dataset)
-
-    def _build(self, index: Any) -> Any:
-        return self.dataset[index] if self.iterator is None else next(self.iterator)
 
     def sample(self, index: Any, item: Any) -> Any:
-        if self.spec.iterable and self.iterator is None:
+        if index is None:  # an IterableDataset's item
             return tree.clone(item)
         if self.raw_calls is None:
-            return tree.clone(self._build(index))
+            return tree.clone(self.dataset[index])
         try:
-            sample, calls = recording.record_sample(self.inst, index,
-                                                    None if self.iterator is None else self.iterator.__next__)
+            sample, calls = recording.record_sample(self.inst, index)
             if len(self.raw_calls) < 2:  # check the split on the first samples
                 if not calls:
                     raise SplitError(self._not_called())
@@ -334,7 +332,7 @@ class _Recording:
                 recording.mark_copies(calls, self.changes)
         except SplitError as exc:
             self.raw_reason, self.raw_calls = str(exc), None
-            return tree.clone(self._build(index))
+            return tree.clone(self.dataset[index])
         if self.batched_fetch:
             integrations.hf.mark_batched(calls)
         self.raw_calls.append(calls)
@@ -344,9 +342,6 @@ class _Recording:
     def finish(self, n_samples: int) -> Optional[list]:
         """After the fill: the calls to replay per sample (None when `raw` is unavailable);
         the tentative proxies settled on the dataset copy; `found`, the transforms replayed."""
-        close = getattr(self.iterator, "close", None)  # a streaming dataset's iterator: its threads end
-        if close is not None:
-            close()
         raw_calls = self.raw_calls if self.raw_calls is not None and len(self.raw_calls) == n_samples else None
         if self.inst is not None:
             replayed = self.replayed if raw_calls is not None else self.replayed - set(self.inst.tentative)
@@ -382,11 +377,17 @@ class _Recording:
 
 
 def _sample_groups(spec: LoaderSpec, dataset: Any) -> Iterator[list]:
-    """Yield the (index, sample-or-None) pairs of each batch, in the user's order. An
-    IterableDataset without `dataset`: its samples come from the recording's own iterator
-    (_Recording.iterator), groups of placeholders here."""
+    """Yield the (index, sample-or-None) pairs of each batch, in the user's order (a
+    streaming dataset's: its first samples by index, by_index)."""
+    if by_index(spec):
+        indices = iter(range(len(dataset)))
+        while True:
+            group = [(i, None) for i in itertools.islice(indices, spec.batch_size if spec.auto_collation else 1)]
+            if not group:
+                return
+            yield group
     if spec.iterable:
-        it = iter(dataset) if dataset is not None else itertools.repeat(None)
+        it = iter(dataset)
         size = spec.batch_size if spec.auto_collation else 1
         while True:
             group = list(itertools.islice(((None, s) for s in it), size))

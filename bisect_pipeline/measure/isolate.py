@@ -39,6 +39,7 @@ from ..core.stats import mean_se, median
 from ..pipeline import recording
 from ..pipeline.loader import LoaderSpec, copy_or_same, index_order
 from . import breakdown, devices, reads, reorder, sources
+from .cache import by_index
 
 # The isolation measurements take at most this share of --max-seconds, and never more
 # than ISOLATE_MAX_SECONDS: they refine the advice, the bisection is the measurement.
@@ -217,12 +218,12 @@ def _load(spec, caches, augment: PerSample, share, clock) -> PerSample:
     stages = _stages(caches)
     dataset = stages.loading() if stages is not None else copy_or_same(spec.dataset)
     with reads.Reads(clock) as seen:
-        if spec.iterable:
+        if spec.iterable and not by_index(spec):
             it = iter(dataset)
             n_items = len(stages.items("raw")) if stages is not None else len(caches.samples)
             timed = _timed_loop(list(range(n_items + 1)), lambda _: next(it), share, clock, started=seen.reset)
         else:
-            order = index_order(spec)
+            order = itertools.count() if spec.iterable else index_order(spec)  # a streaming dataset: by index
             if spec.batch_sampler is not None:
                 order = itertools.chain.from_iterable(order)
             indices = list(itertools.islice(order, max(2, len(caches.samples) + 1)))
