@@ -75,15 +75,14 @@ class SplitError(Exception):
     """The dataset cannot be split into loading and transforms; the message says why."""
 
 
-def record_sample(inst: Any, index: Any, build: Optional[Callable[[], Any]] = None) -> tuple[Any, list[Call]]:
-    """Build sample `index` through the proxies (or the next one `build()` makes: an
-    iterator of the dataset copy's own); return it and the transform calls that
+def record_sample(inst: Any, index: Any) -> tuple[Any, list[Call]]:
+    """Build sample `index` through the proxies; return it and the transform calls that
     produced parts of it, with where each part of their outputs landed. A tentative
     call that does not act as a transform is left on the loading side, with the reason
     in `inst.dropped`; a declared transform that cannot be replayed refuses the split."""
     inst.recorder.calls = []
     try:
-        sample = inst.dataset[index] if build is None else build()
+        sample = inst.dataset[index]
         calls = inst.recorder.calls
     finally:
         inst.recorder.calls = None
