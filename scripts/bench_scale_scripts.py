@@ -420,8 +420,11 @@ def probe_litdata_sine(src: str, data: str, rounds: int, k: int = 25) -> dict:
     import litdata as ld
     from torch.utils.data import default_collate
 
-    ds = ld.StreamingDataset(os.path.join(data, "litdata_sine", "example_optimize_dataset"))
-    train, _, _ = ld.train_test_split(ds, splits=[0.7, 0.1, 0.1])
+    def split():
+        ds = ld.StreamingDataset(os.path.join(data, "litdata_sine", "example_optimize_dataset"))
+        return ld.train_test_split(ds, splits=[0.7, 0.1, 0.1])[0]
+
+    train, indexed = split(), split()  # by index on a dataset of its own: not the iterator's
     per, n = 4, len(train)
     state = {"it": None, "left": 0, "i": 0}
     held = {}
@@ -448,7 +451,7 @@ def probe_litdata_sine(src: str, data: str, rounds: int, k: int = 25) -> dict:
         start = state["i"]
         state["i"] = (start + per * k) % (n - per * k)
         t = time.perf_counter()
-        [train[i] for i in range(start, start + per * k)]
+        [indexed[i] for i in range(start, start + per * k)]
         return (time.perf_counter() - t) / k
 
     for f in (load, collate, by_index):
