@@ -21,7 +21,7 @@ from .measure.experiment import Experiment
 from .measure.plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Budget, Plan, plan_budget
 from .measure.visit import drive_all
 from .phases import Options
-from .pipeline import state
+from .pipeline import integrations, state
 from .pipeline import loader as loader_mod
 from .pipeline.workload import Workload, validate
 from .report import Report
@@ -199,8 +199,14 @@ def check_options(points: Optional[Iterable[str]], *, max_seconds: float, cache_
     return selected
 
 
-def describe(loader: Any) -> loader_mod.LoaderSpec:
-    """The loader's settings, and a clear error for an empty dataset."""
+def describe(loader: Any) -> Any:
+    """The loader's settings (a LoaderSpec; a torchdata.nodes graph's NodeSpec), and a
+    clear error for an empty dataset."""
+    if integrations.nodes.is_graph(loader):
+        try:
+            return integrations.nodes.describe(loader)
+        except Exception as exc:
+            raise BisectError(f"the torchdata.nodes graph could not be read: {type(exc).__name__}: {exc}") from exc
     spec = loader_mod.describe(loader)
     try:
         n = None if spec.iterable else len(spec.dataset)

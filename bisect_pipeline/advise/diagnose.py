@@ -58,7 +58,11 @@ def judged(m: Measurements) -> Diagnosis:
 
 def _judged(m: Measurements) -> Diagnosis:
     points = tuple(sorted(m.points, key=lambda p: POINTS.index(p.point)))
-    v = _verdict(points, m.batch_size, witness.alone(m.isolated, m.loader or {}, m.device))
+    lo = m.loader or {}
+    # a node graph whose stages run in threads of their own is named on the rounds alone
+    # (pipeline/integrations/nodes.witnessed: the costs alone model DataLoader's workers)
+    alone = witness.alone(m.isolated, lo, m.device) if lo.get("witnessed", True) else None
+    v = _verdict(points, m.batch_size, alone)
     return Diagnosis(m, v, tuple(_mark_inconsistent(p, v) for p in points))
 
 

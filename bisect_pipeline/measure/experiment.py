@@ -26,10 +26,10 @@ from ..core.stats import Throughput
 from ..derive import witness
 from ..derive.verdict import POINTS, Verdict, decide
 from ..pipeline import split
-from ..pipeline.integrations import timm
+from ..pipeline.integrations import nodes, timm
 from ..pipeline.loader import LoaderSpec
 from ..pipeline.step import make_step, to_device as default_to_device
-from . import allocator, cache, devices, sources
+from . import allocator, cache, devices, graph, sources
 from .plan import Budget, Plan
 from .visit import LOCAL, Pace, Visit
 
@@ -206,7 +206,7 @@ class Experiment:
         skipped = {n: p.reason or "" for n, p in self.results.items()
                    if p.status == "skipped" and p.reason != NOT_SELECTED}
         alone = witness.alone(self.isolated, {"num_workers": getattr(self.spec, "num_workers", 0)},
-                              str(self.device))  # the second witness
+                              str(self.device)) if nodes.witnessed(self.spec) else None  # the second witness
         return decide(ok, self.batch_size, skipped, noise_scale=noise_scale, alone=alone)
 
     def use(self, wl: Any) -> None:
@@ -220,6 +220,10 @@ class Experiment:
     def not_applicable(self, name: str) -> Optional[PointResult]:
         if name == "host" and self.device.type == "cpu":
             return PointResult(name, "skipped", reason="no accelerator: host and device coincide")
+        if isinstance(self.spec, nodes.NodeSpec):  # a node graph's cuts (nodes.cuts_of)
+            why = self.spec.cuts.why.get(name)
+            return None if why is None else PointResult(name, "skipped" if name == "collated" else "unavailable",
+                                                        reason=why)
         if name == "collated" and self.spec.num_workers == 0 and not (self.spec.pin_memory and self.device.type != "cpu"):
             return PointResult(name, "skipped", reason="num_workers=0: no worker hands batches over and nothing pins "
                                                        "them, so collated and host coincide (no handoff)")
@@ -345,7 +349,10 @@ class Experiment:
         if name == "device":
             host = sources.host_batches(caches, spec, self.device)
             return sources.cached_source(sources.device_batches(host, self.move, self.device), self.fresh), None
-        if name == "full":
+        if isinstance(spec, nodes.NodeSpec) and name != "host":  # a node graph's own sources
+            source = graph.source(spec, name, caches, epochs=epochs, calls=calls,
+                                  fresh=self.fresh and self.device.type == "cpu")
+        elif name == "full":
             source = sources.full_loader(spec, caches.dataset if caches else _tagged_copy(spec), epochs, park)
         elif name == "raw":
             source = sources.sample_loader(spec, sources.RawReplay(caches.samples, calls or caches.raw_calls),
@@ -505,10 +512,15 @@ def fill(exp: Experiment, selected: tuple, *, cache_mb: float, cache_batches: in
     batch can be built, every cached point fails with the reason. First, the class the
     replay loaders are built through (sources.loader_class)."""
     exp.emit({"event": "cache", "message": "filling the caches"})
-    cls = exp.spec.loader_cls
-    exp.spec, why = sources.loader_class(exp.spec)
-    if why:
-        exp.notes.append(loader_note(cls, why))
+    fill_caches = cache.fill
+    if isinstance(exp.spec, nodes.NodeSpec):  # a node graph: its own fill, its own notes
+        fill_caches = graph.fill
+        exp.notes.extend(nodes.notes(exp.spec))
+    else:
+        cls = exp.spec.loader_cls
+        exp.spec, why = sources.loader_class(exp.spec)
+        if why:
+            exp.notes.append(loader_note(cls, why))
     budget = max(1.0, CACHE_TIME_SHARE * max_seconds)
     t0 = exp.clock()
     try:
@@ -516,8 +528,8 @@ def fill(exp: Experiment, selected: tuple, *, cache_mb: float, cache_batches: in
             def on_batch(n: int) -> None:
                 if n == 1:
                     dog.end_in(max(0.0, budget - (exp.clock() - t0)) + 1.0, label="the fill's time budget")
-            exp.caches = cache.fill(exp.spec, cache_mb=cache_mb, max_batches=cache_batches, time_budget=budget,
-                                    clock=exp.clock, on_batch=on_batch, batch_size=batch_size)
+            exp.caches = fill_caches(exp.spec, cache_mb=cache_mb, max_batches=cache_batches, time_budget=budget,
+                                     clock=exp.clock, on_batch=on_batch, batch_size=batch_size)
     except cache.FillError as exc:
         for name in MEASURE_ORDER[:-1]:
             if name in selected:

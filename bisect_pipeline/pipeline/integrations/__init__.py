@@ -1,5 +1,5 @@
 """Pipelines people actually have: one module per library (torchvision, hf, timm,
-lightning) and the IterableDataset sharding probe (iterable).
+lightning, torchdata's nodes) and the IterableDataset sharding probe (iterable).
 
 Every integration recognises a library's objects by the names of their classes (their
 MRO), so no optional library is imported unless the user's own objects come from it; a
@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from . import hf, iterable, lightning, timm, torchvision
+from . import hf, iterable, lightning, nodes, timm, torchvision
 from ._common import EXTRAS, by_name, install_hint, require
 
 __all__ = sorted(["EXTRAS", "adapt_workload", "by_name", "hf", "install_hint", "instrument_leaf", "iterable",
-                  "lightning", "no_transform_reason", "require", "timm", "torchvision"])
+                  "lightning", "no_transform_reason", "nodes", "require", "timm", "torchvision"])
 
 
 def adapt_workload(wl: Any, where: str) -> None:
