@@ -44,7 +44,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import dis
 import gc
+import importlib.util
+import linecache
 import os
 import site
 import sys
@@ -63,8 +66,9 @@ from .core import faults
 from .core.errors import BisectError
 from .core.results import Measurements, PointResult
 from .derive.verdict import POINTS
-from .measure import allocator, devices, distributed, sources
+from .measure import allocator, devices, distributed, graph, sources
 from .phases import Options
+from .pipeline.integrations import nodes
 from .pipeline.step import to_device
 from .report import Report
 from .report.ranks import combine
@@ -162,6 +166,30 @@ def _patched_iter(self: DataLoader) -> Any:
     return s.iterate(self)
 
 
+def _patched_graph_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """tn.Loader.__init__ and BaseNode.__init__: where a node graph's loader (a Loader, a
+    root node) was created."""
+    _ORIGINAL["loader init" if nodes.is_loader(self) else "node init"](self, *args, **kwargs)
+    s = _current()
+    if s is not None and not s.busy and type(self).__name__ != "LoaderIterator":
+        s.created(self)
+
+
+def _patched_loader_iter(self: Any) -> Any:
+    s = _current()
+    if s is None or s.busy or sys._getframe(1).f_code.co_name == "state_dict":  # (Loader.state_dict's own iter())
+        return _ORIGINAL["loader iter"](self)
+    return s.iterate(self)
+
+
+def _patched_node_iter(self: Any) -> Any:
+    """BaseNode.__iter__ (it returns the node): a root node the loop iterates itself."""
+    s = _current()
+    if s is None or s.busy or type(self).__name__ == "LoaderIterator":
+        return self
+    return s.iterate(self)
+
+
 def _on_optimizer_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     s = _current()
     if s is not None and not s.busy:
@@ -186,6 +214,25 @@ def _install() -> None:
     DataLoader.__init__ = _patched_init
     DataLoader.__iter__ = _patched_iter
     argparse.ArgumentParser.parse_known_args = _patched_parse_known_args
+    tn = _torchdata_nodes()
+    if tn is not None:
+        _ORIGINAL.update({"loader init": tn.Loader.__init__, "loader iter": tn.Loader.__iter__,
+                          "node init": tn.BaseNode.__init__, "node iter": tn.BaseNode.__iter__})
+        tn.Loader.__init__ = _patched_graph_init
+        tn.Loader.__iter__ = _patched_loader_iter
+        tn.BaseNode.__init__ = _patched_graph_init
+        tn.BaseNode.__iter__ = _patched_node_iter
+
+
+def _torchdata_nodes() -> Any:
+    """torchdata.nodes where it is installed (patched like DataLoader), else None."""
+    try:
+        if importlib.util.find_spec("torchdata") is None:
+            return None
+        import torchdata.nodes as tn
+    except Exception:  # a broken install: its loaders are then iterated as they are
+        return None
+    return tn
 
 
 def _uninstall() -> None:
@@ -194,6 +241,10 @@ def _uninstall() -> None:
     DataLoader.__init__ = _ORIGINAL.pop("init")
     DataLoader.__iter__ = _ORIGINAL.pop("iter")
     argparse.ArgumentParser.parse_known_args = _ORIGINAL.pop("parse")
+    if "loader init" in _ORIGINAL:
+        tn = _torchdata_nodes()
+        tn.Loader.__init__, tn.Loader.__iter__ = _ORIGINAL.pop("loader init"), _ORIGINAL.pop("loader iter")
+        tn.BaseNode.__init__, tn.BaseNode.__iter__ = _ORIGINAL.pop("node init"), _ORIGINAL.pop("node iter")
     _ORIGINAL.pop("hook").remove()
     faults.forget_in_child(_ORIGINAL.pop("undo"))
 
@@ -207,9 +258,30 @@ def _forget_in_child() -> None:
     _uninstall()
 
 
-def real_iter(loader: DataLoader) -> Any:
-    """The loader's own iterator, patched or not."""
+def real_iter(loader: Any) -> Any:
+    """The loader's own iterator, patched or not (a root node is its own iterator)."""
+    if nodes.is_loader(loader):
+        return _ORIGINAL.get("loader iter", type(loader).__iter__)(loader)
+    if nodes.is_node(loader):
+        return loader
     return _ORIGINAL.get("iter", DataLoader.__iter__)(loader)
+
+
+def _data_of(loader: Any) -> Any:
+    """What identifies a loader's data across a framework's copies of the loader: a
+    DataLoader's dataset; a node graph itself."""
+    return loader if nodes.is_graph(loader) else getattr(loader, "dataset", None)
+
+
+def _described(loader: Any) -> tuple:
+    """(the name of its data, its batch size) for the report's list of loaders."""
+    if nodes.is_graph(loader):
+        try:
+            spec = nodes.describe(loader)
+            return f"{type(loader).__name__} over {spec.settings()['dataset']}", spec.batch_size
+        except Exception:
+            return type(loader).__name__, None
+    return type(getattr(loader, "dataset", None)).__name__, getattr(loader, "batch_size", None)
 
 
 def _creation_site(loader: DataLoader) -> Optional[str]:
@@ -247,6 +319,11 @@ def _length(loader: Any) -> Optional[int]:
     length, not a subclass's __len__ (timm's MultiEpochsDataLoader iterates one endless
     iterator and ends its epochs in its own __iter__, after len(self) batches); None where
     the iterator ends no epoch itself."""
+    if nodes.is_graph(loader):  # a node graph's epoch: its source's length through its Batcher, where known
+        try:
+            return nodes.describe(loader).batches_per_epoch
+        except Exception:
+            return None
     try:
         return DataLoader.__len__(loader)
     except TypeError:  # an IterableDataset without __len__, an endless batch sampler
@@ -273,8 +350,12 @@ def epochs_asked(namespace: Any) -> Optional[int]:
 
 
 def _close(it: Any, loader: DataLoader) -> None:
-    """Shut a loader's own iterator down (its workers), and forget it when the loader
-    keeps it for its persistent workers, so that a later iter() starts a new one."""
+    """Shut a loader's own iterator down (its workers; a node graph's threads: its next
+    iter() starts them again), and forget it when the loader keeps it for its persistent
+    workers, so that a later iter() starts a new one."""
+    if nodes.is_graph(loader):
+        graph.shutdown(it)
+        return
     sources.shutdown(it)
     if getattr(loader, "_iterator", None) is it:
         loader._iterator = None
@@ -379,9 +460,9 @@ class Session:
                  tune: bool = False, patch: bool = False, progress: Optional[Callable[[dict], None]] = None,
                  on_report: Optional[Callable[[Report], None]] = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        if loader is not None and not isinstance(loader, (int, DataLoader)):
-            raise BisectError(f"loader must be the N-th loader iterated (an int, from 1) or a DataLoader, got "
-                              f"{type(loader).__name__}.")
+        if loader is not None and not isinstance(loader, (int, DataLoader)) and not nodes.is_graph(loader):
+            raise BisectError(f"loader must be the N-th loader iterated (an int, from 1), a DataLoader or a "
+                              f"torchdata.nodes Loader, got {type(loader).__name__}.")
         if isinstance(loader, int) and not isinstance(loader, bool) and loader < 1:
             raise BisectError(f"--loader counts loaders from 1 in the order your script iterates them, got {loader}.")
         self.options = Options(api.check_options(points, max_seconds=max_seconds, cache_mb=cache_mb,
@@ -490,7 +571,7 @@ class Session:
     def created(self, loader: DataLoader) -> None:
         self.created_count += 1
         where = _creation_site(loader)
-        self._sites.setdefault(id(getattr(loader, "dataset", None)), where)  # a framework's copy keeps the creator
+        self._sites.setdefault(id(_data_of(loader)), where)  # a framework's copy keeps the creator
         self._site_of[loader] = where
         self._born[loader] = self.clock()
 
@@ -592,8 +673,7 @@ class Session:
     def _seen_of(self, loader: DataLoader) -> Seen:
         seen = self._seen.get(loader)
         if seen is None:
-            seen = Seen(len(self.seen) + 1, type(getattr(loader, "dataset", None)).__name__,
-                        getattr(loader, "batch_size", None), self._sites.get(id(getattr(loader, "dataset", None))))
+            seen = Seen(len(self.seen) + 1, *_described(loader), self._sites.get(id(_data_of(loader))))
             self._seen[loader] = seen
             self._loaders[seen.index] = weakref.ref(loader)
             self.seen.append(seen)
@@ -734,9 +814,10 @@ class Watched:
     as the loader; `report` once the verdict is in, after which it yields the loader's own
     batches again (the experiment ran on len(loader) batches per epoch meanwhile)."""
 
-    def __init__(self, loader: DataLoader, **options: Any) -> None:
-        if not isinstance(loader, DataLoader):
-            raise BisectError(f"watch() takes a torch.utils.data.DataLoader, got {type(loader).__name__}.")
+    def __init__(self, loader: Any, **options: Any) -> None:
+        if not isinstance(loader, DataLoader) and not nodes.is_graph(loader):
+            raise BisectError(f"watch() takes a torch.utils.data.DataLoader or a torchdata.nodes Loader, got "
+                              f"{type(loader).__name__}.")
         self.loader = loader
         self.session = Session(loader=loader, keep_training=options.pop("keep_training", True), **options)
         self._open = False
@@ -746,7 +827,10 @@ class Watched:
         return self.session.report
 
     def __len__(self) -> int:
-        return len(self.loader)
+        n = _length(self.loader)
+        if n is None:
+            raise TypeError(f"this {type(self.loader).__name__} has no length")
+        return n
 
     def __iter__(self) -> Any:
         if self.session.state == "done":

@@ -310,5 +310,5 @@ def shutdown(node: Any) -> None:
                 stop()
             except Exception:
                 pass
-        for attr in ("_it", "source", "inner"):
+        for attr in ("_it", "source", "inner", "root"):
             stack.append(getattr(n, attr, None) if hasattr(n, "__dict__") else None)

@@ -72,7 +72,8 @@ def _first_change(r: "Diagnosis") -> tuple:
     if best is not None and best.speedup is not None:
         around = interval(best.outcome)
         fig = f"measured {best.speedup:.2f}\u00d7" + (f" ({around})" if around else "")
-        return (f"First change, the best --tune found: set {advice_mod.settings_action(best.settings)}: {fig} "
+        graph = advice_mod.is_graph(r.loader)  # a node graph's settings, on its nodes
+        return (f"First change, the best --tune found: set {advice_mod.settings_action(best.settings, graph)}: {fig} "
                 "your speed."), None
     f = first_item(r)
     if f is None:

@@ -439,7 +439,8 @@ class NodeSpec:
         """This graph with other settings of its main Mapper (num_workers, method) and its
         Prefetcher (prefetch_factor: one is added where the graph has none); others
         (persistent_workers: a graph's threads start again every epoch whatever) ignored."""
-        keep = {k: v for k, v in settings.items() if k in ("num_workers", "method", "prefetch_factor", "in_order")}
+        keep = {k: v for k, v in settings.items() if k in ("num_workers", "method", "prefetch_factor", "in_order",
+                                                           "pin_memory")}
         if "num_workers" in keep and self.main_mapper is None:
             keep.pop("num_workers")
         if keep.get("prefetch_factor") is None:
