@@ -60,7 +60,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 
-from . import api, phases
+from . import api, loop_target, phases
 from .advise import change
 from .core import faults
 from .core.errors import BisectError
@@ -504,6 +504,8 @@ class Session:
         self.pid = os.getpid()
         self._coord: Any = None
         self.argv: Optional[list] = None  # the script's command line, under `run` (the tune section's command)
+        self.first_step: Optional[float] = None  # (clock) the loop's first optimizer step with no loader chosen
+        self.gave_up: Optional[str] = None  # why the loop was stopped (or let train on) with no loader: _waiting
 
     # -- open and close ---------------------------------------------------------------
 
@@ -653,6 +655,67 @@ class Session:
         if self.chosen is None and self.target is None and self.current is not None and self.current.with_grad:
             ref = self._loaders.get(self.current.index)
             self.chosen = ref() if ref is not None else None
+        if self.chosen is None and self.state == "choosing":
+            self._waiting(sys._getframe(1))
+
+    # -- never silent: a loop that iterates nothing the tool can cache ------------------
+
+    def _waiting(self, frame: Any) -> None:
+        """The loop steps its optimizer and no training loader is chosen: said at its first
+        step (what the loop iterates, and how long the tool waits); once the loop has run
+        for --max-seconds from that step, the script is stopped with the one paragraph
+        that says why (`gave_up`), or, with keep_training, let train on."""
+        now = self.clock()
+        if self.first_step is None:
+            self.first_step = now
+            target = self._loop_target(frame)
+            over = (f"your loop ({target.where}) takes optimizer steps over {target.what}" if target is not None else
+                    "your script takes optimizer steps outside any `for` loop the tool could read")
+            self._say(f"waiting for a training loader the tool can cache: {over}, not over a DataLoader or a "
+                      f"torchdata.nodes Loader; it waits {self.options.max_seconds:g} s (--max-seconds) for one")
+        elif now - self.first_step >= self.options.max_seconds:
+            self.gave_up = self._never_silent(self._loop_target(frame), now - self.first_step)
+            if self.keep_training:  # said now (and again when the script ends); stopped, it is said once then
+                self._say(self.gave_up)
+                self.state = "done"  # its loaders yield their own batches from now on
+                return
+            self.ended = ("stopped", None)
+            raise ScriptStopped()
+
+    def _loop_target(self, frame: Any) -> Optional[loop_target.Target]:
+        skipped = _skipped_dirs()
+
+        def user_code(f: Any) -> bool:
+            name = f.f_code.co_filename
+            return not name.startswith("<") and not os.path.abspath(name).startswith(skipped)
+
+        def site_of(obj: Any) -> Optional[str]:
+            try:
+                return self._site_of.get(obj)
+            except TypeError:  # not weakly referable: no loader of ours
+                return None
+        try:
+            return loop_target.find(frame, user_code, site_of)
+        except Exception:  # reading the frames is best effort: the message says less
+            return None
+
+    def _never_silent(self, target: Optional[loop_target.Target], waited: float) -> str:
+        """The one paragraph said when the loop ran for --max-seconds without a training
+        loader the tool can cache."""
+        loop = (f"your loop ({target.where}: `{target.line}`) iterates {target.what}, {target.why}."
+                if target is not None else
+                "its optimizer steps are not taken inside a `for` loop the tool could read.")
+        seen = "; ".join(f"#{x.index} {x.dataset} ({x.batches} batches, created at {x.created_at or '?'})"
+                         for x in self.seen)
+        return (f"no training loader after {waited:.0f} s of your training loop (--max-seconds "
+                f"{self.options.max_seconds:g}, from its first optimizer step): {loop}"
+                + (f" Loaders it iterated: {seen}." if seen else "")
+                + (" It trains on (--keep-training)." if self.keep_training else
+                   " The script is stopped (--keep-training lets it train on)."))
+
+    def _say(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress({"event": "waiting", "message": message})
 
     def epoch_ended(self) -> None:
         self._void()
@@ -784,7 +847,7 @@ class Session:
     def _nothing_measured(self) -> Any:
         """The measurements of a run whose script ended before a training loader was
         chosen: every point not run, and the loaders seen (the partial --json)."""
-        why = f"no training loader was found: {self.summary_of_what_was_seen()}"
+        why = self.gave_up or f"no training loader was found: {self.summary_of_what_was_seen()}"
         dev = self.device or self.step_device or devices.resolve(None)
         return Measurements(device=str(dev), batch_size=1, points=tuple(
             PointResult(name, "not run", reason=why) for name in POINTS), complete=False, mode="loop",
