@@ -15,6 +15,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import dis
+import inspect
 import linecache
 import os
 import types
@@ -153,6 +154,8 @@ def describe(obj: Any, name: Optional[str], site_of: Callable[[Any], Optional[st
                 "loaders)")
     if isinstance(obj, types.GeneratorType):
         what = f"a generator ({obj.__qualname__}{_defined(obj)})"
+    elif inspect.isgeneratorfunction(obj):
+        what = f"a generator, {name}(...) ({obj.__qualname__}{_defined(obj)})"
     elif callable(obj) and not _iterable(obj):
         what = f"what {name}(...) returns ({getattr(obj, '__qualname__', full)}{_defined(obj)})"
     else:

@@ -21,6 +21,10 @@ is rebuilt from a shallow copy with its `.source` replaced.
 
 Recognised by class names: torchdata is imported only where the user's objects come
 from it.
+
+Why one module: the chain read once (Node, cuts_of), the settings the measuring layer
+and the advice read of it (NodeSpec) and its rebuild from a cut (NodeSpec.build) are
+one reading of one graph; each part changes with the others when torchdata adds a node.
 """
 
 from __future__ import annotations
