@@ -73,6 +73,11 @@ from .pipeline.step import to_device
 from .report import Report
 from .report.ranks import combine
 
+# A loop that takes batches of a loader but no optimizer step is told it waits after this
+# share of --max-seconds (6 s at the default 60): a loop that accumulates gradients takes
+# several batches before its first step, and a training loop is chosen at that step.
+SAY_WAITING_SHARE = 0.1
+
 # Frames of these packages are not where a loader is created: its creator is the first
 # frame outside them (the user's script).
 _FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "accelerate", "transformers", "bisect_pipeline", "runpy")
@@ -504,7 +509,10 @@ class Session:
         self.pid = os.getpid()
         self._coord: Any = None
         self.argv: Optional[list] = None  # the script's command line, under `run` (the tune section's command)
-        self.first_step: Optional[float] = None  # (clock) the loop's first optimizer step with no loader chosen
+        self.first_step: Optional[float] = None  # (clock) the loop's first step or batch with no loader chosen
+        self.first_by = "optimizer step"
+        self._said_waiting = False
+        self.stepped = False  # an optimizer step was seen
         self.gave_up: Optional[str] = None  # why the loop was stopped (or let train on) with no loader: _waiting
 
     # -- open and close ---------------------------------------------------------------
@@ -645,8 +653,11 @@ class Session:
     def observed(self, seen: Seen) -> None:
         self.current = seen
         seen.with_grad = torch.is_grad_enabled()
+        if self.chosen is None and self.state == "choosing":
+            self._waiting(sys._getframe(1), seen)
 
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None:
+        self.stepped = True
         if self.step_device is None:
             self.step_device = _param_device(optimizer)
         cand = self._candidate() if self._candidate is not None else None
@@ -660,21 +671,31 @@ class Session:
 
     # -- never silent: a loop that iterates nothing the tool can cache ------------------
 
-    def _waiting(self, frame: Any) -> None:
-        """The loop steps its optimizer and no training loader is chosen: said at its first
-        step (what the loop iterates, and how long the tool waits); once the loop has run
-        for --max-seconds from that step, the script is stopped with the one paragraph
-        that says why (`gave_up`), or, with keep_training, let train on."""
+    def _waiting(self, frame: Any, seen: Optional[Seen] = None) -> None:
+        """The loop runs (it takes optimizer steps, or batches of a loader: `seen`) and no
+        training loader is chosen: said once (what the loop iterates, and how long the
+        tool waits): at once after an optimizer step, after SAY_WAITING_SHARE of
+        --max-seconds of batches (a loop with gradient accumulation takes several before
+        its first step); once the loop has run for --max-seconds, the script is stopped
+        with the one paragraph that says why (`gave_up`), or, with keep_training, let
+        train on."""
         now = self.clock()
         if self.first_step is None:
-            self.first_step = now
-            target = self._loop_target(frame)
-            over = (f"your loop ({target.where}) takes optimizer steps over {target.what}" if target is not None else
-                    "your script takes optimizer steps outside any `for` loop the tool could read")
-            self._say(f"waiting for a training loader the tool can cache: {over}, not over a DataLoader or a "
-                      f"torchdata.nodes Loader; it waits {self.options.max_seconds:g} s (--max-seconds) for one")
-        elif now - self.first_step >= self.options.max_seconds:
-            self.gave_up = self._never_silent(self._loop_target(frame), now - self.first_step)
+            self.first_step, self.first_by = now, "optimizer step" if seen is None else "batch"
+        waited = now - self.first_step
+        if not self._said_waiting and (seen is None or waited >= SAY_WAITING_SHARE * self.options.max_seconds):
+            self._said_waiting = True
+            target = self._loop_target(frame, seen)
+            if target is None:
+                over = "your script takes optimizer steps outside any `for` loop the tool could read"
+            elif seen is not None and not self.stepped:
+                over = f"your loop ({target.where}) takes batches of {target.what} but no optimizer step"
+            else:
+                over = f"your loop ({target.where}) takes optimizer steps over {target.what}"
+            self._say(f"waiting for a training loader the tool can cache: {over}; it waits "
+                      f"{self.options.max_seconds:g} s (--max-seconds) for one")
+        if waited >= self.options.max_seconds:
+            self.gave_up = self._never_silent(self._loop_target(frame, seen), waited)
             if self.keep_training:  # said now (and again when the script ends); stopped, it is said once then
                 self._say(self.gave_up)
                 self.state = "done"  # its loaders yield their own batches from now on
@@ -682,7 +703,9 @@ class Session:
             self.ended = ("stopped", None)
             raise ScriptStopped()
 
-    def _loop_target(self, frame: Any) -> Optional[loop_target.Target]:
+    def _loop_target(self, frame: Any, seen: Optional[Seen] = None) -> Optional[loop_target.Target]:
+        """What the loop iterates (loop_target.find); where it takes batches of a loader it
+        does not iterate in that `for` (`seen`), that loader at the loop's line."""
         skipped = _skipped_dirs()
 
         def user_code(f: Any) -> bool:
@@ -695,20 +718,29 @@ class Session:
             except TypeError:  # not weakly referable: no loader of ours
                 return None
         try:
-            return loop_target.find(frame, user_code, site_of)
+            target = loop_target.find(frame, user_code, site_of)
+            ref = self._loaders.get(seen.index) if seen is not None else None
+            loader = ref() if ref is not None else None
+            if loader is not None and (target is None or target.obj is not loader):
+                return loop_target.at(frame, loader, user_code, site_of, seen.index)
+            if target is not None and seen is not None and target.obj is loader:
+                what, why = loop_target.describe(loader, None, site_of, seen.index)
+                return dataclasses.replace(target, what=what, why=why)
+            return target
         except Exception:  # reading the frames is best effort: the message says less
             return None
 
     def _never_silent(self, target: Optional[loop_target.Target], waited: float) -> str:
         """The one paragraph said when the loop ran for --max-seconds without a training
         loader the tool can cache."""
-        loop = (f"your loop ({target.where}: `{target.line}`) iterates {target.what}, {target.why}."
+        takes = "iterates" if target is None or target.line.startswith("for ") else "takes batches of"
+        loop = (f"your loop ({target.where}: `{target.line}`) {takes} {target.what}, {target.why}."
                 if target is not None else
                 "its optimizer steps are not taken inside a `for` loop the tool could read.")
         seen = "; ".join(f"#{x.index} {x.dataset} ({x.batches} batches, created at {x.created_at or '?'})"
                          for x in self.seen)
-        return (f"no training loader after {waited:.0f} s of your training loop (--max-seconds "
-                f"{self.options.max_seconds:g}, from its first optimizer step): {loop}"
+        return (f"no training loader after {waited:.0f} s of your loop (--max-seconds {self.options.max_seconds:g}, "
+                f"from its first {self.first_by}): {loop}"
                 + (f" Loaders it iterated: {seen}." if seen else "")
                 + (" It trains on (--keep-training)." if self.keep_training else
                    " The script is stopped (--keep-training lets it train on)."))

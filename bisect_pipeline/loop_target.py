@@ -57,6 +57,22 @@ def find(frame: Any, user_code: Callable[[Any], bool], site_of: Callable[[Any], 
     return None
 
 
+def at(frame: Any, obj: Any, user_code: Callable[[Any], bool], site_of: Callable[[Any], Optional[str]],
+       index: Optional[int] = None) -> Optional[Target]:
+    """The loop's place where it takes batches of `obj` (a loader it iterates, known to
+    the caller) without a `for` over it (`next(it)` in a `while` or a `for i in range`):
+    the first frame of the user's code around `frame`, its line, and `obj` described."""
+    f = frame
+    while f is not None and not user_code(f):
+        f = f.f_back
+    if f is None:
+        return None
+    path = f.f_code.co_filename
+    what, why = describe(obj, None, site_of, index)
+    return Target(f"{os.path.abspath(path)}:{f.f_lineno}", linecache.getline(path, f.f_lineno).strip(), what, why,
+                  obj)
+
+
 def _enclosing_for(frame: Any) -> Optional[tuple]:
     """(the instructions, the index of the innermost FOR_ITER whose body holds the
     frame's current instruction), or None."""
@@ -138,8 +154,10 @@ def _defined(fn: Any) -> str:
     return f", defined at {os.path.abspath(code.co_filename)}:{code.co_firstlineno}"
 
 
-def describe(obj: Any, name: Optional[str], site_of: Callable[[Any], Optional[str]]) -> tuple[str, str]:
-    """(what the loop iterates, as a phrase; why the tool cannot cache it)."""
+def describe(obj: Any, name: Optional[str], site_of: Callable[[Any], Optional[str]],
+             index: Optional[int] = None) -> tuple[str, str]:
+    """(what the loop iterates, as a phrase; why the tool cannot cache it). `index`: the
+    loader's place in the order the script iterates loaders, where known (--loader N)."""
     cls = type(obj)
     full = f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ != "builtins" else cls.__qualname__
     site = site_of(obj) if obj is not None else None
@@ -148,10 +166,11 @@ def describe(obj: Any, name: Optional[str], site_of: Callable[[Any], Optional[st
         return "nothing the tool could look up", "the tool could not read the loop's iterable from its frame"
     if isinstance(obj, DataLoader) or nodes.is_graph(obj):
         shown = f"torchdata.nodes.{cls.__name__}" if nodes.is_graph(obj) else full
-        return (f"a {shown}{made} ({name})",
-                "which the tool can measure, but it was not chosen: no optimizer step was taken between two of its "
-                "batches with grad enabled. Name it with --loader N (its place in the order your script iterates "
-                "loaders)")
+        n = f"--loader {index}" if index else "--loader N (its place in the order your script iterates loaders)"
+        return (f"a {shown}{made}" + (f" ({name})" if name else ""),
+                "which the tool can measure, but it was not chosen as your training loader: no optimizer step was "
+                "taken between two of its batches with grad enabled, so there is no training step to measure. To "
+                f"measure it with your loop's own work between two batches as the step, name it with {n}")
     if isinstance(obj, types.GeneratorType):
         what = f"a generator ({obj.__qualname__}{_defined(obj)})"
     elif inspect.isgeneratorfunction(obj):

@@ -50,7 +50,7 @@ def test_the_loop_is_told_at_its_first_step_and_stopped_after_max_seconds_of_it(
     assert "test_never_silent.py" in waiting[0] and "batches" in waiting[0]
     assert clock.t == 105.0  # stopped at the step 5 s after the first: the 6th
     msg = s.gave_up
-    assert msg.startswith("no training loader after 5 s of your training loop (--max-seconds 5")
+    assert msg.startswith("no training loader after 5 s of your loop (--max-seconds 5, from its first optimizer step)")
     assert "`for x, y in batches(steps):`" in msg and "a generator, batches(...) (batches, defined at" in msg
     assert "not a torch DataLoader or a torchdata.nodes Loader" in msg and "The script is stopped" in msg
     assert s.report is not None and s.report.measurements.source["ended"]["no_loader"] == msg  # the partial JSON
@@ -115,6 +115,27 @@ def test_the_loop_target_is_read_from_the_for_statement_around_the_step():
     assert "not a torch DataLoader" in t.why
 
 
+def test_a_loop_that_takes_batches_but_no_optimizer_step_is_told_after_a_share_and_names_the_loader():
+    """pytorch/data's nodes imagenet_benchmark.py: `it = iter(loader)` then `next(it)` in
+    a `for i in range(...)`, no optimizer: the loader is named, with --loader 1."""
+    import torchdata.nodes as tn
+
+    clock, events = FakeClock(), []
+    with Session(max_seconds=10, clock=clock, progress=events.append) as s:
+        loader = tn.Loader(tn.Batcher(tn.IterableWrapper(list(range(10 ** 6))), 4))
+        it = iter(loader)
+        for i in range(100):
+            next(it)
+            clock.t += 0.5
+    assert clock.t == 10.0  # stopped at the batch 10 s after the first
+    waiting = [e["message"] for e in events if e["event"] == "waiting"]
+    assert len(waiting) == 1 and "takes batches of a torchdata.nodes.Loader created at" in waiting[0]
+    assert "but no optimizer step" in waiting[0]
+    msg = s.gave_up
+    assert "from its first batch" in msg and "`next(it)`" in msg and "--loader 1" in msg
+    assert "there is no training step to measure" in msg
+
+
 def test_a_loader_iterated_but_not_chosen_is_named_with_how_to_choose_it():
     loader = torch.utils.data.DataLoader(list(range(4)))
     for _ in loader:
@@ -146,7 +167,7 @@ def test_a_script_over_a_generator_exits_1_within_max_seconds_with_the_paragraph
     wall = time.monotonic() - t0
     assert r.returncode == 1, r.stderr
     assert "waiting for a training loader" in r.stderr
-    assert "no training loader after 2 s of your training loop" in r.stderr
+    assert "no training loader after 2 s of your loop" in r.stderr
     assert "gen.py:11: `for x, y in stream():`" in r.stderr and "a generator, stream(...)" in r.stderr
     assert wall < 60  # the script alone would never end (start-up is the rest)
     assert (tmp_path / "out.json").exists()

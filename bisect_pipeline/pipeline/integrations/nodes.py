@@ -403,12 +403,18 @@ class NodeSpec:
 
     @property
     def batches_per_epoch(self) -> Optional[int]:
-        """Batches in one epoch, where the source has a length and only Mappers and a
-        Batcher follow it (a Mapper keeps the count, a Batcher divides it)."""
-        src = self.chain[0].node
+        """Batches in one epoch, where the source's length is its epoch's (a sampler; a
+        sequence an IterableWrapper reads through __getitem__: a list, a map-style
+        Dataset; not an iterable with a __len__ of its own and an __iter__ that may yield
+        more, or forever) and only Mappers and a Batcher follow it (a Mapper keeps the
+        count, a Batcher divides it)."""
+        src = self.chain[0]
+        data = src.node.iterable if src.kind == "iterable" else getattr(src.node, "sampler", None)
+        if src.kind == "iterable" and not isinstance(data, (list, tuple, range)) and hasattr(type(data), "__iter__"):
+            return None
         try:
-            n = len(src.iterable if self.chain[0].kind == "iterable" else src.sampler)
-        except (TypeError, AttributeError):
+            n = len(data)
+        except TypeError:
             return None
         for node in self.chain[1:]:
             if node.kind == "batch":
