@@ -701,6 +701,7 @@ class Session:
                 self.state = "done"  # its loaders yield their own batches from now on
                 return
             self.ended = ("stopped", None)
+            self._stop_graphs()
             raise ScriptStopped()
 
     def _loop_target(self, frame: Any, seen: Optional[Seen] = None) -> Optional[loop_target.Target]:
@@ -796,7 +797,18 @@ class Session:
             self._report(interrupted=False)
         if self.keep_training and self.error is None:
             raise _Passthrough()
+        self._stop_graphs()
         raise ScriptStopped(self.report, self.error)
+
+    def _stop_graphs(self) -> None:
+        """Before the tool stops the script: the threads of the node graphs it iterated
+        (its own iterators, left running in its loop) are stopped, or the interpreter's
+        exit aborts in them (a thread inside torch at exit: 'terminate called without an
+        active exception')."""
+        for ref in self._loaders.values():
+            loader = ref()
+            if loader is not None and nodes.is_graph(loader):
+                graph.shutdown(loader)
 
     def _stream(self) -> Iterator:
         """Every phase's visits (phases.measure), their batches handed to the loop."""
