@@ -662,7 +662,7 @@ def _augment(c: _Context):
     found = list(c.r.cache.raw_transforms or ())
     numbers = {"augment_ms_per_batch": _r(ms), "isolated_ms_per_sample": per_sample,
                "transforms": found, "num_workers": c.workers}
-    which = ", ".join(found) or "the dataset's transforms"
+    which = ", ".join(found) or ("the graph's Mapper functions" if c.nodes else "the dataset's transforms")
     parts, named = _costliest_parts(aug.breakdown if aug is not None else None)
     if parts:
         numbers["parts"] = parts

@@ -135,3 +135,19 @@ def test_the_install_hint_names_the_nodes_extra():
 
     assert EXTRAS["torchdata"] == "nodes"
     assert "bisect-pipeline[nodes]" in install_hint(ModuleNotFoundError("no torchdata", name="torchdata.nodes"))
+
+
+def test_the_settings_tune_and_the_check_try_are_applied_on_the_graphs_nodes():
+    """tune.Space.candidate's and verify's settings (DataLoader's keys) rebuild the graph
+    with them: workers on its main Mapper, prefetch_factor on its Prefetcher;
+    persistent_workers and pin_memory=False change nothing a graph has."""
+    from bisect_pipeline.advise.tune import Space
+
+    spec = nodes.describe(the_usual(workers=2, prefetch=3))
+    user = {"num_workers": 2, "prefetch_factor": 3, "persistent_workers": False, "pin_memory": False,
+            "torch_num_threads": 2}
+    candidate = Space(user, (1, 2, 3), cores=4, on_cpu=True).candidate(3)
+    tried = spec.with_settings(Space(user).delta(candidate))
+    assert (tried.num_workers, tried.prefetch_factor, tried.pin_memory) == (3, 3, False)
+    assert tried.settings()["main_mapper"].startswith("ParallelMapper(_double, num_workers=2")  # the user's, read
+    assert spec.with_settings({}).overrides == {} and spec.num_workers == 2  # the user's spec untouched
