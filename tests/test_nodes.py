@@ -75,25 +75,33 @@ def test_a_loader_by_entry(tmp_path):
     assert {p["point"]: p["status"] for p in doc["points"]}["raw"] == "ok"
 
 
-def test_a_loader_under_run_is_the_training_loader_and_its_loop_the_step(tmp_path):
-    (tmp_path / "train.py").write_text(textwrap.dedent('''
-        import torch
-        from bisect_pipeline.testing import planted_nodes
+# A training script over planted_nodes: its Loader (`loader=True`), or its root node that
+# the loop resets and iterates itself each epoch.
+TRAIN = textwrap.dedent('''
+    import torch
+    from bisect_pipeline.testing import planted_nodes
 
-        model, loader = planted_nodes("augment", n=32)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        for epoch in range(200):
-            for x, y in loader:
-                opt.zero_grad()
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                opt.step()
-        '''))
-    r = cli_in_process("run", "--max-seconds", "10", "--verify-seconds", "0", "--json", "out.json", "train.py",
-                       cwd=tmp_path)
+    model, loader = planted_nodes("augment", n=32, loader={loader})
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for epoch in range(300):
+        {reset}
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    ''')
+
+
+@pytest.mark.parametrize("loader", [True, False], ids=["Loader", "root node"])
+def test_a_graph_under_run_is_the_training_loader_and_its_loop_the_step(tmp_path, loader):
+    (tmp_path / "train.py").write_text(TRAIN.format(loader=loader, reset="pass" if loader else "loader.reset()"))
+    r = cli_in_process("run", "--max-seconds", "10" if loader else "8", "--verify-seconds", "0", "--json", "out.json",
+                       "train.py", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "out.json").read_text())
     assert doc["mode"] == "loop" and doc["loader"]["kind"] == "torchdata.nodes"
     src = doc["source"]
-    assert src["created_at"].endswith("train.py:5") and src["dataset"] == "Loader over IterableWrapper"
+    assert src["created_at"].endswith("train.py:5")
+    assert src["dataset"] == ("Loader" if loader else "Prefetcher") + " over IterableWrapper"
     assert src["batch_size"] == 8 and src["batches"] > 0
     assert {p["point"]: p["status"] for p in doc["points"]}["raw"] == "ok"
