@@ -116,7 +116,8 @@ def derived_notes(d: Diagnosis) -> list:
     if d.cache.limited_by:
         out.append(cache_note(d.cache))
     workers, cores = d.loader.get("num_workers") or 0, d.run.cpu_count
-    if cores and workers > cores:
+    threads = advice_mod.is_graph(d.loader) and d.loader.get("method") == "thread"  # (threads that wait share cores)
+    if cores and workers > cores and not threads:
         out.append(Note("workers", f"num_workers={workers} is more than this machine's {cores} cores: use {cores} or "
                                    "fewer.", derived=True, detail="the workers compete for CPU"))
     held = d.run.allocator
