@@ -73,9 +73,10 @@ from .pipeline.step import to_device
 from .report import Report
 from .report.ranks import combine
 
-# A loop that takes batches of a loader but no optimizer step is told it waits after this
-# share of --max-seconds (6 s at the default 60): a loop that accumulates gradients takes
-# several batches before its first step, and a training loop is chosen at that step.
+# A loop with no training loader chosen is told it waits after this share of --max-seconds
+# (6 s at the default 60): a loop that accumulates gradients takes several batches before
+# its first step, at which its loader is chosen, and a short script with no loader ends
+# with its one paragraph alone.
 SAY_WAITING_SHARE = 0.1
 
 # Frames of these packages are not where a loader is created: its creator is the first
@@ -678,17 +679,15 @@ class Session:
 
     def _waiting(self, frame: Any, seen: Optional[Seen] = None) -> None:
         """The loop runs (it takes optimizer steps, or batches of a loader: `seen`) and no
-        training loader is chosen: said once (what the loop iterates, and how long the
-        tool waits): at once after an optimizer step, after SAY_WAITING_SHARE of
-        --max-seconds of batches (a loop with gradient accumulation takes several before
-        its first step); once the loop has run for --max-seconds, the script is stopped
-        with the one paragraph that says why (`gave_up`), or, with keep_training, let
-        train on."""
+        training loader is chosen: said once, after SAY_WAITING_SHARE of --max-seconds
+        (what the loop iterates, and how long the tool waits); once the loop has run for
+        --max-seconds, the script is stopped with the one paragraph that says why
+        (`gave_up`), or, with keep_training, let train on."""
         now = self.clock()
         if self.first_step is None:
             self.first_step, self.first_by = now, "optimizer step" if seen is None else "batch"
         waited = now - self.first_step
-        if not self._said_waiting and (seen is None or waited >= SAY_WAITING_SHARE * self.options.max_seconds):
+        if not self._said_waiting and waited >= SAY_WAITING_SHARE * self.options.max_seconds:
             self._said_waiting = True
             target = self._loop_target(frame, seen)
             if target is None:

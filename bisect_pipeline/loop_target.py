@@ -171,7 +171,9 @@ def describe(obj: Any, name: Optional[str], site_of: Callable[[Any], Optional[st
                 "which the tool can measure, but it was not chosen as your training loader: no optimizer step was "
                 "taken between two of its batches with grad enabled, so there is no training step to measure. To "
                 f"measure it with your loop's own work between two batches as the step, name it with {n}")
-    if isinstance(obj, types.GeneratorType):
+    if isinstance(obj, type) and obj.__module__ == "builtins":  # range(...), zip(...): no loader at all
+        what = f"{obj.__name__}(...), making its batches itself"
+    elif isinstance(obj, types.GeneratorType):
         what = f"a generator ({obj.__qualname__}{_defined(obj)})"
     elif inspect.isgeneratorfunction(obj):
         what = f"a generator, {name}(...) ({obj.__qualname__}{_defined(obj)})"

@@ -36,7 +36,7 @@ def train(clock, steps=50, per_step=1.0):
     return done
 
 
-def test_the_loop_is_told_at_its_first_step_and_stopped_after_max_seconds_of_it():
+def test_the_loop_is_told_after_a_tenth_of_max_seconds_and_stopped_after_all_of_it():
     clock, events, stopped = FakeClock(100.0), [], []
     with Session(max_seconds=5, clock=clock, progress=events.append) as s:  # (it ends the with block, as a script)
         try:
@@ -46,7 +46,7 @@ def test_the_loop_is_told_at_its_first_step_and_stopped_after_max_seconds_of_it(
             raise
     assert stopped
     waiting = [e["message"] for e in events if e["event"] == "waiting"]
-    assert len(waiting) == 1 and "waits 5 s (--max-seconds)" in waiting[0]
+    assert len(waiting) == 1 and "waits 5 s (--max-seconds)" in waiting[0]  # (said at the 2nd step: 1 s >= 0.5)
     assert "test_never_silent.py" in waiting[0] and "batches" in waiting[0]
     assert clock.t == 105.0  # stopped at the step 5 s after the first: the 6th
     msg = s.gave_up
