@@ -73,6 +73,16 @@ def test_map_style_wrapper_s_map_of_keys_is_the_load():
     assert spec.stage_of(1) == "load" and spec.batches_per_epoch == 8
 
 
+def test_a_collate_mapper_after_the_batcher_is_the_collate_not_a_map_of_whole_batches():
+    """MapStyleWrapper -> Batcher -> Mapper(default_collate) (torchdata's migration guide):
+    the __getitem__ map is load (with the dataset's transforms), the Mapper after the
+    Batcher the collate."""
+    root = tn.Mapper(tn.Batcher(tn.MapStyleWrapper(samples(), range(40)), 5), default_collate)
+    spec = nodes.describe(root)
+    assert (spec.cuts.raw, spec.cuts.augmented, spec.cuts.collated) == (None, 1, 3)
+    assert "augmented" not in spec.cuts.why and "raw and augmented coincide" in spec.cuts.why["raw"]
+
+
 def test_a_prebatched_mapper_is_read_with_its_own_function_and_source():
     src = tn.IterableWrapper(samples())
     root = tn.Batcher(tn.ParallelMapper(src, _double, num_workers=2, prebatch=4), 4)

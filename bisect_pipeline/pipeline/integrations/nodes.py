@@ -169,7 +169,8 @@ def cuts_of(chain: tuple) -> Cuts:
     raw, augmented = load_end, (augment[-1] if augment else load_end)
     source = "the map of the sampler's keys (the load)" if load_end else chain[0].describe()
     if not augment:
-        batch_maps = [i for i in range(collated + 1) if kinds[i] == "map" and i > load_end]
+        batch_maps = [i for i in range(collated + 1) if kinds[i] == "map" and i > load_end
+                      and not is_collate(chain[i].fn)]
         if batch_maps:
             augmented = None
             why["augmented"] = (f"the graph's Mapper ({chain[batch_maps[0]].describe()}) maps whole batches after the "
@@ -186,6 +187,16 @@ def cuts_of(chain: tuple) -> Cuts:
         why["collated"] = ("nothing after the Batcher (no PinMemory, no Prefetcher): no node hands batches over, so "
                            "collated and host coincide (no handoff)")
     return Cuts(raw, augmented, collated, augment, why)
+
+
+# A Mapper after the Batcher whose function is one of these collates (torch's, or a
+# function named as a collate_fn): the collate stage, not a map of whole batches.
+COLLATE_NAMES = ("default_collate", "default_convert", "collate", "collate_fn")
+
+
+def is_collate(fn: Any) -> bool:
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return name in COLLATE_NAMES or name.endswith("_collate_fn")
 
 
 def _source_copy(n: Node) -> Any:
