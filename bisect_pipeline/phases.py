@@ -96,9 +96,12 @@ def measure(exp: Experiment, options: Options, *, coord: Any, held: allocator.He
         yield counted
         exp.syncs = counted.syncs
     draft = exp.measurements(options.points, held=held.record(), interrupted=False)
-    exp.verification = yield from _verify(exp, to_check(draft), options.verify_seconds, tuning=options.tune)
-    if options.tune:
-        exp.tuning = yield from _tune(exp, draft, options.verify_seconds)
+    try:
+        exp.verification = yield from _verify(exp, to_check(draft), options.verify_seconds, tuning=options.tune)
+        if options.tune:
+            exp.tuning = yield from _tune(exp, draft, options.verify_seconds)
+    finally:
+        exp.close_kept()  # the pool of the user's side, kept from trial to trial (verify._visit)
 
 
 def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float], tuning: bool = False):

@@ -457,6 +457,9 @@ class Trial(Record):
     user_windows: tuple = ()
     candidate_windows: tuple = ()
     error: Optional[str] = None
+    # the candidate's first visit's opening and first batch: its workers' start, paid once
+    # where its pool is kept between its visits (verify.pool_start)
+    candidate_start_s: Optional[float] = None
 
 
 Confirmation._nested = {"trial": Trial}
