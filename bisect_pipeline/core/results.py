@@ -544,6 +544,8 @@ class RunInfo(Record):
     allocator: Optional[AllocatorHold] = None
     rounds: Optional[int] = None
     settled: Optional[bool] = None
+    # what settled it beyond the stop rule's margin: "both witnesses" (rounds.witnessed)
+    settled_by: Optional[str] = None
     remeasured: Optional[tuple] = None
     verdict_s: Optional[float] = None
     visits: Optional[int] = None
