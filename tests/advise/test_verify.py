@@ -70,6 +70,7 @@ class FakeRun:
         self.emit = self.events.append
         self.least = 0.0  # the least time of a visit (0: the step's time not known)
         self.results: dict = {}  # the bisection's points (verify.Lead.of_point)
+        self.end = 0.0  # the hard end (tune.Search moves it into the change's share)
 
     def least_visit_seconds(self, name, spec=None, *, windows=None, spare=0) -> float:
         return self.least
