@@ -171,6 +171,7 @@ def check(m: Measurements, target: Target, *, end: Optional[float] = None, secon
     settings = dict(settings_to_write(m) or {})
     start = clock()
     runs: list = []
+    loaders: list = []
     error = None
     with _patched_copy(target, p) as copy:
         for i in range(2):
@@ -189,9 +190,12 @@ def check(m: Measurements, target: Target, *, end: Optional[float] = None, secon
                 error = f"the patched script: {error}"
                 break
             runs.append(windows)
+            loaders.append(loader)
             if i + 1 >= n and (len(_rounds(runs)) >= 2 or end is None or not _fits_another(m, end - clock())):
                 break
-    applied = Trial("applied", settings, (), _dump(runs), error)
+    pauses = [loader.get("epoch_ms_per_batch") for loader in loaders if loader] if error is None else []
+    applied = Trial("applied", settings, (), _dump(runs), error,
+                    epoch_ms_per_batch=max((p for p in pauses if p is not None), default=None))
     out = dataclasses.replace(m, tune=dataclasses.replace(t, applied=applied))
     spent = {**((m.run.budget or {}).get("spent") or {}), "patching": round(clock() - start, 3)}
     if m.run.budget:
@@ -313,7 +317,10 @@ def run_once(command: list, env: dict, limit: Optional[float] = None) -> tuple[l
     # one window is a run's time per batch (its visit's, outcome.compared pairs the runs);
     # none is a run out of time, not a failure of the script: its place stays empty
     windows = full.get("windows") or []
-    return windows, doc.get("loader"), None
+    # the loader's settings as the run measured them, with the pause at each epoch's start
+    # its windows leave out (read beside the search's figure, whose windows hold it)
+    pause = ((doc.get("run") or {}).get("epoch_start") or {}).get("ms_per_batch")
+    return windows, dict(doc.get("loader") or {}, epoch_ms_per_batch=pause), None
 
 
 def _dump(runs: list) -> tuple:

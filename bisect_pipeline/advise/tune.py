@@ -380,7 +380,11 @@ def _agrees(applied: Optional[Trial], b: Optional[Tried], searched: Optional[Tri
     """Does the patched script's speed agree with the search's figure for the setting (the
     one comparison on the log of their ratio: the patched script's visits against the
     best's own, unpaired; an older document's alternating runs: their speed-up against
-    the best's, both trials' noise)? None when either is missing."""
+    the best's, both trials' noise)? None when either is missing. The search's windows
+    hold the pause at each epoch's start (its visits end their epochs as the loop does),
+    the patched run's do not: its figure is a range, from its windows' time to that plus
+    the pause its run estimated (at most: its first batch less a step), and it agrees
+    unless the search's figure lies beyond the noise on either side of it."""
     if applied is None or applied.error or b is None:
         return None
     if applied.user_windows:
@@ -388,13 +392,17 @@ def _agrees(applied: Optional[Trial], b: Optional[Tried], searched: Optional[Tri
         if c is None or b.log is None:
             return None
         d = difference(c, b.log)
-    else:
-        ours = visit_times(searched.candidate_windows) if searched is not None else {}
-        patched = visit_times(applied.candidate_windows)
-        if not ours or not patched:
-            return None
-        d = unpaired(list(ours.values()), list(patched.values()))
-    return None if not math.isfinite(d.se) else not compare(d, 1.0).real
+        return None if not math.isfinite(d.se) else not compare(d, 1.0).real
+    ours = list(visit_times(searched.candidate_windows).values()) if searched is not None else []
+    patched = list(visit_times(applied.candidate_windows).values())
+    if not ours or not patched:
+        return None
+    pause = (applied.epoch_ms_per_batch or 0.0) / 1e3
+    low = unpaired(ours, patched)  # log(search / patched): < 0, the search faster than its windows
+    high = unpaired(ours, [t + pause for t in patched])  # > 0, the search slower than them with the pause
+    if not (math.isfinite(low.se) and math.isfinite(high.se)):
+        return None
+    return not ((low.estimate < 0 and compare(low, 1.0).real) or (high.estimate > 0 and compare(high, 1.0).real))
 
 
 def _summary(t: Tuning, ts: list, b: Optional[Tried], top: bool, ceiling: Optional[float]) -> str:

@@ -460,6 +460,9 @@ class Trial(Record):
     # the candidate's first visit's opening and first batch: its workers' start, paid once
     # where its pool is kept between its visits (verify.pool_start)
     candidate_start_s: Optional[float] = None
+    # the patched script's run (change.check): the pause at each epoch's start its windows
+    # leave out, per batch, as that run estimated it (run.epoch_start.ms_per_batch)
+    epoch_ms_per_batch: Optional[float] = None
 
 
 Confirmation._nested = {"trial": Trial}
