@@ -253,6 +253,19 @@ def test_the_space_is_pruned_from_the_stage_costs():
     assert keeps_up.workers == () and keeps_up.reason.startswith("the pipeline keeps up with the step (verdict none)")
 
 
+def test_a_named_stage_is_searched_however_noisy_the_gap():
+    # a noisy 2-core machine named load on the stages' costs alone (96% of the loss), its
+    # gap to the ceiling within a wide noise: the search skipped it, "within the noise of
+    # the ceiling"; a named stage is an input cost, and only a verdict naming none skips
+    import dataclasses
+
+    d = planted({"device": 20.0, "augmented": 20.0, "raw": 60.0, "full": 60.0}, needed=2)
+    noisy = dataclasses.replace(d, verdict=dataclasses.replace(d.verdict, gap_sigma=1.0))
+    assert noisy.verdict.bottleneck == "augment" and tune.space_of(noisy, cores=8, threads=1).reason is None
+    unsure = dataclasses.replace(noisy, verdict=dataclasses.replace(noisy.verdict, bottleneck="inconclusive"))
+    assert tune.space_of(unsure, cores=8, threads=1).reason.startswith("your full pipeline is within the noise")
+
+
 def test_a_stage_that_waits_more_than_it_computes_lets_the_search_past_the_cores():
     # issue 43: load alone takes 10 ms a sample of which 1 ms is CPU (an object store):
     # 12 workers would feed the step; on 4 cores the search goes up to 13, not 4
