@@ -65,6 +65,7 @@ from .core.results import Measurements, PointResult
 from .derive.verdict import POINTS
 from .measure import allocator, devices, distributed, sources
 from .phases import Options
+from .pipeline.integrations import webdataset
 from .pipeline.step import to_device
 from .report import Report
 from .report.ranks import combine
@@ -159,6 +160,8 @@ def _patched_iter(self: DataLoader) -> Any:
     s = _current()
     if s is None or s.busy:
         return _ORIGINAL["iter"](self)
+    if "webdataset" in sys.modules and self not in s.loop_stages:  # iterated by a WebLoader?
+        s.loop_stages[self] = webdataset.loop_stages_of(self, sys._getframe(1))
     return s.iterate(self)
 
 
@@ -401,6 +404,9 @@ class Session:
         self._sites: dict = {}  # id(dataset) -> where its first loader was created
         self._site_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # loader -> where it was created
         self._born: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # loader -> when it was created (clock)
+        # loader -> the stages the loop runs on its batches in its own process (the WebLoader
+        # iterating it: integrations.webdataset.LoopStages), or None
+        self.loop_stages: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.args: Any = None  # the script's command line as its argparse parsed it (the last parse)
         self.expected: Optional[dict] = None  # the batches the script trains on, where its epochs are known
         self.created_count = 0
@@ -635,6 +641,7 @@ class Session:
         exp = self.exp = api.start(spec, dev, self.options, coord=coord, clock=self.clock, progress=self.progress,
                                    loop=True, started=self._born.get(self.chosen))
         exp.move = lambda batch: to_device(batch, dev)  # where the device point's batches are put
+        exp.loop_stages = self.loop_stages.get(self.chosen)  # run by the loop itself, timed alone
         exp.room = self._room
         self.expected = self._expected() if coord is None else None
         exp.batches_left = self._batches_left

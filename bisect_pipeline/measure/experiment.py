@@ -89,6 +89,9 @@ class Experiment:
     # loader's length times the epochs its command line asks for); None: as many as asked
     batches_left: Callable[[], Optional[int]] = lambda: None
     wrapper: Any = None  # the user's loader wrapper every point's batches go through (integrations.timm)
+    # stages the user's loop runs in its own process on the loader's batches (a webdataset
+    # WebLoader's: integrations.webdataset.LoopStages), timed alone as their own line
+    loop_stages: Any = None
     results: dict = dataclasses.field(default_factory=dict)
     notes: list = dataclasses.field(default_factory=list)  # results.Note, as seen while measuring
     visits: int = 0
@@ -216,6 +219,7 @@ class Experiment:
         move, dev = wl.to_device or default_to_device, self.device
         self.move = lambda batch: move(batch, dev)
         self.wrapper = wl.wrapper
+        self.loop_stages = wl.loop_stages
 
     def not_applicable(self, name: str) -> Optional[PointResult]:
         if name == "host" and self.device.type == "cpu":
@@ -223,7 +227,7 @@ class Experiment:
         if name == "collated" and self.spec.num_workers == 0 and not (self.spec.pin_memory and self.device.type != "cpu"):
             return PointResult(name, "skipped", reason="num_workers=0: no worker hands batches over and nothing pins "
                                                        "them, so collated and host coincide (no handoff)")
-        if name == "raw" and self.caches is not None and self.caches.raw_calls is None:
+        if name == "raw" and self.caches is not None and not self.caches.has_raw:
             return PointResult(name, "unavailable", reason=self.caches.raw_reason)
         return None
 
@@ -296,7 +300,8 @@ class Experiment:
         full_loader)."""
         spec = spec or self.spec
         return (name not in ("host", "device") and spec.num_workers > 0 and self.wrapper is None
-                and spec.loader_cls is DataLoader and not (name == "full" and spec.iterable)
+                and self.loop_stages is None and spec.loader_cls is DataLoader and not (name == "full" and spec.iterable)
+                and not (name in ("raw", "augmented") and self.caches is not None and self.caches.stages is not None)
                 and (not epochs or bool(spec.persistent_workers)))
 
     def resumes(self, name: str) -> bool:
@@ -358,12 +363,24 @@ class Experiment:
 
     def _source(self, name: str, spec: LoaderSpec, epochs: bool, calls: Optional[list] = None,
                 park: bool = False) -> tuple:
+        """The point's batch source and transfer; with a WebLoader's stages under --entry,
+        every point's batches go through them, the device point's too, as in the user's
+        loop (under `run` the loop runs them itself)."""
+        source, move = self._point_source(name, spec, epochs, calls, park)
+        if self.loop_stages is not None and not self.loop:
+            source = self.loop_stages.through(source)
+        return source, move
+
+    def _point_source(self, name: str, spec: LoaderSpec, epochs: bool, calls: Optional[list] = None,
+                      park: bool = False) -> tuple:
         caches = self.caches
         if name == "device":
             host = sources.host_batches(caches, spec, self.device)
             return sources.cached_source(sources.device_batches(host, self.move, self.device), self.fresh), None
         if name == "full":
             source = sources.full_loader(spec, caches.dataset if caches else _tagged_copy(spec), epochs, park)
+        elif name in ("raw", "augmented") and caches.stages is not None:  # a pipeline cut into its stages
+            source = sources.stream_loader(spec, caches.stages.replay(name))
         elif name == "raw":
             source = sources.sample_loader(spec, sources.RawReplay(caches.samples, calls or caches.raw_calls),
                                            caches.groups, park)

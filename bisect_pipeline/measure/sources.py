@@ -418,11 +418,7 @@ def full_loader(spec: LoaderSpec, dataset: Any = None, epochs: bool = False, par
     park = park and not spec.iterable and (not epochs or bool(spec.persistent_workers))
     kw = _kwargs(spec, faults.Tagged(spec.collate_fn, "collate"), park)
     if spec.iterable:
-        def make() -> DataLoader:
-            if spec.auto_collation:
-                return spec.loader_cls(dataset, batch_size=spec.batch_size, drop_last=spec.drop_last, **kw)
-            return spec.loader_cls(dataset, batch_size=None, **kw)
-        return LoaderSource(make, restart=True)
+        return stream_loader(spec, dataset, kw)
 
     def make() -> DataLoader:
         # one epoch of a copy of the user's sampler per iter(), or its order cycled forever
@@ -434,6 +430,19 @@ def full_loader(spec: LoaderSpec, dataset: Any = None, epochs: bool = False, par
             return spec.loader_cls(dataset, batch_sampler=_index(batches, park, epochs), **kw)
         return spec.loader_cls(dataset, batch_size=None, sampler=_index(sampler, park, epochs), **kw)
     return LoaderSource(make, restart=epochs)
+
+
+def stream_loader(spec: LoaderSpec, dataset: Any, kw: Optional[dict] = None) -> LoaderSource:
+    """An IterableDataset in the user's loader settings, started again where it ends:
+    `full` of an IterableDataset, and the `raw` and `augmented` replays of a pipeline cut
+    into its stages (integrations.webdataset.Cuts.replay)."""
+    kw = kw if kw is not None else _kwargs(spec, faults.Tagged(spec.collate_fn, "collate"))
+
+    def make() -> DataLoader:
+        if spec.auto_collation:
+            return spec.loader_cls(dataset, batch_size=spec.batch_size, drop_last=spec.drop_last, **kw)
+        return spec.loader_cls(dataset, batch_size=None, **kw)
+    return LoaderSource(make, restart=True)
 
 
 def sample_loader(spec: LoaderSpec, dataset: Dataset, groups: list, park: bool = False) -> LoaderSource:

@@ -36,6 +36,9 @@ class Workload:
     # A library's wrapper that moves the loader's batches to the device in the user's
     # loop (timm's PrefetchLoader): set by integrations.adapt_workload, never by hand.
     wrapper: Any = dataclasses.field(default=None, init=False, repr=False)
+    # Stages the user's loop runs on the loader's batches in its own process (a webdataset
+    # WebLoader's): set by integrations.adapt_workload, never by hand.
+    loop_stages: Any = dataclasses.field(default=None, init=False, repr=False)
 
 
 def as_workload(obj: Any, where: str = "the entry function") -> Workload:

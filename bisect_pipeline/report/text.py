@@ -296,7 +296,10 @@ def _point_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
         tp = p.throughput if p.status == "ok" else None
         rate = r.rate(name) if tp else None
         if p.status == "ok":
-            note = _POINT_SHORT[name] + _pooled_note(r, name, rate)
+            short = _POINT_SHORT[name]
+            if name == "device" and loop_row(r) is not None:  # the loop's own stages run at every point
+                short = "step and your loop's stages (the ceiling)"
+            note = short + _pooled_note(r, name, rate)
         else:
             note = marks.mark(p.status, p.reason)
         rows.append([name, _fmt_rate(rate), f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
@@ -327,7 +330,26 @@ def _stage_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
                      "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
                      _fmt_rate(s.samples_per_sec_if_free), "-" if gain is None else f"{gain * 100:+.0f}%",
                      "; ".join(notes)])
+    loop = loop_row(r)
+    if loop is not None:
+        rows.append(loop)
     return rows
+
+
+def loop_row(r: "Diagnosis") -> Optional[list]:
+    """The row of the stages the loop runs in its own process (a webdataset WebLoader's),
+    timed alone: at every point alike, so in no stage's drop and not a stage; free of
+    them, full would lose their time per batch."""
+    iso = r.isolated
+    loop = iso.part("loop") if iso is not None else None
+    if loop is None or loop.ms_per_batch is None:
+        return None
+    full = r.rate("full")
+    per = r.measurements.batch_size / full if full else None
+    free = r.measurements.batch_size / (per - loop.ms_per_batch / 1e3) if per and per > loop.ms_per_batch / 1e3 else None
+    return ["in your loop", "-", f"{loop.ms_per_batch:.2f}", "-", _fmt_rate(free),
+            "-" if free is None else f"{(free / full - 1) * 100:+.0f}%",
+            f"{loop.label}; at every point, in no stage"]
 
 
 def noise_text(sigma: Optional[float], unit: str = "") -> str:
@@ -411,6 +433,9 @@ def _isolated_lines(r: "Diagnosis") -> list:
                 parts.append(f"{key} {val:.2f} {unit}" + (f" at {gbs:.1f} GB/s" if gbs else "") + _stacking(d))
             elif d is not None:
                 parts.append(f"{key} {d.status}")
+        loop = iso.part("loop")
+        if loop is not None and loop.ms_per_batch is not None:
+            parts.append(f"your loop's own stages {loop.ms_per_batch:.2f} ms/batch (in the step's time)")
         w = iso.workers
         if w is not None and w.ok and w.needed:
             fit = "enough" if w.fits else "not enough"
