@@ -104,11 +104,9 @@ class Rounds:
                 # unless --tune wants the rest for its search (exp.settle_undecided)
                 decided = v.bottleneck is not None and (v.bottleneck not in ("inconclusive", "tie")
                                                         or exp.settle_undecided)
-                if settled(v, exp.decide(SETTLE_NOISE_SCALE), exp.decide(1 / SETTLE_NOISE_SCALE)):
-                    self.info["settled"] = True
-                    break
-                if witnessed(v):  # the rest of the time goes to the work after the verdict
-                    self.info.update(settled=True, settled_by="both witnesses")
+                how = _settled(exp, v)
+                if how:
+                    self.info.update(how)
                     break
                 focus = deciding_points(v)
                 exp.close_kept(keep=focus)  # the workers of points no longer visited
@@ -253,6 +251,15 @@ def batches_note(left: int, need: int, min_rounds: int, points: int) -> Note:
     return Note("batches", f"Your script has about {left} batches left, {need} needed: run more epochs.",
                 detail=f"at least {min_rounds} rounds over {points} points, each visit its first batch, a warm-up and "
                        "its shortest windows; what fits is measured")
+
+
+def _settled(exp: Experiment, v) -> dict:
+    """Whether the rounds stop here, as the schedule's `info` says it: settled by the
+    stop rule's margin (verdict.settled), or by both witnesses at the minimum rounds
+    (`witnessed`: the rest of the time goes to the work after the verdict); {} to go on."""
+    if settled(v, exp.decide(SETTLE_NOISE_SCALE), exp.decide(1 / SETTLE_NOISE_SCALE)):
+        return {"settled": True}
+    return {"settled": True, "settled_by": "both witnesses"} if witnessed(v) else {}
 
 
 def witnessed(v) -> bool:
