@@ -34,13 +34,19 @@ def outcome(trial: Trial, batch_size: float) -> Outcome:
     if c is None:
         return Outcome(trial.settings, "not measured",
                        reason="out of time before two pairs of visits (one with your settings, one with these)")
+    return read(trial.settings, c, per_batch(trial))
+
+
+def read(settings: dict, c: Contrast, ms_per_batch: Optional[tuple]) -> Outcome:
+    """The Outcome of a log speed-up `c` (the candidate's over the user's) by the one
+    comparison: helps, no gain or slower, its figure, spread and interval."""
     cmp = judged(c)
     real = cmp.real and math.isfinite(cmp.sigma)
     status = "no gain" if not real else ("helps" if c.estimate > 0 else "slower")
     spread = math.expm1(cmp.threshold) if math.isfinite(cmp.threshold) else None
     low, high = (_exp(cmp.low), _exp(cmp.high)) if math.isfinite(cmp.sigma) else (None, None)
-    return Outcome(trial.settings, status, round(math.exp(c.estimate), 4), None if spread is None else round(spread, 4),
-                   ms_per_batch=per_batch(trial), low=low, high=high, pairs=c.rounds)
+    return Outcome(settings, status, round(math.exp(c.estimate), 4), None if spread is None else round(spread, 4),
+                   ms_per_batch=ms_per_batch, low=low, high=high, pairs=c.rounds)
 
 
 def _exp(x: float) -> Optional[float]:
@@ -53,7 +59,7 @@ def compared(trial: Trial) -> Optional[Contrast]:
     time over their steps); None before two pairs. Visit i of one side was taken next to
     visit i of the other (verify.alternate keeps a visit without windows in the count);
     windows written without their visit (an older document) are each a visit."""
-    a, b = _visit_times(trial.user_windows), _visit_times(trial.candidate_windows)
+    a, b = visit_times(trial.user_windows), visit_times(trial.candidate_windows)
     pairs = sorted(set(a) & set(b))
     if len(pairs) < 2:
         return None
@@ -65,7 +71,7 @@ def judged(c: Contrast) -> Comparison:
     return compare(c, 1.0)
 
 
-def _visit_times(windows: tuple) -> dict:
+def visit_times(windows: tuple) -> dict:
     """Each visit's time per step: its windows' total time over their total steps."""
     by_visit: dict = {}
     for k, w in enumerate(windows):

@@ -718,7 +718,8 @@ def tune_section(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> s
     if p.get("diff"):
         out.append('<pre class="diff">' + "".join(_diff_line(ln) for ln in p["diff"].splitlines()) + "</pre>")
     if f.applied is not None or t.applied_reason:
-        out.append(f'<p class="parts-note">{_e(text_mod.applied_text(f, t.applied_reason))}</p>')
+        alternating = bool(t.applied and t.applied.user_windows)
+        out.append(f'<p class="parts-note">{_e(text_mod.applied_text(f, t.applied_reason, alternating))}</p>')
     return "".join(out)
 
 

@@ -88,7 +88,8 @@ def _status(r: "Diagnosis") -> str:
     if r.bottleneck is None or run.verdict_s is None:
         return ""
     rounds = run.rounds or 0
-    after = f"({rounds} round{'s' if rounds != 1 else ''}, {run.verdict_s:.1f} s)"
+    by = f"; {run.settled_by}" if run.settled and run.settled_by else ""
+    after = f"({rounds} round{'s' if rounds != 1 else ''}, {run.verdict_s:.1f} s{by})"
     return f"Settled {after}." if run.settled else f"Not settled {after}."
 
 
