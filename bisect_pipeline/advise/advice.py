@@ -24,8 +24,9 @@ from ..core.results import BatchShape, Collate, Part, SampleStructure
 from ..core.stats import MIN_REL_DROP, is_real
 from ..derive.findings import Checked, Diagnosis as Report, Finding
 from ..derive.verdict import in_question
+from ..derive.witness import waits
 from ..measure.plan import EPOCH_WINDOW_S
-from .outcome import predicted
+from .outcome import NODE_SETTING, predicted, settings_text
 from .outcome import detail as outcome_detail, figure as outcome_figure, sentence as outcome_sentence
 
 
@@ -99,7 +100,7 @@ def reasoning(f: Finding) -> str:
     if not f.action:
         return ""
     v = f.verified
-    detail = outcome_detail(v) if v is not None else ""
+    detail = outcome_detail(v, bool(f.numbers.get("node_graph"))) if v is not None else ""
     measured = v is not None and v.status not in ("not measured",)
     tail = "" if measured or not f.check else f" {f.check}"
     return " ".join(((f.why or "") + detail + tail).split())
@@ -115,11 +116,11 @@ def compose(f: Finding) -> str:
 def checked(f: Finding, v: Checked) -> Finding:
     """The finding with what its check measured (outcome.verified), its message composed
     again; a finding made without an action gets the check's sentence appended."""
+    graph = bool(f.numbers.get("node_graph"))
     if not f.action:
-        return dataclasses.replace(f, message=f.message + outcome_sentence(v), verified=v)
+        return dataclasses.replace(f, message=f.message + outcome_sentence(v, graph), verified=v)
     recommended = f.numbers.get("recommended") or {}
     action = f.action
-    graph = bool(f.numbers.get("node_graph"))
     if (v.status == "helps" and v.settings and recommended and action == "Set " + settings_action(recommended, graph)
             and settings_action(v.settings, graph) != settings_action(recommended, graph)):
         action = "Set " + settings_action(v.settings, graph)  # the figure is of the settings that were measured
@@ -293,6 +294,9 @@ def _workers(c: _Context):
     if need is None:
         return None
     n, avail, cores = need["needed"], need["available"], need["cores"]
+    wait = waits(c.r.isolated)
+    if wait:  # workers that wait overlap their waits without taking a core each: they scale past the cores
+        avail = cores * WAITING_CORES_FACTOR
     if label == stage:
         head = headroom(c, stage)
     else:  # the worker side together: t(full) without its drop, never above the ceiling
@@ -301,6 +305,8 @@ def _workers(c: _Context):
         head = {"samples_per_sec": _r(full_sps, 1), "samples_per_sec_if_free": _r(free, 1),
                 "gain_if_free": _r(free / full_sps - 1, 4)}
     numbers = {"num_workers": c.workers, "stage_ms_per_batch": _r(ms), "stages": label, **need, "headroom": head}
+    if wait:
+        numbers["waits"] = wait
     if c.nodes:
         numbers["node_graph"] = c.lo.get("main_mapper") or True
     on_cpu = " On the CPU the step itself uses these cores too, so workers and step compete." if not c.cuda else ""
@@ -314,7 +320,7 @@ def _workers(c: _Context):
     numbers["recommended"] = {"num_workers": recommended}
     threads = need.get("step_threads") or 0
     check = None
-    if not c.cuda and threads + recommended > cores:
+    if not c.cuda and threads + recommended > cores and not wait:
         # A CPU step already runs on every core (torch.get_num_threads()): a worker added
         # on top oversubscribes them and can make the run slower; hand it a core instead.
         numbers["recommended"]["torch_num_threads"] = max(1, cores - recommended)
@@ -333,7 +339,9 @@ def _workers(c: _Context):
              else ("is" if one else "are") + f" spread over only {c.workers} worker(s)")
     if c.nodes:
         where += f" ({_graph_text(c.lo)})"
-    fit = (f"{n} worker(s) would feed the step and this machine's {cores} cores can supply them"
+    fit = (f"{n} worker(s) would feed the step: {wait}, so workers overlap their waits beyond this machine's "
+           f"{cores} cores" if wait and n <= avail else
+           f"{n} worker(s) would feed the step and this machine's {cores} cores can supply them"
            if n <= avail else
            f"{n} workers would feed the step but this machine has {cores} cores: {recommended} is the most it can "
            f"supply, so also make the {label} work cheaper")
@@ -365,20 +373,21 @@ def settings_action(recommended: dict, graph: bool = False) -> str:
     persistent_workers=True, torch.set_num_threads(1)'; for a torchdata.nodes graph
     (`graph`), on the nodes that hold them: 'ParallelMapper(num_workers=4)'."""
     if graph:
-        return ", ".join([_NODE_SETTING[k].format(v) for k, v in recommended.items() if k in _NODE_SETTING]
-                         + ([f"torch.set_num_threads({recommended['torch_num_threads']})"]
-                            if "torch_num_threads" in recommended else []))
+        return settings_text({k: v for k, v in recommended.items() if k in NODE_SETTING or k == "torch_num_threads"},
+                             graph=True)
     parts = [f"{k}={v}" for k, v in recommended.items() if k not in ("torch_num_threads", "non_blocking", "env")]
     if "torch_num_threads" in recommended:
         parts.append(f"torch.set_num_threads({recommended['torch_num_threads']})")
     return ", ".join(parts)
 
 
-# The settings of a torchdata.nodes graph, worded on the nodes that hold them
-# (pipeline/integrations/nodes.NodeSpec.with_settings applies the same keys).
-NODES_KIND = "torchdata.nodes"
-_NODE_SETTING = {"num_workers": "ParallelMapper(num_workers={})", "method": "ParallelMapper(method={!r})",
-                 "prefetch_factor": "Prefetcher(prefetch_factor={})", "pin_memory": "PinMemory={} (a PinMemory node)"}
+# A worker stage that waits more than it computes (witness.waits: a network file system,
+# an object store, a database read) has workers that overlap their waits, so they scale
+# past the cores (users of such loaders run 16-32 workers on 8 cores): the advice and
+# the search (tune.py) go up to this many times the cores, as far as the isolated costs
+# say would feed the step.
+WAITING_CORES_FACTOR = 4
+NODES_KIND = "torchdata.nodes"  # LoaderSpec.settings()["kind"] of a torchdata.nodes graph
 
 
 def is_graph(loader: Optional[dict]) -> bool:

@@ -41,7 +41,7 @@ def diagnose(m: Measurements) -> Diagnosis:
     d = dataclasses.replace(d, notes=m.notes + tuple(derived_notes(d)))
     checked = advice_mod.ranked(tuple(_checked(f, m) for f in advice_mod.findings(d)))
     d = dataclasses.replace(d, advice=checked)
-    found = tune.summarize(m.tune, m.batch_size) if m.tune is not None else None
+    found = tune.summarize(m.tune, m.batch_size, advice_mod.is_graph(m.loader)) if m.tune is not None else None
     return dataclasses.replace(d, summary=summary(d), tune=found)
 
 

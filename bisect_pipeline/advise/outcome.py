@@ -137,26 +137,26 @@ def _allocator_verified(a: Optional[AllocatorTiming]) -> Optional[Checked]:
                    {"malloc": "freed memory kept (mallopt)"}, None, (), ALLOCATOR_SOURCE)
 
 
-def sentence(v: Checked) -> str:
-    """The measured line added to an advice item's message."""
+def sentence(v: Checked, graph: bool = False) -> str:
+    """The measured line added to an advice item's message (`graph`: settings_text)."""
     if v.status == "not measured" and not v.tried:
         return f" Not measured before printing: {v.reason}."
     if v.source == ALLOCATOR_SOURCE:
         return ""  # the allocator message gives its measured numbers itself
     if v.status == "helps":
         pred = f", predicted up to {v.predicted:.2f}\u00d7" if v.predicted else ""
-        text = f" Measured before printing: {_fig(v)} with {settings_text(v.settings)}{_ms(v)}{pred}."
+        text = f" Measured before printing: {_fig(v)} with {settings_text(v.settings, graph)}{_ms(v)}{pred}."
         others = [t for t in v.tried if t.settings != v.settings]
         if others:
-            text += " Tried first: " + "; ".join(_tried_text(t) for t in others) + "."
+            text += " Tried first: " + "; ".join(_tried_text(t, graph) for t in others) + "."
         return text
     if v.status == "slower":
         return (" Measured before printing, and not a fix on this machine as it is: "
-                + "; ".join(_tried_text(t) for t in v.tried) + ".")
+                + "; ".join(_tried_text(t, graph) for t in v.tried) + ".")
     if v.status == "no gain":
         return (" Measured before printing, and no gain beyond the noise on this machine as it is, so not "
-                "presented as a fix: " + "; ".join(_tried_text(t) for t in v.tried) + ".")
-    return " Not measured before printing: " + "; ".join(_tried_text(t) for t in v.tried) + "."
+                "presented as a fix: " + "; ".join(_tried_text(t, graph) for t in v.tried) + ".")
+    return " Not measured before printing: " + "; ".join(_tried_text(t, graph) for t in v.tried) + "."
 
 
 def figure(v: Checked) -> Optional[str]:
@@ -173,23 +173,23 @@ def figure(v: Checked) -> Optional[str]:
     return "not measured"
 
 
-def detail(v: Checked) -> str:
+def detail(v: Checked, graph: bool = False) -> str:
     """What the check measured, beneath an advice item's reasoning (its figure is in the
-    headline: figure)."""
+    headline: figure; `graph`: settings_text)."""
     if v.source == ALLOCATOR_SOURCE:
         return ""
     if v.status == "not measured" and not v.tried:
         return f" Not measured before printing: {v.reason}."
     if v.status == "helps":
         text = (f" Measured before printing in alternating visits of the full pipeline, yours against "
-                f"{settings_text(v.settings)}{_ms(v)}.")
+                f"{settings_text(v.settings, graph)}{_ms(v)}.")
         others = [t for t in v.tried if t.settings != v.settings]
         if others:
-            text += " Tried first: " + "; ".join(_tried_text(t) for t in others) + "."
+            text += " Tried first: " + "; ".join(_tried_text(t, graph) for t in others) + "."
         return text
     measured = v.status in ("no gain", "slower")
     return f" {'Measured' if measured else 'Not measured'} before printing: " + "; ".join(
-        _tried_text(t) for t in v.tried) + "."
+        _tried_text(t, graph) for t in v.tried) + "."
 
 
 def _ms(t: Any) -> str:
@@ -216,13 +216,27 @@ def _fig(t: Any) -> str:
     return f"{t.speedup:.2f}×" + (f" ({around})" if around else "")
 
 
-def _tried_text(t: Outcome) -> str:
-    what = settings_text(t.settings)
+def _tried_text(t: Outcome, graph: bool = False) -> str:
+    what = settings_text(t.settings, graph)
     if t.status in ("failed", "not measured"):
         return f"{what}: {t.status} ({t.reason})"
     label = {"no gain": "within noise", "slower": "slower", "helps": "helps"}[t.status]
     return f"{what}: {_fig(t)}, {label}"
 
 
-def settings_text(settings: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in settings.items())
+# The settings of a torchdata.nodes graph, worded on the nodes that hold them
+# (pipeline/integrations/nodes.NodeSpec.with_settings applies the same keys).
+NODE_SETTING = {"num_workers": "ParallelMapper(num_workers={})", "method": "ParallelMapper(method={!r})",
+                "prefetch_factor": "Prefetcher(prefetch_factor={})", "pin_memory": "PinMemory={} (a PinMemory node)"}
+
+
+def settings_text(settings: dict, graph: bool = False) -> str:
+    """Settings as the report names them: 'num_workers=4, persistent_workers=True'; on a
+    torchdata.nodes graph (`graph`), on the nodes that hold them: 'ParallelMapper(num_workers=4),
+    torch.set_num_threads(1)' (persistent_workers means nothing there: a graph starts its
+    threads again at every reset)."""
+    if not graph:
+        return ", ".join(f"{k}={v}" for k, v in settings.items())
+    return ", ".join(NODE_SETTING[k].format(v) if k in NODE_SETTING else
+                     f"torch.set_num_threads({v})" if k == THREADS else f"{k}={v}"
+                     for k, v in settings.items() if k != "persistent_workers")

@@ -40,7 +40,7 @@ from ..derive.verdict import STAGES
 from ..derive.witness import waits
 from ..measure.experiment import Experiment
 from ..measure.visit import Visit
-from .advice import WORKER_STAGES
+from .advice import WAITING_CORES_FACTOR, WORKER_STAGES, is_graph
 from .outcome import THREADS, compared, interval, outcome, per_batch, read, settings_text, visit_times
 from .verify import BLOCK, MIN_BLOCKS, fits, trial
 
@@ -59,12 +59,6 @@ PREFETCH = 4
 # Candidates the search keeps budget for beyond the one it measures (verify.alternate's
 # `owed`): without it the first candidate's undecided blocks would take all that is left.
 OWED_CANDIDATES = 2
-# A worker stage that waits more than it computes (witness.waits: a network file system,
-# an object store, a database read) has workers that overlap their waits, so they scale
-# past the cores (users of such loaders run 16-32 workers on 8 cores): the search may go
-# up to WAITING_CORES_FACTOR times the cores, as far as the isolated costs say would
-# feed the step.
-WAITING_CORES_FACTOR = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,13 +78,14 @@ class Space:
     ceiling_rel_se: float = 0.0
     why: str = ""
     reason: Optional[str] = None
+    graph: bool = False  # a torchdata.nodes graph: its threads start again at every reset, persistent or not
 
     def candidate(self, w: int) -> dict:
-        """The settings tried for `w` workers: persistent, and on a CPU step the step's
-        threads lowered to the cores the workers leave when it uses more."""
+        """The settings tried for `w` workers: persistent (a DataLoader's), and on a CPU
+        step the step's threads lowered to the cores the workers leave when it uses more."""
         full = dict(self.user, num_workers=w)
         if w > 0:
-            full.update(persistent_workers=True, prefetch_factor=full.get("prefetch_factor") or 2)
+            full.update(persistent_workers=not self.graph, prefetch_factor=full.get("prefetch_factor") or 2)
             lowered = max(1, self.cores - w)
             if self.on_cpu and (self.user.get(THREADS) or 1) > lowered:
                 full[THREADS] = lowered
@@ -161,7 +156,7 @@ def space_of(d: "Diagnosis", *, cores: int, threads: int) -> Space:
                     None)
     return Space(user, tuple(range(low, high + 1)), start, cores, on_cpu,
                  pin=not on_cpu, prefetch=high > 0 and (workers_stage or transfer is not None),
-                 ceiling_ms=t_ceiling * 1e3, ceiling_rel_se=sigma / t_ceiling, why=why)
+                 ceiling_ms=t_ceiling * 1e3, ceiling_rel_se=sigma / t_ceiling, why=why, graph=is_graph(lo))
 
 
 # --------------------------------------------------------------------------------------
@@ -272,7 +267,7 @@ def _variants(space: Space, full: dict) -> Iterator[dict]:
         yield effective(dict(full, pin_memory=not full["pin_memory"]))
     if w > 0 and space.prefetch and (full["prefetch_factor"] or 2) < PREFETCH:
         yield effective(dict(full, prefetch_factor=PREFETCH))
-    if w > 0 and not full["persistent_workers"]:
+    if w > 0 and not full["persistent_workers"] and not space.graph:
         yield effective(dict(full, persistent_workers=True))
 
 
@@ -349,8 +344,9 @@ def space_of_record(t: Tuning, cores: int = 1) -> Space:
 # --------------------------------------------------------------------------------------
 
 
-def summarize(t: Tuning, batch_size: float) -> Found:
-    """The report's reading of a Tuning record (see Found)."""
+def summarize(t: Tuning, batch_size: float, graph: bool = False) -> Found:
+    """The report's reading of a Tuning record (see Found); `graph`: a torchdata.nodes
+    graph's, its settings worded on its nodes (outcome.settings_text)."""
     space = space_of_record(t)
     ts = tried(space, t.trials, batch_size)
     b = best(ts)
@@ -359,7 +355,7 @@ def summarize(t: Tuning, batch_size: float) -> Found:
     ceiling = round(user_ms / t.ceiling_ms_per_batch, 4) if user_ms and t.ceiling_ms_per_batch else None
     searched = t.trials[ts.index(b)] if b is not None else None
     applied = applied_outcome(t.applied, searched, batch_size) if t.applied is not None else None
-    return Found(tuple(ts), b, top, ceiling, _summary(t, ts, b, top, ceiling), applied,
+    return Found(tuple(ts), b, top, ceiling, _summary(t, ts, b, top, ceiling, graph=graph), applied,
                  _agrees(t.applied, b, searched, batch_size))
 
 
@@ -411,7 +407,7 @@ def _agrees(applied: Optional[Trial], b: Optional[Tried], searched: Optional[Tri
     return not ((low.estimate < 0 and compare(low, 1.0).real) or (high.estimate > 0 and compare(high, 1.0).real))
 
 
-def _summary(t: Tuning, ts: list, b: Optional[Tried], top: bool, ceiling: Optional[float]) -> str:
+def _summary(t: Tuning, ts: list, b: Optional[Tried], top: bool, ceiling: Optional[float], *, graph: bool) -> str:
     if t.reason:
         return f"Nothing to tune: {t.reason}."
     if not ts:
@@ -427,5 +423,5 @@ def _summary(t: Tuning, ts: list, b: Optional[Tried], top: bool, ceiling: Option
     fig = f"{b.speedup:.2f}\u00d7" + (f" ({interval(b.outcome)})" if interval(b.outcome) else "")
     where = ("within the noise of the ceiling" if top else
              f"the ceiling is {ceiling:.2f}\u00d7" if ceiling else "the ceiling is not known")
-    return f"Best: {settings_text(b.settings)}: {fig} your speed; {where}."
+    return f"Best: {settings_text(b.settings, graph)}: {fig} your speed; {where}."
 

@@ -703,7 +703,7 @@ def tune_section(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> s
                      tune.interval(o) or "-",
                      "-" if not o.ms_per_batch else f"{o.ms_per_batch[0]:.1f} \u2192 {o.ms_per_batch[1]:.1f}",
                      "best" if x is f.best else (o.status if o.status != "failed" else f"failed: {o.reason}"),
-                     text_mod.outcome_text(x.settings)])
+                     text_mod.outcome_text(r, x.settings)])
         classes.append("bottleneck" if x is f.best else None)
     if rows:
         out.append(_table(["vs yours", "interval", "ms per batch (yours \u2192 these)", "result", "settings"], rows,

@@ -13,7 +13,7 @@ from typing import Optional
 
 from tabulate import tabulate
 
-from ..advise import advice as advice_mod, tune
+from ..advise import advice as advice_mod, outcome, tune
 from ..derive.findings import Diagnosis
 from ..derive.verdict import POINTS, in_question
 from . import summary as summary_mod
@@ -168,7 +168,7 @@ def tune_lines(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> lis
                                                  + (f" ({tune.interval(o)})" if tune.interval(o) else ""))
             ms = "-" if not o.ms_per_batch else f"{o.ms_per_batch[0]:.1f} \u2192 {o.ms_per_batch[1]:.1f}"
             note = "best" if x is f.best else o.status if o.status != "failed" else f"failed: {o.reason}"
-            rows.append([fig, ms, note, outcome_text(x.settings)])
+            rows.append([fig, ms, note, outcome_text(r, x.settings)])
         lines += ["", *_table("Settings tried, each against yours (ms per batch: yours \u2192 these)",
                               ["vs yours", "ms per batch", "result", "settings (what differs from yours)"], rows,
                               "rrll")]
@@ -191,8 +191,10 @@ def tune_summary(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> s
     return f"The ceiling is {f.ceiling_speedup:.2f}\u00d7 your speed." if f.ceiling_speedup else "The ceiling is not known."
 
 
-def outcome_text(settings: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in settings.items()) or "(yours)"
+def outcome_text(r: "Diagnosis", settings: dict) -> str:
+    """A setting tried, as the search's table names it (outcome.settings_text; a node
+    graph's on its nodes)."""
+    return outcome.settings_text(settings, advice_mod.is_graph(r.loader)) or "(yours)"
 
 
 def change_items(p: Optional[dict]) -> tuple:

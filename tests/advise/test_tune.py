@@ -219,6 +219,20 @@ def test_a_cpu_step_on_every_core_gets_its_threads_lowered_beside_the_workers():
     assert list(tune._variants(gpu, gpu.candidate(2))) == [tune.effective(dict(gpu.candidate(2), pin_memory=True))]
 
 
+def test_a_node_graphs_search_speaks_its_nodes_and_never_adds_persistent_workers(monkeypatch):
+    # a torchdata.nodes graph starts its threads again at every reset: persistent_workers
+    # means nothing there, and its settings are on its nodes (issue 50)
+    graph = space(graph=True)
+    assert graph.delta(graph.candidate(2)) == {"num_workers": 2}
+    assert list(tune._variants(graph, graph.candidate(2))) == []
+    result, _, _ = search(monkeypatch, graph, {(("num_workers", 1),): 15.0, (("num_workers", 2),): 20.0})
+    assert tune.summarize(result, BS, graph=True).summary.startswith(
+        "Best: ParallelMapper(num_workers=2): 2.00\u00d7")
+    assert outcome.settings_text({"num_workers": 2, "persistent_workers": True, "prefetch_factor": 4,
+                                  "torch_num_threads": 1}, graph=True) == (
+        "ParallelMapper(num_workers=2), Prefetcher(prefetch_factor=4), torch.set_num_threads(1)")
+
+
 # --- the space, pruned from the bisection -------------------------------------------------------
 
 
