@@ -294,9 +294,8 @@ def _workers(c: _Context):
     if need is None:
         return None
     n, avail, cores = need["needed"], need["available"], need["cores"]
-    wait = waits(c.r.isolated)
-    if wait:  # workers that wait overlap their waits without taking a core each: they scale past the cores
-        avail = cores * WAITING_CORES_FACTOR
+    wait = waits(c.r.isolated)  # workers that wait overlap their waits, a core each or not: past the cores
+    avail = cores * WAITING_CORES_FACTOR if wait else avail
     if label == stage:
         head = headroom(c, stage)
     else:  # the worker side together: t(full) without its drop, never above the ceiling
@@ -304,9 +303,8 @@ def _workers(c: _Context):
         free = c.r.batch_size / max(c.t_full - ms / 1e3, c.t_ceiling or 0.0)
         head = {"samples_per_sec": _r(full_sps, 1), "samples_per_sec_if_free": _r(free, 1),
                 "gain_if_free": _r(free / full_sps - 1, 4)}
-    numbers = {"num_workers": c.workers, "stage_ms_per_batch": _r(ms), "stages": label, **need, "headroom": head}
-    if wait:
-        numbers["waits"] = wait
+    numbers = {"num_workers": c.workers, "stage_ms_per_batch": _r(ms), "stages": label, **need, "headroom": head,
+               **({"waits": wait} if wait else {})}
     if c.nodes:
         numbers["node_graph"] = c.lo.get("main_mapper") or True
     on_cpu = " On the CPU the step itself uses these cores too, so workers and step compete." if not c.cuda else ""
@@ -339,18 +337,25 @@ def _workers(c: _Context):
              else ("is" if one else "are") + f" spread over only {c.workers} worker(s)")
     if c.nodes:
         where += f" ({_graph_text(c.lo)})"
-    fit = (f"{n} worker(s) would feed the step: {wait}, so workers overlap their waits beyond this machine's "
-           f"{cores} cores" if wait and n <= avail else
-           f"{n} worker(s) would feed the step and this machine's {cores} cores can supply them"
-           if n <= avail else
-           f"{n} workers would feed the step but this machine has {cores} cores: {recommended} is the most it can "
-           f"supply, so also make the {label} work cheaper")
+    fit = _fit(n, (avail, cores), recommended, label, wait)
     # the bottleneck's headroom is the verdict's own figure (the report's summary says it)
     free = "" if one and stage == c.b else _headroom_text(head, stage if one else "that work")
     return finding("num_workers", stage, "Set " + settings_action(numbers["recommended"], c.nodes), (
         f"With {c.num_workers}={c.workers}, {label}{'' if one and stage == c.b else f' ({ms:.1f} ms per batch)'} {where}. "
         f"{alone}: {fit}.{keep}"
         + free + on_cpu), numbers, check=check)
+
+
+def _fit(n: int, machine: tuple, recommended: int, label: str, wait: str) -> str:
+    """Whether this machine can supply the `n` workers that would feed the step
+    (`machine`: the workers it may run, its cores)."""
+    avail, cores = machine
+    if n > avail:
+        return (f"{n} workers would feed the step but this machine has {cores} cores: {recommended} is the most it "
+                f"can supply, so also make the {label} work cheaper")
+    if wait:
+        return f"{n} worker(s) would feed the step: {wait}, so workers overlap their waits beyond this machine's {cores} cores"
+    return f"{n} worker(s) would feed the step and this machine's {cores} cores can supply them"
 
 
 def _cores(c: _Context, side: tuple, need: dict, numbers: dict, on_cpu: str) -> Finding:
