@@ -160,7 +160,10 @@ def fill(spec: nodes.NodeSpec, *, cache_mb: float, max_batches: int = DEFAULT_CA
     memory budget, `time_budget`), and raises FillError where not one batch is built."""
     start = clock()
     c = spec.cuts
-    taps: dict = {i: [] for i in {c.raw, c.augmented, c.collated} if i is not None}
+    # the samples: the items at `augmented`, else at `raw`, else the source's own (a graph
+    # that batches its source's keys before a Mapper that loads them: cuts_of)
+    at_samples = next(i for i in (c.augmented, c.raw, 0) if i is not None)
+    taps: dict = {i: [] for i in {c.raw, c.augmented, c.collated, at_samples} if i is not None}
     per_fn: dict = {i: [] for i in c.augment}
     changes: set = set()
     fns = {i: _Recorded(spec.chain[i].fn, _fn_name(spec.chain[i].fn), per_fn[i], changes)
@@ -170,7 +173,7 @@ def fill(spec: nodes.NodeSpec, *, cache_mb: float, max_batches: int = DEFAULT_CA
     def tap(i: int, node: Any) -> Any:
         return Tap(node, taps[i]) if i in taps else node
     root = spec.build(0, tap(0, spec.source_copy()), inline=True, fns=fns, tap=tap)
-    samples = taps[c.augmented if c.augmented is not None else c.raw]
+    samples = taps[at_samples]
     batches: list = []
     groups: list = []
     held = 0
@@ -208,7 +211,7 @@ def fill(spec: nodes.NodeSpec, *, cache_mb: float, max_batches: int = DEFAULT_CA
         batches=batches, batch_bytes=max(tree.nbytes(b) for b in batches), fill_seconds=clock() - start,
         limited_by=limited_by, stopped_by=stopped_by, groups=groups, batch_size_source=source,
         held={"raw_inputs": nbytes.get(c.raw, 0) if c.raw is not None else 0,
-              "samples": nbytes.get(c.augmented if c.augmented is not None else c.raw, 0),
+              "samples": nbytes.get(at_samples, 0),
               "collated": nbytes.get(c.collated, 0), "point_copy": tree.nbytes(batches)},
         budget_bytes=int(cache_mb * 2**20), raw_items=taps.get(c.raw, []) if c.raw is not None else [],
         collated=taps[c.collated], raw_copy=bool(changes))

@@ -73,6 +73,23 @@ def test_map_style_wrapper_s_map_of_keys_is_the_load():
     assert spec.stage_of(1) == "load" and spec.batches_per_epoch == 8
 
 
+def test_a_source_of_names_makes_the_mapper_after_it_the_load():
+    """IterableWrapper(range(n)) -> ParallelMapper(read) -> Mapper(augment): the source yields
+    indices (recording.names_only, the map-style split's own test), so the Mapper that reads
+    them is the load and `raw` falls after it; the source of data keeps `raw` at the source."""
+    read = tn.ParallelMapper(tn.IterableWrapper(range(40)), _double, num_workers=2, method="thread")
+    spec = nodes.describe(tn.Prefetcher(tn.Batcher(tn.Mapper(read, _double), 4), 2))
+    assert (spec.cuts.raw, spec.cuts.augmented, spec.cuts.augment) == (1, 2, (2,))
+    assert [spec.stage_of(i) for i in (1, 2)] == ["load", "augment"]
+    data = nodes.describe(tn.Prefetcher(tn.Batcher(tn.Mapper(tn.IterableWrapper(samples()), _double), 4), 2))
+    assert (data.cuts.raw, data.cuts.augmented) == (0, 1)
+    # batched keys, then one Mapper that reads, transforms and stacks them: one stage
+    batch = nodes.describe(tn.Prefetcher(tn.ParallelMapper(tn.Batcher(tn.IterableWrapper(range(40)), 4), _stack,
+                                                           num_workers=4), 2))
+    assert batch.cuts.raw is None and batch.cuts.augmented is None
+    assert "loading, augment and collate run in one call" in batch.cuts.why["raw"]
+
+
 def test_a_collate_mapper_after_the_batcher_is_the_collate_not_a_map_of_whole_batches():
     """MapStyleWrapper -> Batcher -> Mapper(default_collate) (torchdata's migration guide):
     the __getitem__ map is load (with the dataset's transforms), the Mapper after the

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from ...core import faults
 from ...core.results import Note
+from .. import recording
 from ._common import by_name, require
 
 MODULES = ("torchdata.nodes",)
@@ -148,10 +149,12 @@ class Cuts:
     why: dict  # point -> why it is skipped or unavailable here
 
 
-def cuts_of(chain: tuple) -> Cuts:
+def cuts_of(chain: tuple, keys: bool = False) -> Cuts:
+    """The cuts of `chain`; `keys`: its source yields names of data (indices, paths, keys:
+    recording.names_only), which its first Mapper loads, as a sampler's keys are."""
     kinds = [n.kind for n in chain]
     load_end = 0
-    if kinds[0] == "sampler" and "map" in kinds:
+    if (kinds[0] == "sampler" or keys) and "map" in kinds:
         first_map = kinds.index("map")
         if "batch" not in kinds[:first_map]:
             load_end = first_map  # the Mapper that turns the sampler's keys into data is the load
@@ -167,7 +170,7 @@ def cuts_of(chain: tuple) -> Cuts:
         collated = (augment[-1] if augment else load_end)
     why: dict = {}
     raw, augmented = load_end, (augment[-1] if augment else load_end)
-    source = "the map of the sampler's keys (the load)" if load_end else chain[0].describe()
+    source = "the map of the source's keys (the load)" if load_end else chain[0].describe()
     if not augment:
         batch_maps = [i for i in range(collated + 1) if kinds[i] == "map" and i > load_end
                       and not is_collate(chain[i].fn)]
@@ -176,6 +179,11 @@ def cuts_of(chain: tuple) -> Cuts:
             why["augmented"] = (f"the graph's Mapper ({chain[batch_maps[0]].describe()}) maps whole batches after the "
                                 "Batcher: augment and collate run in one call, so there is no point between them. Map "
                                 "each sample before the Batcher to measure them apart")
+            if keys and not load_end:  # it is handed batches of keys: it reads the data too
+                raw = None
+                why["raw"] = (f"the graph batches the names its source yields (indices, paths, keys) before its Mapper "
+                              f"({chain[batch_maps[0]].describe()}) reads them: loading, augment and collate run in "
+                              "one call. Load each sample in a Mapper before the Batcher to measure them apart")
         else:
             raw = None
             why["raw"] = (f"no Mapper between {source} and the Batcher: the samples the source yields are the ones "
@@ -613,8 +621,22 @@ def describe(loader: Any) -> NodeSpec:
     """Read a tn.Loader (or a root node) without iterating it."""
     root = loader.root if is_loader(loader) else loader
     chain = chain_of(root)
-    return NodeSpec(chain, cuts_of(chain), loader, type(loader),
+    return NodeSpec(chain, cuts_of(chain, yields_keys(chain[0])), loader, type(loader),
                     bool(getattr(loader, "restart_on_stop_iteration", True)))
+
+
+def yields_keys(source: Node) -> bool:
+    """Whether the source yields names of data rather than data (recording.names_only of
+    its first item, from a copy: `IterableWrapper(range(n))`, a list of paths): then the
+    Mapper after it reads the data, the load, as after a sampler. False where a copy
+    cannot be read (a node of the user's own class, an iterator: not iterated here)."""
+    if source.kind != "iterable" or iter_is_self(source.node.iterable):
+        return False
+    try:
+        first = next(iter(_copy(source.node.iterable)))
+    except Exception:  # empty, or it fails: the fill will say so
+        return False
+    return recording.names_only(first)
 
 
 def witnessed(spec: Any) -> bool:
