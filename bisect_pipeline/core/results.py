@@ -472,6 +472,12 @@ class Trial(Record):
     user_windows: tuple = ()
     candidate_windows: tuple = ()
     error: Optional[str] = None
+    # the candidate's first visit's opening and first batch: its workers' start, paid once
+    # where its pool is kept between its visits (verify.pool_start)
+    candidate_start_s: Optional[float] = None
+    # the patched script's run (change.check): the pause at each epoch's start its windows
+    # leave out, per batch, as that run estimated it (run.epoch_start.ms_per_batch)
+    epoch_ms_per_batch: Optional[float] = None
 
 
 Confirmation._nested = {"trial": Trial}
@@ -556,6 +562,8 @@ class RunInfo(Record):
     allocator: Optional[AllocatorHold] = None
     rounds: Optional[int] = None
     settled: Optional[bool] = None
+    # what settled it beyond the stop rule's margin: "both witnesses" (rounds.witnessed)
+    settled_by: Optional[str] = None
     remeasured: Optional[tuple] = None
     verdict_s: Optional[float] = None
     visits: Optional[int] = None

@@ -13,7 +13,7 @@ from typing import Optional
 
 from tabulate import tabulate
 
-from ..advise import advice as advice_mod, tune
+from ..advise import advice as advice_mod, outcome, tune
 from ..derive.findings import Diagnosis
 from ..derive.verdict import POINTS, in_question
 from . import summary as summary_mod
@@ -168,14 +168,14 @@ def tune_lines(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> lis
                                                  + (f" ({tune.interval(o)})" if tune.interval(o) else ""))
             ms = "-" if not o.ms_per_batch else f"{o.ms_per_batch[0]:.1f} \u2192 {o.ms_per_batch[1]:.1f}"
             note = "best" if x is f.best else o.status if o.status != "failed" else f"failed: {o.reason}"
-            rows.append([fig, ms, note, outcome_text(x.settings)])
+            rows.append([fig, ms, note, outcome_text(r, x.settings)])
         lines += ["", *_table("Settings tried, each against yours (ms per batch: yours \u2192 these)",
                               ["vs yours", "ms per batch", "result", "settings (what differs from yours)"], rows,
                               "rrll")]
     lines += [""] + _wrap(tune_summary(r, s))
     lines += _change_lines(t.patch)
     if f.applied is not None or t.applied_reason:
-        lines += [""] + _wrap(applied_text(f, t.applied_reason))
+        lines += [""] + _wrap(applied_text(f, t.applied_reason, alternating=bool(t.applied and t.applied.user_windows)))
     return lines
 
 
@@ -191,8 +191,10 @@ def tune_summary(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> s
     return f"The ceiling is {f.ceiling_speedup:.2f}\u00d7 your speed." if f.ceiling_speedup else "The ceiling is not known."
 
 
-def outcome_text(settings: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in settings.items()) or "(yours)"
+def outcome_text(r: "Diagnosis", settings: dict) -> str:
+    """A setting tried, as the search's table names it (outcome.settings_text; a node
+    graph's on its nodes)."""
+    return outcome.settings_text(settings, advice_mod.is_graph(r.loader)) or "(yours)"
 
 
 def change_items(p: Optional[dict]) -> tuple:
@@ -229,15 +231,24 @@ def _change_lines(p: Optional[dict]) -> list:
     return lines
 
 
-def applied_text(f, reason: Optional[str]) -> str:
-    """The patched script measured against the original (`f`: tune.Found), beside the
-    search's figure."""
+def applied_text(f, reason: Optional[str], alternating: bool = False) -> str:
+    """The patched script's own run (`f`: tune.Found) beside the search's figure for the
+    setting (`alternating`: an older document's, against the original in alternating
+    runs)."""
     a = f.applied
     if a is None or a.speedup is None:
         return f"Not checked after the change: {reason or (a.reason if a is not None else 'not run')}."
     fig = f"{a.speedup:.2f}\u00d7" + (f" ({tune.interval(a)})" if tune.interval(a) else "")
-    ms = f", {a.ms_per_batch[0]:.1f} \u2192 {a.ms_per_batch[1]:.1f} ms per batch" if a.ms_per_batch else ""
     b = f.best
+    if not alternating:
+        verdict = ("" if f.agrees is None else ": they agree within the noise" if f.agrees
+                   else ": they differ beyond the noise")
+        ms = a.ms_per_batch or (None, None)
+        said = (f"; the search measured {b.outcome.ms_per_batch[1]:.1f} ms per batch with these settings{verdict}"
+                if b is not None and b.outcome.ms_per_batch else "")
+        return (f"Checked after the change: your script with it built its loader with the change and ran at "
+                f"{ms[1]:.1f} ms per batch, {fig} your settings' {ms[0]:.1f} ms in the search{said}.")
+    ms = f", {a.ms_per_batch[0]:.1f} \u2192 {a.ms_per_batch[1]:.1f} ms per batch" if a.ms_per_batch else ""
     said = (f"; the search said {b.speedup:.2f}\u00d7" + (f" ({tune.interval(b.outcome)})"
                                                           if tune.interval(b.outcome) else "") if b is not None else "")
     verdict = ("" if f.agrees is None else ": they agree within the noise" if f.agrees
@@ -374,8 +385,9 @@ def epoch_start_lines(run) -> list:
 
 
 def budget_text(run) -> Optional[str]:
-    """How --max-seconds was divided before the run (plan.Budget) and the start-up before
-    it, not counted: 'Time: of 120 s, 48 bisecting, 24 checking the change; ...'."""
+    """How --max-seconds was divided before the run (plan.Budget), where the time went, and
+    the start-up before it, not counted: 'Time: of 120 s, 48 bisecting, 24 checking the
+    change; spent 20.1 bisecting, ...; ...'."""
     b = run.budget
     if not b:
         return None
@@ -383,6 +395,9 @@ def budget_text(run) -> Optional[str]:
              ("patching", "checking the change"))
     parts = ", ".join(f"{b[k]:.0f} {what}" for k, what in names if b.get(k) is not None)
     text = f"Time: of {run.max_seconds:g} s, {parts}"
+    spent = b.get("spent") or {}
+    if spent:  # where it went (a phase that ended early left its time to the next)
+        text += "; spent " + ", ".join(f"{spent[k]:.1f} {what}" for k, what in names if spent.get(k) is not None)
     if b.get("verify_seconds"):
         text += f" (and {b['verify_seconds']:g} checking the advice, --verify-seconds)"
     if run.startup_s is not None:

@@ -186,6 +186,23 @@ def test_cores_finding_when_the_machine_cannot_supply_the_workers():
     assert "num_workers" not in kinds(r)
 
 
+def test_workers_whose_stages_wait_are_advised_past_the_cores():
+    # a loader that waits on storage (CPU 10% of its time alone): its workers overlap their
+    # waits, so 8 feed the step on 2 cores, where the rule for work that computes says
+    # "more workers cannot help" (--tune measured 7.7-14x on such a loader: issue 51)
+    def waiting(cpu: float, workers: int = 1) -> Report:
+        iso = iso_workers(needed=8, cores=2)
+        iso["workers"]["step_threads"] = 2
+        iso["load"] = {"status": "ok", "ms_per_sample": 4.0, "cpu_ms_per_sample": cpu}
+        return make_report(LOAD_BOUND, loader={"num_workers": workers}, isolated=iso, cpu_count=2)
+    f = finding(waiting(0.4), "num_workers")
+    assert f.numbers["recommended"] == {"num_workers": 8, "persistent_workers": True}  # no thread taken from the step
+    assert "the workers' stages wait: CPU 10% of their time alone, so workers overlap their waits beyond" in f.message
+    assert "cores" not in kinds(waiting(0.4))
+    assert kinds(waiting(3.9)).count("cores") == 1 and "num_workers" not in kinds(waiting(3.9))  # it computes
+    assert finding(waiting(0.4, workers=0), "num_workers").numbers["recommended"]["num_workers"] == 8
+
+
 # --- pin_memory / non_blocking (transfer) ----------------------------------------------------
 
 

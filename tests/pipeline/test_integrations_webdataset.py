@@ -168,6 +168,9 @@ def test_a_webloaders_loop_stages_are_their_own_row(tmp_path, no_leftover_worker
     assert "WebLoader" in row
     device = next(line for line in str(report).splitlines() if line.startswith("device "))
     assert "step and your loop's" in device
+    page = report._repr_html_()  # the HTML says what the text says
+    assert '<tr class="loop"><td>in your loop</td>' in page and "WebLoader: unbatched" in page
+    assert "step and your loop&#x27;s stages (the ceiling)" in page
     script = tmp_path / "train.py"
     script.write_text(LOOP_SCRIPT.format(tests=str(__import__("pathlib").Path(__file__).parents[1]), urls=urls))
     out = tmp_path / "r.json"

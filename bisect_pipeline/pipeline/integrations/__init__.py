@@ -1,5 +1,5 @@
 """Pipelines people actually have: one module per library (torchvision, hf, timm,
-lightning, webdataset, streaming) and the IterableDataset sharding probe (iterable).
+lightning, webdataset, streaming, torchdata's nodes) and the IterableDataset sharding probe (iterable).
 
 Every integration recognises a library's objects by the names of their classes (their
 MRO), so no optional library is imported unless the user's own objects come from it; a
@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from . import hf, iterable, lightning, streaming, timm, torchvision, webdataset
+from . import hf, iterable, lightning, nodes, streaming, timm, torchvision, webdataset
 from ._common import EXTRAS, by_name, install_hint, require
 
 __all__ = sorted(["EXTRAS", "adapt_workload", "by_name", "hf", "install_hint", "instrument_leaf", "internal",
-                  "iterable", "lightning", "no_transform_reason", "require", "streaming", "timm", "torchvision", "webdataset"])
+                  "iterable", "lightning", "no_transform_reason", "nodes", "require", "streaming", "timm",
+                  "torchvision", "webdataset"])
 
 
 def adapt_workload(wl: Any, where: str) -> None:

@@ -31,6 +31,7 @@ import itertools
 from typing import Any, Callable, Iterator, Optional
 
 from ...core import tree
+from .. import recording
 from ._common import by_name
 
 # Functions that read shards into samples of raw bytes (tariterators.py, cache.py,
@@ -206,7 +207,7 @@ class Cuts:
         or why `raw` is not apart from `augmented`."""
         for at in sorted(self.taps):
             items = self.taps[at].items
-            if at >= self.augmented or (items and not _encoded(items[0])):
+            if at >= self.augmented or (items and not recording.names_only(items[0])):
                 self.raw = at
                 break
             self.loaded_by = f"{stage_name(self.stages[at])} (handed encoded bytes: it decodes)"
@@ -261,12 +262,6 @@ class Cuts:
 
     def nbytes(self) -> int:
         return sum(tree.nbytes(x) + _bytes_in(x) for tap in self.taps.values() for x in tap.items)
-
-
-def _encoded(item: Any) -> bool:
-    """Whether a sample holds names and encoded bytes only (a tar's sample: a key, a
-    URL, the files' bytes), no decoded data."""
-    return all(isinstance(x, (bytes, bytearray, str, int, float, bool, type(None))) for _, x in tree.leaves(item))
 
 
 def _bytes_in(item: Any) -> int:
