@@ -73,7 +73,9 @@ The cases (data sizes are small, written under OUT/data):
   graph of issue 50): `IterableWrapper(lister) -> Batcher(16) -> ParallelMapper(
   ImagenetTransform, 4 threads) -> Prefetcher(2)` in a `tn.Loader`, iterated with `next()`
   and no model (a loading benchmark); 10 classes x 30 JPEGs of 320x240. Needs the tool's
-  torchdata.nodes support (branch `nodes`); before it, the run shows what a user sees.
+  torchdata.nodes support. It takes no optimizer step, so the tool finds no training loader
+  and says so (exit 1, never silent); nodes-imagenet-loader: the same with `run --loader 1`,
+  which the message names, so that the loop's own work between two batches is the step.
 """
 
 from __future__ import annotations
@@ -117,11 +119,13 @@ class Case:
     filled in), `data` the generators it needs, `python` which interpreter runs it
     (system, streaming or ray), `cwd` where (`run`: OUT/run, whose ./data is OUT/data;
     else the case's own directory), `links` names made in that directory (to paths with
-    {data}), `probe` the hand probe of its stages, `library` what it exercises."""
+    {data}), `probe` the hand probe of its stages, `library` what it exercises,
+    `tool_args` options of `bisect-pipeline run` (the script's own stay unchanged)."""
 
     def __init__(self, library, repo, files, script, args, data=(), python="system", cwd=None, links=None,
-                 probe=None, workers="", what="", allowance=150.0):
+                 probe=None, workers="", what="", allowance=150.0, tool_args=()):
         self.library, self.repo, self.files, self.script, self.args = library, repo, files, script, args
+        self.tool_args = list(tool_args)
         self.data, self.python, self.cwd, self.links = tuple(data), python, cwd, dict(links or {})
         self.probe, self.workers, self.what, self.allowance = probe, workers, what, allowance
 
@@ -158,6 +162,13 @@ CASES = {
         data=["nodes_images"], probe="nodes_imagenet",
         workers="ParallelMapper: 4 threads, Prefetcher(2)",
         what="IterableWrapper -> Batcher(16) -> ParallelMapper(decode + crop + collate) -> Prefetcher; no model"),
+    "nodes-imagenet-loader": Case(
+        "torchdata.nodes", "torchdata", ["examples/nodes/imagenet_benchmark.py"], "examples/nodes/imagenet_benchmark.py",
+        ["--loader", "thread", "--num-workers", "4", "--batch-size", "16", "-d", "{data}/nodes_images/train",
+         "--max-steps", "1000000", "--max-duration", "100000"],
+        data=["nodes_images"], probe="nodes_imagenet", tool_args=["--loader", "1"],
+        workers="ParallelMapper: 4 threads, Prefetcher(2)",
+        what="the same, with `run --loader 1` (as the tool's message says): the loop's own work is the step"),
 }
 
 REPOS = {"wds_imagenet": "tmbdev-archive/webdataset-imagenet-2",
@@ -681,7 +692,7 @@ def run_case(name: str, case: Case, repo: str, args, env: dict) -> dict:
     tool_from = subprocess.run([python, "-c", "import bisect_pipeline; print(bisect_pipeline.__file__)"], env=env,
                                capture_output=True, text=True, cwd=cwd).stdout.strip()
     cmd = [python, "-m", "bisect_pipeline", "run", "--json", report, "--max-seconds", str(args.max_seconds),
-           "--device", "cpu", os.path.join(src, case.script)] + script_args
+           "--device", "cpu", *case.tool_args, os.path.join(src, case.script)] + script_args
     print(f"[{name}] {' '.join(cmd[1:])}  (cwd {cwd}; bisect_pipeline from {tool_from})", flush=True)
     with public.cpu_lock(args.lock):  # the run and its probe in one hold: the same machine for both
         rc, stdout, stderr, wall = public.run_process(cmd, cwd, env, args.max_seconds + case.allowance, "")
@@ -690,7 +701,7 @@ def run_case(name: str, case: Case, repo: str, args, env: dict) -> dict:
         with open(os.path.join(out, "results", f"{name}.{stream}.txt"), "w") as f:
             f.write(text)
     result = {"name": name, "library": case.library, "repo": REPOS[case.repo], "revision": public.revision(repo),
-              "script": case.script, "args": script_args, "python": python, "tool_from": tool_from,
+              "script": case.script, "args": script_args, "tool_args": case.tool_args, "python": python, "tool_from": tool_from,
               "workers": case.workers, "what": case.what, "exit": rc, "wall_s": round(wall, 1),
               "reports": stderr.count(public.REPORT_LINE), "json": os.path.exists(report),
               "stderr_tail": stderr[-2500:]}
