@@ -740,11 +740,11 @@ def show(r: dict) -> None:
 
 
 def _cost_cell(c: dict) -> str:
-    """`augment 41.20 vs 39.80 (1.04x, ok)`."""
+    """`augment 41.2 vs 39.8 (1.04x, ok)`."""
     if c["hand_ms"] is None:
-        return f"{c['stage']} {c['tool_ms']:.2f} (no hand probe)"
+        return f"{c['stage']} {c['tool_ms']:.3g} (no hand probe)"
     verdict = "ok" if c["within"] else "OUT"
-    return f"{c['stage']} {c['tool_ms']:.2f} vs {c['hand_ms']:.2f} ({c['ratio']:.2f}x, {verdict})"
+    return f"{c['stage']} {c['tool_ms']:.3g} vs {c['hand_ms']:.3g} ({c['ratio']:.2f}x, {verdict})"
 
 
 def markdown(results) -> str:
@@ -752,7 +752,7 @@ def markdown(results) -> str:
             "(loop ms/batch) | cost alone: tool vs hand, ms/batch |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         stages = ", ".join(f"{s['stage']} {s['status']}"
-                           + (f" {s['ms_per_batch']:.1f}" if s["status"] == "ok" and s["ms_per_batch"] is not None
+                           + (f" {s['ms_per_batch']:.3g}" if s["status"] == "ok" and s["ms_per_batch"] is not None
                               else "") for s in r.get("stages", []) if s["status"] != "skipped") or "-"
         costs = "; ".join(_cost_cell(c) for c in r.get("compare", [])) or r.get("hand_error", "-")[:80]
         rows.append(f"| `{r['name']}` ({r['library']}) | {r['repo']} `{r['script']}` @{r['revision'][:8]} | {r['exit']} "
