@@ -13,15 +13,12 @@ from torch.utils.data import ConcatDataset, DataLoader, Subset
 from torchvision import datasets, tv_tensors
 from torchvision.transforms import v2
 
-from bisect_pipeline import Plan, bisect
-from conftest import FAST_PLAN, Sleep, SleepLayer, all_measured, assert_names
+from bisect_pipeline import bisect
+from conftest import FAST_PLAN, TINY_PLAN, Sleep, SleepLayer, all_measured, assert_names
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
 MAX_S = 8
-# Only the points' statuses are asserted here, not a verdict: short windows suffice.
-TINY_PLAN = Plan(window_seconds=0.05, windows_per_visit=1, max_warmup_windows=0, min_warmup_steps=1, min_rounds=1,
-                 max_rounds=1)
 SIZE = 32
 
 
