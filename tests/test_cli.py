@@ -56,8 +56,11 @@ def cli(*args, cwd, timeout=120):
 
 def test_a_module_entry_gives_the_verdict_the_json_and_with_quiet_one_line(tmp_path):
     # (every form an entry may take, a file path or a module, a Workload, a dict or a tuple:
-    # test_entry.py and test_workload.py; the verdicts of every planted stage: test_api.py)
-    write_entry(tmp_path, "load", 2, name="mymod.py")
+    # test_entry.py and test_workload.py; the verdicts of every planted stage, with workers
+    # too: test_api.py; the command line with workers: test_compare.py and
+    # test_integrations_lightning.py. Without workers: the command line's default plan
+    # takes a 2-worker run through a timed epoch start and 0.25-s windows, 16-18 s)
+    write_entry(tmp_path, "load", 0, name="mymod.py")
     out = tmp_path / "result.json"
     r = cli_in_process("--entry", "mymod:make_tuple", "--quiet", "--json", str(out), "--max-seconds", "25",
                        "--verify-seconds", "0", cwd=tmp_path)
