@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from bisect_pipeline import Workload, bisect
 from bisect_pipeline.testing import SeveralPerItem, flatten_collate
-from conftest import FAST_PLAN, TINY_PLAN, PlantedDataset, Sleep, SleepLayer, assert_names, tiny_model
+from conftest import FAST_PLAN, LONG_EPOCHS, TINY_PLAN, PlantedDataset, Sleep, SleepLayer, assert_names, tiny_model
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
@@ -178,7 +178,7 @@ def test_a_dataloader_subclass_is_rebuilt_through_its_own_class(no_leftover_work
     # between the collated batches and the step (handoff; with workers, so that the
     # collated point is measured).
     Counting.iterations = 0
-    loader = Counting(PlantedDataset(transform=Sleep(0.0)), batch_size=8, shuffle=True, num_workers=2,
+    loader = Counting(PlantedDataset(n=LONG_EPOCHS, transform=Sleep(0.0)), batch_size=8, shuffle=True, num_workers=2,
                       multiprocessing_context="fork")
     report = bisect(tiny_model(2.0), loader, device="cpu", max_seconds=30, plan=FAST_PLAN, verify_seconds=0)
     assert Counting.iterations >= 4  # full, raw, augmented, collated at least

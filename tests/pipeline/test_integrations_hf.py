@@ -15,7 +15,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from bisect_pipeline import bisect  # noqa: E402
-from conftest import CLASSES, FAST_PLAN, FEATURES, TINY_PLAN, Sleep, SleepLayer, all_measured, assert_names, tiny_model  # noqa: E402
+from conftest import CLASSES, FAST_PLAN, FEATURES, LONG_EPOCHS, TINY_PLAN, Sleep, SleepLayer, all_measured, assert_names, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
@@ -92,8 +92,9 @@ class ImagesToTensors:
 
 def test_set_transform_on_an_image_column_with_workers(no_leftover_workers):
     rng = np.random.default_rng(1)
-    ds = datasets.Dataset.from_dict({"image": [{"bytes": jpeg_bytes(rng), "path": None} for _ in range(48)],
-                                     "label": [i % 2 for i in range(48)]},
+    jpegs = [jpeg_bytes(rng) for _ in range(48)]  # in epochs of LONG_EPOCHS rows: their start is not timed
+    ds = datasets.Dataset.from_dict({"image": [{"bytes": jpegs[i % 48], "path": None} for i in range(LONG_EPOCHS)],
+                                     "label": [i % 2 for i in range(LONG_EPOCHS)]},
                                     features=datasets.Features({"image": datasets.Image(),
                                                                 "label": datasets.Value("int64")}))
     ds.set_transform(ImagesToTensors(10.0))  # JPEG decode (load): ~1 ms a row on a busy machine

@@ -14,7 +14,7 @@ from torchvision import datasets, tv_tensors
 from torchvision.transforms import v2
 
 from bisect_pipeline import bisect
-from conftest import FAST_PLAN, TINY_PLAN, Sleep, SleepLayer, all_measured, assert_names
+from conftest import FAST_PLAN, LONG_EPOCHS, TINY_PLAN, Sleep, SleepLayer, all_measured, assert_names
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
@@ -150,7 +150,9 @@ def test_fakedata_with_workers(tmp_path, no_leftover_workers):
     # FakeData draws its image on the CPU (0.5 ms a sample alone, 5 ms on a busy 2-core machine with
     # two workers): the planted augment cost is 15 ms a sample so that augment stays well ahead of load,
     # in batches of 4 so that a batch (30 ms from two workers) leaves room for several windows.
-    ds = datasets.FakeData(size=48, image_size=(3, SIZE, SIZE), num_classes=2, transform=v2_train(extra_ms=15.0))
+    # (epochs long enough that their start is not timed: conftest.LONG_EPOCHS)
+    ds = datasets.FakeData(size=LONG_EPOCHS, image_size=(3, SIZE, SIZE), num_classes=2,
+                           transform=v2_train(extra_ms=15.0))
     # bursty: 2 workers; 20 s has ended inconclusive on a busy machine (full, raw +-40%)
     report = run(image_model(), loader_of(ds, num_workers=2, batch_size=4), max_seconds=30)
     assert statuses(report) == all_measured(report), str(report)
