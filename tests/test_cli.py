@@ -1,8 +1,8 @@
-"""The command line, run as users run it: a real process, exit codes, files."""
+"""The command line as users run it: exit codes, output, files (in this process: conftest.cli_in_process;
+the commands that are sent a signal run in a process of their own, in test_faults.py and test_loop.py)."""
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -47,11 +47,6 @@ def write_entry(tmp_path, kind="augment", workers=0, name="user_entry.py"):
     path = tmp_path / name
     path.write_text(ENTRY.format(tests=TESTS, kind=kind, workers=workers))
     return path
-
-
-def cli(*args, cwd, timeout=120):
-    return subprocess.run([sys.executable, "-m", "bisect_pipeline", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def test_a_module_entry_gives_the_verdict_the_json_and_with_quiet_one_line(tmp_path):
@@ -132,7 +127,9 @@ def test_demo_runs_and_names_augment(tmp_path):
     # +-20-30% and 30 s has ended inconclusive (augment real, load not ruled out); a
     # quiet machine settles in about 15 s (scripts/bench_under_load.py --only demo)
     # (the advice's check is off: it is tested in test_verify.py, and would take the rest of the 45 s)
-    r = cli("demo", "--json", str(out), "--max-seconds", "45", "--verify-seconds", "0", cwd=tmp_path)
+    # (in this process: the command sends no signal, and a process of its own would add
+    # python's and torch's start to the test, not to the run)
+    r = cli_in_process("demo", "--json", str(out), "--max-seconds", "45", "--verify-seconds", "0", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert_names(doc, "augment", r.stdout)
