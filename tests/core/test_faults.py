@@ -2,6 +2,7 @@
 measured, no worker left behind, no half-written file."""
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -176,6 +177,9 @@ def test_hanging_worker_is_cut_by_the_watchdog(no_leftover_workers):
     t0 = time.monotonic()
     report = run(tiny_model(), loader, step_timeout=1.0, max_seconds=30)
     assert time.monotonic() - t0 < 25
+    # terminated by the run (within its 1-s grace, which the 1-s watchdog once cut), not
+    # left hung until garbage collection, whose shutdown waits 5 s for each
+    assert multiprocessing.active_children() == []
     full = report.point("full")
     assert full.status == "failed" and "no batch in 1 s" in full.reason
     assert report.point("device").status == "ok"
