@@ -44,11 +44,6 @@ def test_planted_cost_is_roughly_right(planted_run):
     assert report.stage("augment").sec_per_batch == pytest.approx(0.040, rel=0.35)
 
 
-def test_dict_batches_with_default_step():
-    model, loader = planted("augment", 0, dict_samples=True)
-    assert_names(run(model, loader), "augment")
-
-
 def test_iterable_dataset_measures_every_point_but_raw(no_leftover_workers):
     # long enough that no epoch (and worker restart) ends inside the measurement
     loader = torch.utils.data.DataLoader(PlantedIterable(n=8000, load_ms=5.0), batch_size=8, num_workers=2,
