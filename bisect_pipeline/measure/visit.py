@@ -158,6 +158,9 @@ class Visit:
         self.steady = False
         self.finished = False  # the visit ran to its end (kept_from and steady decided)
         self.measured: Optional[Measured] = None
+        # a visit that starts a pool kept for later visits: its share is counted from its
+        # first batch, the deadline moved by the opening and the first batch, up to this
+        self.first_free: Optional[float] = None
 
     # -- the protocol -------------------------------------------------------------
 
@@ -295,6 +298,8 @@ class Visit:
         if first.failed:
             return None
         self.first_batch_seconds = clock() - t0
+        if self.first_free is not None and not pace.lockstep:  # the pool's start is in no share
+            self.deadline = min(self.first_free, self.deadline + self.opened_seconds + self.first_batch_seconds)
         times: list = []
         w0 = clock()
         if not (yield from self._warm(plan.min_warmup_steps + self.first_prefetch, times)):
