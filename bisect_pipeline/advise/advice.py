@@ -152,7 +152,7 @@ def findings(r: "Report") -> list:
     """Every rule whose measured condition holds, in the report's order."""
     ctx = _Context(r)
     out: list = []
-    for rule in (_workers, _pin_memory, _restart, _uint8_payload, _collate, _storage, _augment, _reorder, _handoff,
+    for rule in (_workers, _graph_mappers, _pin_memory, _restart, _uint8_payload, _collate, _storage, _augment, _reorder, _handoff,
                  _batch_size, _syncs, _allocator):
         found = rule(ctx)
         if found:
@@ -291,7 +291,7 @@ def _workers(c: _Context):
         return None
     stage, ms, label = side
     need = _workers_needed(c)
-    if need is None:
+    if need is None or (c.nodes and _elsewhere(c, stage)):  # (a node graph's other Mappers: _graph_mappers)
         return None
     n, avail, cores = need["needed"], need["available"], need["cores"]
     wait = waits(c.r.isolated)  # workers that wait overlap their waits, a core each or not: past the cores
@@ -344,6 +344,42 @@ def _workers(c: _Context):
         f"With {c.num_workers}={c.workers}, {label}{'' if one and stage == c.b else f' ({ms:.1f} ms per batch)'} {where}. "
         f"{alone}: {fit}.{keep}"
         + free + on_cpu), numbers, check=check)
+
+
+def _elsewhere(c: _Context, stage: str) -> list:
+    """On a node graph, the Mappers that run `stage` (and the stages measured with it)
+    where the graph's main Mapper, whose num_workers the check and --tune set, is not one
+    of them: a `Mapper(augment)` in one thread after a `ParallelMapper(load)`."""
+    s = c.stage(stage)
+    covers = set(getattr(s, "includes", None) or ()) | {stage}
+    own = [m for m in c.lo.get("mappers") or () if m["stage"] in covers]
+    return own if own and not any(m["main"] for m in own) else []
+
+
+def _graph_mappers(c: _Context):
+    """A node graph's named stage runs in Mappers other than its main one: run them in a
+    ParallelMapper, or give it more workers (not checked: the check and --tune set the
+    main Mapper's workers only)."""
+    side = _worker_side(c) if c.nodes else None
+    own = _elsewhere(c, side[0]) if side is not None else []
+    need = _workers_needed(c) if own else None
+    if need is None:
+        return None
+    stage, ms, label = side
+    names = ", ".join(m["node"] for m in own)
+    workers = max(m["num_workers"] for m in own)
+    serial = not workers
+    # its drop is the work of its own threads, one where it is serial
+    feed = max(1, math.ceil(ms * max(1, workers) / need["step_ms_per_batch"])) if need["step_ms_per_batch"] else None
+    how = ("in one thread: a Mapper runs in the thread of the node that reads it" if serial
+           else f"on {workers} worker(s)")
+    action = f"Run {names} as a ParallelMapper" if serial else f"Give {names} more workers"
+    return finding("num_workers", stage, action, (
+        f"{label.capitalize()} runs in {names}, {how}, not in {_graph_text(c.lo)}, whose num_workers the check "
+        f"and --tune set. It adds {ms:.1f} ms per batch against a {need['step_ms_per_batch']:.1f} ms step"
+        + (f": about {feed} workers would feed the step." if feed else ".")),
+        {"num_workers": c.workers, "stage_ms_per_batch": _r(ms), "stages": label, **need, "node_graph": True,
+         "mappers": [m["node"] for m in own]})
 
 
 def _fit(n: int, machine: tuple, recommended: int, label: str, wait: str) -> str:

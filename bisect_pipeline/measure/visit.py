@@ -190,6 +190,11 @@ class Visit:
             # the source sees the visit's error (the consumer's, or one the pipeline raised
             # inside the visit): a loader terminates its workers, which may hang
             err = exc if exc is not None else self.error
+            if err is not None and self._dog is not None:
+                # a failed point's loader stops its workers within a grace of its own
+                # (sources._terminate); the watchdog, whose --step-timeout may be as short,
+                # would cut that and leave hung workers alive until garbage collection
+                self._dog.pause()
             try:
                 self._stack.__exit__(type(err) if err is not None else None, err, err.__traceback__ if err else None)
             except (KeyboardInterrupt, BisectError):

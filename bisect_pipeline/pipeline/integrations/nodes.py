@@ -496,6 +496,8 @@ class NodeSpec:
             "multiprocessing_context": self.multiprocessing_context,
             "graph": [n.describe() for n in self.chain],
             "main_mapper": None if self.main_mapper is None else self.chain[self.main_mapper].describe(),
+            "mappers": [{"node": n.describe(), "stage": self.stage_of(i), "num_workers": self._workers_at(i),
+                         "main": i == self.main_mapper} for i, n in enumerate(self.chain) if n.kind == "map"],
             "witnessed": witnessed(self),
             "loader_class": f"{self.loader_cls.__module__}.{self.loader_cls.__qualname__}",
         }
