@@ -113,16 +113,9 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
         parts["step"] = _guard(StepTime, lambda: _step(train_step, device_batch, device, share, clock))
     else:
         parts["step"] = StepTime.missing("unavailable", "no batch on the device to step on")
-    step_s = step_sec_per_batch or step_estimate_s
-    if in_loop and device_batch is not None and step_s and (IN_LOOP_MIN_BATCHES + 1) * step_s > share:
-        # steps this long: a batch's input work small enough to be missed alone is a
-        # small part of them, and the loop's conditions do not decide
-        parts["in_loop"] = InLoop.missing("skipped", f"steps of about {step_s * 1e3:.3g} ms: "
-                                                     f"{IN_LOOP_MIN_BATCHES + 1} of them do not fit in its share "
-                                                     f"({share:.2g} s)")
-    elif in_loop and device_batch is not None:
-        parts["in_loop"] = _guard(InLoop, lambda: _in_loop(spec, caches, train_step, device_batch, device, share,
-                                                           clock, fits))
+    if in_loop and device_batch is not None:
+        parts["in_loop"] = _in_loop_part(spec, caches, train_step, device_batch, device, parts,
+                                         step_sec_per_batch or step_estimate_s, share, clock, fits)
     if device_batch is not None:
         if train_step is not None and (device.type != "cuda" or fits(SYNC_STEPS)):
             syncs = _guard(Syncs, lambda: count_syncs(train_step, device_batch, device))
@@ -366,6 +359,26 @@ def in_loop_applies(spec: LoaderSpec, train_step: Optional[Callable[[Any], Any]]
     map-style dataset, and num_workers=0, where the loop's own process does that work
     between its steps."""
     return train_step is not None and spec.num_workers == 0 and not spec.iterable
+
+
+def _in_loop_part(spec, caches, train_step, batch, device, parts: dict, step_s: Optional[float], share: float, clock,
+                  fits: Callable[[int], bool]) -> InLoop:
+    """_in_loop, or skipped where IN_LOOP_MIN_BATCHES + 1 of its batches would not fit in
+    its share by the step's time (timed here, else `step_s`) and the work of a batch timed
+    alone: steps this long hold a batch's input work that is small enough to be missed
+    alone as a small part of them (the loop's conditions do not decide), and a batch of
+    seconds of work would overrun the share."""
+    timed = parts.get("step")
+    step = timed.ms_per_batch / 1e3 if isinstance(timed, StepTime) and timed.ok else step_s
+    load, col = parts.get("load"), parts.get("collate")
+    work = ((load.getitem_ms_per_sample or load.ms_per_sample or 0.0) * caches.items_per_batch
+            if isinstance(load, PerSample) and load.ok else 0.0)
+    work = (work + (col.ms_per_batch or 0.0 if isinstance(col, Collate) and col.ok else 0.0)) / 1e3
+    per_batch = (step or 0.0) + work
+    if (IN_LOOP_MIN_BATCHES + 1) * per_batch > share:
+        return InLoop.missing("skipped", f"batches of about {per_batch * 1e3:.3g} ms with their steps: "
+                                         f"{IN_LOOP_MIN_BATCHES + 1} of them do not fit in its share ({share:.2g} s)")
+    return _guard(InLoop, lambda: _in_loop(spec, caches, train_step, batch, device, share, clock, fits))
 
 
 def _batches_of(spec: LoaderSpec) -> Iterator:
