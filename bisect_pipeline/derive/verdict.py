@@ -358,12 +358,19 @@ def steady(v: Verdict, s: StageCost) -> Optional[Contrast]:
     return own if compare(own, v.fitted["full"], z=Z_NOISE).real else None
 
 
+def steady_disagreement(v: Verdict) -> bool:
+    """Whether every stage whose reading disagrees with its cost alone reads steadily
+    (steady): more rounds would read it the same."""
+    cost = {s.stage: s for s in v.stages if s.status == "ok"}
+    return bool(v.disagree) and all(n in cost and steady(v, cost[n]) is not None for n in v.disagree)
+
+
 def _why_above(v: Verdict, cost: Mapping, disagree: tuple) -> str:
     """Why the rounds read more than the stages alone, as the rounds show it: a drift or
     another program where some reading's own per-round values spread beyond it; where
     every one is steady (steady), not that: the loop pays for more than the stages' own
     work, and the isolated timing misses it."""
-    if any(steady(v, cost[n]) is None for n in disagree):
+    if not steady_disagreement(dataclasses.replace(v, disagree=disagree)):
         return "the step drifted while the points were measured, or another program slowed some of them"
     rounds = min(steady(v, cost[n]).rounds for n in disagree)
     return (f"{_and(list(disagree))} {'reads' if len(disagree) == 1 else 'read'} so in each of {rounds} rounds, "
