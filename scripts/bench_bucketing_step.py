@@ -10,7 +10,9 @@ The pipeline (`make`, an entry function for `bisect-pipeline --entry`):
   64, the batches shuffled each epoch), as text pipelines batch to cut padding;
 - a padding collate_fn (`pad_sequence`);
 - an embedding-bag model whose CPU step takes a few ms; num_workers=0 (`BENCH_WORKERS`
-  in the environment, or `--workers`, for others).
+  in the environment, or `--workers`, for others); the step on torch's default intra-op
+  threads (`BENCH_THREADS`, or `--threads`, for another count: on a shared 2-core
+  machine a 2-thread step stalls on a descheduled thread, 3 ms becoming 20-70).
 
 The hand counterfactual (`--hand`): the same loader settings and step, three variants,
 each timed over `--batches` batches in alternation over `--pairs` rounds, every variant's
@@ -27,8 +29,8 @@ The tool (`--runs N`): `bisect-pipeline --entry scripts/bench_bucketing_step.py:
 at its default budget, N times, each under `flock /tmp/cpu.lock`; per run the verdict,
 its witness, the stages' costs in the loop and alone, the rounds and the reason.
 
-    flock /tmp/cpu.lock python scripts/bench_bucketing_step.py --hand [--pairs 20] [--batches 100]
-    python scripts/bench_bucketing_step.py --runs 3 [--max-seconds 30] [--workers 0]
+    flock /tmp/cpu.lock python scripts/bench_bucketing_step.py --hand [--pairs 20] [--batches 100] [--threads 1]
+    python scripts/bench_bucketing_step.py --runs 3 [--max-seconds 30] [--workers 0] [--threads 1]
 """
 
 from __future__ import annotations
@@ -114,6 +116,8 @@ def loader_of(dataset, workers: int) -> DataLoader:
 def make(items: int = 8192, workers=None):
     """The entry function: (model, loader); SGD and cross-entropy by default."""
     torch.manual_seed(0)
+    if os.environ.get("BENCH_THREADS"):
+        torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
     workers = int(os.environ.get("BENCH_WORKERS", "0")) if workers is None else workers
     return Bag(), loader_of(Tokens(items), workers)
 
@@ -184,16 +188,17 @@ def hand(pairs: int, batches: int, workers: int) -> dict:
 # --------------------------------------------------------------------------------------
 
 
-def run_tool(n: int, max_seconds: float, workers: int, lock: str, json_dir: str) -> list:
+def run_tool(n: int, max_seconds: float, workers: int, threads: int, lock: str, json_dir: str) -> list:
     out = []
     for r in range(n):
-        js = os.path.join(json_dir, f"bucketing_w{workers}_r{r}.json")
+        js = os.path.join(json_dir, f"bucketing_w{workers}_t{threads}_r{r}.json")
         cmd = ["flock", lock, sys.executable, "-m", "bisect_pipeline", "--entry",
                os.path.join(HERE, "bench_bucketing_step.py") + ":make", "--json", js, "--quiet"]
         if max_seconds:
             cmd += ["--max-seconds", f"{max_seconds:g}"]
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "BENCH_WORKERS": str(workers)})
+        p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "BENCH_WORKERS": str(workers),
+                                                                        **({"BENCH_THREADS": str(threads)} if threads else {})})
         wall = time.perf_counter() - t0
         if not os.path.exists(js):
             print(f"run {r + 1}: exit {p.returncode}, no report: {p.stderr[-800:]}", flush=True)
@@ -219,15 +224,18 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=0, help="runs of the tool")
     ap.add_argument("--max-seconds", type=float, default=0.0, help="0: the tool's default")
     ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="the step's intra-op threads (0: torch's default)")
     ap.add_argument("--lock", default="/tmp/cpu.lock")
     ap.add_argument("--json-dir", default=None)
     args = ap.parse_args()
     if args.hand:
+        if args.threads:
+            torch.set_num_threads(args.threads)
         print(json.dumps(hand(args.pairs, args.batches, args.workers)), flush=True)
     if args.runs:
         json_dir = args.json_dir or tempfile.mkdtemp(prefix="bucketing")
         os.makedirs(json_dir, exist_ok=True)
-        verdicts = run_tool(args.runs, args.max_seconds, args.workers, args.lock, json_dir)
+        verdicts = run_tool(args.runs, args.max_seconds, args.workers, args.threads, args.lock, json_dir)
         good = sum(v in ("load", "none") for v in verdicts)
         print(f"{good} of {args.runs} runs: load or none ({', '.join(map(str, verdicts))}); documents in {json_dir}")
 

@@ -371,9 +371,10 @@ def _in_loop_part(spec, caches, train_step, batch, device, parts: dict, step_s: 
     timed = parts.get("step")
     step = timed.ms_per_batch / 1e3 if isinstance(timed, StepTime) and timed.ok else step_s
     load, col = parts.get("load"), parts.get("collate")
-    work = ((load.getitem_ms_per_sample or load.ms_per_sample or 0.0) * caches.items_per_batch
-            if isinstance(load, PerSample) and load.ok else 0.0)
-    work = (work + (col.ms_per_batch or 0.0 if isinstance(col, Collate) and col.ok else 0.0)) / 1e3
+    items = ((load.getitem_ms_per_sample or load.ms_per_sample or 0.0) * caches.items_per_batch
+             if isinstance(load, PerSample) and load.ok else 0.0)
+    collate = (col.ms_per_batch or 0.0) if isinstance(col, Collate) and col.ok else 0.0
+    work = (items + collate) / 1e3
     per_batch = (step or 0.0) + work
     if (IN_LOOP_MIN_BATCHES + 1) * per_batch > share:
         return InLoop.missing("skipped", f"batches of about {per_batch * 1e3:.3g} ms with their steps: "

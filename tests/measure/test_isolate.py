@@ -467,3 +467,12 @@ def test_the_input_work_is_not_timed_between_steps_with_workers_or_long_steps():
     iso, _, steps = in_loop_stages(step_s=0.2, estimate=0.2)  # 4 steps of 0.2 s: past its 1/6 s share
     assert iso.in_loop.status == "skipped" and "about 204 ms" in iso.in_loop.reason  # 200 + 4 items of 1 ms
     assert steps == []
+
+
+def test_the_input_work_between_steps_is_sized_without_the_stages_alone_where_they_failed():
+    # load and collate not measured alone (failed): the step's time alone sizes it
+    spec = loader_mod.describe(make_loader(PlantedDataset(n=16), batch_size=4))
+    caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
+    parts = {"load": isolate.PerSample.missing("failed", "x"), "collate": None}
+    out = isolate._in_loop_part(spec, caches, lambda b: None, None, CPU, parts, 0.1, 0.2, FakeClock(), lambda n: True)
+    assert out.status == "skipped" and "about 100 ms" in out.reason
