@@ -50,8 +50,10 @@ STEP_MAX_TIMED = 20
 # Training steps run under torch.cuda.set_sync_debug_mode("warn") to count syncs.
 SYNC_STEPS = 3
 # The input work timed between steps (_in_loop): at least this many batches, each after
-# a step, or none.
-IN_LOOP_MIN_BATCHES = 3
+# a step, or none. It stands in the second witness for load and collate timed alone over
+# hundreds of items: a standard error from fewer batches is too rough for that (its
+# degrees of freedom set how far the costs alone can order two stages).
+IN_LOOP_MIN_BATCHES = 8
 # At most this many tensors of a batch are described in the JSON.
 _MAX_TENSORS = 16
 
