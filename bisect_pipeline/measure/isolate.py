@@ -85,8 +85,7 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
         reason = "the caches could not be filled"
         return Isolated.missing("unavailable", reason), Syncs.missing("unavailable", reason)
     start = clock()
-    in_loop = in_loop_applies(spec, train_step)
-    share = budget_s / (6 if in_loop else 5)  # augment, load, collate, transfer, step (and in the loop)
+    share = budget_s / 5  # augment, load, collate, transfer, step
 
     def fits(steps: int) -> bool:
         return step_estimate_s is None or clock() + steps * step_estimate_s <= end
@@ -115,9 +114,12 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
         parts["step"] = _guard(StepTime, lambda: _step(train_step, device_batch, device, share, clock))
     else:
         parts["step"] = StepTime.missing("unavailable", "no batch on the device to step on")
-    if in_loop and device_batch is not None:
+    if in_loop_applies(spec, train_step) and device_batch is not None:
+        # what the parts before left of the budget, a share at most: on the CPU the
+        # transfer's (none to time) and the step's where it was timed for the allocator
+        left = min(share, budget_s - (clock() - start))
         parts["in_loop"] = _in_loop_part(spec, caches, train_step, device_batch, device, parts,
-                                         step_sec_per_batch or step_estimate_s, share, clock, fits)
+                                         step_sec_per_batch or step_estimate_s, left, clock, fits)
     if device_batch is not None:
         if train_step is not None and (device.type != "cuda" or fits(SYNC_STEPS)):
             syncs = _guard(Syncs, lambda: count_syncs(train_step, device_batch, device))
