@@ -114,12 +114,10 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
         parts["step"] = _guard(StepTime, lambda: _step(train_step, device_batch, device, share, clock))
     else:
         parts["step"] = StepTime.missing("unavailable", "no batch on the device to step on")
-    if in_loop_applies(spec, train_step) and device_batch is not None:
-        # what the parts before left of the budget, a share at most: on the CPU the
-        # transfer's (none to time) and the step's where it was timed for the allocator
-        left = min(share, budget_s - (clock() - start))
-        parts["in_loop"] = _in_loop_part(spec, caches, train_step, device_batch, device, parts,
-                                         step_sec_per_batch or step_estimate_s, left, clock, fits)
+    if in_loop_applies(spec, train_step) and device_batch is not None:  # in what the parts before left
+        parts["in_loop"] = _in_loop_part(spec, caches, train_step, device_batch, device, parts=parts,
+                                         step_s=step_sec_per_batch or step_estimate_s, clock=clock, fits=fits,
+                                         share=min(share, budget_s - (clock() - start)))
     if device_batch is not None:
         if train_step is not None and (device.type != "cuda" or fits(SYNC_STEPS)):
             syncs = _guard(Syncs, lambda: count_syncs(train_step, device_batch, device))
@@ -365,10 +363,12 @@ def in_loop_applies(spec: LoaderSpec, train_step: Optional[Callable[[Any], Any]]
     return train_step is not None and spec.num_workers == 0 and not spec.iterable
 
 
-def _in_loop_part(spec, caches, train_step, batch, device, parts: dict, step_s: Optional[float], share: float, clock,
-                  fits: Callable[[int], bool]) -> InLoop:
-    """_in_loop, or skipped where IN_LOOP_MIN_BATCHES + 1 of its batches would not fit in
-    its share by the step's time (timed here, else `step_s`) and the work of a batch timed
+def _in_loop_part(spec, caches, train_step, batch, device, *, parts: dict, step_s: Optional[float], share: float,
+                  clock, fits: Callable[[int], bool]) -> InLoop:
+    """_in_loop, in `share`: what the parts before it left of the budget, a part's share
+    at most (on the CPU the transfer's, with nothing to time, and the step's where it was
+    timed for the allocator); or skipped where IN_LOOP_MIN_BATCHES + 1 of its batches
+    would not fit in that by the step's time (timed here, else `step_s`) and the work of a batch timed
     alone: steps this long hold a batch's input work that is small enough to be missed
     alone as a small part of them (the loop's conditions do not decide), and a batch of
     seconds of work would overrun the share."""
@@ -383,7 +383,8 @@ def _in_loop_part(spec, caches, train_step, batch, device, parts: dict, step_s: 
     if (IN_LOOP_MIN_BATCHES + 1) * per_batch > share:
         return InLoop.missing("skipped", f"batches of about {per_batch * 1e3:.3g} ms with their steps: "
                                          f"{IN_LOOP_MIN_BATCHES + 1} of them do not fit in its share ({share:.2g} s)")
-    return _guard(InLoop, lambda: _in_loop(spec, caches, train_step, batch, device, share, clock, fits))
+    return _guard(InLoop, lambda: _in_loop(spec, caches, train_step, batch, device, share=share, clock=clock,
+                                           fits=fits))
 
 
 def _batches_of(spec: LoaderSpec) -> Iterator:
@@ -403,7 +404,7 @@ def _batches_of(spec: LoaderSpec) -> Iterator:
     return grouped()
 
 
-def _in_loop(spec, caches, train_step, batch, device, share, clock, fits: Callable[[int], bool]) -> InLoop:
+def _in_loop(spec, caches, train_step, batch, device, *, share: float, clock, fits: Callable[[int], bool]) -> InLoop:
     """The loop's own input work at num_workers=0, in the loop's conditions: a training
     step on a device batch, untimed, then the batch sampler's next batch and its items
     fetched as the DataLoader's fetcher does (`__getitems__` where the dataset has it),
