@@ -1,5 +1,12 @@
 """bisect-pipeline: find the stage of a PyTorch input pipeline that starves the training step."""
 
+import time as _time
+
+# When this program's own code first ran, on time.perf_counter's clock (before torch is
+# imported): where the process was exec'd by a shell that worked first, its fork time is
+# the shell's (api.program_start).
+_FIRST_CODE_AT = _time.perf_counter()
+
 from .api import Interrupted, bisect
 from .core.errors import BisectError
 from .loop import ScriptStopped, Session, watch, watching

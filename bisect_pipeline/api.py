@@ -21,7 +21,7 @@ from .measure.experiment import Experiment
 from .measure.plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Budget, Plan, plan_budget
 from .measure.visit import drive_all
 from .phases import Options
-from .pipeline import state
+from .pipeline import integrations, state
 from .pipeline import loader as loader_mod
 from .pipeline.workload import Workload, validate
 from .report import Report
@@ -137,19 +137,42 @@ def run_budget(options: Options, one_process: bool = True, startup: Optional[flo
                        startup_s=startup, verify_seconds=options.verify_seconds)
 
 
-# When this process started, on time.perf_counter's clock: set by the command line
+# When this program started, on time.perf_counter's clock: set by the command line
 # (mark_process_start), so that a run's start-up (imports, the entry function or the
 # script up to its loader) is reported; None in a Python session, where it means nothing.
 PROCESS_START: list = [None]
+# The interpreter's own start before this program's first line (python's bootstrap, site,
+# the console script's wrapper): tens of milliseconds, well under this on any machine that
+# can train. A process forked more than this before that line was exec'd after other work
+# (bash -c "pip install -e . && bisect-pipeline demo" execs its last command in place, the
+# install's minute in the same process): that work is not this program's start-up.
+BOOT_S = 0.5
 
 
 def mark_process_start() -> None:
-    """Note when this process started (Linux: /proc/self/stat's start time against
-    /proc/uptime; elsewhere: now, the imports then not counted)."""
-    PROCESS_START[0] = time.perf_counter() - _process_age()
+    """Note when this program started (program_start)."""
+    PROCESS_START[0] = program_start()
 
 
-def _process_age() -> float:
+def program_start(first_code: Optional[float] = None) -> float:
+    """When this program started, on time.perf_counter's clock: the process's fork time
+    (Linux: /proc/self/stat's start time against /proc/uptime), which counts the
+    interpreter's own start, unless it lies more than BOOT_S before this program's first
+    line ran (`first_code`: bisect_pipeline's import, before torch's), the process exec'd
+    in place after other work (an exec keeps the fork time): then that first line, the
+    shell's work not counted. Elsewhere (no /proc): that first line."""
+    import bisect_pipeline
+
+    first = bisect_pipeline._FIRST_CODE_AT if first_code is None else first_code
+    age = _process_age()
+    if age is None:
+        return first
+    forked = time.perf_counter() - age
+    return forked if first - forked <= BOOT_S else first
+
+
+def _process_age() -> Optional[float]:
+    """Seconds since this process was forked (None where /proc cannot tell)."""
     try:
         with open("/proc/self/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -157,7 +180,7 @@ def _process_age() -> float:
             uptime = float(f.read().split()[0])
         return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
-        return 0.0
+        return None
 
 
 def startup_s(start_t: float, clock: Callable[[], float]) -> Optional[float]:
@@ -199,8 +222,14 @@ def check_options(points: Optional[Iterable[str]], *, max_seconds: float, cache_
     return selected
 
 
-def describe(loader: Any) -> loader_mod.LoaderSpec:
-    """The loader's settings, and a clear error for an empty dataset."""
+def describe(loader: Any) -> Any:
+    """The loader's settings (a LoaderSpec; a torchdata.nodes graph's NodeSpec), and a
+    clear error for an empty dataset."""
+    if integrations.nodes.is_graph(loader):
+        try:
+            return integrations.nodes.describe(loader)
+        except Exception as exc:
+            raise BisectError(f"the torchdata.nodes graph could not be read: {type(exc).__name__}: {exc}") from exc
     spec = loader_mod.describe(loader)
     try:
         n = None if spec.iterable else len(spec.dataset)

@@ -44,7 +44,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import dis
 import gc
+import importlib.util
+import linecache
 import os
 import site
 import sys
@@ -57,17 +60,24 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 
-from . import api, phases
+from . import api, loop_target, phases
 from .advise import change
 from .core import faults
 from .core.errors import BisectError
 from .core.results import Measurements, PointResult
 from .derive.verdict import POINTS
-from .measure import allocator, devices, distributed, sources
+from .measure import allocator, devices, distributed, graph, sources
 from .phases import Options
+from .pipeline.integrations import nodes, webdataset
 from .pipeline.step import to_device
 from .report import Report
 from .report.ranks import combine
+
+# A loop with no training loader chosen is told it waits after this share of --max-seconds
+# (6 s at the default 60): a loop that accumulates gradients takes several batches before
+# its first step, at which its loader is chosen, and a short script with no loader ends
+# with its one paragraph alone.
+SAY_WAITING_SHARE = 0.1
 
 # Frames of these packages are not where a loader is created: its creator is the first
 # frame outside them (the user's script).
@@ -159,6 +169,32 @@ def _patched_iter(self: DataLoader) -> Any:
     s = _current()
     if s is None or s.busy:
         return _ORIGINAL["iter"](self)
+    if "webdataset" in sys.modules and self not in s.loop_stages:  # iterated by a WebLoader?
+        s.loop_stages[self] = webdataset.loop_stages_of(self, sys._getframe(1))
+    return s.iterate(self)
+
+
+def _patched_graph_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """tn.Loader.__init__ and BaseNode.__init__: where a node graph's loader (a Loader, a
+    root node) was created."""
+    _ORIGINAL["loader init" if nodes.is_loader(self) else "node init"](self, *args, **kwargs)
+    s = _current()
+    if s is not None and not s.busy and type(self).__name__ != "LoaderIterator":
+        s.created(self)
+
+
+def _patched_loader_iter(self: Any) -> Any:
+    s = _current()
+    if s is None or s.busy or sys._getframe(1).f_code.co_name == "state_dict":  # (Loader.state_dict's own iter())
+        return _ORIGINAL["loader iter"](self)
+    return s.iterate(self)
+
+
+def _patched_node_iter(self: Any) -> Any:
+    """BaseNode.__iter__ (it returns the node): a root node the loop iterates itself."""
+    s = _current()
+    if s is None or s.busy or type(self).__name__ == "LoaderIterator":
+        return self
     return s.iterate(self)
 
 
@@ -186,6 +222,25 @@ def _install() -> None:
     DataLoader.__init__ = _patched_init
     DataLoader.__iter__ = _patched_iter
     argparse.ArgumentParser.parse_known_args = _patched_parse_known_args
+    tn = _torchdata_nodes()
+    if tn is not None:
+        _ORIGINAL.update({"loader init": tn.Loader.__init__, "loader iter": tn.Loader.__iter__,
+                          "node init": tn.BaseNode.__init__, "node iter": tn.BaseNode.__iter__})
+        tn.Loader.__init__ = _patched_graph_init
+        tn.Loader.__iter__ = _patched_loader_iter
+        tn.BaseNode.__init__ = _patched_graph_init
+        tn.BaseNode.__iter__ = _patched_node_iter
+
+
+def _torchdata_nodes() -> Any:
+    """torchdata.nodes where it is installed (patched like DataLoader), else None."""
+    try:
+        if importlib.util.find_spec("torchdata") is None:
+            return None
+        import torchdata.nodes as tn
+    except Exception:  # a broken install: its loaders are then iterated as they are
+        return None
+    return tn
 
 
 def _uninstall() -> None:
@@ -194,6 +249,10 @@ def _uninstall() -> None:
     DataLoader.__init__ = _ORIGINAL.pop("init")
     DataLoader.__iter__ = _ORIGINAL.pop("iter")
     argparse.ArgumentParser.parse_known_args = _ORIGINAL.pop("parse")
+    if "loader init" in _ORIGINAL:
+        tn = _torchdata_nodes()
+        tn.Loader.__init__, tn.Loader.__iter__ = _ORIGINAL.pop("loader init"), _ORIGINAL.pop("loader iter")
+        tn.BaseNode.__init__, tn.BaseNode.__iter__ = _ORIGINAL.pop("node init"), _ORIGINAL.pop("node iter")
     _ORIGINAL.pop("hook").remove()
     faults.forget_in_child(_ORIGINAL.pop("undo"))
 
@@ -207,9 +266,30 @@ def _forget_in_child() -> None:
     _uninstall()
 
 
-def real_iter(loader: DataLoader) -> Any:
-    """The loader's own iterator, patched or not."""
+def real_iter(loader: Any) -> Any:
+    """The loader's own iterator, patched or not (a root node is its own iterator)."""
+    if nodes.is_loader(loader):
+        return _ORIGINAL.get("loader iter", type(loader).__iter__)(loader)
+    if nodes.is_node(loader):
+        return loader
     return _ORIGINAL.get("iter", DataLoader.__iter__)(loader)
+
+
+def _data_of(loader: Any) -> Any:
+    """What identifies a loader's data across a framework's copies of the loader: a
+    DataLoader's dataset; a node graph itself."""
+    return loader if nodes.is_graph(loader) else getattr(loader, "dataset", None)
+
+
+def _described(loader: Any) -> tuple:
+    """(the name of its data, its batch size) for the report's list of loaders."""
+    if nodes.is_graph(loader):
+        try:
+            spec = nodes.describe(loader)
+            return f"{type(loader).__name__} over {spec.settings()['dataset']}", spec.batch_size
+        except Exception:
+            return type(loader).__name__, None
+    return type(getattr(loader, "dataset", None)).__name__, getattr(loader, "batch_size", None)
 
 
 def _creation_site(loader: DataLoader) -> Optional[str]:
@@ -247,6 +327,11 @@ def _length(loader: Any) -> Optional[int]:
     length, not a subclass's __len__ (timm's MultiEpochsDataLoader iterates one endless
     iterator and ends its epochs in its own __iter__, after len(self) batches); None where
     the iterator ends no epoch itself."""
+    if nodes.is_graph(loader):  # a node graph's epoch: its source's length through its Batcher, where known
+        try:
+            return nodes.describe(loader).batches_per_epoch
+        except Exception:
+            return None
     try:
         return DataLoader.__len__(loader)
     except TypeError:  # an IterableDataset without __len__, an endless batch sampler
@@ -273,8 +358,12 @@ def epochs_asked(namespace: Any) -> Optional[int]:
 
 
 def _close(it: Any, loader: DataLoader) -> None:
-    """Shut a loader's own iterator down (its workers), and forget it when the loader
-    keeps it for its persistent workers, so that a later iter() starts a new one."""
+    """Shut a loader's own iterator down (its workers; a node graph's threads: its next
+    iter() starts them again), and forget it when the loader keeps it for its persistent
+    workers, so that a later iter() starts a new one."""
+    if nodes.is_graph(loader):
+        graph.shutdown(it)
+        return
     sources.shutdown(it)
     if getattr(loader, "_iterator", None) is it:
         loader._iterator = None
@@ -379,9 +468,9 @@ class Session:
                  tune: bool = False, patch: bool = False, progress: Optional[Callable[[dict], None]] = None,
                  on_report: Optional[Callable[[Report], None]] = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        if loader is not None and not isinstance(loader, (int, DataLoader)):
-            raise BisectError(f"loader must be the N-th loader iterated (an int, from 1) or a DataLoader, got "
-                              f"{type(loader).__name__}.")
+        if loader is not None and not isinstance(loader, (int, DataLoader)) and not nodes.is_graph(loader):
+            raise BisectError(f"loader must be the N-th loader iterated (an int, from 1), a DataLoader or a "
+                              f"torchdata.nodes Loader, got {type(loader).__name__}.")
         if isinstance(loader, int) and not isinstance(loader, bool) and loader < 1:
             raise BisectError(f"--loader counts loaders from 1 in the order your script iterates them, got {loader}.")
         self.options = Options(api.check_options(points, max_seconds=max_seconds, cache_mb=cache_mb,
@@ -401,6 +490,9 @@ class Session:
         self._sites: dict = {}  # id(dataset) -> where its first loader was created
         self._site_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # loader -> where it was created
         self._born: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # loader -> when it was created (clock)
+        # loader -> the stages the loop runs on its batches in its own process (the WebLoader
+        # iterating it: integrations.webdataset.LoopStages), or None
+        self.loop_stages: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.args: Any = None  # the script's command line as its argparse parsed it (the last parse)
         self.expected: Optional[dict] = None  # the batches the script trains on, where its epochs are known
         self.created_count = 0
@@ -423,6 +515,11 @@ class Session:
         self.pid = os.getpid()
         self._coord: Any = None
         self.argv: Optional[list] = None  # the script's command line, under `run` (the tune section's command)
+        self.first_step: Optional[float] = None  # (clock) the loop's first step or batch with no loader chosen
+        self.first_by = "optimizer step"
+        self._said_waiting = False
+        self.stepped = False  # an optimizer step was seen
+        self.gave_up: Optional[str] = None  # why the loop was stopped (or let train on) with no loader: _waiting
 
     # -- open and close ---------------------------------------------------------------
 
@@ -490,7 +587,7 @@ class Session:
     def created(self, loader: DataLoader) -> None:
         self.created_count += 1
         where = _creation_site(loader)
-        self._sites.setdefault(id(getattr(loader, "dataset", None)), where)  # a framework's copy keeps the creator
+        self._sites.setdefault(id(_data_of(loader)), where)  # a framework's copy keeps the creator
         self._site_of[loader] = where
         self._born[loader] = self.clock()
 
@@ -562,8 +659,11 @@ class Session:
     def observed(self, seen: Seen) -> None:
         self.current = seen
         seen.with_grad = torch.is_grad_enabled()
+        if self.chosen is None and self.state == "choosing":
+            self._waiting(sys._getframe(1), seen)
 
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None:
+        self.stepped = True
         if self.step_device is None:
             self.step_device = _param_device(optimizer)
         cand = self._candidate() if self._candidate is not None else None
@@ -572,6 +672,87 @@ class Session:
         if self.chosen is None and self.target is None and self.current is not None and self.current.with_grad:
             ref = self._loaders.get(self.current.index)
             self.chosen = ref() if ref is not None else None
+        if self.chosen is None and self.state == "choosing":
+            self._waiting(sys._getframe(1))
+
+    # -- never silent: a loop that iterates nothing the tool can cache ------------------
+
+    def _waiting(self, frame: Any, seen: Optional[Seen] = None) -> None:
+        """The loop runs (it takes optimizer steps, or batches of a loader: `seen`) and no
+        training loader is chosen: said once, after SAY_WAITING_SHARE of --max-seconds
+        (what the loop iterates, and how long the tool waits); once the loop has run for
+        --max-seconds, the script is stopped with the one paragraph that says why
+        (`gave_up`), or, with keep_training, let train on."""
+        now = self.clock()
+        if self.first_step is None:
+            self.first_step, self.first_by = now, "optimizer step" if seen is None else "batch"
+        waited = now - self.first_step
+        if not self._said_waiting and waited >= SAY_WAITING_SHARE * self.options.max_seconds:
+            self._said_waiting = True
+            target = self._loop_target(frame, seen)
+            if target is None:
+                over = "your script takes optimizer steps outside any `for` loop the tool could read"
+            elif seen is not None and not self.stepped:
+                over = f"your loop ({target.where}) takes batches of {target.what} but no optimizer step"
+            else:
+                over = f"your loop ({target.where}) takes optimizer steps over {target.what}"
+            self._say(f"waiting for a training loader the tool can cache: {over}; it waits "
+                      f"{self.options.max_seconds:g} s (--max-seconds) for one")
+        if waited >= self.options.max_seconds:
+            self.gave_up = self._never_silent(self._loop_target(frame, seen), waited)
+            if self.keep_training:  # said now (and again when the script ends); stopped, it is said once then
+                self._say(self.gave_up)
+                self.state = "done"  # its loaders yield their own batches from now on
+                return
+            self.ended = ("stopped", None)
+            self._stop_graphs()
+            raise ScriptStopped()
+
+    def _loop_target(self, frame: Any, seen: Optional[Seen] = None) -> Optional[loop_target.Target]:
+        """What the loop iterates (loop_target.find); where it takes batches of a loader it
+        does not iterate in that `for` (`seen`), that loader at the loop's line."""
+        skipped = _skipped_dirs()
+
+        def user_code(f: Any) -> bool:
+            name = f.f_code.co_filename
+            return not name.startswith("<") and not os.path.abspath(name).startswith(skipped)
+
+        def site_of(obj: Any) -> Optional[str]:
+            try:
+                return self._site_of.get(obj)
+            except TypeError:  # not weakly referable: no loader of ours
+                return None
+        try:
+            target = loop_target.find(frame, user_code, site_of)
+            ref = self._loaders.get(seen.index) if seen is not None else None
+            loader = ref() if ref is not None else None
+            if loader is not None and (target is None or target.obj is not loader):
+                return loop_target.at(frame, loader, user_code, site_of, seen.index)
+            if target is not None and seen is not None and target.obj is loader:
+                what, why = loop_target.describe(loader, None, site_of, seen.index)
+                return dataclasses.replace(target, what=what, why=why)
+            return target
+        except Exception:  # reading the frames is best effort: the message says less
+            return None
+
+    def _never_silent(self, target: Optional[loop_target.Target], waited: float) -> str:
+        """The one paragraph said when the loop ran for --max-seconds without a training
+        loader the tool can cache."""
+        takes = "iterates" if target is None or target.line.startswith("for ") else "takes batches of"
+        loop = (f"your loop ({target.where}: `{target.line}`) {takes} {target.what}, {target.why}."
+                if target is not None else
+                "its optimizer steps are not taken inside a `for` loop the tool could read.")
+        seen = "; ".join(f"#{x.index} {x.dataset} ({x.batches} batches, created at {x.created_at or '?'})"
+                         for x in self.seen)
+        return (f"no training loader after {waited:.0f} s of your loop (--max-seconds {self.options.max_seconds:g}, "
+                f"from its first {self.first_by}): {loop}"
+                + (f" Loaders it iterated: {seen}." if seen else "")
+                + (" It trains on (--keep-training)." if self.keep_training else
+                   " The script is stopped (--keep-training lets it train on)."))
+
+    def _say(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress({"event": "waiting", "message": message})
 
     def epoch_ended(self) -> None:
         self._void()
@@ -592,8 +773,7 @@ class Session:
     def _seen_of(self, loader: DataLoader) -> Seen:
         seen = self._seen.get(loader)
         if seen is None:
-            seen = Seen(len(self.seen) + 1, type(getattr(loader, "dataset", None)).__name__,
-                        getattr(loader, "batch_size", None), self._sites.get(id(getattr(loader, "dataset", None))))
+            seen = Seen(len(self.seen) + 1, *_described(loader), self._sites.get(id(_data_of(loader))))
             self._seen[loader] = seen
             self._loaders[seen.index] = weakref.ref(loader)
             self.seen.append(seen)
@@ -621,7 +801,18 @@ class Session:
             self._report(interrupted=False)
         if self.keep_training and self.error is None:
             raise _Passthrough()
+        self._stop_graphs()
         raise ScriptStopped(self.report, self.error)
+
+    def _stop_graphs(self) -> None:
+        """Before the tool stops the script: the threads of the node graphs it iterated
+        (its own iterators, left running in its loop) are stopped, or the interpreter's
+        exit aborts in them (a thread inside torch at exit: 'terminate called without an
+        active exception')."""
+        for ref in self._loaders.values():
+            loader = ref()
+            if loader is not None and nodes.is_graph(loader):
+                graph.shutdown(loader)
 
     def _stream(self) -> Iterator:
         """Every phase's visits (phases.measure), their batches handed to the loop."""
@@ -635,6 +826,7 @@ class Session:
         exp = self.exp = api.start(spec, dev, self.options, coord=coord, clock=self.clock, progress=self.progress,
                                    loop=True, started=self._born.get(self.chosen))
         exp.move = lambda batch: to_device(batch, dev)  # where the device point's batches are put
+        exp.loop_stages = self.loop_stages.get(self.chosen)  # run by the loop itself, timed alone
         exp.room = self._room
         self.expected = self._expected() if coord is None else None
         exp.batches_left = self._batches_left
@@ -704,7 +896,7 @@ class Session:
     def _nothing_measured(self) -> Any:
         """The measurements of a run whose script ended before a training loader was
         chosen: every point not run, and the loaders seen (the partial --json)."""
-        why = f"no training loader was found: {self.summary_of_what_was_seen()}"
+        why = self.gave_up or f"no training loader was found: {self.summary_of_what_was_seen()}"
         dev = self.device or self.step_device or devices.resolve(None)
         return Measurements(device=str(dev), batch_size=1, points=tuple(
             PointResult(name, "not run", reason=why) for name in POINTS), complete=False, mode="loop",
@@ -734,9 +926,10 @@ class Watched:
     as the loader; `report` once the verdict is in, after which it yields the loader's own
     batches again (the experiment ran on len(loader) batches per epoch meanwhile)."""
 
-    def __init__(self, loader: DataLoader, **options: Any) -> None:
-        if not isinstance(loader, DataLoader):
-            raise BisectError(f"watch() takes a torch.utils.data.DataLoader, got {type(loader).__name__}.")
+    def __init__(self, loader: Any, **options: Any) -> None:
+        if not isinstance(loader, DataLoader) and not nodes.is_graph(loader):
+            raise BisectError(f"watch() takes a torch.utils.data.DataLoader or a torchdata.nodes Loader, got "
+                              f"{type(loader).__name__}.")
         self.loader = loader
         self.session = Session(loader=loader, keep_training=options.pop("keep_training", True), **options)
         self._open = False
@@ -746,7 +939,10 @@ class Watched:
         return self.session.report
 
     def __len__(self) -> int:
-        return len(self.loader)
+        n = _length(self.loader)
+        if n is None:
+            raise TypeError(f"this {type(self.loader).__name__} has no length")
+        return n
 
     def __iter__(self) -> Any:
         if self.session.state == "done":

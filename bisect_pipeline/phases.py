@@ -96,9 +96,24 @@ def measure(exp: Experiment, options: Options, *, coord: Any, held: allocator.He
         yield counted
         exp.syncs = counted.syncs
     draft = exp.measurements(options.points, held=held.record(), interrupted=False)
-    exp.verification = yield from _verify(exp, to_check(draft), options.verify_seconds, tuning=options.tune)
-    if options.tune:
-        exp.tuning = yield from _tune(exp, draft, options.verify_seconds)
+    t = _spent(exp, "bisecting", exp.start)
+    try:
+        exp.verification = yield from _verify(exp, to_check(draft), options.verify_seconds, tuning=options.tune)
+        t = _spent(exp, "checking", t)
+        if options.tune:
+            exp.tuning = yield from _tune(exp, draft, options.verify_seconds)
+            _spent(exp, "searching", t)
+    finally:
+        exp.close_kept()  # the pool of the user's side, kept from trial to trial (verify._visit)
+
+
+def _spent(exp: Experiment, part: str, since: float) -> float:
+    """Note the time `part` took, from `since` to now (the budget's `spent`: where the time
+    went, beside how it was divided); returns now."""
+    now = exp.clock()
+    if exp.budget is not None:
+        exp.budget = exp.budget.spending(part, now - since)
+    return now
 
 
 def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float], tuning: bool = False):
@@ -150,8 +165,14 @@ def _tune(exp: Experiment, draft: Any, verify_seconds: Optional[float]):
     checked = exp.verification
     spent = (checked.elapsed_s or 0.0) if checked is not None else 0.0
     budget = (max(0.0, exp.end - exp.clock()) if verify_seconds is None else max(0.0, float(verify_seconds) - spent))
-    budget = min(budget, batch_seconds(exp))
-    search = tune.Search(exp, space, budget_s=budget, seeds=tuple(checked.trials) if checked is not None else ())
+    budget = min(budget, batch_seconds(exp, paired=True))
+    # while it has no change to check, the search may run into the change's check's share
+    # but for the least that check needs (plan.Budget.patch_least)
+    b = exp.budget
+    reach = (exp.start + b.max_seconds - b.patch_least - exp.clock()
+             if b is not None and b.patching and verify_seconds is None else 0.0)
+    search = tune.Search(exp, space, budget_s=budget, seeds=tuple(checked.trials) if checked is not None else (),
+                         reach_s=min(reach, batch_seconds(exp, paired=True)))
     yield from search
     return search.result
 
@@ -161,14 +182,21 @@ def _tune(exp: Experiment, draft: Any, verify_seconds: Optional[float]):
 BATCH_MARGIN = 8
 
 
-def batch_seconds(exp: Experiment) -> float:
+def batch_seconds(exp: Experiment, paired: bool = False) -> float:
     """The time the batches the user's script has left last at the fastest a setting may
     consume them (the fastest point measured: no setting of the loader beats the step
-    alone), less BATCH_MARGIN of them; infinite where the script's length is not known."""
+    alone), less BATCH_MARGIN of them; infinite where the script's length is not known.
+    `paired`: consumed by trials (verify.alternate), half of whose time goes to visits of
+    the user's own settings at the full point's rate: at the harmonic mean of the two
+    rates (a script of 6,400 batches read 3.8 s for the search at the ceiling's 0.76 ms a
+    batch, where its own 68 ms made it 7 s of alternating visits at least, and more)."""
     left = exp.batches_left()
     sec = exp.step_estimate()
     if left is None or sec is None:
         return float("inf")
+    full = exp.results.get("full")
+    if paired and full is not None and full.ok:
+        sec = 2.0 / (1.0 / sec + 1.0 / full.throughput.sec_per_batch)
     return max(0.0, (left - BATCH_MARGIN) * sec)
 
 

@@ -3,7 +3,7 @@
 The phases emit events (`Experiment.emit`: {"event": "cache"}, {"event": "point", "point",
 "index", "total"}, {"event": "window", "point", "window", "max_windows", "index",
 "total"}, {"event": "confirm", "transform", "where"}, {"event": "verify", "item",
-"settings"}, {"event": "warning", "message"}). `describe(event)` turns any of them into
+"settings"}, {"event": "warning", "message"}, {"event": "waiting", "message"}). `describe(event)` turns any of them into
 words, in this one place, as a pure function of the event; the writers only write what
 it returns:
 
@@ -74,6 +74,8 @@ def describe(event: dict) -> Optional[Said]:
         return Said(f"{what}: {settings or 'your settings'}")
     if kind == "warning":
         return Said(f"warning: {event['message']}", "warning")
+    if kind == "waiting":  # a user's loop with no training loader yet (loop.Session._waiting): a line everywhere
+        return Said(event["message"], "warning")
     return None
 
 

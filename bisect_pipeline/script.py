@@ -103,6 +103,9 @@ def _outcome(session: Session, outcome: Any, interrupt_code: Callable[[], int]) 
 
 
 def _no_verdict(session: Session, report: Optional[Report], kind: Optional[str], detail: Any) -> str:
+    gave_up = getattr(session, "gave_up", None)
+    if gave_up:  # the loop ran its --max-seconds with no loader the tool can cache (loop.Session._waiting)
+        return gave_up
     if kind == "raised":
         why = f"your script raised {type(detail).__name__}: {detail}"
     elif kind == "exit":

@@ -289,3 +289,28 @@ class _SlowFile:
         if name in ("_f", "_slow", "_first"):
             raise AttributeError(name)
         return getattr(self._f, name)
+
+
+def planted_nodes(kind: str, num_workers: int = 2, *, batch_size: int = 8, per_sample_ms: float = 5.0,
+                  step_ms: float = 2.0, model_step_ms: float = 80.0, n: int = 64, method: str = "thread",
+                  prefetch_factor: Optional[int] = 2, loader: bool = True) -> tuple[nn.Module, Any]:
+    """(model, a torchdata.nodes Loader) with one planted bottleneck, as `planted`:
+
+        IterableWrapper(PlantedIterable: load) -> ParallelMapper(Sleep: augment, num_workers)
+        -> Batcher(batch_size) -> Mapper(SlowCollate or default_collate: collate) -> Prefetcher
+
+    The source is read in one thread (its cost per batch is the batch's per-sample cost),
+    the augment spread over the mapper's workers, the collate in the Prefetcher's thread.
+    `loader=False`: the root node itself; `prefetch_factor=None`: no Prefetcher."""
+    import torchdata.nodes as tn
+
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    source = tn.IterableWrapper(PlantedIterable(n=n, load_ms=per_sample_ms if kind == "load" else 0.0))
+    node = tn.ParallelMapper(source, Sleep(per_sample_ms if kind == "augment" else 0.0), num_workers=num_workers,
+                             method=method)
+    node = tn.Batcher(node, batch_size=batch_size)
+    node = tn.Mapper(node, SlowCollate(per_sample_ms * batch_size) if kind == "collate" else default_collate)
+    if prefetch_factor:
+        node = tn.Prefetcher(node, prefetch_factor=prefetch_factor)
+    return tiny_model(model_step_ms if kind == "model" else step_ms), (tn.Loader(node) if loader else node)

@@ -16,6 +16,7 @@ reads relative to itself is generated beside it and nothing is written into a ch
     git clone https://github.com/Project-MONAI/tutorials
     git clone https://github.com/Lightning-AI/pytorch-lightning        # examples/
     git clone https://github.com/huggingface/diffusers                 # examples/
+    git clone https://github.com/pytorch/data                          # examples/nodes (torchdata)
     pip install diffusers tensorboard "jsonargparse[signatures]" pycocotools
 
     python scripts/bench_public_scripts.py --list
@@ -65,7 +66,13 @@ The cases (`--list` for their arguments; data sizes are small, written under OUT
 - diffusers-ddpm (diffusers examples/unconditional_image_generation/train_unconditional.py,
   accelerate, `DataLoaderShard`): a 200-image folder of 48x48 JPEGs through `datasets`'
   imagefolder, a small UNet2DModel config generated with `save_config`, 2 workers not
-  persistent; `diffusers-bf16`: `--mixed_precision bf16` (accelerate's autocast on the CPU).
+  persistent; `diffusers-bf16`: `--mixed_precision bf16` (accelerate's autocast on the CPU);
+- nodes-imagenet (pytorch/data examples/nodes/imagenet_benchmark.py at 9cbb3e4, `--torchdata`):
+  a torchdata.nodes Loader (IterableWrapper -> Batcher -> ParallelMapper of 4 threads ->
+  Prefetcher) over the ImageFolder's train split, batch 16; it takes no optimizer step,
+  so it runs with `--loader 1`; `nodes-imagenet-silent`: without, it must end within
+  --max-seconds with the paragraph naming the Loader (exit 1). Hand probes of its
+  stages: scripts/probe_nodes_imagenet.py.
 
 Not cases: Lightning's domain_templates/semantic_segmentation.py (its KITTI dataset calls
 `torch.tensor` on a PIL image, which torch 2.x rejects: the script fails on its own);
@@ -112,13 +119,15 @@ class Case:
     filled in), `data` the generators it needs, `entry` the entry for the same pipeline."""
 
     def __init__(self, repo, files, script, args, data=(), entry=None, keep=False, workers="",
-                 allowance=150.0, cwd=None, what=""):
+                 allowance=150.0, cwd=None, what="", rev=None, tool=()):
         self.repo, self.files, self.script, self.args = repo, files, script, args
         self.data, self.entry, self.keep, self.workers = tuple(data), entry, keep, workers
         self.allowance, self.cwd, self.what = allowance, cwd, what
+        self.rev, self.tool = rev, tuple(tool)  # a commit of the checkout instead of HEAD; the tool's own options
 
 
 IMAGEFOLDER = "{data}/imagefolder"
+NODES_REV = "9cbb3e4ee94950f6b2e791fee3bdff6384fa7c5c"  # pytorch/data, 2024-12-12 (#1391)
 TIMM_ARGS = ["--data-dir", IMAGEFOLDER, "--train-split", "train", "--val-split", "val", "--model", "resnet18",
              "--num-classes", "10", "--input-size", "3", "64", "64", "-b", "16", "-j", "2", "--device", "cpu",
              "--log-interval", "5", "--output", "{out}", "--checkpoint-hist", "1"]
@@ -199,6 +208,18 @@ CASES = {
     "fabric-lm": Case("lightning", ["examples/fabric/language_model"], "examples/fabric/language_model/train.py", [],
                       ["wikitext"], cwd="run", workers="none",
                       what="text: Lightning's demo Transformer on WikiText2's layout (./data/wikitext-2.txt)"),
+    # torchdata.nodes: pytorch/data's ImageNet benchmark at the commit whose graph is
+    # IterableWrapper -> Batcher -> ParallelMapper(4 threads) -> Prefetcher (HEAD imports spdl). It
+    # loads and takes no optimizer step: measured with --loader 1 (its loop the step);
+    # without, the tool says what the loop iterates within --max-seconds and exits 1.
+    "nodes-imagenet": Case("torchdata", ["examples/nodes"], "examples/nodes/imagenet_benchmark.py",
+                           ["-d", IMAGEFOLDER + "/train", "--max-steps", "100000000", "--max-duration", "100000"],
+                           ["imagefolder"], workers="4 threads (ParallelMapper), Prefetcher(2)", rev=NODES_REV,
+                           tool=["--loader", "1"], what="torchdata.nodes Loader, no optimizer: --loader 1"),
+    "nodes-imagenet-silent": Case("torchdata", ["examples/nodes"], "examples/nodes/imagenet_benchmark.py",
+                                  ["-d", IMAGEFOLDER + "/train", "--max-steps", "100000000", "--max-duration",
+                                   "100000"], ["imagefolder"], workers="4 threads", rev=NODES_REV, allowance=30,
+                                  what="never silent: no optimizer step, exit 1 naming the Loader"),
     # Hugging Face diffusers (accelerate)
     "diffusers-ddpm": Case("diffusers", ["examples/unconditional_image_generation"],
                            "examples/unconditional_image_generation/train_unconditional.py",
@@ -476,15 +497,17 @@ def revision(path: str) -> str:
     return r.stdout.strip()[:12] if r.returncode == 0 else "unknown (not a git checkout)"
 
 
-def copy_files(repo: str, files, dest: str) -> None:
-    """The case's files from a checkout (copied) or a bare git dir (`git archive HEAD`)."""
+def copy_files(repo: str, files, dest: str, rev: str = None) -> None:
+    """The case's files from a checkout (copied) or a bare git dir (`git archive HEAD`);
+    with `rev`, `git archive REV` from either."""
     os.makedirs(dest, exist_ok=True)
     git = _git_dir(repo)
     for f in files:
         if os.path.exists(os.path.join(dest, f)):
             continue
-        if git:
-            archive = subprocess.run(["git", "--git-dir", git, "archive", "HEAD", f], capture_output=True)
+        if git or rev:
+            where = ["--git-dir", git] if git else ["-C", repo]
+            archive = subprocess.run(["git", *where, "archive", rev or "HEAD", f], capture_output=True)
             subprocess.run(["tar", "-x", "-C", dest], input=archive.stdout, check=True)
             if not os.path.exists(os.path.join(dest, f)):
                 raise SystemExit(f"{f} not in {repo}: {archive.stderr.decode()[-400:]}")
@@ -578,8 +601,8 @@ def summary(doc: dict) -> str:
 
 def run_case(name: str, case: Case, repo: str, args, env) -> dict:
     out = os.path.abspath(args.out)
-    src = os.path.join(out, "src", case.repo)
-    copy_files(repo, case.files, src)
+    src = os.path.join(out, "src", case.repo + (f"@{case.rev[:12]}" if case.rev else ""))
+    copy_files(repo, case.files, src, case.rev)
     data = os.path.join(out, "data")
     for kind in case.data:
         make_data(kind, data, os.path.join(out, "src"))
@@ -596,7 +619,7 @@ def run_case(name: str, case: Case, repo: str, args, env) -> dict:
     with contextlib.suppress(FileNotFoundError):
         os.remove(report)
     tool = [sys.executable, "-m", "bisect_pipeline", "run", "--json", report, "--max-seconds",
-            str(args.max_seconds), "--device", "cpu"] + (["--keep-training"] if case.keep else [])
+            str(args.max_seconds), "--device", "cpu"] + (["--keep-training"] if case.keep else []) + list(case.tool)
     cmd = tool + [os.path.join(src, case.script)] + script_args
     print(f"[{name}] {' '.join(cmd[2:])}  (cwd {cwd})", flush=True)
     rc, stdout, stderr, wall = run_process(cmd, cwd, env, args.max_seconds + case.allowance, args.lock)
@@ -604,7 +627,8 @@ def run_case(name: str, case: Case, repo: str, args, env) -> dict:
         f.write(stderr)
     with open(os.path.join(out, "results", f"{name}.stdout.txt"), "w") as f:
         f.write(stdout)
-    result = {"name": name, "repo": case.repo, "revision": revision(repo), "script": case.script,
+    result = {"name": name, "repo": case.repo, "revision": case.rev[:12] if case.rev else revision(repo),
+              "script": case.script,
               "args": script_args, "keep_training": case.keep, "workers": case.workers, "what": case.what,
               "exit": rc, "wall_s": round(wall, 1), "reports": stderr.count(REPORT_LINE),  # also after a tqdm bar's text (no newline)
               "json": os.path.exists(report), "stderr_tail": stderr[-1500:]}
@@ -668,7 +692,7 @@ def markdown(results) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for repo in ("examples", "timm", "vision", "monai", "lightning", "diffusers"):
+    for repo in ("examples", "timm", "vision", "monai", "lightning", "diffusers", "torchdata"):
         ap.add_argument(f"--{repo}", help=f"a checkout (or bare git dir) of the {repo} repository")
     ap.add_argument("--only", default=None, help="comma-separated case names (default: every case whose repo is given)")
     ap.add_argument("--list", action="store_true", help="list the cases and their arguments")

@@ -32,7 +32,17 @@ sys.path[:0] = [os.path.join(_TESTS, d) for d in sorted(os.listdir(_TESTS))
 # Short windows keep each end-to-end run to a few seconds; the verdict margins below
 # do not need more.
 FAST_PLAN = Plan(window_seconds=0.15)
-
+# A run whose test asserts what was measured and how (statuses, reasons, batch sizes,
+# warnings, files), not a verdict: one round of one short window a point, under a second
+# without workers where FAST_PLAN's three rounds or more take 5-8 s. A verdict needs
+# FAST_PLAN (and assert_names).
+TINY_PLAN = Plan(window_seconds=0.05, windows_per_visit=1, max_warmup_windows=0, min_warmup_steps=1, min_rounds=1,
+                 max_rounds=1)
+# Samples enough that an epoch of a loader with workers lasts longer than
+# plan.EPOCH_WINDOW_S: its epoch start is then estimated from the full point's first
+# batch, not timed in a visit of its own (3-5 s a run), where a test's subject is not
+# the epoch start (test_epoch_start.py, test_verify.py's short epochs time it).
+LONG_EPOCHS = 2048
 
 
 class FakeClock:
@@ -199,14 +209,15 @@ def one_intra_op_thread():
 def planted_run():
     """`planted_run(kind, num_workers)`: the report of bisect() on testing.planted(kind,
     num_workers) with the tests' plan and no advice check, made once per session, so that
-    several tests assert on one real run."""
+    several tests assert on one real run. With workers, epochs of LONG_EPOCHS samples
+    (the verdict is these runs' subject, not the epoch start)."""
     from bisect_pipeline import bisect
 
     reports: dict = {}
 
     def get(kind: str, num_workers: int = 0):
         if (kind, num_workers) not in reports:
-            model, loader = planted(kind, num_workers)
+            model, loader = planted(kind, num_workers, n=LONG_EPOCHS if num_workers else 64)
             events: list = []
             reports[kind, num_workers] = bisect(model, loader, device="cpu", max_seconds=20, plan=FAST_PLAN,
                                                 verify_seconds=0, progress=events.append)

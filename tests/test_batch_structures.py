@@ -12,16 +12,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from bisect_pipeline import Plan, bisect
-from conftest import CLASSES, FAST_PLAN, FEATURES, Sleep, SleepLayer, all_measured, assert_names
+from bisect_pipeline import bisect
+from conftest import CLASSES, FAST_PLAN, FEATURES, TINY_PLAN, Sleep, SleepLayer, all_measured, assert_names
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
 MAX_S = 8
 AUG_MS = 6.0  # per sample: 48 ms a batch of 8, against a 2 ms step
-# Only the points' statuses are asserted here, not a verdict: short windows suffice.
-TINY_PLAN = Plan(window_seconds=0.05, windows_per_visit=1, max_warmup_windows=0, min_warmup_steps=1, min_rounds=1,
-                 max_rounds=1)
 
 Pair = collections.namedtuple("Pair", ["image", "label"])
 

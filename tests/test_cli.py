@@ -1,8 +1,8 @@
-"""The command line, run as users run it: a real process, exit codes, files."""
+"""The command line as users run it: exit codes, output, files (in this process: conftest.cli_in_process;
+the commands that are sent a signal run in a process of their own, in test_faults.py and test_loop.py)."""
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -49,15 +49,13 @@ def write_entry(tmp_path, kind="augment", workers=0, name="user_entry.py"):
     return path
 
 
-def cli(*args, cwd, timeout=120):
-    return subprocess.run([sys.executable, "-m", "bisect_pipeline", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
-
-
 def test_a_module_entry_gives_the_verdict_the_json_and_with_quiet_one_line(tmp_path):
     # (every form an entry may take, a file path or a module, a Workload, a dict or a tuple:
-    # test_entry.py and test_workload.py; the verdicts of every planted stage: test_api.py)
-    write_entry(tmp_path, "load", 2, name="mymod.py")
+    # test_entry.py and test_workload.py; the verdicts of every planted stage, with workers
+    # too: test_api.py; the command line with workers: test_compare.py and
+    # test_integrations_lightning.py. Without workers: the command line's default plan
+    # takes a 2-worker run through a timed epoch start and 0.25-s windows, 16-18 s)
+    write_entry(tmp_path, "load", 0, name="mymod.py")
     out = tmp_path / "result.json"
     r = cli_in_process("--entry", "mymod:make_tuple", "--quiet", "--json", str(out), "--max-seconds", "25",
                        "--verify-seconds", "0", cwd=tmp_path)
@@ -129,7 +127,9 @@ def test_demo_runs_and_names_augment(tmp_path):
     # +-20-30% and 30 s has ended inconclusive (augment real, load not ruled out); a
     # quiet machine settles in about 15 s (scripts/bench_under_load.py --only demo)
     # (the advice's check is off: it is tested in test_verify.py, and would take the rest of the 45 s)
-    r = cli("demo", "--json", str(out), "--max-seconds", "45", "--verify-seconds", "0", cwd=tmp_path)
+    # (in this process: the command sends no signal, and a process of its own would add
+    # python's and torch's start to the test, not to the run)
+    r = cli_in_process("demo", "--json", str(out), "--max-seconds", "45", "--verify-seconds", "0", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert_names(doc, "augment", r.stdout)

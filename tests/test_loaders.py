@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from bisect_pipeline import Workload, bisect
 from bisect_pipeline.testing import SeveralPerItem, flatten_collate
-from conftest import FAST_PLAN, PlantedDataset, Sleep, SleepLayer, assert_names, tiny_model
+from conftest import FAST_PLAN, LONG_EPOCHS, TINY_PLAN, PlantedDataset, Sleep, SleepLayer, assert_names, tiny_model
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
@@ -152,11 +152,11 @@ def test_the_entry_can_say_how_many_samples_a_batch_holds():
 
     loader = DataLoader(Batches(), batch_size=None)
     wl = Workload(model=SeqFirstModel(), loader=loader, batch_size=lambda b: b[0].shape[1])
-    report = bisect(workload=wl, device="cpu", max_seconds=4, plan=FAST_PLAN, points=["full", "device"],
+    report = bisect(workload=wl, device="cpu", max_seconds=4, plan=TINY_PLAN, points=["full", "device"],
                     verify_seconds=0)
     assert report.batch_size == 8 and report.batch_size_source.startswith("Workload.batch_size (a function")
     fixed = bisect(SeqFirstModel(), DataLoader(Batches(), batch_size=None), batch_size=8, device="cpu",
-                   max_seconds=4, plan=FAST_PLAN, points=["full", "device"], verify_seconds=0)
+                   max_seconds=4, plan=TINY_PLAN, points=["full", "device"], verify_seconds=0)
     assert fixed.batch_size == 8 and fixed.batch_size_source == "Workload.batch_size"
 
 
@@ -178,7 +178,7 @@ def test_a_dataloader_subclass_is_rebuilt_through_its_own_class(no_leftover_work
     # between the collated batches and the step (handoff; with workers, so that the
     # collated point is measured).
     Counting.iterations = 0
-    loader = Counting(PlantedDataset(transform=Sleep(0.0)), batch_size=8, shuffle=True, num_workers=2,
+    loader = Counting(PlantedDataset(n=LONG_EPOCHS, transform=Sleep(0.0)), batch_size=8, shuffle=True, num_workers=2,
                       multiprocessing_context="fork")
     report = bisect(tiny_model(2.0), loader, device="cpu", max_seconds=30, plan=FAST_PLAN, verify_seconds=0)
     assert Counting.iterations >= 4  # full, raw, augmented, collated at least
@@ -194,7 +194,7 @@ class OwnSignature(DataLoader):
 
 def test_a_subclass_that_cannot_be_rebuilt_says_what_is_not_measured():
     report = bisect(tiny_model(2.0), OwnSignature(PlantedDataset(transform=Sleep(0.0))), device="cpu",
-                    max_seconds=5, plan=FAST_PLAN, points=["full", "device"], verify_seconds=0)
+                    max_seconds=5, plan=TINY_PLAN, points=["full", "device"], verify_seconds=0)
     (w,) = [n for n in report.notes if "could not be rebuilt" in n.message]
     assert w.message == "OwnSignature could not be rebuilt: let it take DataLoader's arguments."
     assert "what OwnSignature itself adds per batch" in w.detail and "is not measured" in w.detail
@@ -207,8 +207,8 @@ def test_timms_multi_epochs_loader_is_rebuilt_through_its_class(no_leftover_work
                                                num_workers=2, multiprocessing_context="fork")
     # no planted cost, so no verdict to wait for: what is asserted is that every point was
     # built through the class and measured (one left out as inconsistent on a busy machine
-    # still has its windows; this test failed CI once on that before)
-    report = bisect(tiny_model(2.0), loader, device="cpu", max_seconds=8, plan=FAST_PLAN, verify_seconds=0)
+    # still has its windows; this test failed CI once on that before): one round does it
+    report = bisect(tiny_model(2.0), loader, device="cpu", max_seconds=8, plan=TINY_PLAN, verify_seconds=0)
     assert report.loader["loader_class"].endswith("MultiEpochsDataLoader")
     assert not any("could not be rebuilt" in w for w in report.warnings), report.warnings
     measured = {p.point for p in report.points if p.throughput is not None and p.status in ("ok", "failed")
@@ -221,5 +221,5 @@ def test_a_short_iterable_with_persistent_workers_is_measured(no_leftover_worker
 
     loader = DataLoader(PlantedIterable(n=16), batch_size=4, num_workers=2, multiprocessing_context="fork",
                         persistent_workers=True)
-    report = bisect(tiny_model(2.0), loader, device="cpu", max_seconds=6, plan=FAST_PLAN, verify_seconds=0)
+    report = bisect(tiny_model(2.0), loader, device="cpu", max_seconds=6, plan=TINY_PLAN, verify_seconds=0)
     assert report.point("full").status == "ok", str(report)

@@ -3,7 +3,6 @@ through the CLI on a planted pipeline."""
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -14,7 +13,7 @@ from bisect_pipeline import BisectError, Workload, sweep
 from bisect_pipeline.cli import main
 from bisect_pipeline.pipeline.loader import describe
 from bisect_pipeline.core.stats import Throughput, Window
-from conftest import FAST_PLAN, PlantedDataset, Sleep, make_loader, planted, tiny_model
+from conftest import FAST_PLAN, PlantedDataset, Sleep, cli_in_process, make_loader, planted, tiny_model
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -114,9 +113,9 @@ def test_sweeping_a_worker_loader_down_to_zero_workers(no_leftover_workers):
 def test_sweep_cli_prints_the_table_names_the_best_and_writes_json(tmp_path):
     entry = write_entry(tmp_path)
     out = tmp_path / "sweep.json"
-    r = subprocess.run([sys.executable, "-m", "bisect_pipeline", "--entry", f"{entry}:make", "--sweep",
-                        "num_workers=0,2", "--max-seconds", "15", "--json", str(out)], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
+    # in this process (conftest.cli_in_process): the command is sent no signal
+    r = cli_in_process("--entry", f"{entry}:make", "--sweep", "num_workers=0,2", "--max-seconds", "15", "--json",
+                       str(out), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "num_workers" in r.stdout and "samples/s" in r.stdout and "vs yours" in r.stdout
     assert "your setting" in r.stdout

@@ -24,8 +24,9 @@ from ..core.results import BatchShape, Collate, Part, SampleStructure
 from ..core.stats import MIN_REL_DROP, is_real
 from ..derive.findings import Checked, Diagnosis as Report, Finding
 from ..derive.verdict import in_question
+from ..derive.witness import waits
 from ..measure.plan import EPOCH_WINDOW_S
-from .outcome import predicted
+from .outcome import NODE_SETTING, predicted, settings_text
 from .outcome import detail as outcome_detail, figure as outcome_figure, sentence as outcome_sentence
 
 
@@ -99,7 +100,7 @@ def reasoning(f: Finding) -> str:
     if not f.action:
         return ""
     v = f.verified
-    detail = outcome_detail(v) if v is not None else ""
+    detail = outcome_detail(v, bool(f.numbers.get("node_graph"))) if v is not None else ""
     measured = v is not None and v.status not in ("not measured",)
     tail = "" if measured or not f.check else f" {f.check}"
     return " ".join(((f.why or "") + detail + tail).split())
@@ -115,13 +116,14 @@ def compose(f: Finding) -> str:
 def checked(f: Finding, v: Checked) -> Finding:
     """The finding with what its check measured (outcome.verified), its message composed
     again; a finding made without an action gets the check's sentence appended."""
+    graph = bool(f.numbers.get("node_graph"))
     if not f.action:
-        return dataclasses.replace(f, message=f.message + outcome_sentence(v), verified=v)
+        return dataclasses.replace(f, message=f.message + outcome_sentence(v, graph), verified=v)
     recommended = f.numbers.get("recommended") or {}
     action = f.action
-    if (v.status == "helps" and v.settings and recommended and action == "Set " + settings_action(recommended)
-            and settings_action(v.settings) != settings_action(recommended)):
-        action = "Set " + settings_action(v.settings)  # the figure is of the settings that were measured
+    if (v.status == "helps" and v.settings and recommended and action == "Set " + settings_action(recommended, graph)
+            and settings_action(v.settings, graph) != settings_action(recommended, graph)):
+        action = "Set " + settings_action(v.settings, graph)  # the figure is of the settings that were measured
     g = dataclasses.replace(f, verified=v, action=action)
     return dataclasses.replace(g, message=compose(g))
 
@@ -150,7 +152,7 @@ def findings(r: "Report") -> list:
     """Every rule whose measured condition holds, in the report's order."""
     ctx = _Context(r)
     out: list = []
-    for rule in (_workers, _pin_memory, _restart, _uint8_payload, _collate, _storage, _augment, _reorder, _handoff,
+    for rule in (_workers, _graph_mappers, _pin_memory, _restart, _uint8_payload, _collate, _storage, _augment, _reorder, _handoff,
                  _batch_size, _syncs, _allocator):
         found = rule(ctx)
         if found:
@@ -169,6 +171,9 @@ class _Context:
         self.b = r.verdict.bottleneck
         self.lo = r.loader or {}
         self.workers = int(self.lo.get("num_workers") or 0)
+        self.nodes = is_graph(self.lo)
+        # how the advice names the worker count: DataLoader's, or the node graph's main Mapper's
+        self.num_workers = "the ParallelMapper's num_workers" if self.nodes else "num_workers"
         self.cuda = str(r.device).startswith("cuda")
         self.t_full = _sec_per_batch(r, "full")
         self.t_ceiling = _ceiling(r)
@@ -286,9 +291,11 @@ def _workers(c: _Context):
         return None
     stage, ms, label = side
     need = _workers_needed(c)
-    if need is None:
+    if need is None or (c.nodes and _elsewhere(c, stage)):  # (a node graph's other Mappers: _graph_mappers)
         return None
     n, avail, cores = need["needed"], need["available"], need["cores"]
+    wait = waits(c.r.isolated)  # workers that wait overlap their waits, a core each or not: past the cores
+    avail = cores * WAITING_CORES_FACTOR if wait else avail
     if label == stage:
         head = headroom(c, stage)
     else:  # the worker side together: t(full) without its drop, never above the ceiling
@@ -296,7 +303,10 @@ def _workers(c: _Context):
         free = c.r.batch_size / max(c.t_full - ms / 1e3, c.t_ceiling or 0.0)
         head = {"samples_per_sec": _r(full_sps, 1), "samples_per_sec_if_free": _r(free, 1),
                 "gain_if_free": _r(free / full_sps - 1, 4)}
-    numbers = {"num_workers": c.workers, "stage_ms_per_batch": _r(ms), "stages": label, **need, "headroom": head}
+    numbers = {"num_workers": c.workers, "stage_ms_per_batch": _r(ms), "stages": label, **need, "headroom": head,
+               **({"waits": wait} if wait else {})}
+    if c.nodes:
+        numbers["node_graph"] = c.lo.get("main_mapper") or True
     on_cpu = " On the CPU the step itself uses these cores too, so workers and step compete." if not c.cuda else ""
     alone = (f"Alone, the work the workers would do (load + augment + collate) costs "
              f"{need['worker_ms_per_batch']:.1f} ms per batch against a {need['step_ms_per_batch']:.1f} ms step")
@@ -308,16 +318,16 @@ def _workers(c: _Context):
     numbers["recommended"] = {"num_workers": recommended}
     threads = need.get("step_threads") or 0
     check = None
-    if not c.cuda and threads + recommended > cores:
+    if not c.cuda and threads + recommended > cores and not wait:
         # A CPU step already runs on every core (torch.get_num_threads()): a worker added
         # on top oversubscribes them and can make the run slower; hand it a core instead.
         numbers["recommended"]["torch_num_threads"] = max(1, cores - recommended)
         on_cpu = (f" The step runs on the CPU with torch.get_num_threads()={threads} on {cores} cores, so a worker "
                   f"added on top would compete with it: hence torch.set_num_threads("
                   f"{numbers['recommended']['torch_num_threads']}) in the training process.")
-        check = f"Check the gain with --sweep num_workers={c.workers},{recommended}."
+        check = None if c.nodes else f"Check the gain with --sweep num_workers={c.workers},{recommended}."
     keep = ""
-    if not c.lo.get("persistent_workers"):
+    if not c.lo.get("persistent_workers") and not c.nodes:  # (a node graph's threads start every epoch: no setting)
         # workers that are not persistent are forked again every epoch, a cost the loop pays
         numbers["recommended"]["persistent_workers"] = True
         keep = " Without persistent_workers=True they would start again every epoch."
@@ -325,16 +335,63 @@ def _workers(c: _Context):
     one = label == stage
     where = ((("runs" if one else "run") + " in the training loop's own process") if c.workers == 0
              else ("is" if one else "are") + f" spread over only {c.workers} worker(s)")
-    fit = (f"{n} worker(s) would feed the step and this machine's {cores} cores can supply them"
-           if n <= avail else
-           f"{n} workers would feed the step but this machine has {cores} cores: {recommended} is the most it can "
-           f"supply, so also make the {label} work cheaper")
+    if c.nodes:
+        where += f" ({_graph_text(c.lo)})"
+    fit = _fit(n, (avail, cores), recommended, label, wait)
     # the bottleneck's headroom is the verdict's own figure (the report's summary says it)
     free = "" if one and stage == c.b else _headroom_text(head, stage if one else "that work")
-    return finding("num_workers", stage, "Set " + settings_action(numbers["recommended"]), (
-        f"With num_workers={c.workers}, {label}{'' if one and stage == c.b else f' ({ms:.1f} ms per batch)'} {where}. "
+    return finding("num_workers", stage, "Set " + settings_action(numbers["recommended"], c.nodes), (
+        f"With {c.num_workers}={c.workers}, {label}{'' if one and stage == c.b else f' ({ms:.1f} ms per batch)'} {where}. "
         f"{alone}: {fit}.{keep}"
         + free + on_cpu), numbers, check=check)
+
+
+def _elsewhere(c: _Context, stage: str) -> list:
+    """On a node graph, the Mappers that run `stage` (and the stages measured with it)
+    where the graph's main Mapper, whose num_workers the check and --tune set, is not one
+    of them: a `Mapper(augment)` in one thread after a `ParallelMapper(load)`."""
+    s = c.stage(stage)
+    covers = set(getattr(s, "includes", None) or ()) | {stage}
+    own = [m for m in c.lo.get("mappers") or () if m["stage"] in covers]
+    return own if own and not any(m["main"] for m in own) else []
+
+
+def _graph_mappers(c: _Context):
+    """A node graph's named stage runs in Mappers other than its main one: run them in a
+    ParallelMapper, or give it more workers (not checked: the check and --tune set the
+    main Mapper's workers only)."""
+    side = _worker_side(c) if c.nodes else None
+    own = _elsewhere(c, side[0]) if side is not None else []
+    need = _workers_needed(c) if own else None
+    if need is None:
+        return None
+    stage, ms, label = side
+    names = ", ".join(m["node"] for m in own)
+    workers = max(m["num_workers"] for m in own)
+    serial = not workers
+    # its drop is the work of its own threads, one where it is serial
+    feed = max(1, math.ceil(ms * max(1, workers) / need["step_ms_per_batch"])) if need["step_ms_per_batch"] else None
+    how = ("in one thread: a Mapper runs in the thread of the node that reads it" if serial
+           else f"on {workers} worker(s)")
+    action = f"Run {names} as a ParallelMapper" if serial else f"Give {names} more workers"
+    return finding("num_workers", stage, action, (
+        f"{label.capitalize()} runs in {names}, {how}, not in {_graph_text(c.lo)}, whose num_workers the check "
+        f"and --tune set. It adds {ms:.1f} ms per batch against a {need['step_ms_per_batch']:.1f} ms step"
+        + (f": about {feed} workers would feed the step." if feed else ".")),
+        {"num_workers": c.workers, "stage_ms_per_batch": _r(ms), "stages": label, **need, "node_graph": True,
+         "mappers": [m["node"] for m in own]})
+
+
+def _fit(n: int, machine: tuple, recommended: int, label: str, wait: str) -> str:
+    """Whether this machine can supply the `n` workers that would feed the step
+    (`machine`: the workers it may run, its cores)."""
+    avail, cores = machine
+    if n > avail:
+        return (f"{n} workers would feed the step but this machine has {cores} cores: {recommended} is the most it "
+                f"can supply, so also make the {label} work cheaper")
+    if wait:
+        return f"{n} worker(s) would feed the step: {wait}, so workers overlap their waits beyond this machine's {cores} cores"
+    return f"{n} worker(s) would feed the step and this machine's {cores} cores can supply them"
 
 
 def _cores(c: _Context, side: tuple, need: dict, numbers: dict, on_cpu: str) -> Finding:
@@ -344,7 +401,7 @@ def _cores(c: _Context, side: tuple, need: dict, numbers: dict, on_cpu: str) -> 
     stage, label = side
     n, avail, cores = need["needed"], need["available"], need["cores"]
     work = label if label == stage else label.removesuffix(" together")
-    free = (f"num_workers={c.workers} already uses the {avail} core(s) free for them" if avail else
+    free = (f"{c.num_workers}={c.workers} already uses the {avail} core(s) free for them" if avail else
             "no core is free for them")
     return finding("cores", stage, f"Make {work} cheaper", (
         f"Feeding the step takes {need['worker_ms_per_batch']:.1f} ms of worker work per batch against a "
@@ -352,13 +409,36 @@ def _cores(c: _Context, side: tuple, need: dict, numbers: dict, on_cpu: str) -> 
         + on_cpu), numbers, figure=f"more workers cannot help: about {n} would feed the step, {free}")
 
 
-def settings_action(recommended: dict) -> str:
+def settings_action(recommended: dict, graph: bool = False) -> str:
     """The settings to change as the advice's action says them: 'num_workers=1,
-    persistent_workers=True, torch.set_num_threads(1)'."""
+    persistent_workers=True, torch.set_num_threads(1)'; for a torchdata.nodes graph
+    (`graph`), on the nodes that hold them: 'ParallelMapper(num_workers=4)'."""
+    if graph:
+        return settings_text({k: v for k, v in recommended.items() if k in NODE_SETTING or k == "torch_num_threads"},
+                             graph=True)
     parts = [f"{k}={v}" for k, v in recommended.items() if k not in ("torch_num_threads", "non_blocking", "env")]
     if "torch_num_threads" in recommended:
         parts.append(f"torch.set_num_threads({recommended['torch_num_threads']})")
     return ", ".join(parts)
+
+
+# A worker stage that waits more than it computes (witness.waits: a network file system,
+# an object store, a database read) has workers that overlap their waits, so they scale
+# past the cores (users of such loaders run 16-32 workers on 8 cores): the advice and
+# the search (tune.py) go up to this many times the cores, as far as the isolated costs
+# say would feed the step.
+WAITING_CORES_FACTOR = 4
+NODES_KIND = "torchdata.nodes"  # LoaderSpec.settings()["kind"] of a torchdata.nodes graph
+
+
+def is_graph(loader: Optional[dict]) -> bool:
+    """Whether the loader settings (LoaderSpec.settings) are a torchdata.nodes graph's."""
+    return (loader or {}).get("kind") == NODES_KIND
+
+
+def _graph_text(lo: dict) -> str:
+    """The graph's main Mapper, as the reasoning names it."""
+    return f"your graph's {lo.get('main_mapper') or 'Mapper'}"
 
 
 def _restart(c: _Context):
@@ -372,6 +452,8 @@ def _restart(c: _Context):
     over an epoch is worth acting on (MIN_ACTIONABLE_SHARE of t(full)); the check says
     whether it is a gain."""
     epoch = c.lo.get("batches_per_epoch")
+    if c.nodes:  # a node graph's threads start again every epoch: no setting keeps them
+        return None
     if not c.workers or c.lo.get("persistent_workers") or not epoch or not c.t_full or epoch * c.t_full > EPOCH_WINDOW_S:
         return None
     full = next((p for p in c.r.points if p.point == "full"), None)
@@ -458,7 +540,8 @@ def _pin_memory(c: _Context):
     size = f" ({nbytes / 2**20:.1f} MB)" if nbytes else ""
     head = headroom(c, "transfer")
     free = "" if c.b == "transfer" else _headroom_text(head, "transfer")  # the verdict's own figure: said once
-    return finding("pin_memory", "transfer", "Set pin_memory=True and move batches with .to(device, non_blocking=True)", (
+    pin = "Add a PinMemory node after the Batcher" if c.nodes else "Set pin_memory=True"
+    return finding("pin_memory", "transfer", pin + " and move batches with .to(device, non_blocking=True)", (
         f"The host-to-device copy of each batch{size} costs {ms:.1f} ms{bw} with pin_memory=False: pageable memory "
         "is copied through a staging buffer and the copy blocks the step; pinned, it overlaps compute." + free),
         {"transfer_ms_per_batch": _r(ms), "source": source, "gb_per_s": gbs,
@@ -629,7 +712,7 @@ def _augment(c: _Context):
     found = list(c.r.cache.raw_transforms or ())
     numbers = {"augment_ms_per_batch": _r(ms), "isolated_ms_per_sample": per_sample,
                "transforms": found, "num_workers": c.workers}
-    which = ", ".join(found) or "the dataset's transforms"
+    which = ", ".join(found) or ("the graph's Mapper functions" if c.nodes else "the dataset's transforms")
     parts, named = _costliest_parts(aug.breakdown if aug is not None else None)
     if parts:
         numbers["parts"] = parts

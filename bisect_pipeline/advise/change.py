@@ -6,14 +6,19 @@ training loader was created (the report's `source.created_at`): the diff, the fl
 rerun with, the environment; the allocator's variables where the report found they
 matter. Never writes the user's file.
 
-`check(m, ...)`: the patched script run as the user would run it, against the original,
-in alternating runs (A B B A, verify.BLOCK): each run is `bisect-pipeline run --points
-full` of the script in a process of its own, its loop measured with the full pipeline
-for `seconds`, with the malloc settings it would train with (the allocator is not held
-still there); the patched file is a temporary copy beside the original (so that its
-imports resolve), removed after; flags go on its command line, variables in its
-environment. The windows of the full point of each run are the two sides of a Trial,
-read by the same rule as the advice's check (outcome.py), beside the search's figure.
+`check(m, ...)`: the patched script run as the user would run it, once: the search has
+measured the setting against the user's in this process already, so the run confirms
+what only it can, in as few runs of the script as that needs (plan.PATCH_RUNS): that the
+script builds its training loader with the change (the run's `loader` settings), and
+that its speed agrees with the search's figure for the setting (tune.summarize). The run
+is `bisect-pipeline run --points full` of the patched script in a process of its own,
+its loop measured with the full pipeline for the time left, the allocator held still as
+the search held it; the patched file is a temporary copy beside the original (so that
+its imports resolve), removed after; flags go on its command line, variables in its
+environment. The windows of its full point, one visit a round, are the `applied` trial's
+candidate side; its speed over the user's settings is read against the search's visits
+of them (tune.applied_outcome). (It ran A B B A against the original before: four
+starts of the script, which did not fit a minute.)
 """
 
 from __future__ import annotations
@@ -29,10 +34,9 @@ import time
 from typing import Callable, Optional
 
 from ..core.results import Measurements, Trial, VisitWindow
-from ..measure.plan import PATCH_RUN_LEAST_S, PATCH_RUN_MARGIN_S
-from . import patch as patch_mod, tune
+from ..measure.plan import PATCH_RUN_LEAST_S, PATCH_RUN_MARGIN_S, PATCH_RUNS
+from . import advice as advice_mod, patch as patch_mod, tune
 from .outcome import THREADS
-from .verify import BLOCK
 
 # The patched script's copy, beside the original.
 COPY_SUFFIX = "_bisect_tuned"
@@ -44,7 +48,7 @@ TERM_GRACE_S = 3.0
 def settings_to_write(m: Measurements) -> Optional[dict]:
     """The settings of the search's best, as the script would be given them (what differs
     from the user's), with the allocator's variables where the report measured they help."""
-    found = tune.summarize(m.tune, m.batch_size) if m.tune is not None else None
+    found = tune.summarize(m.tune, m.batch_size, advice_mod.is_graph(m.loader)) if m.tune is not None else None
     if found is None or found.best is None:
         return None
     out = dict(found.best.settings)
@@ -146,62 +150,97 @@ def why_not_checked(m: Measurements, target: Target) -> Optional[str]:
 def check(m: Measurements, target: Target, *, end: Optional[float] = None, seconds: Optional[float] = None,
           clock: Callable[[], float] = time.perf_counter, emit: Callable[[str], None] = lambda s: None,
           run: Optional[Callable] = None) -> Measurements:
-    """The measurements with the tune section's `applied` (the patched script against
-    the original, see the module's docstring) or `applied_reason`. The runs end by `end`
-    (on `clock`: the end of --max-seconds), each given its share of the time left less
-    the script's start-up (the run's `startup_s`) and PATCH_RUN_MARGIN_S to measure, in
-    the number of runs the budget planned (run.budget's patch_runs: A B B A, or A B); a
-    run still going at its share's end is stopped (run_once). `seconds`: each run
-    measures this long, in A B B A, whatever the time (tests)."""
+    """The measurements with the tune section's `applied` (the patched script's own run,
+    see the module's docstring) or `applied_reason`. The run ends by `end` (on `clock`:
+    the end of --max-seconds), measuring the time left less the script's start-up (the
+    run's `startup_s`) and PATCH_RUN_MARGIN_S; a run still going then is stopped
+    (run_once). A second run only where the first gave fewer than two visits (its
+    speed has no spread to agree within) and the time holds one. `seconds`: each run
+    measures this long, whatever the time (tests); `run(command, env)`: (windows,
+    loader, error) in place of a process (tests). The time it took is the budget's
+    `spent` patching."""
     t = m.tune
     why = why_not_checked(m, target)
     if why is None and seconds is None:
         why, seconds, n = fit_runs(m, None if end is None else end - clock())
     else:
-        n = len(BLOCK)
+        n = PATCH_RUNS
     if why is not None:
         return dataclasses.replace(m, tune=dataclasses.replace(t, applied_reason=why))
     p = patch_mod.Patch.from_dict(t.patch)
-    block = BLOCK[:n]
+    settings = dict(settings_to_write(m) or {})
     start = clock()
-    share = None if end is None else (end - start) / n
-    sides: dict = {False: [], True: []}
+    runs: list = []
+    loaders: list = []
     error = None
     with _patched_copy(target, p) as copy:
-        for i, side in enumerate(block):
-            emit(f"checking the change: {'the change applied' if side else 'your script as it is'} "
-                 f"({i + 1} of {len(block)})")
-            command, env = _command(target, p, copy, side, seconds)
+        for i in range(2):
+            emit(f"checking the change: your script with it ({i + 1} of {n})" if i < n else
+                 "checking the change: your script with it once more (the first run's speed has no spread)")
+            if i and end is not None:  # the second run measures what is left
+                seconds = max(PATCH_RUN_LEAST_S, round(end - clock() - (m.run.startup_s or 0.0) - PATCH_RUN_MARGIN_S, 1))
+            command, env = _command(target, p, copy, seconds)
             if run is not None:
-                windows, error = run(command, env)
+                windows, loader, error = run(command, env)
             else:
-                limit = None if share is None else max(1.0, start + (i + 1) * share - clock())
-                windows, error = run_once(command, env, limit)
+                limit = None if end is None else max(1.0, end - clock())
+                windows, loader, error = run_once(command, env, limit)
+            error = error or built_without(settings, loader)
             if error is not None:
-                error = f"{'the patched script' if side else 'your script'}: {error}"
+                error = f"the patched script: {error}"
                 break
-            sides[side].append(windows)
-    applied = Trial("applied", dict(settings_to_write(m) or {}), _dump(sides[False]), _dump(sides[True]), error)
-    return dataclasses.replace(m, tune=dataclasses.replace(t, applied=applied))
+            runs.append(windows)
+            loaders.append(loader)
+            if i + 1 >= n and (len(_rounds(runs)) >= 2 or end is None or not _fits_another(m, end - clock())):
+                break
+    pauses = [loader.get("epoch_ms_per_batch") for loader in loaders if loader] if error is None else []
+    applied = Trial("applied", settings, (), _dump(runs), error,
+                    epoch_ms_per_batch=max((p for p in pauses if p is not None), default=None))
+    out = dataclasses.replace(m, tune=dataclasses.replace(t, applied=applied))
+    spent = {**((m.run.budget or {}).get("spent") or {}), "patching": round(clock() - start, 3)}
+    if m.run.budget:
+        out = dataclasses.replace(out, run=dataclasses.replace(m.run, budget={**m.run.budget, "spent": spent}))
+    return out
+
+
+def built_without(settings: dict, loader: Optional[dict]) -> Optional[str]:
+    """Why the patched script's loader is not the change (its run's `loader` settings,
+    where it says them: None where they match, or nothing was said)."""
+    if not loader:
+        return None
+    wrong = [f"{k}={loader.get(k)!r}, not {v!r}" for k, v in settings.items()
+             if k in patch_mod.LOADER_KEYS and k in loader and loader.get(k) != v]
+    return ("it built its loader with " + ", ".join(wrong) + ": the change did not reach the loader it trains on"
+            if wrong else None)
+
+
+def _rounds(runs: list) -> set:
+    """The visits of the runs' full point (one a round; a window without its round: its own)."""
+    return {v.visit for v in _dump(runs)}
+
+
+def _fits_another(m: Measurements, left: float) -> bool:
+    return left - (m.run.startup_s or 0.0) - PATCH_RUN_MARGIN_S >= PATCH_RUN_LEAST_S
 
 
 def fit_runs(m: Measurements, left: Optional[float]) -> tuple[Optional[str], float, int]:
     """(why not, seconds each run measures, runs) for the change's check in `left`
-    seconds: the runs the budget planned (plan.plan_budget: A B B A), each measuring its
-    share less the script's start-up and PATCH_RUN_MARGIN_S, at least PATCH_RUN_LEAST_S."""
+    seconds: the runs the budget planned (plan.plan_budget: PATCH_RUNS), each measuring
+    its share less the script's start-up and PATCH_RUN_MARGIN_S, at least
+    PATCH_RUN_LEAST_S."""
     budget = m.run.budget or {}
     if budget.get("patch_reason"):
         return f"out of time: {budget['patch_reason']}", 0.0, 0
     if left is None:
         return "out of time: no time was kept for it", 0.0, 0
     overhead = (m.run.startup_s or 0.0) + PATCH_RUN_MARGIN_S
-    n = min(len(BLOCK), int(budget.get("patch_runs") or len(BLOCK)))
+    n = max(1, int(budget.get("patch_runs") or PATCH_RUNS))
     seconds = left / n - overhead
     if seconds >= PATCH_RUN_LEAST_S:
         return None, round(seconds, 1), n
-    return (f"out of time: {max(0.0, left):.0f} s of --max-seconds were left for it, less than {n} runs of your "
-            f"script need (each about {overhead:.0f} s to start, then {PATCH_RUN_LEAST_S:g} s measuring); raise "
-            "--max-seconds"), 0.0, 0
+    return (f"out of time: {max(0.0, left):.0f} s of --max-seconds were left for it, less than "
+            f"{'a run' if n == 1 else f'{n} runs'} of your script need{'s' if n == 1 else ''} (about {overhead:.0f} s "
+            f"to start, then {PATCH_RUN_LEAST_S:g} s measuring); raise --max-seconds"), 0.0, 0
 
 
 class _patched_copy:
@@ -229,27 +268,24 @@ class _patched_copy:
             os.remove(self.path)
 
 
-def _command(target: Target, p: patch_mod.Patch, copy: Optional[str], patched: bool,
-             seconds: float) -> tuple[list, dict]:
-    """The command line and environment of one run: the tool's `run --points full` of the
-    script as the user ran it, or, `patched`, of its patched copy (where the change has a
-    diff) with the change's flags on its command line and variables in its environment."""
+def _command(target: Target, p: patch_mod.Patch, copy: Optional[str], seconds: float) -> tuple[list, dict]:
+    """The command line and environment of the check's run: the tool's `run --points
+    full` of the script as the user ran it with the change: its patched copy (where the
+    change has a diff), the change's flags on its command line and variables in its
+    environment.
+    The allocator is held still there as the search held it in this process, so that the
+    patched script's speed is read as the search's figure was."""
     env = dict(os.environ)
-    # --no-hold-allocator: each side with the malloc settings it would train with (the
-    # change's variables included), as the user would run it
     base = [sys.executable, "-m", "bisect_pipeline", "run", "--points", "full", "--verify-seconds", "0",
-            "--no-hold-allocator", "--max-seconds", f"{seconds:g}", "--quiet", "--json", "{json}"]
-    script = [target.script] if target.script else ["-m", target.module]
-    args = list(target.args)
-    if patched:
-        env.update({k: str(v) for k, v in (p.env or {}).items()})
-        args = patch_mod.with_flags(["script", *args], p.changes)[1:]
-        script = [copy] if copy else script
-    return base + script + args, env
+            "--max-seconds", f"{seconds:g}", "--quiet", "--json", "{json}"]
+    script = [copy] if copy else [target.script] if target.script else ["-m", target.module]
+    env.update({k: str(v) for k, v in (p.env or {}).items()})
+    return base + script + patch_mod.with_flags(["script", *target.args], p.changes)[1:], env
 
 
-def run_once(command: list, env: dict, limit: Optional[float] = None) -> tuple[list, Optional[str]]:
-    """One run: the windows of its full point, or the error that left none. Past `limit`
+def run_once(command: list, env: dict, limit: Optional[float] = None) -> tuple[list, Optional[dict], Optional[str]]:
+    """One run: the windows of its full point and the loader settings it measured, or the
+    error that left none. Past `limit`
     seconds it is sent SIGTERM (it writes its partial report: the windows measured so far
     count) and killed TERM_GRACE_S later."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -274,15 +310,25 @@ def run_once(command: list, env: dict, limit: Optional[float] = None) -> tuple[l
         if not os.path.exists(out):
             why = f"stopped at the end of its share of --max-seconds ({limit:.0f} s)" if stopped else \
                 f"exit {proc.returncode}"
-            return [], f"{why}: {(stderr or '').strip()[-300:]}"
+            return [], None, f"{why}: {(stderr or '').strip()[-300:]}"
         with open(out) as fh:
             doc = json.load(fh)
     full = next((p for p in doc.get("points", ()) if p.get("point") == "full"), {})
     # one window is a run's time per batch (its visit's, outcome.compared pairs the runs);
     # none is a run out of time, not a failure of the script: its place stays empty
     windows = full.get("windows") or []
-    return windows, None
+    # the loader's settings as the run measured them, with the pause at each epoch's start
+    # its windows leave out (read beside the search's figure, whose windows hold it)
+    pause = ((doc.get("run") or {}).get("epoch_start") or {}).get("ms_per_batch")
+    return windows, dict(doc.get("loader") or {}, epoch_ms_per_batch=pause), None
 
 
 def _dump(runs: list) -> tuple:
-    return tuple(VisitWindow(int(w["steps"]), float(w["seconds"]), v) for v, ws in enumerate(runs) for w in ws)
+    """The runs' windows, each with its visit: its round in its run (a visit of `full` a
+    round), the runs' rounds numbered on."""
+    out: list = []
+    for ws in runs:
+        base = 1 + max((w.visit for w in out), default=-1)
+        out += [VisitWindow(int(w["steps"]), float(w["seconds"]), base + int(w.get("round", k)))
+                for k, w in enumerate(ws)]
+    return tuple(out)

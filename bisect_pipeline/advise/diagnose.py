@@ -41,7 +41,7 @@ def diagnose(m: Measurements) -> Diagnosis:
     d = dataclasses.replace(d, notes=m.notes + tuple(derived_notes(d)))
     checked = advice_mod.ranked(tuple(_checked(f, m) for f in advice_mod.findings(d)))
     d = dataclasses.replace(d, advice=checked)
-    found = tune.summarize(m.tune, m.batch_size) if m.tune is not None else None
+    found = tune.summarize(m.tune, m.batch_size, advice_mod.is_graph(m.loader)) if m.tune is not None else None
     return dataclasses.replace(d, summary=summary(d), tune=found)
 
 
@@ -58,7 +58,11 @@ def judged(m: Measurements) -> Diagnosis:
 
 def _judged(m: Measurements) -> Diagnosis:
     points = tuple(sorted(m.points, key=lambda p: POINTS.index(p.point)))
-    v = _verdict(points, m.batch_size, witness.alone(m.isolated, m.loader or {}, m.device))
+    lo = m.loader or {}
+    # a node graph whose stages run in threads of their own is named on the rounds alone
+    # (pipeline/integrations/nodes.witnessed: the costs alone model DataLoader's workers)
+    alone = witness.alone(m.isolated, lo, m.device) if lo.get("witnessed", True) else None
+    v = _verdict(points, m.batch_size, alone)
     return Diagnosis(m, v, tuple(_mark_inconsistent(p, v) for p in points))
 
 
@@ -112,7 +116,8 @@ def derived_notes(d: Diagnosis) -> list:
     if d.cache.limited_by:
         out.append(cache_note(d.cache))
     workers, cores = d.loader.get("num_workers") or 0, d.run.cpu_count
-    if cores and workers > cores:
+    threads = advice_mod.is_graph(d.loader) and d.loader.get("method") == "thread"  # (threads that wait share cores)
+    if cores and workers > cores and not threads:
         out.append(Note("workers", f"num_workers={workers} is more than this machine's {cores} cores: use {cores} or "
                                    "fewer.", derived=True, detail="the workers compete for CPU"))
     held = d.run.allocator

@@ -34,13 +34,19 @@ def outcome(trial: Trial, batch_size: float) -> Outcome:
     if c is None:
         return Outcome(trial.settings, "not measured",
                        reason="out of time before two pairs of visits (one with your settings, one with these)")
+    return read(trial.settings, c, per_batch(trial))
+
+
+def read(settings: dict, c: Contrast, ms_per_batch: Optional[tuple]) -> Outcome:
+    """The Outcome of a log speed-up `c` (the candidate's over the user's) by the one
+    comparison: helps, no gain or slower, its figure, spread and interval."""
     cmp = judged(c)
     real = cmp.real and math.isfinite(cmp.sigma)
     status = "no gain" if not real else ("helps" if c.estimate > 0 else "slower")
     spread = math.expm1(cmp.threshold) if math.isfinite(cmp.threshold) else None
     low, high = (_exp(cmp.low), _exp(cmp.high)) if math.isfinite(cmp.sigma) else (None, None)
-    return Outcome(trial.settings, status, round(math.exp(c.estimate), 4), None if spread is None else round(spread, 4),
-                   ms_per_batch=per_batch(trial), low=low, high=high, pairs=c.rounds)
+    return Outcome(settings, status, round(math.exp(c.estimate), 4), None if spread is None else round(spread, 4),
+                   ms_per_batch=ms_per_batch, low=low, high=high, pairs=c.rounds)
 
 
 def _exp(x: float) -> Optional[float]:
@@ -53,7 +59,7 @@ def compared(trial: Trial) -> Optional[Contrast]:
     time over their steps); None before two pairs. Visit i of one side was taken next to
     visit i of the other (verify.alternate keeps a visit without windows in the count);
     windows written without their visit (an older document) are each a visit."""
-    a, b = _visit_times(trial.user_windows), _visit_times(trial.candidate_windows)
+    a, b = visit_times(trial.user_windows), visit_times(trial.candidate_windows)
     pairs = sorted(set(a) & set(b))
     if len(pairs) < 2:
         return None
@@ -65,7 +71,7 @@ def judged(c: Contrast) -> Comparison:
     return compare(c, 1.0)
 
 
-def _visit_times(windows: tuple) -> dict:
+def visit_times(windows: tuple) -> dict:
     """Each visit's time per step: its windows' total time over their total steps."""
     by_visit: dict = {}
     for k, w in enumerate(windows):
@@ -131,26 +137,26 @@ def _allocator_verified(a: Optional[AllocatorTiming]) -> Optional[Checked]:
                    {"malloc": "freed memory kept (mallopt)"}, None, (), ALLOCATOR_SOURCE)
 
 
-def sentence(v: Checked) -> str:
-    """The measured line added to an advice item's message."""
+def sentence(v: Checked, graph: bool = False) -> str:
+    """The measured line added to an advice item's message (`graph`: settings_text)."""
     if v.status == "not measured" and not v.tried:
         return f" Not measured before printing: {v.reason}."
     if v.source == ALLOCATOR_SOURCE:
         return ""  # the allocator message gives its measured numbers itself
     if v.status == "helps":
         pred = f", predicted up to {v.predicted:.2f}\u00d7" if v.predicted else ""
-        text = f" Measured before printing: {_fig(v)} with {settings_text(v.settings)}{_ms(v)}{pred}."
+        text = f" Measured before printing: {_fig(v)} with {settings_text(v.settings, graph)}{_ms(v)}{pred}."
         others = [t for t in v.tried if t.settings != v.settings]
         if others:
-            text += " Tried first: " + "; ".join(_tried_text(t) for t in others) + "."
+            text += " Tried first: " + "; ".join(_tried_text(t, graph) for t in others) + "."
         return text
     if v.status == "slower":
         return (" Measured before printing, and not a fix on this machine as it is: "
-                + "; ".join(_tried_text(t) for t in v.tried) + ".")
+                + "; ".join(_tried_text(t, graph) for t in v.tried) + ".")
     if v.status == "no gain":
         return (" Measured before printing, and no gain beyond the noise on this machine as it is, so not "
-                "presented as a fix: " + "; ".join(_tried_text(t) for t in v.tried) + ".")
-    return " Not measured before printing: " + "; ".join(_tried_text(t) for t in v.tried) + "."
+                "presented as a fix: " + "; ".join(_tried_text(t, graph) for t in v.tried) + ".")
+    return " Not measured before printing: " + "; ".join(_tried_text(t, graph) for t in v.tried) + "."
 
 
 def figure(v: Checked) -> Optional[str]:
@@ -167,23 +173,23 @@ def figure(v: Checked) -> Optional[str]:
     return "not measured"
 
 
-def detail(v: Checked) -> str:
+def detail(v: Checked, graph: bool = False) -> str:
     """What the check measured, beneath an advice item's reasoning (its figure is in the
-    headline: figure)."""
+    headline: figure; `graph`: settings_text)."""
     if v.source == ALLOCATOR_SOURCE:
         return ""
     if v.status == "not measured" and not v.tried:
         return f" Not measured before printing: {v.reason}."
     if v.status == "helps":
         text = (f" Measured before printing in alternating visits of the full pipeline, yours against "
-                f"{settings_text(v.settings)}{_ms(v)}.")
+                f"{settings_text(v.settings, graph)}{_ms(v)}.")
         others = [t for t in v.tried if t.settings != v.settings]
         if others:
-            text += " Tried first: " + "; ".join(_tried_text(t) for t in others) + "."
+            text += " Tried first: " + "; ".join(_tried_text(t, graph) for t in others) + "."
         return text
     measured = v.status in ("no gain", "slower")
     return f" {'Measured' if measured else 'Not measured'} before printing: " + "; ".join(
-        _tried_text(t) for t in v.tried) + "."
+        _tried_text(t, graph) for t in v.tried) + "."
 
 
 def _ms(t: Any) -> str:
@@ -210,13 +216,27 @@ def _fig(t: Any) -> str:
     return f"{t.speedup:.2f}×" + (f" ({around})" if around else "")
 
 
-def _tried_text(t: Outcome) -> str:
-    what = settings_text(t.settings)
+def _tried_text(t: Outcome, graph: bool = False) -> str:
+    what = settings_text(t.settings, graph)
     if t.status in ("failed", "not measured"):
         return f"{what}: {t.status} ({t.reason})"
     label = {"no gain": "within noise", "slower": "slower", "helps": "helps"}[t.status]
     return f"{what}: {_fig(t)}, {label}"
 
 
-def settings_text(settings: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in settings.items())
+# The settings of a torchdata.nodes graph, worded on the nodes that hold them
+# (pipeline/integrations/nodes.NodeSpec.with_settings applies the same keys).
+NODE_SETTING = {"num_workers": "ParallelMapper(num_workers={})", "method": "ParallelMapper(method={!r})",
+                "prefetch_factor": "Prefetcher(prefetch_factor={})", "pin_memory": "PinMemory={} (a PinMemory node)"}
+
+
+def settings_text(settings: dict, graph: bool = False) -> str:
+    """Settings as the report names them: 'num_workers=4, persistent_workers=True'; on a
+    torchdata.nodes graph (`graph`), on the nodes that hold them: 'ParallelMapper(num_workers=4),
+    torch.set_num_threads(1)' (persistent_workers means nothing there: a graph starts its
+    threads again at every reset)."""
+    if not graph:
+        return ", ".join(f"{k}={v}" for k, v in settings.items())
+    return ", ".join(NODE_SETTING[k].format(v) if k in NODE_SETTING else
+                     f"torch.set_num_threads({v})" if k == THREADS else f"{k}={v}"
+                     for k, v in settings.items() if k != "persistent_workers")

@@ -34,13 +34,14 @@ import math
 from typing import Iterator, Optional
 
 from ..core.results import Trial, Tuning
-from ..core.stats import Contrast, compare, difference, is_real
-from ..derive.findings import Diagnosis, Found, Tried
+from ..core.stats import Contrast, compare, difference, is_real, unpaired
+from ..derive.findings import Diagnosis, Found, Outcome, Tried
+from ..derive.verdict import STAGES
 from ..derive.witness import waits
 from ..measure.experiment import Experiment
 from ..measure.visit import Visit
-from .advice import WORKER_STAGES
-from .outcome import THREADS, compared, interval, outcome, settings_text
+from .advice import WAITING_CORES_FACTOR, WORKER_STAGES, is_graph
+from .outcome import THREADS, compared, interval, outcome, per_batch, read, settings_text, visit_times
 from .verify import BLOCK, MIN_BLOCKS, fits, trial
 
 
@@ -58,12 +59,6 @@ PREFETCH = 4
 # Candidates the search keeps budget for beyond the one it measures (verify.alternate's
 # `owed`): without it the first candidate's undecided blocks would take all that is left.
 OWED_CANDIDATES = 2
-# A worker stage that waits more than it computes (witness.waits: a network file system,
-# an object store, a database read) has workers that overlap their waits, so they scale
-# past the cores (users of such loaders run 16-32 workers on 8 cores): the search may go
-# up to WAITING_CORES_FACTOR times the cores, as far as the isolated costs say would
-# feed the step.
-WAITING_CORES_FACTOR = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,13 +78,14 @@ class Space:
     ceiling_rel_se: float = 0.0
     why: str = ""
     reason: Optional[str] = None
+    graph: bool = False  # a torchdata.nodes graph: its threads start again at every reset, persistent or not
 
     def candidate(self, w: int) -> dict:
-        """The settings tried for `w` workers: persistent, and on a CPU step the step's
-        threads lowered to the cores the workers leave when it uses more."""
+        """The settings tried for `w` workers: persistent (a DataLoader's), and on a CPU
+        step the step's threads lowered to the cores the workers leave when it uses more."""
         full = dict(self.user, num_workers=w)
         if w > 0:
-            full.update(persistent_workers=True, prefetch_factor=full.get("prefetch_factor") or 2)
+            full.update(persistent_workers=not self.graph, prefetch_factor=full.get("prefetch_factor") or 2)
             lowered = max(1, self.cores - w)
             if self.on_cpu and (self.user.get(THREADS) or 1) > lowered:
                 full[THREADS] = lowered
@@ -132,7 +128,12 @@ def space_of(d: "Diagnosis", *, cores: int, threads: int) -> Space:
     if not t_ceiling:
         return Space(user, reason="the ceiling was not measured")
     t_full = v.fitted.get("full")
-    if t_full and v.gap_sigma is not None and not is_real(v.gap_sec_per_batch or 0.0, v.gap_sigma, t_full):
+    # (a stage named, on either witness, is an input cost: searched, however noisy the gap;
+    # a noisy 2-core machine named load on the costs alone, 96% of the loss, and the search
+    # skipped it as "within the noise of the ceiling")
+    named = v.bottleneck in STAGES or v.bottleneck == "tie"
+    if not named and t_full and v.gap_sigma is not None and not is_real(v.gap_sec_per_batch or 0.0, v.gap_sigma,
+                                                                         t_full):
         gap = (v.gap_sec_per_batch or 0.0) * 1e3
         return Space(user, reason=f"your full pipeline is within the noise of the ceiling ({gap:.1f} \u00b1 "
                                   f"{v.gap_sigma * 1e3:.1f} ms per batch apart): no loader setting can make it faster "
@@ -155,7 +156,7 @@ def space_of(d: "Diagnosis", *, cores: int, threads: int) -> Space:
                     None)
     return Space(user, tuple(range(low, high + 1)), start, cores, on_cpu,
                  pin=not on_cpu, prefetch=high > 0 and (workers_stage or transfer is not None),
-                 ceiling_ms=t_ceiling * 1e3, ceiling_rel_se=sigma / t_ceiling, why=why)
+                 ceiling_ms=t_ceiling * 1e3, ceiling_rel_se=sigma / t_ceiling, why=why, graph=is_graph(lo))
 
 
 # --------------------------------------------------------------------------------------
@@ -223,13 +224,19 @@ def propose(space: Space, ts: list) -> tuple[Optional[dict], str]:
 
 
 def _order(space: Space, ts: list) -> Iterator[dict]:
-    """The candidates in the order worth measuring: the first count; on a CPU step, the
-    same count with the step's threads the other way (lowered beside the workers, or the
-    user's: a heavy step loses more to fewer threads than the workers take from it); then
-    the neighbours of the best count so far, with its threads (a climb: a neighbour no
-    faster beyond the noise ends it); then the variants of the best."""
+    """The candidates in the order worth measuring: the first count (where the isolated
+    costs say the workers feed the step) and one on each side of it, with its threads
+    (the answer is likeliest there, and the three say which way the climb goes); on a
+    CPU step, the best count with the step's threads the other way (lowered beside the
+    workers, or the user's: a heavy step loses more to fewer threads than the workers
+    take from it); then the neighbours of the best count so far, with its threads (a
+    climb: a neighbour no faster beyond the noise ends it); then the variants of the
+    best."""
     first = space.candidate(space.start)
     yield first
+    for nb in (space.start + 1, space.start - 1):
+        if nb in space.workers:
+            yield _count(space, nb, first.get(THREADS) == space.user.get(THREADS))
     counts = [t for t in ts if t.speedup is not None and t.full in (_count(space, t.full["num_workers"], True),
                                                                      _count(space, t.full["num_workers"], False))]
     # the climb's centre: the best count (a faster one within the noise does not move it)
@@ -260,7 +267,7 @@ def _variants(space: Space, full: dict) -> Iterator[dict]:
         yield effective(dict(full, pin_memory=not full["pin_memory"]))
     if w > 0 and space.prefetch and (full["prefetch_factor"] or 2) < PREFETCH:
         yield effective(dict(full, prefetch_factor=PREFETCH))
-    if w > 0 and not full["persistent_workers"]:
+    if w > 0 and not full["persistent_workers"] and not space.graph:
         yield effective(dict(full, persistent_workers=True))
 
 
@@ -273,26 +280,33 @@ class Search:
     """The search as a schedule: yields the visits of each candidate's trial (verify.trial)
     within `budget_s` of the experiment's clock; `result` is the report's `tune`
     (results.Tuning). `seeds`: trials already measured (the advice's check's), read as
-    candidates of the search."""
+    candidates of the search. `reach_s`: while no candidate helps there is no change to
+    check, and the search runs on into the time kept for the change's check, up to this
+    many seconds from its start (the experiment's end moved with it): no share is held
+    for work that may not come."""
 
-    def __init__(self, exp: Experiment, space: Space, *, budget_s: float, seeds: tuple = ()) -> None:
+    def __init__(self, exp: Experiment, space: Space, *, budget_s: float, seeds: tuple = (),
+                 reach_s: float = 0.0) -> None:
         self.exp = exp
         self.space = space
         self.budget_s = budget_s
+        self.reach_s = max(budget_s, reach_s)
         self.trials: list = [t for t in seeds if t.settings]
         self.result = self._record("not run", None, 0.0)
 
     def __iter__(self) -> Iterator[Visit]:
         exp = self.exp
         start = exp.clock()
-        deadline = start + self.budget_s
         stopped = "out of time"
         try:
             while True:
-                settings, why = propose(self.space, tried(self.space, tuple(self.trials), exp.batch_size))
+                ts = tried(self.space, tuple(self.trials), exp.batch_size)
+                settings, why = propose(self.space, ts)
+                deadline = start + (self.budget_s if best(ts) is not None else self.reach_s)
                 if settings is None or not fits(exp, "full", deadline):
                     stopped = why if settings is None and not self._cut() else stopped
                     break
+                exp.end = max(exp.end, deadline)  # (into the change's share: the hard end moves with it)
                 exp.emit({"event": "verify", "item": "tune", "settings": settings})
                 t = yield from trial(exp, "tune", settings, deadline, owed=len(BLOCK) * MIN_BLOCKS * OWED_CANDIDATES)
                 self.trials.append(t)
@@ -330,30 +344,70 @@ def space_of_record(t: Tuning, cores: int = 1) -> Space:
 # --------------------------------------------------------------------------------------
 
 
-def summarize(t: Tuning, batch_size: float) -> Found:
-    """The report's reading of a Tuning record (see Found)."""
+def summarize(t: Tuning, batch_size: float, graph: bool = False) -> Found:
+    """The report's reading of a Tuning record (see Found); `graph`: a torchdata.nodes
+    graph's, its settings worded on its nodes (outcome.settings_text)."""
     space = space_of_record(t)
     ts = tried(space, t.trials, batch_size)
     b = best(ts)
     top = b is not None and at_ceiling(space, b)
     user_ms = next((x.outcome.ms_per_batch[0] for x in ts if x.outcome.ms_per_batch), None)
     ceiling = round(user_ms / t.ceiling_ms_per_batch, 4) if user_ms and t.ceiling_ms_per_batch else None
-    applied = outcome(t.applied, batch_size) if t.applied is not None else None
-    return Found(tuple(ts), b, top, ceiling, _summary(t, ts, b, top, ceiling), applied,
-                 _agrees(t.applied, b, batch_size))
+    searched = t.trials[ts.index(b)] if b is not None else None
+    applied = applied_outcome(t.applied, searched, batch_size) if t.applied is not None else None
+    return Found(tuple(ts), b, top, ceiling, _summary(t, ts, b, top, ceiling, graph=graph), applied,
+                 _agrees(t.applied, b, searched, batch_size))
 
 
-def _agrees(applied: Optional[Trial], b: Optional[Tried], batch_size: float) -> Optional[bool]:
-    """Does the patched script's speed-up agree with the search's (the one comparison on
-    the log of their ratio, with both trials' noise)? None when either is missing."""
-    c = compared(applied) if applied is not None and not applied.error else None
-    if c is None or b is None or b.log is None:
+def applied_outcome(applied: Trial, searched: Optional[Trial], batch_size: float) -> Outcome:
+    """The patched script's speed (change.check: its own run, the windows of its full
+    point, one visit a round) over the user's settings as the search measured them in
+    this process (`searched`: the best's trial, its user side), on the two runs' visits
+    unpaired (stats.unpaired: they were not taken in alternation); ms per batch: the
+    search's for yours, the patched script's. An older document's check (the original
+    and the patched script in alternating runs) reads as the advice's check does."""
+    if applied.user_windows or applied.error:
+        return outcome(applied, batch_size)
+    mine = visit_times(searched.user_windows) if searched is not None else {}
+    patched = visit_times(applied.candidate_windows)
+    if not mine or not patched:
+        return Outcome(applied.settings, "not measured", reason="no window of your settings in the search, or of "
+                                                                "the patched script")
+    pair = Trial(applied.item, applied.settings, searched.user_windows, applied.candidate_windows)
+    return read(applied.settings, unpaired(list(mine.values()), list(patched.values())), per_batch(pair))
+
+
+def _agrees(applied: Optional[Trial], b: Optional[Tried], searched: Optional[Trial],
+            batch_size: float) -> Optional[bool]:
+    """Does the patched script's speed agree with the search's figure for the setting (the
+    one comparison on the log of their ratio: the patched script's visits against the
+    best's own, unpaired; an older document's alternating runs: their speed-up against
+    the best's, both trials' noise)? None when either is missing. The search's windows
+    hold the pause at each epoch's start (its visits end their epochs as the loop does),
+    the patched run's do not: its figure is a range, from its windows' time to that plus
+    the pause its run estimated (at most: its first batch less a step), and it agrees
+    unless the search's figure lies beyond the noise on either side of it."""
+    if applied is None or applied.error or b is None:
         return None
-    d = difference(c, b.log)
-    return None if not math.isfinite(d.se) else not compare(d, 1.0).real
+    if applied.user_windows:
+        c = compared(applied)
+        if c is None or b.log is None:
+            return None
+        d = difference(c, b.log)
+        return None if not math.isfinite(d.se) else not compare(d, 1.0).real
+    ours = list(visit_times(searched.candidate_windows).values()) if searched is not None else []
+    patched = list(visit_times(applied.candidate_windows).values())
+    if not ours or not patched:
+        return None
+    pause = (applied.epoch_ms_per_batch or 0.0) / 1e3
+    low = unpaired(ours, patched)  # log(search / patched): < 0, the search faster than its windows
+    high = unpaired(ours, [t + pause for t in patched])  # > 0, the search slower than them with the pause
+    if not (math.isfinite(low.se) and math.isfinite(high.se)):
+        return None
+    return not ((low.estimate < 0 and compare(low, 1.0).real) or (high.estimate > 0 and compare(high, 1.0).real))
 
 
-def _summary(t: Tuning, ts: list, b: Optional[Tried], top: bool, ceiling: Optional[float]) -> str:
+def _summary(t: Tuning, ts: list, b: Optional[Tried], top: bool, ceiling: Optional[float], *, graph: bool) -> str:
     if t.reason:
         return f"Nothing to tune: {t.reason}."
     if not ts:
@@ -369,5 +423,5 @@ def _summary(t: Tuning, ts: list, b: Optional[Tried], top: bool, ceiling: Option
     fig = f"{b.speedup:.2f}\u00d7" + (f" ({interval(b.outcome)})" if interval(b.outcome) else "")
     where = ("within the noise of the ceiling" if top else
              f"the ceiling is {ceiling:.2f}\u00d7" if ceiling else "the ceiling is not known")
-    return f"Best: {settings_text(b.settings)}: {fig} your speed; {where}."
+    return f"Best: {settings_text(b.settings, graph)}: {fig} your speed; {where}."
 

@@ -21,7 +21,7 @@ copy of the LoaderSpec, and the thread count is set for the candidate's visits o
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 from ..core.results import Measured, Trial, Verification, VisitWindow
 from ..derive.findings import Finding
@@ -139,11 +139,27 @@ def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: 
     def decided(sides: dict) -> bool:
         o = outcome(Trial(item, dict(settings), dump(sides[False]), dump(sides[True])), exp.batch_size)
         return o.status == "slower" or (o.status == "helps" and (o.spread or float("inf")) <= TARGET_SPREAD)
-    sides, error = yield from alternate(
-        exp, "full", lambda candidate, visit_deadline: _visit(exp, settings if candidate else {}, visit_deadline,
-                                                              deadline),
-        deadline, owed=owed, decided=decided)
-    return Trial(item, dict(settings), dump(sides[False]), dump(sides[True]), error)
+    firsts: list = []
+
+    def visit_of(candidate: bool, visit_deadline: float) -> Visit:
+        v = _visit(exp, settings if candidate else {}, visit_deadline, deadline)
+        if candidate and not firsts:
+            firsts.append(v)
+        return v
+    try:
+        sides, error = yield from alternate(exp, "full", visit_of, deadline, owed=owed, decided=decided)
+    finally:
+        exp.close_kept(only=(side_key(settings),))  # the candidate's pool; the user's serves the next trial
+    return Trial(item, dict(settings), dump(sides[False]), dump(sides[True]), error,
+                 candidate_start_s=pool_start(firsts[0].measured if firsts else None))
+
+
+def pool_start(m: Optional[Measured]) -> Optional[float]:
+    """A side's start-up: its first visit's opening and first batch (its workers started,
+    their first batches made), once: a kept pool pays it in no other visit."""
+    if m is None or m.first_batch_seconds is None:
+        return None
+    return round(m.opened_seconds + m.first_batch_seconds, 3)
 
 
 def fits(exp: Experiment, point: str, deadline: float, least: float = 0.0) -> bool:
@@ -184,12 +200,17 @@ class Lead:
         out.lead = (p.first_batch_seconds or 0.0) + p.warmup_steps / visits * tp.sec_per_batch
         return out
 
-    def learn(self, m: Measured, seconds: float) -> None:
+    def learn(self, m: Measured, seconds: float, started: bool = False) -> None:
+        """From a side's last visit (`started`: it started a pool kept for the next
+        visits, which resume it: its opening and first batch, the pool's start, are in
+        none of them; a step of its windows stands for their first batch)."""
         if not m.windows:
             self.lead = self.window = seconds
             return
         self.window = max(w.seconds for w in m.windows)
-        self.lead = m.opened_seconds + (m.first_batch_seconds or 0.0) + m.warmup_seconds + m.warmup_windows * self.window
+        first = (m.windows[0].seconds / max(m.windows[0].steps, 1) if started
+                 else m.opened_seconds + (m.first_batch_seconds or 0.0))
+        self.lead = first + m.warmup_seconds + m.warmup_windows * self.window
 
     def least(self, windows: int) -> float:
         """The least time a visit of this side needs for `windows` windows (0 before any)."""
@@ -219,7 +240,7 @@ def alternate(exp: Experiment, point: str, visit_of: Callable[[bool, float], Vis
         visit = visit_of(side, exp.visit_deadline(point, share, deadline, least=leads[side].least(2)))
         yield visit
         m = visit.measured
-        leads[side].learn(m, exp.clock() - now)
+        leads[side].learn(m, exp.clock() - now, started=getattr(visit, "first_free", None) is not None)
         if m.error is not None:  # this side breaks the pipeline: say so
             return sides, f"{type(m.error).__name__}: {m.error}"[:300]
         # a visit without a window keeps its place: visit i of one side is paired with
@@ -234,9 +255,23 @@ def _visit(exp: Experiment, settings: dict, deadline: float, end: float) -> Visi
     """One visit of the full pipeline with `settings` applied ({}: the user's own), as the
     bisection visits `full` (same dataset copy, transfer, step and plan), but with the
     epochs ending as in the user's loop: workers added are forked again every epoch
-    unless persistent, and that is part of what they cost."""
-    return exp.visit("full", deadline, spec=exp.spec.with_settings(settings), epochs=True,
-                     threads=settings.get(THREADS), end=end)
+    unless persistent, and that is part of what they cost. Persistent workers start once
+    (Experiment.keeps_side): their pool is kept for the side's next visits, parked
+    between them, and the visit that starts it has its share counted from its first
+    batch (`first_free`, up to `end`): a pool that takes seconds to start (a GPU
+    machine's 16 workers: 2-3 s) pays them once, in no window and no share."""
+    spec = exp.spec.with_settings(settings)
+    key = side_key(settings) if exp.keeps_side(spec) else False
+    visit = exp.visit("full", deadline, spec=spec, epochs=True, threads=settings.get(THREADS), end=end,
+                      keep_open=key)
+    if key and key not in exp.kept:
+        visit.first_free = end
+    return visit
+
+
+def side_key(settings: dict) -> str:
+    """The key a trial side's kept pool goes by (Experiment.kept): its settings."""
+    return "full " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
 
 
 def dump(visits: list) -> tuple:

@@ -315,6 +315,19 @@ class InLoop(Part):
 
 
 @dataclasses.dataclass(frozen=True)
+class LoopStages(Part):
+    """Stages the user's loop runs on the loader's batches in its own process (a webdataset
+    WebLoader's `.unbatched().shuffle(n).batched(m)`), timed alone on cached batches. They
+    run at every point alike, so they are in no stage's drop; their cost is its own line."""
+
+    label: Optional[str] = None  # e.g. "WebLoader: unbatched, shuffle, batched(64)"
+    ms_per_batch: Optional[float] = None
+    batches: Optional[int] = None
+    se_ms_per_batch: Optional[float] = None
+    cpu_ms_per_batch: Optional[float] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class TensorInfo(Record):
     path: str
     dtype: str
@@ -406,7 +419,7 @@ class Isolated(Part):
     _nested: ClassVar[dict] = {"augment": PerSample, "load": PerSample, "collate": Collate, "batch": BatchShape,
                                "sample_structure": SampleStructure, "transfer": Transfer, "step": StepTime,
                                "memory": Memory, "workers": Workers, "allocator": AllocatorTiming,
-                               "in_loop": InLoop}
+                               "loop": LoopStages, "in_loop": InLoop}
     budget_s: Optional[float] = None
     batch_size: Optional[float] = None
     items_per_batch: Optional[float] = None  # the dataset's items per batch (cache.Caches.items_per_batch)
@@ -421,6 +434,7 @@ class Isolated(Part):
     workers: Optional[Workers] = None
     elapsed_s: Optional[float] = None
     allocator: Optional[AllocatorTiming] = None
+    loop: Optional[LoopStages] = None  # stages in the loop's own process (a webdataset WebLoader's)
     in_loop: Optional[InLoop] = None  # num_workers=0: the input work timed between steps
 
     def part(self, name: str) -> Optional[Part]:
@@ -473,6 +487,12 @@ class Trial(Record):
     user_windows: tuple = ()
     candidate_windows: tuple = ()
     error: Optional[str] = None
+    # the candidate's first visit's opening and first batch: its workers' start, paid once
+    # where its pool is kept between its visits (verify.pool_start)
+    candidate_start_s: Optional[float] = None
+    # the patched script's run (change.check): the pause at each epoch's start its windows
+    # leave out, per batch, as that run estimated it (run.epoch_start.ms_per_batch)
+    epoch_ms_per_batch: Optional[float] = None
 
 
 Confirmation._nested = {"trial": Trial}
@@ -557,6 +577,8 @@ class RunInfo(Record):
     allocator: Optional[AllocatorHold] = None
     rounds: Optional[int] = None
     settled: Optional[bool] = None
+    # what settled it beyond the stop rule's margin: "both witnesses" (rounds.witnessed)
+    settled_by: Optional[str] = None
     remeasured: Optional[tuple] = None
     verdict_s: Optional[float] = None
     visits: Optional[int] = None

@@ -27,6 +27,9 @@ DEFAULT_CACHE_BATCHES = 8
 # on an accelerator a host copy while it is moved). The host and device points are never
 # open together, so one such copy counts.
 HELD_PARTS = ("raw_inputs", "samples", "collated", "point_copy")
+# The most items a webdataset pipeline's cut keeps while the caches fill (its shuffle
+# buffers read ahead of the batches); trimmed to the cached batches' samples after.
+TAP_LIMIT = 4096
 
 
 @dataclasses.dataclass
@@ -49,13 +52,23 @@ class Caches:
     # sampler) grouped them: `raw` and `augmented` replay these same groups.
     groups: list = dataclasses.field(default_factory=list)
     batch_size_source: str = ""
+    # A pipeline whose stages are objects (integrations.webdataset.Cuts): the items kept
+    # at its cuts, and its `raw` and `augmented` replays; None for the others.
+    stages: Any = None
 
     @property
     def items_per_batch(self) -> float:
         """The dataset's items (its __getitem__ calls) in a batch, as the sampler grouped
         them: what per-sample costs measured alone multiply by (batch_size counts what the
-        step receives: more when one item becomes several)."""
-        return sum(len(g) for g in self.groups) / len(self.groups) if self.groups else self.batch_size
+        step receives: more when one item becomes several). A webdataset pipeline that
+        batches its samples itself yields batches: its samples per item count too."""
+        per = self.stages.items_per_output if self.stages is not None else 1
+        return (sum(len(g) for g in self.groups) / len(self.groups) * per) if self.groups else self.batch_size
+
+    @property
+    def has_raw(self) -> bool:
+        """Whether `raw` can be replayed: transform calls recorded, or a stage cut."""
+        return self.raw_calls is not None or (self.stages is not None and self.stages.has_raw)
 
     @property
     def n_batches(self) -> int:
@@ -104,11 +117,12 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
                           "drop_last=True). Check the dataset your entry function builds.")
     raw_calls = rec.finish(len(kept.samples))
     size, source = batch_size_of(spec, kept.positions, kept.batches, batch_size, samples=kept.samples)
-    return Caches(batch_size=size, dataset=rec.dataset, samples=kept.samples, raw_calls=raw_calls,
-                  raw_reason=rec.raw_reason, raw_found=rec.found, batches=kept.batches, batch_bytes=kept.batch_bytes,
-                  fill_seconds=clock() - start, limited_by=limited_by, stopped_by=stopped_by,
-                  warnings=found_warnings, groups=kept.positions, batch_size_source=source,
-                  held=kept.held(raw_calls is not None), budget_bytes=int(cache_mb * 2**20))
+    out = Caches(batch_size=size, dataset=rec.dataset, samples=kept.samples, raw_calls=raw_calls,
+                 raw_reason=rec.raw_reason, raw_found=rec.found, batches=kept.batches, batch_bytes=kept.batch_bytes,
+                 fill_seconds=clock() - start, limited_by=limited_by, stopped_by=stopped_by,
+                 warnings=found_warnings, groups=kept.positions, batch_size_source=source,
+                 held=kept.held(raw_calls is not None), budget_bytes=int(cache_mb * 2**20))
+    return rec.with_cuts(out) if rec.cuts is not None else out
 
 
 @dataclasses.dataclass
@@ -251,6 +265,14 @@ def _pipeline_warnings(spec: LoaderSpec) -> list:
     return out
 
 
+def by_index(spec: LoaderSpec) -> bool:
+    """Whether the caches are filled through the dataset's per-sample access although it
+    is an IterableDataset: a streaming dataset (integrations.streaming) that partitions
+    its samples by worker itself. Iterated in this process, MosaicML's would then hang
+    in the user's workers (its shared state counts this process as a worker of its own)."""
+    return spec.iterable and integrations.streaming.is_streaming(spec.dataset)
+
+
 class FillError(Exception):
     """Not even one batch could be built: every cached point fails with this reason."""
 
@@ -271,9 +293,13 @@ class _Recording:
         self.raw_reason: Optional[str] = None
         self.replayed: set = set()  # the names of the proxies whose calls are replayed
         self.changes: set = set()  # the names of the transforms seen changing their image input (recording.settle_copies)
-        if spec.iterable:
-            self.raw_reason = ("the dataset is an IterableDataset: its samples come out of one iterator, so its "
-                               "transforms cannot be run apart from loading")
+        self.cuts = None  # a webdataset pipeline's cuts (integrations.webdataset)
+        if spec.iterable and not by_index(spec):
+            self.cuts, why = integrations.webdataset.cuts(spec.dataset, limit=TAP_LIMIT)
+            self.raw_reason = None if self.cuts is not None else (
+                f"the dataset is an IterableDataset: {why}" if why else
+                "the dataset is an IterableDataset: its samples come out of one iterator, so its "
+                "transforms cannot be run apart from loading")
         else:
             try:
                 self.inst = split.instrument(spec.dataset)
@@ -283,12 +309,13 @@ class _Recording:
                 self.raw_reason = self._no_transform()
                 self.inst = None
         self.found: list = []
-        self.dataset = self.inst.dataset if self.inst is not None else copy_or_same(spec.dataset)
+        self.dataset = (self.cuts.tapped if self.cuts is not None else
+                        self.inst.dataset if self.inst is not None else copy_or_same(spec.dataset))
         self.raw_calls: Optional[list] = [] if self.inst is not None else None
         self.batched_fetch = self.inst is not None and integrations.hf.fetches_batches(spec.dataset)
 
     def sample(self, index: Any, item: Any) -> Any:
-        if self.spec.iterable:
+        if index is None:  # an IterableDataset's item
             return tree.clone(item)
         if self.raw_calls is None:
             return tree.clone(self.dataset[index])
@@ -322,6 +349,15 @@ class _Recording:
             self.found = self.inst.found(replayed)
         return raw_calls
 
+    def with_cuts(self, caches: Caches) -> Caches:
+        """The caches of a pipeline cut into its stages: the items kept at each cut (as
+        many as the cached batches hold samples), `full` on a copy without taps."""
+        c = self.cuts
+        why = c.settle(sum(len(g) for g in caches.groups) * c.items_per_output)
+        held = dict(caches.held, raw_inputs=c.nbytes())
+        return dataclasses.replace(caches, stages=c, dataset=c.full, raw_found=c.found() if why is None else [],
+                                   raw_reason=why, held=held)
+
     def _not_called(self) -> str:
         """Why `raw` is unavailable when the first sample replays no transform."""
         declared = [label for name, label in self.inst.labels.items() if name not in self.inst.tentative]
@@ -341,7 +377,15 @@ class _Recording:
 
 
 def _sample_groups(spec: LoaderSpec, dataset: Any) -> Iterator[list]:
-    """Yield the (index, sample-or-None) pairs of each batch, in the user's order."""
+    """Yield the (index, sample-or-None) pairs of each batch, in the user's order (a
+    streaming dataset's: its first samples by index, by_index)."""
+    if by_index(spec):
+        indices = iter(range(len(dataset)))
+        while True:
+            group = [(i, None) for i in itertools.islice(indices, spec.batch_size if spec.auto_collation else 1)]
+            if not group:
+                return
+            yield group
     if spec.iterable:
         it = iter(dataset)
         size = spec.batch_size if spec.auto_collation else 1

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import math
 import os
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import torch
 from torch.utils.data import DataLoader
@@ -26,10 +26,10 @@ from ..core.stats import Throughput
 from ..derive import witness
 from ..derive.verdict import POINTS, Verdict, decide
 from ..pipeline import split
-from ..pipeline.integrations import timm
+from ..pipeline.integrations import nodes, timm
 from ..pipeline.loader import LoaderSpec
 from ..pipeline.step import make_step, to_device as default_to_device
-from . import allocator, cache, devices, sources
+from . import allocator, cache, devices, graph, sources
 from .plan import Budget, Plan
 from .visit import LOCAL, Pace, Visit
 
@@ -89,6 +89,9 @@ class Experiment:
     # loader's length times the epochs its command line asks for); None: as many as asked
     batches_left: Callable[[], Optional[int]] = lambda: None
     wrapper: Any = None  # the user's loader wrapper every point's batches go through (integrations.timm)
+    # stages the user's loop runs in its own process on the loader's batches (a webdataset
+    # WebLoader's: integrations.webdataset.LoopStages), timed alone as their own line
+    loop_stages: Any = None
     results: dict = dataclasses.field(default_factory=dict)
     notes: list = dataclasses.field(default_factory=list)  # results.Note, as seen while measuring
     visits: int = 0
@@ -206,7 +209,7 @@ class Experiment:
         skipped = {n: p.reason or "" for n, p in self.results.items()
                    if p.status == "skipped" and p.reason != NOT_SELECTED}
         alone = witness.alone(self.isolated, {"num_workers": getattr(self.spec, "num_workers", 0)},
-                              str(self.device))  # the second witness
+                              str(self.device)) if nodes.witnessed(self.spec) else None  # the second witness
         return decide(ok, self.batch_size, skipped, noise_scale=noise_scale, alone=alone)
 
     def use(self, wl: Any) -> None:
@@ -216,14 +219,19 @@ class Experiment:
         move, dev = wl.to_device or default_to_device, self.device
         self.move = lambda batch: move(batch, dev)
         self.wrapper = wl.wrapper
+        self.loop_stages = wl.loop_stages
 
     def not_applicable(self, name: str) -> Optional[PointResult]:
         if name == "host" and self.device.type == "cpu":
             return PointResult(name, "skipped", reason="no accelerator: host and device coincide")
+        if isinstance(self.spec, nodes.NodeSpec):  # a node graph's cuts (nodes.cuts_of)
+            why = self.spec.cuts.why.get(name)
+            return None if why is None else PointResult(name, "skipped" if name == "collated" else "unavailable",
+                                                        reason=why)
         if name == "collated" and self.spec.num_workers == 0 and not (self.spec.pin_memory and self.device.type != "cpu"):
             return PointResult(name, "skipped", reason="num_workers=0: no worker hands batches over and nothing pins "
                                                        "them, so collated and host coincide (no handoff)")
-        if name == "raw" and self.caches is not None and self.caches.raw_calls is None:
+        if name == "raw" and self.caches is not None and not self.caches.has_raw:
             return PointResult(name, "unavailable", reason=self.caches.raw_reason)
         return None
 
@@ -231,21 +239,23 @@ class Experiment:
 
     @contextlib.contextmanager
     def open(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False,
-             threads: Optional[int] = None, calls: Optional[list] = None, *, keep: bool = False) -> Iterator[tuple]:
+             threads: Optional[int] = None, calls: Optional[list] = None, *,
+             keep: Union[bool, str] = False) -> Iterator[tuple]:
         """The point's batch source, open: (next_batch, the transfer applied to each batch
         or None when the batches are already on the device). `spec`: other loader settings
         for `full` (verify.py, sweep.py); the user's own by default. `epochs`: `full` ends
         its epochs as the user's loop does (sources.full_loader). `threads`: the step's
         intra-op threads while the source is open, restored after. `calls`: the transform
         calls `raw` replays, one list per cached sample (the recorded ones by default;
-        confirm.py replays part of a Compose from a cached intermediate). `keep`: the
-        user's settings, left open after the visit for the next one (close_kept)."""
+        confirm.py replays part of a Compose from a cached intermediate). `keep`: left open
+        after the visit for the next one (close_kept), kept as the point's (True) or under
+        this key (a trial's side: its settings, verify._visit)."""
         before = torch.get_num_threads()
         if threads:
             torch.set_num_threads(int(threads))
         try:
             if keep:
-                yield from self._kept(name)
+                yield from self._kept(name if keep is True else keep, name, spec, epochs)
             else:
                 source, move = self._source(name, spec or self.spec, epochs, calls)
                 with source as next_batch:
@@ -273,19 +283,34 @@ class Experiment:
             return False
         return (self.parks(name) or bool(getattr(self.spec, "persistent_workers", False))) and room_for_a_pool()
 
-    def parks(self, name: str) -> bool:
+    def keeps_side(self, spec: LoaderSpec) -> bool:
+        """Whether the full pipeline with `spec`'s settings, its epochs ending as the
+        user's loop ends them (a side of a trial: verify._visit), is kept from one visit
+        to the next, parked between them (`parks`): where its workers are persistent, so
+        that they start once, as they do in the user's loop with those settings, and a
+        pool that takes seconds to start pays them in its first visit's first batch
+        (untimed) and in none of its windows. A pool is kept only while the machine has
+        the memory for it (room_for_a_pool)."""
+        return self.parks("full", spec, epochs=True) and room_for_a_pool()
+
+    def parks(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False) -> bool:
         """Whether point `name`'s replay loader can be parked between visits (sources.
         LoaderSource.park): a DataLoader over a map-style dataset (the cached points,
         and `full` but for an IterableDataset), not behind a loader wrapper, with
         workers. Its workers are then persistent, a setting that differs from yours only
         at an epoch's end, which no window holds (the advice's check measures that end
-        with your setting)."""
-        spec = self.spec
+        with your setting). `spec`: other settings of `full`; `epochs`: its epochs end as
+        in the user's loop, where only persistent workers can be parked (sources.
+        full_loader)."""
+        spec = spec or self.spec
         return (name not in ("host", "device") and spec.num_workers > 0 and self.wrapper is None
-                and spec.loader_cls is DataLoader and not (name == "full" and spec.iterable))
+                and self.loop_stages is None and spec.loader_cls is DataLoader and not (name == "full" and spec.iterable)
+                and not (name in ("raw", "augmented") and self.caches is not None and self.caches.stages is not None)
+                and (not epochs or bool(spec.persistent_workers)))
 
     def resumes(self, name: str) -> bool:
-        """Whether the next visit of point `name` resumes its parked replay loader: its
+        """Whether the next visit of point `name` (or of the kept source of that key)
+        resumes its parked replay loader: its
         queue was emptied at the park and its workers idle since, so at the resume they
         start together on an empty queue, as in their steady state after a batch each:
         no batch is ready ahead of the step but where the step is the slower side, which
@@ -307,17 +332,18 @@ class Experiment:
         own pool was kept (room_for_a_pool) or not: the whole prefetch."""
         return 0 if kept and not lockstep and self.resumes(name) else prefetch
 
-    def _kept(self, name: str) -> Iterator[tuple]:
-        """The point's source as `open` gives it, opened at its first visit and kept
-        after it: parked (its epoch ended after the batches in flight, its workers idle)
-        and resumed at the next visit, whose first batch and warm-up then go as at a
-        first visit without the workers' start; or, where it cannot be parked, left
-        open. A visit that fails closes it (its workers terminated, as `open` does)."""
-        if name not in self.kept:
+    def _kept(self, key: str, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False) -> Iterator[tuple]:
+        """The point's source as `open` gives it (`spec`, `epochs`: see `open`), kept as
+        `key`, opened at its first visit and kept after it: parked (its epoch ended after
+        the batches in flight, its workers idle) and resumed at the next visit, whose
+        first batch and warm-up then go as at a first visit without the workers' start;
+        or, where it cannot be parked, left open. A visit that fails closes it (its
+        workers terminated, as `open` does)."""
+        if key not in self.kept:
             stack = contextlib.ExitStack()
-            source, move = self._source(name, self.spec, False, park=self.parks(name))
-            self.kept[name] = (stack, stack.enter_context(source), move, source)
-        stack, next_batch, move, source = self.kept[name]
+            source, move = self._source(name, spec or self.spec, epochs, park=self.parks(name, spec, epochs))
+            self.kept[key] = (stack, stack.enter_context(source), move, source)
+        stack, next_batch, move, source = self.kept[key]
         gated = isinstance(source, sources.LoaderSource) and source.gate is not None
         if gated:
             source.resume()  # (nothing to resume at the first visit)
@@ -325,28 +351,43 @@ class Experiment:
             yield next_batch, move
             parked = not gated or source.park()  # (not parkable: left open, its workers persistent)
         except BaseException as exc:
-            del self.kept[name]
+            del self.kept[key]
             stack.__exit__(type(exc), exc, exc.__traceback__)
             raise
         if not parked:  # its epoch did not end: not left running beside the next point
-            del self.kept[name]
+            del self.kept[key]
             stack.close()
 
-    def close_kept(self, keep: Iterable = ()) -> None:
+    def close_kept(self, keep: Iterable = (), only: Optional[Iterable] = None) -> None:
         """Close the sources kept open between visits (their workers shut down), but those
-        of the points in `keep`."""
-        for name in [n for n in self.kept if n not in keep]:
+        of the points (or keys) in `keep`; `only`: those of these keys alone."""
+        for name in [n for n in self.kept if n not in keep and (only is None or n in only)]:
             stack = self.kept.pop(name)[0]
             stack.close()
 
     def _source(self, name: str, spec: LoaderSpec, epochs: bool, calls: Optional[list] = None,
                 park: bool = False) -> tuple:
+        """The point's batch source and transfer; with a WebLoader's stages under --entry,
+        every point's batches go through them, the device point's too, as in the user's
+        loop (under `run` the loop runs them itself)."""
+        source, move = self._point_source(name, spec, epochs, calls, park)
+        if self.loop_stages is not None and not self.loop:
+            source = self.loop_stages.through(source)
+        return source, move
+
+    def _point_source(self, name: str, spec: LoaderSpec, epochs: bool, calls: Optional[list] = None,
+                      park: bool = False) -> tuple:
         caches = self.caches
         if name == "device":
             host = sources.host_batches(caches, spec, self.device)
             return sources.cached_source(sources.device_batches(host, self.move, self.device), self.fresh), None
-        if name == "full":
+        if isinstance(spec, nodes.NodeSpec) and name != "host":  # a node graph's own sources
+            source = graph.source(spec, name, caches, epochs=epochs, calls=calls,
+                                  fresh=self.fresh and self.device.type == "cpu")
+        elif name == "full":
             source = sources.full_loader(spec, caches.dataset if caches else _tagged_copy(spec), epochs, park)
+        elif name in ("raw", "augmented") and caches.stages is not None:  # a pipeline cut into its stages
+            source = sources.stream_loader(spec, caches.stages.replay(name))
         elif name == "raw":
             source = sources.sample_loader(spec, sources.RawReplay(caches.samples, calls or caches.raw_calls),
                                            caches.groups, park)
@@ -373,16 +414,18 @@ class Experiment:
     def visit(self, name: str, deadline: float, *, spec: Optional[LoaderSpec] = None, epochs: bool = False,
               threads: Optional[int] = None, keep: Optional[int] = None, pace: Pace = LOCAL,
               end: Optional[float] = None, skip: bool = False, calls: Optional[list] = None,
-              keep_open: bool = False, max_steps: Optional[int] = None) -> Visit:
+              keep_open: Union[bool, str] = False, max_steps: Optional[int] = None) -> Visit:
         """One visit of point `name` until `deadline`, for a schedule to hand to its driver
         (visit.drive, or a user's loop). `spec`, `epochs`, `threads`, `calls`: see `open`; `keep`:
         windows to keep (plan.windows_per_visit); `end`: the watchdog's hard end (the
         run's by default); `skip`: take part in a lockstep point without steps;
-        `keep_open`: the source stays open for the next visit (`open`, keep); `max_steps`:
+        `keep_open`: the source stays open for the next visit (`open`, keep: True, or
+        the key it is kept under); `max_steps`:
         the most batches it may take (Plan.for_steps: a script's batches shared out)."""
         spec = spec or self.spec
         plan, prefetch = self.visit_plan(name, spec, epochs, fit=not pace.lockstep)
-        first_prefetch = self.start_prefetch(name, prefetch, keep_open, pace.lockstep)
+        key = name if keep_open is True else keep_open
+        first_prefetch = self.start_prefetch(key or name, prefetch, bool(keep_open), pace.lockstep)
         plan = plan.for_steps(max_steps, first_prefetch)
         self.visits += 1
         return Visit(
@@ -505,10 +548,15 @@ def fill(exp: Experiment, selected: tuple, *, cache_mb: float, cache_batches: in
     batch can be built, every cached point fails with the reason. First, the class the
     replay loaders are built through (sources.loader_class)."""
     exp.emit({"event": "cache", "message": "filling the caches"})
-    cls = exp.spec.loader_cls
-    exp.spec, why = sources.loader_class(exp.spec)
-    if why:
-        exp.notes.append(loader_note(cls, why))
+    fill_caches = cache.fill
+    if isinstance(exp.spec, nodes.NodeSpec):  # a node graph: its own fill, its own notes
+        fill_caches = graph.fill
+        exp.notes.extend(nodes.notes(exp.spec))
+    else:
+        cls = exp.spec.loader_cls
+        exp.spec, why = sources.loader_class(exp.spec)
+        if why:
+            exp.notes.append(loader_note(cls, why))
     budget = max(1.0, CACHE_TIME_SHARE * max_seconds)
     t0 = exp.clock()
     try:
@@ -516,8 +564,8 @@ def fill(exp: Experiment, selected: tuple, *, cache_mb: float, cache_batches: in
             def on_batch(n: int) -> None:
                 if n == 1:
                     dog.end_in(max(0.0, budget - (exp.clock() - t0)) + 1.0, label="the fill's time budget")
-            exp.caches = cache.fill(exp.spec, cache_mb=cache_mb, max_batches=cache_batches, time_budget=budget,
-                                    clock=exp.clock, on_batch=on_batch, batch_size=batch_size)
+            exp.caches = fill_caches(exp.spec, cache_mb=cache_mb, max_batches=cache_batches, time_budget=budget,
+                                     clock=exp.clock, on_batch=on_batch, batch_size=batch_size)
     except cache.FillError as exc:
         for name in MEASURE_ORDER[:-1]:
             if name in selected:

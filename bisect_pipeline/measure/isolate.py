@@ -33,12 +33,13 @@ import torch
 from torch.utils.data import default_collate
 
 from ..core import faults, tree
-from ..core.results import (BatchShape, Breakdown, Collate, InLoop, Isolated, LoadSplit, Memory, Part, PerSample,
-                            SampleStructure, StepTime, SyncSite, Syncs, TensorInfo, Transfer, Workers)
+from ..core.results import (BatchShape, Breakdown, Collate, InLoop, Isolated, LoadSplit, LoopStages, Memory, Part,
+                            PerSample, SampleStructure, StepTime, SyncSite, Syncs, TensorInfo, Transfer, Workers)
 from ..core.stats import mean_se, median
 from ..pipeline import recording
 from ..pipeline.loader import LoaderSpec, copy_or_same, index_order
 from . import breakdown, devices, reads, reorder, sources
+from .cache import by_index
 
 # The isolation measurements take at most this share of --max-seconds, and never more
 # than ISOLATE_MAX_SECONDS: they refine the advice, the bisection is the measurement.
@@ -75,12 +76,15 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
                 train_step: Optional[Callable[[Any], Any]], *, step_sec_per_batch: Optional[float], budget_s: float,
                 clock: Callable[[], float] = time.perf_counter, end: float = math.inf,
                 step_estimate_s: Optional[float] = None,
-                step_source: str = "the device point (batches cached on the device)") -> tuple[Isolated, Syncs]:
+                step_source: str = "the device point (batches cached on the device)",
+                loop_stages: Any = None) -> tuple[Isolated, Syncs]:
     """(isolated, syncs). Never raises for a failing measurement: a part that fails says
     so with its reason; KeyboardInterrupt propagates. `train_step` None: the step is the
     user's own loop (loop.py), timed only at the device point; no syncs are counted here.
     `end` (on `clock`): the run's hard end; the parts that run the training step (the
-    step alone, the sync count) are skipped when `step_estimate_s` says they would pass it."""
+    step alone, the sync count) are skipped when `step_estimate_s` says they would pass it.
+    `loop_stages`: stages the loop runs in its own process (integrations.webdataset.
+    LoopStages), timed on the cached batches."""
     if caches is None:
         reason = "the caches could not be filled"
         return Isolated.missing("unavailable", reason), Syncs.missing("unavailable", reason)
@@ -101,6 +105,8 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
     parts.update(batch=_guard(BatchShape, lambda: describe_batch(caches.batches[0])),
                  sample_structure=_guard(SampleStructure, lambda: sample_structure(caches.samples[0])),
                  transfer=_guard(Transfer, lambda: _transfer(spec, caches, device, move, share=share, clock=clock)))
+    if loop_stages is not None:
+        parts["loop"] = _guard(LoopStages, lambda: _loop(loop_stages, caches, share, clock))
     device_batch, syncs = None, None
     try:
         device_batch = sources.device_batches(sources.host_batches(caches, spec, device, 1), move, device)[0]
@@ -217,14 +223,16 @@ def _load(spec, caches, augment: PerSample, share, clock) -> PerSample:
     """Building a sample through the dataset (loading + its transforms), minus the
     transforms replayed alone: what loading costs; split into reading files and the
     rest on the same calls (reads.py)."""
-    dataset = copy_or_same(spec.dataset)
+    # a pipeline cut into its stages loads in the stages up to `raw` (integrations.webdataset)
+    stages = _stages(caches)
+    dataset = stages.loading() if stages is not None else copy_or_same(spec.dataset)
     with reads.Reads(clock) as seen:
-        if spec.iterable:
+        if spec.iterable and not by_index(spec):
             it = iter(dataset)
-            timed = _timed_loop(list(range(len(caches.samples) + 1)), lambda _: next(it), share, clock,
-                                started=seen.reset)
+            n_items = len(stages.items("raw")) if stages is not None else len(caches.samples)
+            timed = _timed_loop(list(range(n_items + 1)), lambda _: next(it), share, clock, started=seen.reset)
         else:
-            order = index_order(spec)
+            order = itertools.count() if spec.iterable else index_order(spec)  # a streaming dataset: by index
             if spec.batch_sampler is not None:
                 order = itertools.chain.from_iterable(order)
             indices = list(itertools.islice(order, max(2, len(caches.samples) + 1)))
@@ -232,7 +240,10 @@ def _load(spec, caches, augment: PerSample, share, clock) -> PerSample:
     n = timed.n
     getitem = round(timed.ms, 4)
     measured = dict(samples=n, se_ms_per_sample=timed.se_ms, cpu_ms_per_sample=round(timed.cpu_ms, 4))
-    if spec.iterable:
+    if stages is not None:
+        load = PerSample(ms_per_sample=getitem, getitem_ms_per_sample=getitem, includes=("load",),
+                         note=f"the pipeline's stages up to {stages.loaded_by}", **measured)
+    elif spec.iterable and not augment.ok:
         load = PerSample(ms_per_sample=getitem, includes=("load", "augment"),
                          note="IterableDataset: loading and transforms run together", **measured)
     elif not augment.ok:
@@ -253,6 +264,12 @@ def _load(spec, caches, augment: PerSample, share, clock) -> PerSample:
 def _augment(caches, share, clock) -> PerSample:
     """The stage replayed whole and transform by transform on the same samples, in turn
     (breakdown.measure_with_whole); the first sample, untimed, is the warm-up of both."""
+    stages = _stages(caches)
+    if stages is not None and stages.has_raw:  # the stages between the cuts, on the cached raw items
+        items, fn = stages.augmenting()
+        timed = _timed_loop(items, fn, share, clock)
+        return PerSample(ms_per_sample=round(timed.ms, 4), samples=timed.n, se_ms_per_sample=timed.se_ms,
+                         cpu_ms_per_sample=round(timed.cpu_ms, 4))
     if caches.raw_calls is None:
         return PerSample.missing("unavailable", caches.raw_reason or "the transforms could not be split from loading")
     pairs = list(zip(caches.samples, caches.raw_calls))
@@ -288,6 +305,19 @@ def _reorders(calls_per_sample: list, share: float, clock) -> Optional[tuple]:
         return None
 
 
+def _loop(stages: Any, caches: Any, share: float, clock) -> LoopStages:
+    """The loop's own stages, making batches out of the cached ones (LoopStages.timing)."""
+    items, fn = stages.timing(caches.batches)
+    timed = _timed_loop(items, fn, share, clock)
+    return LoopStages(label=stages.label, ms_per_batch=round(timed.ms, 4), batches=timed.n,
+                      se_ms_per_batch=timed.se_ms, cpu_ms_per_batch=round(timed.cpu_ms, 4))
+
+
+def _stages(caches: Any) -> Any:
+    """A pipeline cut into its stages (integrations.webdataset.Cuts), or None."""
+    return getattr(caches, "stages", None)
+
+
 def _groups(spec, caches) -> list:
     """The cached samples as collate_fn got them: the user's sampler's groups."""
     if not spec.auto_collation:
@@ -296,14 +326,16 @@ def _groups(spec, caches) -> list:
 
 
 def _collate(spec, caches, share, clock) -> Collate:
-    groups = _groups(spec, caches)
-    timed = _timed_loop(groups, spec.collate_fn, share / 2, clock)
+    groups, fn, stages = _groups(spec, caches), spec.collate_fn, _stages(caches)
+    if stages is not None:  # the pipeline's own batching, then the loader's collate_fn
+        groups, fn = stages.collating(spec.collate_fn, spec.batch_size if spec.auto_collation else None)
+    timed = _timed_loop(groups, fn, share / 2, clock)
     n = timed.n
     info = Collate(ms_per_batch=round(timed.ms, 4), batches=n,
                    collate_fn=getattr(spec.collate_fn, "__qualname__", type(spec.collate_fn).__name__),
                    mixes=batch_mixers(spec.collate_fn) or None, se_ms_per_batch=timed.se_ms,
                    cpu_ms_per_batch=round(timed.cpu_ms, 4))
-    if spec.collate_fn is not default_collate and spec.auto_collation:
+    if spec.collate_fn is not default_collate and spec.auto_collation and stages is None:
         # The same samples through torch's default_collate: tells the function's own work
         # apart from what the batch structure costs.
         try:
@@ -690,7 +722,8 @@ def before_points(exp: Any, *, max_seconds: float) -> tuple[Isolated, Syncs]:
                 return exp.clock()
             return time_stages(exp.spec, exp.caches, exp.device, exp.move, exp.step, step_sec_per_batch=exp.step_alone,
                                budget_s=min(budget(max_seconds), left), clock=beating_clock, end=exp.end,
-                               step_estimate_s=exp.step_estimate(), step_source=STEP_ALONE)
+                               step_estimate_s=exp.step_estimate(), step_source=STEP_ALONE,
+                               loop_stages=exp.loop_stages)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # never costs the run its verdict

@@ -251,18 +251,20 @@ def next_window(windows: list, steps: int, plan: Plan, seconds_left: float, keep
 # The run's time, divided up front
 # --------------------------------------------------------------------------------------
 
-# --patch: the change is checked by running the script with it against it as it is
-# (change.check), in PATCH_RUNS alternating runs (A B B A: two pairs, the fewest whose
-# spread says how sure the speed-up is), each a process of its own that pays the script's
-# start-up (what this run's start-up measured) before its loop, then PATCH_RUN_MARGIN_S
-# for its report and its workers' shutdown. That check gets PATCH_SHARE of --max-seconds,
-# more where its runs need it to measure PATCH_RUN_LEAST_S each, and nothing (said in the
-# report) where they would take more than PATCH_MAX_SHARE of it.
+# --patch: the change is checked by running the patched script (change.check), in
+# PATCH_RUNS run of its own: the search has measured the setting in this process already,
+# so the run confirms what only it can (the script builds its loader with the change, and
+# its speed agrees with the search's figure). It pays the script's start-up (what this
+# run's start-up measured) before its loop, then PATCH_RUN_MARGIN_S for its report and its
+# workers' shutdown, and measures PATCH_RUN_LEAST_S at least. That check gets PATCH_SHARE
+# of --max-seconds, more where its run needs it, and nothing (said in the report) where it
+# would take more than PATCH_MAX_SHARE of it. (Four runs, A B B A against the original,
+# did not fit a minute with a 4-s start-up.)
 PATCH_SHARE = 0.2
 PATCH_MAX_SHARE = 0.4
 PATCH_RUN_LEAST_S = 4.0
 PATCH_RUN_MARGIN_S = 2.0
-PATCH_RUNS = 4
+PATCH_RUNS = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,6 +287,11 @@ class Budget:
     startup_s: Optional[float] = None
     extra_s: float = 0.0
     patch_reason: Optional[str] = None  # why the change is not checked within the budget
+    # the least of `patching` the change's check needs (its runs' start-ups, margins and
+    # least measuring): the rest is the search's while it has no change to check
+    patch_least: float = 0.0
+    # where the time went, once it has (phases, change.check): {part: seconds}, as parts()
+    spent: Optional[dict] = None
 
     def parts(self) -> list:
         """[(what, seconds)] of the parts planned, in the order they run."""
@@ -301,16 +308,26 @@ class Budget:
         return out
 
     def to_dict(self) -> dict:
-        out = {k: round(v, 3) for k, v in self.parts()}
-        out = {k.replace("checking the advice", "checking").replace("checking the change", "patching"): v
-               for k, v in out.items()}
+        out = {KEYS[k]: round(v, 3) for k, v in self.parts()}
         if self.patch_runs:
             out["patch_runs"] = self.patch_runs
         if self.extra_s:
             out["verify_seconds"] = self.extra_s
         if self.patch_reason:
             out["patch_reason"] = self.patch_reason
+        if self.spent:
+            out["spent"] = {k: round(v, 3) for k, v in self.spent.items()}
         return out
+
+    def spending(self, part: str, seconds: float) -> "Budget":
+        """This budget with `seconds` spent on `part` (a key of to_dict: bisecting,
+        checking, searching, patching)."""
+        return dataclasses.replace(self, spent={**(self.spent or {}), part: seconds})
+
+
+# the parts as the JSON names them (run.budget; its `spent` alike)
+KEYS = {"bisecting": "bisecting", "checking the advice": "checking", "searching": "searching",
+        "checking the change": "patching"}
 
 
 def plan_budget(max_seconds: float, *, check_share: float, search_share: float = 0.0, patch: bool = False,
@@ -321,15 +338,15 @@ def plan_budget(max_seconds: float, *, check_share: float, search_share: float =
     `startup_s` (this run's own start-up, or PATCH_RUN_MARGIN_S where not known) before
     measuring; `verify_seconds`: the check's own budget on top (0: off)."""
     m = float(max_seconds)
-    patching, runs, reason = 0.0, 0, None
+    patching, runs, reason, need = 0.0, 0, None, 0.0
     if patch:
         per_run = (startup_s or 0.0) + PATCH_RUN_MARGIN_S
         need = PATCH_RUNS * (per_run + PATCH_RUN_LEAST_S)
         if need <= PATCH_MAX_SHARE * m:
             patching, runs = max(PATCH_SHARE * m, need), PATCH_RUNS
         else:
-            reason = (f"--max-seconds {m:g} leaves too little to run your script {PATCH_RUNS} times with and without "
-                      f"the change (each run starts in about {per_run:.0f} s before it measures): give --max-seconds "
+            reason = (f"--max-seconds {m:g} leaves too little to run your script with the change (it starts in about "
+                      f"{per_run:.0f} s before it measures): give --max-seconds "
                       f"{math.ceil(need / PATCH_MAX_SHARE / 10) * 10:g} or more")
     rest = m - patching
     searching = search_share * rest
@@ -341,4 +358,5 @@ def plan_budget(max_seconds: float, *, check_share: float, search_share: float =
     else:
         checking, extra = check_share * rest, 0.0
     bisecting = rest - searching - checking
-    return Budget(m, bisecting, checking, searching, patching, runs, startup_s, extra, reason)
+    return Budget(m, bisecting, checking, searching, patching, runs, startup_s, extra, reason,
+                  patch_least=need if runs else 0.0)

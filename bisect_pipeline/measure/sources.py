@@ -67,27 +67,43 @@ class Gate(Sampler):
     (endless) continued from one epoch to the next, each epoch lasting until `close()`.
     Closed, it ends the epoch under way: the loader hands out the batches its workers
     have in hand and stops, and with persistent workers the next iter() starts another
-    epoch on the same workers (LoaderSource.park, resume)."""
+    epoch on the same workers (LoaderSource.park, resume). `epochs`: `inner` is one
+    epoch of the user's sampler (full_loader's `epochs`): each iter() is a pass of it,
+    ended by its own end or by `close()`."""
 
-    def __init__(self, inner: Sampler) -> None:
+    def __init__(self, inner: Sampler, epochs: bool = False) -> None:
         self.inner = inner
+        self.epochs = epochs
         self._order: Optional[Iterator] = None
         self._open = True
 
     def __iter__(self):
+        self._open = True
+        if self.epochs:
+            return self._pass(iter(self.inner))
         if self._order is None:
             self._order = iter(self.inner)
-        self._open = True
         return self._epoch()
 
     def _epoch(self):
         while self._open:
             yield next(self._order)
 
+    def _pass(self, order: Iterator):
+        for index in order:
+            if not self._open:
+                return
+            yield index
+
     def close(self) -> None:
         self._open = False
 
     def __len__(self) -> int:
+        if self.epochs:
+            try:
+                return len(self.inner)
+            except TypeError:
+                return ENDLESS
         return ENDLESS
 
 
@@ -222,13 +238,12 @@ class LoaderSource:
     def __enter__(self) -> Callable[[], Any]:
         self.loader = self._make()
         self._it = iter(self.loader)
-        if self._restart:
-            return self._next_restarting
         index = self.loader.batch_sampler if self.loader.batch_sampler is not None else self.loader.sampler
         if isinstance(index, Gate) and self.loader.num_workers > 0 and self.loader.persistent_workers:
             self.gate = index
-            return self._next
-        return self._it.__next__
+        if self._restart:
+            return self._next_restarting
+        return self._next if self.gate is not None else self._it.__next__
 
     def _next(self) -> Any:
         return next(self._it)
@@ -356,9 +371,10 @@ def _kwargs(spec: LoaderSpec, collate_fn: Callable, park: bool = False) -> dict:
     return kw
 
 
-def _index(sampler: Sampler, park: bool) -> Sampler:
-    """A replay loader's index sampler, behind a Gate when the loader is to be parked."""
-    return Gate(sampler) if park else sampler
+def _index(sampler: Sampler, park: bool, epochs: bool = False) -> Sampler:
+    """A replay loader's index sampler, behind a Gate when the loader is to be parked
+    (`epochs`: a sampler of one epoch, Gate's)."""
+    return Gate(sampler, epochs) if park else sampler
 
 
 def loader_class(spec: LoaderSpec) -> tuple[LoaderSpec, Optional[str]]:
@@ -395,27 +411,38 @@ def full_loader(spec: LoaderSpec, dataset: Any = None, epochs: bool = False, par
     measured on the demo, 16 batches per epoch: 1.2x with workers forked every epoch,
     1.45x steady). The points of the bisection all run without epoch ends, alike.
     `park`: a loader that can be parked between visits (LoaderSource.park; map-style
-    datasets without `epochs` only)."""
+    datasets only; with `epochs`, where the settings' workers are persistent: parked,
+    its epoch ends early, and the next visit starts another on the same workers, as the
+    next epoch of the user's loop would)."""
     dataset = copy_or_same(spec.dataset) if dataset is None else dataset
-    park = park and not (spec.iterable or epochs)
+    park = park and not spec.iterable and (not epochs or bool(spec.persistent_workers))
     kw = _kwargs(spec, faults.Tagged(spec.collate_fn, "collate"), park)
     if spec.iterable:
-        def make() -> DataLoader:
-            if spec.auto_collation:
-                return spec.loader_cls(dataset, batch_size=spec.batch_size, drop_last=spec.drop_last, **kw)
-            return spec.loader_cls(dataset, batch_size=None, **kw)
-        return LoaderSource(make, restart=True)
+        return stream_loader(spec, dataset, kw)
 
     def make() -> DataLoader:
         # one epoch of a copy of the user's sampler per iter(), or its order cycled forever
         sampler = sampler_copy(spec) if epochs else _FromIterator(index_order(spec))
         if spec.batch_sampler is not None:
-            return spec.loader_cls(dataset, batch_sampler=_index(sampler, park), **kw)
+            return spec.loader_cls(dataset, batch_sampler=_index(sampler, park, epochs), **kw)
         if spec.auto_collation:
             batches = BatchSampler(sampler, spec.batch_size, spec.drop_last)
-            return spec.loader_cls(dataset, batch_sampler=_index(batches, park), **kw)
-        return spec.loader_cls(dataset, batch_size=None, sampler=_index(sampler, park), **kw)
+            return spec.loader_cls(dataset, batch_sampler=_index(batches, park, epochs), **kw)
+        return spec.loader_cls(dataset, batch_size=None, sampler=_index(sampler, park, epochs), **kw)
     return LoaderSource(make, restart=epochs)
+
+
+def stream_loader(spec: LoaderSpec, dataset: Any, kw: Optional[dict] = None) -> LoaderSource:
+    """An IterableDataset in the user's loader settings, started again where it ends:
+    `full` of an IterableDataset, and the `raw` and `augmented` replays of a pipeline cut
+    into its stages (integrations.webdataset.Cuts.replay)."""
+    kw = kw if kw is not None else _kwargs(spec, faults.Tagged(spec.collate_fn, "collate"))
+
+    def make() -> DataLoader:
+        if spec.auto_collation:
+            return spec.loader_cls(dataset, batch_size=spec.batch_size, drop_last=spec.drop_last, **kw)
+        return spec.loader_cls(dataset, batch_size=None, **kw)
+    return LoaderSource(make, restart=True)
 
 
 def sample_loader(spec: LoaderSpec, dataset: Dataset, groups: list, park: bool = False) -> LoaderSource:

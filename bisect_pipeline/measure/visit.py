@@ -158,6 +158,9 @@ class Visit:
         self.steady = False
         self.finished = False  # the visit ran to its end (kept_from and steady decided)
         self.measured: Optional[Measured] = None
+        # a visit that starts a pool kept for later visits: its share is counted from its
+        # first batch, the deadline moved by the opening and the first batch, up to this
+        self.first_free: Optional[float] = None
 
     # -- the protocol -------------------------------------------------------------
 
@@ -187,6 +190,11 @@ class Visit:
             # the source sees the visit's error (the consumer's, or one the pipeline raised
             # inside the visit): a loader terminates its workers, which may hang
             err = exc if exc is not None else self.error
+            if err is not None and self._dog is not None:
+                # a failed point's loader stops its workers within a grace of its own
+                # (sources._terminate); the watchdog, whose --step-timeout may be as short,
+                # would cut that and leave hung workers alive until garbage collection
+                self._dog.pause()
             try:
                 self._stack.__exit__(type(err) if err is not None else None, err, err.__traceback__ if err else None)
             except (KeyboardInterrupt, BisectError):
@@ -290,6 +298,8 @@ class Visit:
         if first.failed:
             return None
         self.first_batch_seconds = clock() - t0
+        if self.first_free is not None and not pace.lockstep:  # the pool's start is in no share
+            self.deadline = min(self.first_free, self.deadline + self.opened_seconds + self.first_batch_seconds)
         times: list = []
         w0 = clock()
         if not (yield from self._warm(plan.min_warmup_steps + self.first_prefetch, times)):

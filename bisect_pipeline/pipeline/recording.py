@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Optional
 from ..core import tree
 from ..core.faults import StageError, StepTimeout, stage_error
 
-_SCALARS = (int, float, complex, str, bytes, bool, type(None))
+_SCALARS = (int, float, complex, str, bytes, bytearray, bool, type(None))
 
 
 @dataclasses.dataclass
@@ -102,7 +102,7 @@ def record_sample(inst: Any, index: Any) -> tuple[Any, list[Call]]:
 def _place(call: Call, sample: Any) -> Optional[str]:
     """Find where the parts of the call's output landed in `sample` (call.placements);
     None when the call can be replayed, else why not."""
-    if call.tentative and _names_only((call.args, call.kwargs)):
+    if call.tentative and names_only((call.args, call.kwargs)):
         return (f"{call.name} is called with names only (paths, indices, keys, encoded bytes), so it reads or "
                 "decodes data rather than transforming it: it stays with loading")
     if call.locate is not None:
@@ -123,9 +123,11 @@ def _place(call: Call, sample: Any) -> Optional[str]:
             "outputs as they are (`image, mask = out['image'], out['mask']` is fine) to make the raw point available")
 
 
-def _names_only(obj: Any) -> bool:
+def names_only(obj: Any) -> bool:
     """Whether every leaf of a call's arguments names data (a path, an index, a key) or holds
-    it still encoded (bytes): what a loader is called with; a transform gets loaded data."""
+    it still encoded (bytes): what a loader is called with; a transform gets loaded data.
+    The one test of every pipeline kind: a map-style dataset's callables, a webdataset
+    stage, a node graph's first Mapper."""
     return all(isinstance(x, _SCALARS) or isinstance(x, os.PathLike) or getattr(x, "ndim", None) == 0
                for _, x in tree.leaves(obj))
 

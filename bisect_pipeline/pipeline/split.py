@@ -71,7 +71,7 @@ def _instrument(ds: Any, where: str, inst: Instrumented) -> Any:
         if fn is not None and callable(fn) and not isinstance(fn, type):
             _proxy(ds2, attr, fn, f"{where}.{attr}", inst)
     for attr, fn in list(getattr(ds, "__dict__", {}).items()):
-        if attr not in TRANSFORM_ATTRS and may_transform(fn):
+        if attr not in TRANSFORM_ATTRS and may_transform(fn) and not integrations.internal(fn):
             _proxy(ds2, attr, fn, f"{where}.{attr}", inst, tentative=True)
     return ds2
 

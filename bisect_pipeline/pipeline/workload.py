@@ -17,7 +17,8 @@ class Workload:
     """The contract of an entry function (see README "Entry functions").
 
     model: the torch.nn.Module trained by the step (its state is restored after the run).
-    loader: the user's torch.utils.data.DataLoader; it is described, never iterated.
+    loader: the user's torch.utils.data.DataLoader, or a torchdata.nodes Loader (or the root
+    node of a node graph); it is described, never iterated.
     optimizer, loss_fn: used by the default step; SGD and cross-entropy when None.
     step: `step(batch)` runs one training step on a batch already on the device.
     to_device: `to_device(batch, device)` moves a batch; the default moves every tensor.
@@ -36,6 +37,9 @@ class Workload:
     # A library's wrapper that moves the loader's batches to the device in the user's
     # loop (timm's PrefetchLoader): set by integrations.adapt_workload, never by hand.
     wrapper: Any = dataclasses.field(default=None, init=False, repr=False)
+    # Stages the user's loop runs on the loader's batches in its own process (a webdataset
+    # WebLoader's): set by integrations.adapt_workload, never by hand.
+    loop_stages: Any = dataclasses.field(default=None, init=False, repr=False)
 
 
 def as_workload(obj: Any, where: str = "the entry function") -> Workload:
@@ -74,11 +78,11 @@ def validate(wl: Workload, where: str = "the workload") -> None:
     its device-side work in the step; a LightningModule gets its training_step as the step
     (without a Trainer) and a LightningDataModule its train DataLoader."""
     integrations.adapt_workload(wl, where)
-    if not isinstance(wl.loader, DataLoader):
+    if not isinstance(wl.loader, DataLoader) and not integrations.nodes.is_graph(wl.loader):
         raise BisectError(
-            f"{where}: the loader is a {type(wl.loader).__name__}, not a torch.utils.data.DataLoader. "
-            "Pass the DataLoader you train with (unwrap any wrapper around it; a timm PrefetchLoader and a "
-            "LightningDataModule are unwrapped for you)."
+            f"{where}: the loader is a {type(wl.loader).__name__}, not a torch.utils.data.DataLoader or a "
+            "torchdata.nodes Loader (or root node). Pass the loader you train with (unwrap any wrapper around it; "
+            "a timm PrefetchLoader and a LightningDataModule are unwrapped for you)."
         )
     if wl.model is None and wl.step is None:
         raise BisectError(f"{where}: no model and no step; give the model (default step) or your own step(batch).")

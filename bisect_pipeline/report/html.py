@@ -324,6 +324,10 @@ def stage_table(r: "Diagnosis", marks: Optional[Footnotes] = None) -> str:
         else:
             rows.append([s.stage, "-", "-", "-", "-", marks.mark(s.status, s.reason)])
         classes.append("bottleneck" if s.stage in in_question(r.verdict) else None)
+    loop = text_mod.loop_row(r)  # the stages in the loop's own process: at every point, in no stage
+    if loop is not None:
+        rows.append(loop[:5] + loop[6:])
+        classes.append("loop")
     return _table(["stage", "ms per batch added", "alone", "share of gap", "samples/s if free", "note"], rows,
                   {1, 2, 3, 4}, classes) + footnotes(marks)
 
@@ -346,10 +350,18 @@ def point_table(r: "Diagnosis", marks: Optional[Footnotes] = None) -> str:
             f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
             f"{r.batch_size / rate * 1e3:.2f}" if rate else "-",
             "-" if p.first_batch_seconds is None else f"{p.first_batch_seconds * 1e3:.0f}",
-            POINT_MEANING.get(p.point, "") if p.status == "ok" else marks.mark("", p.reason).strip() or "-",
+            _meaning(r, p.point) if p.status == "ok" else marks.mark("", p.reason).strip() or "-",
         ])
     return _table(["point", "status", "samples/s", "spread", "ms per batch", "first batch, ms", "what runs / why not"],
                   rows, {2, 3, 4, 5}) + footnotes(marks)
+
+
+def _meaning(r: "Diagnosis", point: str) -> str:
+    """What runs at a measured point; at the ceiling, the loop's own stages too where it
+    has some (they run at every point: text.loop_row)."""
+    if point == "device" and text_mod.loop_row(r) is not None:
+        return "batches cached on the device: step and your loop's stages (the ceiling)"
+    return POINT_MEANING.get(point, "")
 
 
 # --------------------------------------------------------------------------------------
@@ -691,7 +703,7 @@ def tune_section(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> s
                      tune.interval(o) or "-",
                      "-" if not o.ms_per_batch else f"{o.ms_per_batch[0]:.1f} \u2192 {o.ms_per_batch[1]:.1f}",
                      "best" if x is f.best else (o.status if o.status != "failed" else f"failed: {o.reason}"),
-                     text_mod.outcome_text(x.settings)])
+                     text_mod.outcome_text(r, x.settings)])
         classes.append("bottleneck" if x is f.best else None)
     if rows:
         out.append(_table(["vs yours", "interval", "ms per batch (yours \u2192 these)", "result", "settings"], rows,
@@ -706,7 +718,8 @@ def tune_section(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> s
     if p.get("diff"):
         out.append('<pre class="diff">' + "".join(_diff_line(ln) for ln in p["diff"].splitlines()) + "</pre>")
     if f.applied is not None or t.applied_reason:
-        out.append(f'<p class="parts-note">{_e(text_mod.applied_text(f, t.applied_reason))}</p>')
+        alternating = bool(t.applied and t.applied.user_windows)
+        out.append(f'<p class="parts-note">{_e(text_mod.applied_text(f, t.applied_reason, alternating))}</p>')
     return "".join(out)
 
 

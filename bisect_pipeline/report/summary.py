@@ -72,7 +72,8 @@ def _first_change(r: "Diagnosis") -> tuple:
     if best is not None and best.speedup is not None:
         around = interval(best.outcome)
         fig = f"measured {best.speedup:.2f}\u00d7" + (f" ({around})" if around else "")
-        return (f"First change, the best --tune found: set {advice_mod.settings_action(best.settings)}: {fig} "
+        graph = advice_mod.is_graph(r.loader)  # a node graph's settings, on its nodes
+        return (f"First change, the best --tune found: set {advice_mod.settings_action(best.settings, graph)}: {fig} "
                 "your speed."), None
     f = first_item(r)
     if f is None:
@@ -87,7 +88,8 @@ def _status(r: "Diagnosis") -> str:
     if r.bottleneck is None or run.verdict_s is None:
         return ""
     rounds = run.rounds or 0
-    after = f"({rounds} round{'s' if rounds != 1 else ''}, {run.verdict_s:.1f} s)"
+    by = f"; {run.settled_by}" if run.settled and run.settled_by else ""
+    after = f"({rounds} round{'s' if rounds != 1 else ''}, {run.verdict_s:.1f} s{by})"
     return f"Settled {after}." if run.settled else f"Not settled {after}."
 
 

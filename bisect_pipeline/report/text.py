@@ -13,7 +13,7 @@ from typing import Optional
 
 from tabulate import tabulate
 
-from ..advise import advice as advice_mod, tune
+from ..advise import advice as advice_mod, outcome, tune
 from ..derive.findings import Diagnosis
 from ..derive.verdict import POINTS, in_question
 from . import summary as summary_mod
@@ -168,14 +168,14 @@ def tune_lines(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> lis
                                                  + (f" ({tune.interval(o)})" if tune.interval(o) else ""))
             ms = "-" if not o.ms_per_batch else f"{o.ms_per_batch[0]:.1f} \u2192 {o.ms_per_batch[1]:.1f}"
             note = "best" if x is f.best else o.status if o.status != "failed" else f"failed: {o.reason}"
-            rows.append([fig, ms, note, outcome_text(x.settings)])
+            rows.append([fig, ms, note, outcome_text(r, x.settings)])
         lines += ["", *_table("Settings tried, each against yours (ms per batch: yours \u2192 these)",
                               ["vs yours", "ms per batch", "result", "settings (what differs from yours)"], rows,
                               "rrll")]
     lines += [""] + _wrap(tune_summary(r, s))
     lines += _change_lines(t.patch)
     if f.applied is not None or t.applied_reason:
-        lines += [""] + _wrap(applied_text(f, t.applied_reason))
+        lines += [""] + _wrap(applied_text(f, t.applied_reason, alternating=bool(t.applied and t.applied.user_windows)))
     return lines
 
 
@@ -191,8 +191,10 @@ def tune_summary(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> s
     return f"The ceiling is {f.ceiling_speedup:.2f}\u00d7 your speed." if f.ceiling_speedup else "The ceiling is not known."
 
 
-def outcome_text(settings: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in settings.items()) or "(yours)"
+def outcome_text(r: "Diagnosis", settings: dict) -> str:
+    """A setting tried, as the search's table names it (outcome.settings_text; a node
+    graph's on its nodes)."""
+    return outcome.settings_text(settings, advice_mod.is_graph(r.loader)) or "(yours)"
 
 
 def change_items(p: Optional[dict]) -> tuple:
@@ -229,15 +231,24 @@ def _change_lines(p: Optional[dict]) -> list:
     return lines
 
 
-def applied_text(f, reason: Optional[str]) -> str:
-    """The patched script measured against the original (`f`: tune.Found), beside the
-    search's figure."""
+def applied_text(f, reason: Optional[str], alternating: bool = False) -> str:
+    """The patched script's own run (`f`: tune.Found) beside the search's figure for the
+    setting (`alternating`: an older document's, against the original in alternating
+    runs)."""
     a = f.applied
     if a is None or a.speedup is None:
         return f"Not checked after the change: {reason or (a.reason if a is not None else 'not run')}."
     fig = f"{a.speedup:.2f}\u00d7" + (f" ({tune.interval(a)})" if tune.interval(a) else "")
-    ms = f", {a.ms_per_batch[0]:.1f} \u2192 {a.ms_per_batch[1]:.1f} ms per batch" if a.ms_per_batch else ""
     b = f.best
+    if not alternating:
+        verdict = ("" if f.agrees is None else ": they agree within the noise" if f.agrees
+                   else ": they differ beyond the noise")
+        ms = a.ms_per_batch or (None, None)
+        said = (f"; the search measured {b.outcome.ms_per_batch[1]:.1f} ms per batch with these settings{verdict}"
+                if b is not None and b.outcome.ms_per_batch else "")
+        return (f"Checked after the change: your script with it built its loader with the change and ran at "
+                f"{ms[1]:.1f} ms per batch, {fig} your settings' {ms[0]:.1f} ms in the search{said}.")
+    ms = f", {a.ms_per_batch[0]:.1f} \u2192 {a.ms_per_batch[1]:.1f} ms per batch" if a.ms_per_batch else ""
     said = (f"; the search said {b.speedup:.2f}\u00d7" + (f" ({tune.interval(b.outcome)})"
                                                           if tune.interval(b.outcome) else "") if b is not None else "")
     verdict = ("" if f.agrees is None else ": they agree within the noise" if f.agrees
@@ -287,7 +298,10 @@ def _point_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
         tp = p.throughput if p.status == "ok" else None
         rate = r.rate(name) if tp else None
         if p.status == "ok":
-            note = _POINT_SHORT[name] + _pooled_note(r, name, rate)
+            short = _POINT_SHORT[name]
+            if name == "device" and loop_row(r) is not None:  # the loop's own stages run at every point
+                short = "step and your loop's stages (the ceiling)"
+            note = short + _pooled_note(r, name, rate)
         else:
             note = marks.mark(p.status, p.reason)
         rows.append([name, _fmt_rate(rate), f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
@@ -318,7 +332,26 @@ def _stage_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
                      "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
                      _fmt_rate(s.samples_per_sec_if_free), "-" if gain is None else f"{gain * 100:+.0f}%",
                      "; ".join(notes)])
+    loop = loop_row(r)
+    if loop is not None:
+        rows.append(loop)
     return rows
+
+
+def loop_row(r: "Diagnosis") -> Optional[list]:
+    """The row of the stages the loop runs in its own process (a webdataset WebLoader's),
+    timed alone: at every point alike, so in no stage's drop and not a stage; free of
+    them, full would lose their time per batch."""
+    iso = r.isolated
+    loop = iso.part("loop") if iso is not None else None
+    if loop is None or loop.ms_per_batch is None:
+        return None
+    full = r.rate("full")
+    per = r.measurements.batch_size / full if full else None
+    free = r.measurements.batch_size / (per - loop.ms_per_batch / 1e3) if per and per > loop.ms_per_batch / 1e3 else None
+    return ["in your loop", "-", f"{loop.ms_per_batch:.2f}", "-", _fmt_rate(free),
+            "-" if free is None else f"{(free / full - 1) * 100:+.0f}%",
+            f"{loop.label}; at every point, in no stage"]
 
 
 def noise_text(sigma: Optional[float], unit: str = "") -> str:
@@ -352,8 +385,9 @@ def epoch_start_lines(run) -> list:
 
 
 def budget_text(run) -> Optional[str]:
-    """How --max-seconds was divided before the run (plan.Budget) and the start-up before
-    it, not counted: 'Time: of 120 s, 48 bisecting, 24 checking the change; ...'."""
+    """How --max-seconds was divided before the run (plan.Budget), where the time went, and
+    the start-up before it, not counted: 'Time: of 120 s, 48 bisecting, 24 checking the
+    change; spent 20.1 bisecting, ...; ...'."""
     b = run.budget
     if not b:
         return None
@@ -361,6 +395,9 @@ def budget_text(run) -> Optional[str]:
              ("patching", "checking the change"))
     parts = ", ".join(f"{b[k]:.0f} {what}" for k, what in names if b.get(k) is not None)
     text = f"Time: of {run.max_seconds:g} s, {parts}"
+    spent = b.get("spent") or {}
+    if spent:  # where it went (a phase that ended early left its time to the next)
+        text += "; spent " + ", ".join(f"{spent[k]:.1f} {what}" for k, what in names if spent.get(k) is not None)
     if b.get("verify_seconds"):
         text += f" (and {b['verify_seconds']:g} checking the advice, --verify-seconds)"
     if run.startup_s is not None:
@@ -402,6 +439,9 @@ def _isolated_lines(r: "Diagnosis") -> list:
         if il is not None:
             parts.append(f"between steps, as the loop runs it: fetch {il.fetch_ms_per_batch:.2f} ms/batch "
                          f"(sampler, load and augment), collate {il.collate_ms_per_batch:.2f} ms/batch")
+        loop = iso.part("loop")
+        if loop is not None and loop.ms_per_batch is not None:
+            parts.append(f"your loop's own stages {loop.ms_per_batch:.2f} ms/batch (in the step's time)")
         w = iso.workers
         if w is not None and w.ok and w.needed:
             fit = "enough" if w.fits else "not enough"

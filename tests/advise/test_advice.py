@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from bisect_pipeline.derive.witness import waits
 from bisect_pipeline.advise import advice
 from bisect_pipeline import bisect
 from bisect_pipeline.report import PointResult, Report, build, stage_dict
@@ -184,6 +185,23 @@ def test_cores_finding_when_the_machine_cannot_supply_the_workers():
     assert advice.headline(f) == ("Make augment cheaper: more workers cannot help: about 4 would feed the step, "
                                   "num_workers=1 already uses the 1 core(s) free for them.")
     assert "num_workers" not in kinds(r)
+
+
+def test_workers_whose_stages_wait_are_advised_past_the_cores():
+    # a loader that waits on storage (CPU 10% of its time alone): its workers overlap their
+    # waits, so 8 feed the step on 2 cores, where the rule for work that computes says
+    # "more workers cannot help" (--tune measured 7.7-14x on such a loader: issue 51)
+    def waiting(cpu: float, workers: int = 1) -> Report:
+        iso = iso_workers(needed=8, cores=2)
+        iso["workers"]["step_threads"] = 2
+        iso["load"] = {"status": "ok", "ms_per_sample": 4.0, "cpu_ms_per_sample": cpu}
+        return make_report(LOAD_BOUND, loader={"num_workers": workers}, isolated=iso, cpu_count=2)
+    f = finding(waiting(0.4), "num_workers")
+    assert f.numbers["recommended"] == {"num_workers": 8, "persistent_workers": True}  # no thread taken from the step
+    assert "the workers' stages wait: CPU 10% of their time alone, so workers overlap their waits beyond" in f.message
+    assert "cores" not in kinds(waiting(0.4))
+    assert kinds(waiting(3.9)).count("cores") == 1 and "num_workers" not in kinds(waiting(3.9))  # it computes
+    assert finding(waiting(0.4, workers=0), "num_workers").numbers["recommended"]["num_workers"] == 8
 
 
 # --- pin_memory / non_blocking (transfer) ----------------------------------------------------
@@ -661,7 +679,11 @@ def test_end_to_end_augment_bound_at_zero_workers_advises_workers(planted_run):
     f = finding(r, "num_workers")
     iso = r.isolated.workers
     assert iso.needed >= 2  # 40 ms of worker work against a step of a few ms
-    assert f.numbers["recommended"]["num_workers"] == max(1, min(iso.needed, iso.available))
+    # a planted sleep waits (CPU next to none of its time alone): its workers overlap their
+    # waits past the cores
+    assert waits(r.isolated)
+    most = iso.cores * advice.WAITING_CORES_FACTOR
+    assert f.numbers["recommended"]["num_workers"] == max(1, min(iso.needed, most))
     assert f.numbers["num_workers"] == 0 and "num_workers=0" in f.message
     assert advice.input_bound_class(r) == "highly"
 
@@ -752,3 +774,21 @@ def test_collate_that_mixes_the_batch_is_told_to_mix_on_the_device_not_to_move_i
     assert "collate_fn's own work is 4.5 of the 6.0 ms per batch it costs alone" in msg
     assert "it mixes the batch (MixUp, CutMix)" in msg and "on the device inside the step" in msg
     assert "move it into the dataset's transforms" not in msg and f.numbers["mixes"] == ["MixUp", "CutMix"]
+
+
+def test_a_node_graphs_stage_in_a_mapper_of_its_own_is_told_to_run_it_in_parallel():
+    # IterableWrapper -> ParallelMapper(read, 2 threads) -> Mapper(augment) -> Batcher: the
+    # check and --tune set the main Mapper's workers (the read's), which cannot help an
+    # augment that runs in one thread of its own (it measured 1.00x)
+    mappers = [{"node": "ParallelMapper(read, num_workers=2, method='thread', in_order=True)", "stage": "load",
+                "num_workers": 2, "main": True},
+               {"node": "Mapper(augment)", "stage": "augment", "num_workers": 0, "main": False}]
+    loader = {"kind": "torchdata.nodes", "num_workers": 2, "main_mapper": mappers[0]["node"], "mappers": mappers}
+    r = make_report(AUGMENT_BOUND, loader=loader, isolated=iso_workers(needed=5, cores=8))
+    f = finding(r, "num_workers")
+    assert advice.headline(f) == "Run Mapper(augment) as a ParallelMapper."
+    assert "in one thread" in f.message and "about 5 workers would feed the step" in f.message  # 49 ms / 10 ms
+    assert not f.numbers.get("recommended")  # nothing the check would set: not checked
+    main = dict(loader, mappers=[dict(mappers[0], stage="augment", main=True)])
+    assert advice.headline(finding(make_report(AUGMENT_BOUND, loader=main, isolated=iso_workers(5, 8)),
+                                   "num_workers")).startswith("Set ParallelMapper(num_workers=5)")

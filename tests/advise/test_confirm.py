@@ -16,7 +16,7 @@ from bisect_pipeline.pipeline import recording
 from bisect_pipeline.pipeline.recording import Call
 from bisect_pipeline.core.results import Breakdown, BreakdownRow, Isolated, PerSample, Trial, VisitWindow
 from bisect_pipeline.testing import PlantedDataset, Sleep, make_loader, tiny_model
-from conftest import FAST_PLAN
+from conftest import FAST_PLAN, LONG_EPOCHS
 
 
 class Add:
@@ -112,7 +112,7 @@ def test_the_planted_costliest_transform_is_measured_under_the_loaders_workers()
     """Per sample 1 + 12 + 1 ms of planted sleep, batches of 8, two workers, a cheap
     step: the 12 ms transform costs the loop about 12 x 8 / 2 = 48 ms per batch."""
     import torchvision.transforms as v1
-    dataset = PlantedDataset(n=64, transform=v1.Compose([Sleep(1.0), Sleep(12.0), Sleep(1.0)]))
+    dataset = PlantedDataset(n=LONG_EPOCHS, transform=v1.Compose([Sleep(1.0), Sleep(12.0), Sleep(1.0)]))
     loader = make_loader(dataset, batch_size=8, num_workers=2)
     r = bisect(tiny_model(), loader, device="cpu", max_seconds=30, plan=FAST_PLAN)
     if r.bottleneck != "augment":

@@ -36,7 +36,7 @@ def key(workers: int, **more) -> tuple:
 
 
 def search(monkeypatch, s: tune.Space, rates: dict, budget: float = 120.0, errors=None, seeds=(), least=0.0,
-           between: float = 0.0):
+           between: float = 0.0, reach: float = 0.0):
     """tune.Search driven on a fake clock; (its result, the settings of each visit, the clock).
     `between`: each visit's rate moved by up to that (plant_visits)."""
     clock = FakeClock(1000.0)
@@ -53,9 +53,10 @@ def search(monkeypatch, s: tune.Space, rates: dict, budget: float = 120.0, error
         monkeypatch.setattr(verify, "_visit", visit)
     run = FakeRun(clock)
     run.least = least
-    s_ = tune.Search(run, s, budget_s=budget, seeds=seeds)
+    s_ = tune.Search(run, s, budget_s=budget, seeds=seeds, reach_s=reach)
     for v in s_:
         v.drive()
+    search.run = run
     return s_.result, [c[0] for c in calls], clock
 
 
@@ -110,6 +111,26 @@ def test_the_search_climbs_until_the_best_ones_neighbours_are_no_faster(monkeypa
     assert found.best.settings == dict(key(2)) and not found.at_ceiling
     assert found.ceiling_speedup == pytest.approx(10.0, rel=1e-3)
     assert found.summary.endswith("your speed; the ceiling is 10.00\u00d7.")
+
+
+def test_the_search_runs_into_the_change_s_share_while_it_has_nothing_to_check(monkeypatch):
+    # issue 51: a GPU machine's search measured nothing in its 37.5-s share and stopped,
+    # the 55 s kept for checking the change unused. No candidate helps within its 8 s
+    # here (2 workers as fast as yours, 3 twice): it runs on into the change's
+    # share (to 30 s) and finds 3; the experiment's end moves with it; once it has a best,
+    # it stops at its own share's end
+    s = space(ceiling_ms=10.0, start=2, workers=(1, 2, 3, 4))
+    rates = {key(1): 10.0, key(2): 10.1, key(3): 20.0, key(4): 20.0}
+    result, visits, clock = search(monkeypatch, s, rates, budget=8.0, reach=30.0)
+    assert [t.settings["num_workers"] for t in result.trials] == [2, 3]
+    assert tune.summarize(result, BS).best.settings == dict(key(3))
+    assert 8.0 < clock.t - 1000.0 <= 30.0 and search.run.end >= clock.t
+    alone, _, kept = search(monkeypatch, s, rates, budget=8.0)  # without the reach: nothing found in 8 s
+    assert tune.summarize(alone, BS).best is None and kept.t - 1000.0 <= 8.0 + 1e-9
+    # with a best within its own share it keeps to it: the change's check gets its time
+    found_early, _, early = search(monkeypatch, s, {key(1): 20.0, key(2): 20.0, key(3): 20.0, key(4): 20.0},
+                                   budget=8.0, reach=30.0)
+    assert tune.summarize(found_early, BS).best is not None and early.t - 1000.0 <= 8.0 + 1e-9
 
 
 def test_a_setting_that_raises_is_kept_as_failed_and_the_search_goes_on(monkeypatch):
@@ -186,13 +207,30 @@ def test_a_cpu_step_on_every_core_gets_its_threads_lowered_beside_the_workers():
     assert s.delta(s.candidate(0)) == {}
     gpu = tune.Space(dict(USER, torch_num_threads=2), (1, 2), 1, cores=2, on_cpu=False, pin=True)
     assert gpu.delta(gpu.candidate(2)) == {"num_workers": 2, "persistent_workers": True}
-    # after the first count on a CPU step, the same count with the user's threads (a heavy
-    # step may lose more to one thread than the worker takes from it), then its neighbour
-    first, threads, neighbour = list(tune._order(s, []))[:3]
-    assert s.delta(threads) == {"num_workers": 1, "persistent_workers": True}
+    # the first count and one on each side of it (issue 51: where the answer likely is),
+    # with its threads; then on a CPU step the same count with the user's threads (a heavy
+    # step may lose more to one thread than the worker takes from it)
+    first, neighbour, threads = list(tune._order(s, []))[:3]
     assert s.delta(neighbour) == {"num_workers": 2, "persistent_workers": True, "torch_num_threads": 1}
+    assert s.delta(threads) == {"num_workers": 1, "persistent_workers": True}
+    middle = tune.Space(dict(USER, torch_num_threads=2), (1, 2, 3, 4), 3, cores=8, on_cpu=True)
+    assert [c["num_workers"] for c in list(tune._order(middle, []))[:3]] == [3, 4, 2]
     # around the best on an accelerator: pin_memory turned over
     assert list(tune._variants(gpu, gpu.candidate(2))) == [tune.effective(dict(gpu.candidate(2), pin_memory=True))]
+
+
+def test_a_node_graphs_search_speaks_its_nodes_and_never_adds_persistent_workers(monkeypatch):
+    # a torchdata.nodes graph starts its threads again at every reset: persistent_workers
+    # means nothing there, and its settings are on its nodes (issue 50)
+    graph = space(graph=True)
+    assert graph.delta(graph.candidate(2)) == {"num_workers": 2}
+    assert list(tune._variants(graph, graph.candidate(2))) == []
+    result, _, _ = search(monkeypatch, graph, {(("num_workers", 1),): 15.0, (("num_workers", 2),): 20.0})
+    assert tune.summarize(result, BS, graph=True).summary.startswith(
+        "Best: ParallelMapper(num_workers=2): 2.00\u00d7")
+    assert outcome.settings_text({"num_workers": 2, "persistent_workers": True, "prefetch_factor": 4,
+                                  "torch_num_threads": 1}, graph=True) == (
+        "ParallelMapper(num_workers=2), Prefetcher(prefetch_factor=4), torch.set_num_threads(1)")
 
 
 # --- the space, pruned from the bisection -------------------------------------------------------
@@ -227,6 +265,19 @@ def test_the_space_is_pruned_from_the_stage_costs():
     keeps_up = tune.space_of(planted({"device": 20.0, "augmented": 20.0, "raw": 20.2, "full": 20.1}), cores=4,
                              threads=1)
     assert keeps_up.workers == () and keeps_up.reason.startswith("the pipeline keeps up with the step (verdict none)")
+
+
+def test_a_named_stage_is_searched_however_noisy_the_gap():
+    # a noisy 2-core machine named load on the stages' costs alone (96% of the loss), its
+    # gap to the ceiling within a wide noise: the search skipped it, "within the noise of
+    # the ceiling"; a named stage is an input cost, and only a verdict naming none skips
+    import dataclasses
+
+    d = planted({"device": 20.0, "augmented": 20.0, "raw": 60.0, "full": 60.0}, needed=2)
+    noisy = dataclasses.replace(d, verdict=dataclasses.replace(d.verdict, gap_sigma=1.0))
+    assert noisy.verdict.bottleneck == "augment" and tune.space_of(noisy, cores=8, threads=1).reason is None
+    unsure = dataclasses.replace(noisy, verdict=dataclasses.replace(noisy.verdict, bottleneck="inconclusive"))
+    assert tune.space_of(unsure, cores=8, threads=1).reason.startswith("your full pipeline is within the noise")
 
 
 def test_a_stage_that_waits_more_than_it_computes_lets_the_search_past_the_cores():

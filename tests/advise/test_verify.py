@@ -17,7 +17,9 @@ import torch
 
 from bisect_pipeline import BisectError, bisect
 from bisect_pipeline.advise import outcome, verify
+from bisect_pipeline.measure import sources
 from bisect_pipeline.measure.experiment import Experiment
+from bisect_pipeline.measure.visit import drive
 from bisect_pipeline.core.results import Measured
 from bisect_pipeline.report import PointResult, Report, build
 from bisect_pipeline.core.stats import Throughput, Window
@@ -68,12 +70,16 @@ class FakeRun:
         self.emit = self.events.append
         self.least = 0.0  # the least time of a visit (0: the step's time not known)
         self.results: dict = {}  # the bisection's points (verify.Lead.of_point)
+        self.end = 0.0  # the hard end (tune.Search moves it into the change's share)
 
     def least_visit_seconds(self, name, spec=None, *, windows=None, spare=0) -> float:
         return self.least
 
     def visit_deadline(self, name, share, limit, spec=None, least=0.0) -> float:
         return Experiment.visit_deadline(self, name, share, limit, spec, least)
+
+    def close_kept(self, keep=(), only=None) -> None:  # planted visits keep no pool
+        return None
 
 
 class PlantedVisit:
@@ -275,6 +281,80 @@ def test_a_side_that_takes_longer_than_its_share_to_start_gets_what_its_last_vis
     o = outcome_of(trial)
     assert o["status"] == "helps" and o["speedup"] == pytest.approx((8 / 0.1) / (4 / 0.5), rel=0.02)
     assert clock.t - 1000.0 <= 12.0 + 1e-9
+
+
+class FakePool(sources.LoaderSource):
+    """A parkable pool on the fake clock: its first batch after it starts takes `start_s`
+    (its workers' start), each batch `ms`; `starts` counts the pools of workers started."""
+
+    starts = 0
+
+    def __init__(self, clock: FakeClock, start_s: float, ms: float) -> None:
+        super().__init__(lambda: None)
+        self.clock, self.start_s, self.ms, self.fresh = clock, start_s, ms, True
+
+    def __enter__(self):
+        self.gate = object()  # parkable (Experiment._kept)
+        return self._batch
+
+    def _batch(self):
+        if self.fresh:
+            self.clock.t += self.start_s
+            self.fresh = False
+            FakePool.starts += self.start_s > 0
+        self.clock.t += self.ms / 1e3
+        return torch.zeros(1)
+
+    def park(self) -> bool:
+        self._parked = True
+        return True
+
+    def resume(self) -> None:
+        self._parked = False
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def test_a_candidate_whose_fresh_pool_takes_3_s_to_its_first_batch_still_gets_its_windows(monkeypatch):
+    # issue 51: on a GPU machine a candidate with 16 fresh workers took 2-3 s to its first
+    # batch at every visit, and every visit ended before a window in its share. Its pool
+    # (persistent workers) now starts once, in a visit whose share counts from its first
+    # batch, and is parked between its visits: real visits on a fake clock, the user's
+    # side 50 ms a batch (no workers), the candidate's 10 ms after a 3-s start, a 5-ms step
+    from bisect_pipeline.measure import experiment as experiment_mod
+    from bisect_pipeline.measure.plan import Plan
+    from bisect_pipeline.pipeline.loader import describe
+
+    clock = FakeClock(1000.0)
+    monkeypatch.setattr(experiment_mod, "room_for_a_pool", lambda: True)
+    FakePool.starts = 0
+    spec = describe(make_loader(PlantedDataset(n=64), batch_size=BS))
+    exp = Experiment(spec, torch.device("cpu"), Plan(), clock, lambda e: None, None, start=1000.0, end=1100.0,
+                     deadline=1100.0)
+
+    def source(name, spec, epochs, calls=None, park=False):
+        return (FakePool(clock, 3.0, 10.0) if spec.num_workers else FakePool(clock, 0.0, 50.0)), None
+    monkeypatch.setattr(exp, "_source", source)
+
+    def step(batch):
+        clock.t += 0.005
+    settings = {"num_workers": 2, "persistent_workers": True}
+    schedule = verify.trial(exp, "tune", settings, 1000.0 + 12.0)
+    try:
+        visit = next(schedule)
+        while True:
+            drive(visit, step)
+            visit = schedule.send(None)
+    except StopIteration as stop:
+        t = stop.value
+    visits = {w.visit for w in t.candidate_windows}
+    assert visits == {0, 1} and len({w.visit for w in t.user_windows}) == 2  # one A B B A block, every visit timed
+    assert FakePool.starts == 1 and t.candidate_start_s == pytest.approx(3.015)  # started once (its first step in)
+    assert not exp.kept  # the candidate's pool closed with its trial
+    o = outcome.outcome(t, BS)
+    assert o.status == "helps" and o.speedup == pytest.approx(55 / 15, rel=0.02)
+    assert clock.t <= 1012.0 + 1e-9
 
 
 def test_a_candidate_that_breaks_the_pipeline_is_a_failed_trial(monkeypatch):

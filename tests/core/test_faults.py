@@ -2,6 +2,7 @@
 measured, no worker left behind, no half-written file."""
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from bisect_pipeline import BisectError, Plan, bisect
 from bisect_pipeline.core import faults
 from bisect_pipeline.report import write_atomic
-from conftest import FAST_PLAN, PlantedDataset, Sleep, cli_in_process, make_loader, tiny_model
+from conftest import FAST_PLAN, TINY_PLAN, PlantedDataset, Sleep, cli_in_process, make_loader, tiny_model
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -176,6 +177,9 @@ def test_hanging_worker_is_cut_by_the_watchdog(no_leftover_workers):
     t0 = time.monotonic()
     report = run(tiny_model(), loader, step_timeout=1.0, max_seconds=30)
     assert time.monotonic() - t0 < 25
+    # terminated by the run (within its 1-s grace, which the 1-s watchdog once cut), not
+    # left hung until garbage collection, whose shutdown waits 5 s for each
+    assert multiprocessing.active_children() == []
     full = report.point("full")
     assert full.status == "failed" and "no batch in 1 s" in full.reason
     assert report.point("device").status == "ok"
@@ -261,13 +265,13 @@ class Indices(torch.utils.data.Sampler):
 @pytest.mark.e2e
 def test_dataset_without_len_is_measured():
     loader = DataLoader(NoLen(), batch_size=8, sampler=Indices())
-    report = run(tiny_model(), loader, max_seconds=6)  # no planted cost: it would not settle, structure only
+    report = run(tiny_model(), loader, max_seconds=6, plan=TINY_PLAN)  # no planted cost, no verdict: structure only
     assert report.point("full").status == "ok" and report.point("augmented").status == "ok"
 
 
 @pytest.mark.e2e
 def test_cache_over_budget_keeps_fewer_batches_and_says_so():
-    report = run(tiny_model(), make_loader(PlantedDataset()), cache_mb=0.001, max_seconds=5)
+    report = run(tiny_model(), make_loader(PlantedDataset()), cache_mb=0.001, max_seconds=5, plan=TINY_PLAN)
     assert report.cache.batches == 1 and report.cache.limited_by == "memory budget"
     assert "The caches hold 1 batch, limited by the memory budget: raise --cache-mb." in report.warnings
 
@@ -277,7 +281,7 @@ def test_small_dev_shm_is_detected_before_the_run(monkeypatch):
     monkeypatch.setattr(faults, "shm_free_bytes", lambda path="/dev/shm": 1000)
     events = []
     report = run(tiny_model(), make_loader(PlantedDataset(), num_workers=2), progress=events.append,
-                 points=["full", "device"])
+                 points=["full", "device"], plan=TINY_PLAN)
     assert any("/dev/shm" in w and "--shm-size" in w for w in report.warnings)
     first_warning = next(i for i, e in enumerate(events) if e["event"] == "warning")
     first_point = next(i for i, e in enumerate(events) if e["event"] == "point")

@@ -83,17 +83,20 @@ def test_a_loader_that_ends_short_epochs_gets_windows_of_whole_epochs():
 
 
 def test_max_seconds_is_divided_up_front_the_change_s_check_included():
-    b = plan_budget(120, check_share=0.4, search_share=0.5, patch=True, startup_s=4.0)
-    # 4 runs (A B B A) of (4 + 2 + 4) s: more than 20% of 120, within 40%
-    assert (b.patching, b.patch_runs) == (40.0, 4)
-    assert b.bisecting + b.checking + b.searching + b.patching == pytest.approx(120)
-    assert (b.bisecting, b.searching) == pytest.approx((40.0, 24.0))
-    assert b.text() == "of 120 s: 40 bisecting, 16 checking the advice, 24 searching, 40 checking the change"
-    assert plan_budget(400, check_share=0.4, search_share=0.5, patch=True, startup_s=4.0).patching == 80
-    # too short for its runs: nothing kept, and the reason says what would do
-    short = plan_budget(60, check_share=0.4, search_share=0.5, patch=True, startup_s=4.0)
-    assert short.patching == 0 and "give --max-seconds 100 or more" in short.patch_reason
-    assert short.bisecting + short.checking + short.searching == pytest.approx(60)
+    b = plan_budget(60, check_share=0.4, search_share=0.5, patch=True, startup_s=4.0)
+    # one run of the patched script, (4 + 2 + 4) s at least, within the 20% of 60 it gets
+    assert (b.patching, b.patch_runs, b.patch_least) == (12.0, 1, 10.0)
+    assert b.bisecting + b.checking + b.searching + b.patching == pytest.approx(60)
+    assert (b.bisecting, b.searching) == pytest.approx((24.0, 14.4))
+    assert b.text() == "of 60 s: 24 bisecting, 10 checking the advice, 14 searching, 12 checking the change"
+    assert plan_budget(30, check_share=0.4, search_share=0.5, patch=True, startup_s=5.0).patching == 11.0  # its least
+    # too short for its run: nothing kept, and the reason says what would do
+    short = plan_budget(30, check_share=0.4, search_share=0.5, patch=True, startup_s=10.0)
+    assert short.patching == 0 and "give --max-seconds 40 or more" in short.patch_reason
+    assert short.bisecting + short.checking + short.searching == pytest.approx(30)
+    # where the time went, beside how it was divided
+    spent = b.spending("bisecting", 8.41).spending("searching", 30.0)
+    assert spent.to_dict()["spent"] == {"bisecting": 8.41, "searching": 30.0}
     plain = plan_budget(30, check_share=0.25)
     assert plain.to_dict() == {"bisecting": 22.5, "checking": 7.5}
     own = plan_budget(30, check_share=0.25, verify_seconds=20.0)  # a budget of its own, on top

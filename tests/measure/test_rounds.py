@@ -478,3 +478,20 @@ def test_a_script_too_short_for_three_rounds_says_so_before_they_start(monkeypat
     assert len(notes) == 1 and re.fullmatch(r"Your script has about 120 batches left, \d+ needed: run more epochs\.",
                                             notes[0]), notes
     assert used <= 120 and schedule.reserve == 0
+
+
+@pytest.mark.parametrize("witness", ["both", "rounds"])
+def test_a_stage_both_witnesses_name_stops_the_rounds_at_their_minimum(monkeypatch, witness):
+    # issue 51: the rounds past the minimum only widen the margin of a named stage; where
+    # the stages' costs alone put it first too (verdict witness "both") they stop there,
+    # and the time goes to the check, the search and the change's check
+    run, seen, clock = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 60, "full": 61})
+    decide = run.decide
+    monkeypatch.setattr(run, "decide", lambda scale=1.0: dataclasses.replace(decide(scale), witness=witness))
+    monkeypatch.setattr(rounds, "settled", lambda *a: False)  # the margin not yet there
+    info = measure(run, POINTS)
+    assert run.decide().bottleneck == "augment"
+    if witness == "both":
+        assert info["rounds"] == 3 and info["settled"] and info["settled_by"] == "both witnesses"
+    else:
+        assert info["rounds"] > 3 and not info["settled"] and "settled_by" not in info

@@ -50,7 +50,7 @@ def test_at_num_workers_0_large_batches_show_no_handoff_cost():
     # device there, and handoff does not apply.
     loader = make_loader(BigImages(), batch_size=64)
     report = bisect(None, loader, step=sleep_step, device="cpu", plan=FAST_PLAN, max_seconds=30,
-                    points=["full", "augmented", "collated", "device"])
+                    points=["full", "augmented", "collated", "device"], verify_seconds=0)  # (the check: test_verify.py)
     handoff = report.stage("handoff")
     assert handoff.status == "skipped" and "num_workers=0" in handoff.reason, handoff
     assert report.point("collated").status == "skipped"
@@ -153,6 +153,25 @@ def test_a_parked_loader_does_no_work_until_resumed_on_the_same_workers(persiste
     assert len(pids) == 2  # two workers, started once
     order = [int(i) for b in first + later for i in b[:, 0]]
     assert order == list(range(6)) + list(range(14, 20))  # the 4 batches drained are skipped, not repeated
+
+
+def test_a_loader_that_ends_its_epochs_is_parked_between_visits_on_the_same_workers(no_leftover_workers):
+    # a --tune candidate (verify._visit): its epochs end as in the user's loop, its workers
+    # persistent; parked, its epoch ends early after the batches in flight, and the next
+    # visit starts another epoch (a pass of the sampler) on the same workers, its own end
+    # starting the next one as a loop's would
+    ds = CountsFetches()
+    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork", prefetch_factor=2,
+                        persistent_workers=True)
+    source = full_loader(describe(loader), epochs=True, park=True)
+    with source as next_batch:
+        first = [next_batch() for _ in range(3)]
+        assert source.park()
+        source.resume()
+        later = [next_batch() for _ in range(20)]  # a whole epoch of 16 batches, and into the next
+    assert source.restarts == 1
+    assert len({int(p) for b in first + later for p in b[:, 1]}) == 2  # two workers, started once
+    assert sorted(int(i) for b in later[:16] for i in b[:, 0]) == list(range(64))  # a whole pass
 
 
 def test_a_loader_without_a_gate_is_not_parked(no_leftover_workers):

@@ -14,8 +14,8 @@ from PIL import Image  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from bisect_pipeline import Plan, bisect  # noqa: E402
-from conftest import CLASSES, FAST_PLAN, FEATURES, Sleep, SleepLayer, all_measured, assert_names, tiny_model  # noqa: E402
+from bisect_pipeline import bisect  # noqa: E402
+from conftest import CLASSES, FAST_PLAN, FEATURES, LONG_EPOCHS, TINY_PLAN, Sleep, SleepLayer, all_measured, assert_names, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
@@ -23,9 +23,6 @@ datasets = pytest.importorskip("datasets")
 
 MAX_S = 8
 SIZE = 16
-# Only the points' statuses are asserted here, not a verdict: short windows suffice.
-TINY_PLAN = Plan(window_seconds=0.05, windows_per_visit=1, max_warmup_windows=0, min_warmup_steps=1, min_rounds=1,
-                 max_rounds=1)
 
 
 @pytest.fixture(autouse=True)
@@ -95,8 +92,9 @@ class ImagesToTensors:
 
 def test_set_transform_on_an_image_column_with_workers(no_leftover_workers):
     rng = np.random.default_rng(1)
-    ds = datasets.Dataset.from_dict({"image": [{"bytes": jpeg_bytes(rng), "path": None} for _ in range(48)],
-                                     "label": [i % 2 for i in range(48)]},
+    jpegs = [jpeg_bytes(rng) for _ in range(48)]  # in epochs of LONG_EPOCHS rows: their start is not timed
+    ds = datasets.Dataset.from_dict({"image": [{"bytes": jpegs[i % 48], "path": None} for i in range(LONG_EPOCHS)],
+                                     "label": [i % 2 for i in range(LONG_EPOCHS)]},
                                     features=datasets.Features({"image": datasets.Image(),
                                                                 "label": datasets.Value("int64")}))
     ds.set_transform(ImagesToTensors(10.0))  # JPEG decode (load): ~1 ms a row on a busy machine

@@ -11,17 +11,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from bisect_pipeline import Plan, bisect
-from conftest import CLASSES, FAST_PLAN, FEATURES, PlantedIterable, all_measured, assert_names, tiny_model
+from bisect_pipeline import bisect
+from conftest import CLASSES, FAST_PLAN, FEATURES, TINY_PLAN, PlantedIterable, all_measured, assert_names, tiny_model
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
 wds = pytest.importorskip("webdataset")
 
 MAX_S = 8
-# Only the points' statuses are asserted here, not a verdict: short windows suffice.
-TINY_PLAN = Plan(window_seconds=0.05, windows_per_visit=1, max_warmup_windows=0, min_warmup_steps=1, min_rounds=1,
-                 max_rounds=1)
 # raw needs per-sample transforms apart from loading; an iterator has none
 DUPLICATES = "times per epoch: split the data by worker."
 

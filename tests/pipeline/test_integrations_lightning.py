@@ -28,7 +28,7 @@ ENTRY = textwrap.dedent("""
     from torch import nn
     from torch.utils.data import DataLoader
     import lightning as L
-    from conftest import CLASSES, FEATURES, PlantedDataset, Sleep, SleepLayer
+    from conftest import CLASSES, FEATURES, LONG_EPOCHS, PlantedDataset, Sleep, SleepLayer
 
     class Module(L.LightningModule):
         def __init__(self, augment_ms=0.0):
@@ -64,7 +64,7 @@ ENTRY = textwrap.dedent("""
             self.load_ms = load_ms
 
         def setup(self, stage):
-            self.train = PlantedDataset(load_ms=self.load_ms, transform=Sleep(0.0))
+            self.train = PlantedDataset(n=LONG_EPOCHS, load_ms=self.load_ms, transform=Sleep(0.0))
             self.train.data = self.train.data.double()
 
         def train_dataloader(self):

@@ -14,8 +14,8 @@ from PIL import Image  # noqa: E402
 from torch import nn  # noqa: E402
 from torchvision import transforms as T  # noqa: E402
 
-from bisect_pipeline import BisectError, Plan, bisect  # noqa: E402
-from conftest import FAST_PLAN, Sleep, SleepLayer, all_measured, assert_names  # noqa: E402
+from bisect_pipeline import BisectError, bisect  # noqa: E402
+from conftest import FAST_PLAN, TINY_PLAN, Sleep, SleepLayer, all_measured, assert_names  # noqa: E402
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
@@ -23,9 +23,6 @@ timm_data = pytest.importorskip("timm.data")
 
 MAX_S = 8
 SIZE = 16
-# Only the points' statuses are asserted with it, not a verdict: short windows suffice.
-TINY_PLAN = Plan(window_seconds=0.05, windows_per_visit=1, max_warmup_windows=0, min_warmup_steps=1, min_rounds=1,
-                 max_rounds=1)
 
 
 @pytest.fixture(autouse=True)

@@ -13,15 +13,12 @@ from torch.utils.data import ConcatDataset, DataLoader, Subset
 from torchvision import datasets, tv_tensors
 from torchvision.transforms import v2
 
-from bisect_pipeline import Plan, bisect
-from conftest import FAST_PLAN, Sleep, SleepLayer, all_measured, assert_names
+from bisect_pipeline import bisect
+from conftest import FAST_PLAN, LONG_EPOCHS, TINY_PLAN, Sleep, SleepLayer, all_measured, assert_names
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
 
 MAX_S = 8
-# Only the points' statuses are asserted here, not a verdict: short windows suffice.
-TINY_PLAN = Plan(window_seconds=0.05, windows_per_visit=1, max_warmup_windows=0, min_warmup_steps=1, min_rounds=1,
-                 max_rounds=1)
 SIZE = 32
 
 
@@ -70,9 +67,9 @@ class SlowPilLoader:
             return Image.open(f).convert("RGB")
 
 
-def run(model, loader, max_seconds=MAX_S, **kw):
+def run(model, loader, max_seconds=MAX_S, plan=FAST_PLAN, **kw):
     # the bisection is under test: it may use the whole time (no advice check)
-    return bisect(model, loader, device="cpu", max_seconds=max_seconds, plan=FAST_PLAN, verify_seconds=0, **kw)
+    return bisect(model, loader, device="cpu", max_seconds=max_seconds, plan=plan, verify_seconds=0, **kw)
 
 
 def statuses(report):
@@ -142,7 +139,8 @@ def test_joint_v2_transforms_on_image_and_target(tmp_path):
         nn.functional.cross_entropy(model(images), labels).backward()
         opt.step()
 
-    report = run(model, loader_of(ds, collate_fn=detection_collate), optimizer=opt, step=step)
+    # what was replayed and measured, no verdict: one round (TINY_PLAN)
+    report = run(model, loader_of(ds, collate_fn=detection_collate), optimizer=opt, step=step, plan=TINY_PLAN)
     assert statuses(report) == all_measured(report), str(report)
     assert list(report.cache.raw_transforms) == ["dataset.transforms (Compose)"]
     # the joint transform was replayed on (image, target): boxes stay tv_tensors, resized
@@ -153,7 +151,9 @@ def test_fakedata_with_workers(tmp_path, no_leftover_workers):
     # FakeData draws its image on the CPU (0.5 ms a sample alone, 5 ms on a busy 2-core machine with
     # two workers): the planted augment cost is 15 ms a sample so that augment stays well ahead of load,
     # in batches of 4 so that a batch (30 ms from two workers) leaves room for several windows.
-    ds = datasets.FakeData(size=48, image_size=(3, SIZE, SIZE), num_classes=2, transform=v2_train(extra_ms=15.0))
+    # (epochs long enough that their start is not timed: conftest.LONG_EPOCHS)
+    ds = datasets.FakeData(size=LONG_EPOCHS, image_size=(3, SIZE, SIZE), num_classes=2,
+                           transform=v2_train(extra_ms=15.0))
     # bursty: 2 workers; 20 s has ended inconclusive on a busy machine (full, raw +-40%)
     report = run(image_model(), loader_of(ds, num_workers=2, batch_size=4), max_seconds=30)
     assert statuses(report) == all_measured(report), str(report)

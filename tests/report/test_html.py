@@ -275,6 +275,7 @@ def make():
 '''
 
 
+@pytest.mark.e2e  # a real run (8 s): not in the fast subset
 def test_cli_html_file_from_a_real_run_escapes_class_names(tmp_path):
     """`--html` end to end: a real run of a pipeline whose dataset class is named
     `<script>...`; the file is one valid, self-contained document with the name as text.

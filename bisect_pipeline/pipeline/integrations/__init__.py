@@ -1,5 +1,5 @@
 """Pipelines people actually have: one module per library (torchvision, hf, timm,
-lightning) and the IterableDataset sharding probe (iterable).
+lightning, webdataset, streaming, torchdata's nodes) and the IterableDataset sharding probe (iterable).
 
 Every integration recognises a library's objects by the names of their classes (their
 MRO), so no optional library is imported unless the user's own objects come from it; a
@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from . import hf, iterable, lightning, timm, torchvision
+from . import hf, iterable, lightning, nodes, streaming, timm, torchvision, webdataset
 from ._common import EXTRAS, by_name, install_hint, require
 
-__all__ = sorted(["EXTRAS", "adapt_workload", "by_name", "hf", "install_hint", "instrument_leaf", "iterable",
-                  "lightning", "no_transform_reason", "require", "timm", "torchvision"])
+__all__ = sorted(["EXTRAS", "adapt_workload", "by_name", "hf", "install_hint", "instrument_leaf", "internal",
+                  "iterable", "lightning", "no_transform_reason", "nodes", "require", "streaming", "timm",
+                  "torchvision", "webdataset"])
 
 
 def adapt_workload(wl: Any, where: str) -> None:
@@ -29,6 +30,8 @@ def adapt_workload(wl: Any, where: str) -> None:
         lightning.adapt(wl, where)
     if timm.is_prefetcher(wl.loader):
         timm.adapt(wl, where)
+    if webdataset.is_webloader(wl.loader):
+        webdataset.adapt(wl, where)
 
 
 def instrument_leaf(ds: Any, ds2: Any, where: str, recorder: Any, found: dict) -> bool:
@@ -41,7 +44,16 @@ def instrument_leaf(ds: Any, ds2: Any, where: str, recorder: Any, found: dict) -
     if torchvision.is_v2_wrapper(ds):
         torchvision.instrument(ds, ds2, where, recorder, found)
         return True
+    if streaming.is_litdata(ds):
+        streaming.instrument(ds, ds2, where, recorder, found)
+        return True
     return False
+
+
+def internal(obj: Any) -> bool:
+    """An attribute value that is a library's own machinery (a streaming dataset's shared
+    barrier or lock), never a per-sample transform: the attribute scan leaves it alone."""
+    return streaming.internal(obj)
 
 
 def no_transform_reason(ds: Any) -> Optional[str]:

@@ -10,7 +10,7 @@ from ...core.errors import BisectError
 
 # extra of setup.cfg that installs each optional library
 EXTRAS = {"datasets": "hf", "timm": "timm", "lightning": "lightning", "pytorch_lightning": "lightning",
-          "webdataset": "webdataset"}
+          "webdataset": "webdataset", "streaming": "mosaicml", "litdata": "litdata", "torchdata": "nodes"}
 
 
 def by_name(obj: Any, modules: tuple, names: tuple) -> bool:

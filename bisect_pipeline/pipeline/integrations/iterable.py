@@ -12,6 +12,7 @@ import torch
 
 from ...core import tree
 from ...core.results import Note
+from . import streaming
 
 PROBE_SAMPLES = 2
 
@@ -30,6 +31,8 @@ def duplicates(dataset: Any, num_workers: int, worker_init_fn: Optional[Callable
     are restored after it.
     """
     if num_workers < 2 or not isinstance(dataset, torch.utils.data.IterableDataset):
+        return None
+    if streaming.is_streaming(dataset):  # they partition by worker themselves (and wait for each other to)
         return None
     from torch.utils.data._utils import worker as worker_mod
 

@@ -1,0 +1,667 @@
+"""torchdata.nodes: a node graph (a `tn.Loader` over a chain of BaseNodes, or the root
+node itself) read once as a NodeSpec, the node graph's LoaderSpec, and rebuilt from any
+cut over a node that yields cached items.
+
+The graph is a chain: each node reads the one before it (`.source`). Its cuts, the
+points of the bisection (SPEC "Beyond the map-style DataLoader"):
+
+    source side ──raw── per-sample Mappers ──augmented── Batcher (+ Mappers) ──collated── PinMemory, Prefetcher ──host
+
+The source side is the source node (IterableWrapper, SamplerWrapper, a node of the
+user's), and where it is a SamplerWrapper the first Mapper after it too: a sampler
+yields keys, and what maps a key to data (MapStyleWrapper's `dataset.__getitem__`) is
+the load. Graphs in other orders are cut where their nodes are: a Mapper after the
+Batcher maps whole batches (augment and collate in one call: no `augmented` point).
+
+Rebuilt, every node downstream of a cut gets the user's constructor arguments (workers,
+thread or process, in_order, max_concurrent, prefetch_factor, pinning), over a copy of
+the source or a node of cached items: the user's node instances are never iterated,
+reset or shared (they may be live in the user's loop). A node of the user's own class
+is rebuilt from a shallow copy with its `.source` replaced.
+
+Recognised by class names: torchdata is imported only where the user's objects come
+from it.
+
+Why one module: the chain read once (Node, cuts_of), the settings the measuring layer
+and the advice read of it (NodeSpec) and its rebuild from a cut (NodeSpec.build) are
+one reading of one graph; each part changes with the others when torchdata adds a node.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from typing import Any, Callable, Iterator, Optional
+
+from ...core import faults
+from ...core.results import Note
+from .. import recording
+from ._common import by_name, require
+
+MODULES = ("torchdata.nodes",)
+# ParallelMapper's own default when max_concurrent is None: tasks in flight, 2 per worker.
+TASKS_PER_WORKER = 2
+# A node graph deeper than this is not a chain the tool follows (a cycle of `.source`s).
+MAX_NODES = 64
+
+
+def is_loader(obj: Any) -> bool:
+    return by_name(obj, MODULES, ("Loader",))
+
+
+def is_node(obj: Any) -> bool:
+    return by_name(obj, MODULES, ("BaseNode",))
+
+
+def is_graph(obj: Any) -> bool:
+    """A tn.Loader or a node graph's root node."""
+    return is_loader(obj) or is_node(obj)
+
+
+def _kind(node: Any) -> str:
+    for name, kind in (("ParallelMapper", "map"), ("Batcher", "batch"), ("Unbatcher", "unbatch"),
+                       ("PinMemory", "pin"), ("Prefetcher", "prefetch"), ("IterableWrapper", "iterable"),
+                       ("SamplerWrapper", "sampler")):
+        if by_name(node, MODULES, (name,)):
+            return kind
+    return "other"
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One node of the chain, read once: its kind and what rebuilding it takes."""
+
+    kind: str  # map | batch | unbatch | pin | prefetch | iterable | sampler | other
+    node: Any  # the user's node: read, never iterated
+    fn: Optional[Callable] = None  # a Mapper's function (before its prebatch wrapping)
+    args: dict = dataclasses.field(default_factory=dict)  # its constructor's arguments
+
+    @property
+    def name(self) -> str:
+        return type(self.node).__name__
+
+    def describe(self) -> str:
+        a = self.args
+        if self.kind == "map":
+            fn = getattr(self.fn, "__qualname__", type(self.fn).__name__)
+            return (f"ParallelMapper({fn}, num_workers={a['num_workers']}, method={a['method']!r}, "
+                    f"in_order={a['in_order']})" if a["num_workers"] else f"Mapper({fn})")
+        if self.kind == "batch":
+            return f"Batcher(batch_size={a['batch_size']}, drop_last={a['drop_last']})"
+        if self.kind == "prefetch":
+            return f"Prefetcher(prefetch_factor={a['prefetch_factor']})"
+        if self.kind == "iterable":
+            return f"IterableWrapper({type(self.node.iterable).__name__})"
+        if self.kind == "sampler":
+            return f"SamplerWrapper({type(self.node.sampler).__name__})"
+        return self.name
+
+
+def _read(node: Any) -> tuple[Node, Any]:
+    """(the node read, the node upstream of it or None for a source)."""
+    kind = _kind(node)
+    if kind == "map":
+        fn, upstream = node.map_fn, node.source
+        if node.prebatch is not None:  # ParallelMapper made a Batcher and a MapOverBatch of its own
+            fn, upstream = fn.map_fn, upstream.source
+        args = dict(num_workers=int(node.num_workers), in_order=bool(node.in_order), method=node.method,
+                    multiprocessing_context=node.multiprocessing_context, max_concurrent=node.max_concurrent,
+                    snapshot_frequency=node.snapshot_frequency, prebatch=node.prebatch)
+        return Node(kind, node, fn, args), upstream
+    if kind == "batch":
+        return Node(kind, node, args=dict(batch_size=int(node.batch_size), drop_last=bool(node.drop_last))), node.source
+    if kind == "prefetch":
+        return Node(kind, node, args=dict(prefetch_factor=int(node.prefetch_factor),
+                                          snapshot_frequency=node.snapshot_frequency)), node.source
+    if kind == "pin":
+        return Node(kind, node, args=dict(pin_memory_device=node._pin_memory_device or "",
+                                          snapshot_frequency=node.snapshot_frequency)), node.source
+    if kind == "unbatch":
+        return Node(kind, node), node.source
+    if kind in ("iterable", "sampler"):
+        return Node(kind, node), None
+    upstream = getattr(node, "source", None)
+    return Node(kind, node), (upstream if is_node(upstream) else None)
+
+
+def chain_of(root: Any) -> tuple:
+    """The graph's nodes from its source to `root`, read (Node)."""
+    out: list = []
+    node: Any = root
+    while node is not None:
+        if len(out) >= MAX_NODES:
+            raise ValueError(f"the node graph is deeper than {MAX_NODES} nodes (a cycle of .source?)")
+        read, node = _read(node)
+        out.append(read)
+    return tuple(reversed(out))
+
+
+@dataclasses.dataclass(frozen=True)
+class Cuts:
+    """Where each point cuts the chain: the index of the last node upstream of it (None:
+    the point does not exist in this graph; `why` says so, per point)."""
+
+    raw: Optional[int]
+    augmented: Optional[int]
+    collated: int
+    augment: tuple  # indices of the per-sample Mappers between raw and augmented
+    why: dict  # point -> why it is skipped or unavailable here
+
+
+def cuts_of(chain: tuple, keys: bool = False) -> Cuts:
+    """The cuts of `chain`; `keys`: its source yields names of data (indices, paths, keys:
+    recording.names_only), which its first Mapper loads, as a sampler's keys are."""
+    kinds = [n.kind for n in chain]
+    load_end = 0
+    if (kinds[0] == "sampler" or keys) and "map" in kinds:
+        first_map = kinds.index("map")
+        if "batch" not in kinds[:first_map]:
+            load_end = first_map  # the Mapper that turns the sampler's keys into data is the load
+    batcher = next((i for i in range(load_end + 1, len(chain)) if kinds[i] == "batch"), None)
+    end = batcher if batcher is not None else len(chain)
+    augment = tuple(i for i in range(load_end + 1, end) if kinds[i] == "map")
+    collated = end
+    if batcher is not None:  # the Batcher, and the Mappers right after it (the collate, or a whole-batch map)
+        collated = batcher
+        while collated + 1 < len(chain) and kinds[collated + 1] in ("map", "other"):
+            collated += 1
+    else:
+        collated = (augment[-1] if augment else load_end)
+    why: dict = {}
+    raw, augmented = load_end, (augment[-1] if augment else load_end)
+    source = "the map of the source's keys (the load)" if load_end else chain[0].describe()
+    if not augment:
+        batch_maps = [i for i in range(collated + 1) if kinds[i] == "map" and i > load_end
+                      and not is_collate(chain[i].fn)]
+        if batch_maps:
+            augmented = None
+            why["augmented"] = (f"the graph's Mapper ({chain[batch_maps[0]].describe()}) maps whole batches after the "
+                                "Batcher: augment and collate run in one call, so there is no point between them. Map "
+                                "each sample before the Batcher to measure them apart")
+            if keys and not load_end:  # it is handed batches of keys: it reads the data too
+                raw = None
+                why["raw"] = (f"the graph batches the names its source yields (indices, paths, keys) before its Mapper "
+                              f"({chain[batch_maps[0]].describe()}) reads them: loading, augment and collate run in "
+                              "one call. Load each sample in a Mapper before the Batcher to measure them apart")
+        else:
+            raw = None
+            why["raw"] = (f"no Mapper between {source} and the Batcher: the samples the source yields are the ones "
+                          "batched, so raw and augmented coincide (measured as augmented)")
+    if batcher is None:
+        why["collated"] = ("no Batcher in the graph: its items are batched upstream of it (the source yields "
+                           "batches), so collated and augmented coincide")
+    elif collated == len(chain) - 1:
+        why["collated"] = ("nothing after the Batcher (no PinMemory, no Prefetcher): no node hands batches over, so "
+                           "collated and host coincide (no handoff)")
+    return Cuts(raw, augmented, collated, augment, why)
+
+
+# A Mapper after the Batcher whose function is one of these collates (torch's, or a
+# function named as a collate_fn): the collate stage, not a map of whole batches.
+COLLATE_NAMES = ("default_collate", "default_convert", "collate", "collate_fn")
+
+
+def is_collate(fn: Any) -> bool:
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return name in COLLATE_NAMES or name.endswith("_collate_fn")
+
+
+def _source_copy(n: Node) -> Any:
+    """A copy of the source node, restarted: the user's is never iterated."""
+    tn = require("torchdata.nodes")
+    if n.kind == "iterable":
+        it = n.node.iterable
+        if iter_is_self(it):
+            raise TypeError(f"the IterableWrapper wraps a {type(it).__name__}, an iterator (a generator) that can be "
+                            "iterated once: the tool cannot rebuild it without taking your loop's items. Wrap an "
+                            "iterable instead (a list, a Dataset, an object whose __iter__ starts again)")
+        return tn.IterableWrapper(_copy(it))
+    if n.kind == "sampler":
+        s = n.node
+        return tn.SamplerWrapper(_deepcopy(s.sampler), initial_epoch=s.epoch, epoch_updater=s.epoch_updater)
+    return renewed(n.node)
+
+
+def iter_is_self(obj: Any) -> bool:
+    try:
+        return iter(obj) is obj
+    except TypeError:
+        return False
+
+
+def _copy(obj: Any) -> Any:
+    try:
+        return copy.copy(obj)
+    except Exception:
+        return obj
+
+
+def _deepcopy(obj: Any) -> Any:
+    try:
+        return copy.deepcopy(obj)
+    except Exception:
+        return obj
+
+
+def renewed(node: Any, source: Any = None) -> Any:
+    """A shallow copy of a node of the user's own class, not yet started (its next
+    next() resets it), reading `source` where it has one."""
+    out = copy.copy(node)
+    for name in ("_it", "_iter"):
+        if name in vars(out):
+            setattr(out, name, None)
+    out._BaseNode__initialized = False
+    if source is not None:
+        out.source = source
+    return out
+
+
+def rebuild(n: Node, source: Any, settings: Optional[dict] = None, fn: Optional[Callable] = None) -> Any:
+    """Node `n` built anew over `source` with its own constructor arguments, `settings`
+    overriding them (NodeSpec.with_settings), `fn` its map function (a Mapper's, tagged)."""
+    tn = require("torchdata.nodes")
+    a = dict(n.args, **(settings or {}))
+    if n.kind == "map":
+        if not a["num_workers"]:
+            a.update(in_order=True, method="thread", max_concurrent=None)  # (Mapper's: inline)
+        elif a["max_concurrent"] is not None:
+            a["max_concurrent"] = min(a["max_concurrent"], a["num_workers"])
+        return tn.ParallelMapper(source, fn or n.fn, **a)
+    if n.kind == "batch":
+        return tn.Batcher(source, **a)
+    if n.kind == "unbatch":
+        return tn.Unbatcher(source)
+    if n.kind == "prefetch":
+        return tn.Prefetcher(source, **a)
+    if n.kind == "pin":
+        return tn.PinMemory(source, **a)
+    return renewed(n.node, source)
+
+
+def tagged_source(source: Any) -> Any:
+    """`source` whose errors name the load stage."""
+    return _load_tagged()(source)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_tagged() -> type:
+    """The node class of tagged_source (a BaseNode: torchdata imported on first use)."""
+    tn = require("torchdata.nodes")
+
+    class LoadTagged(tn.BaseNode):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def reset(self, initial_state: Optional[dict] = None) -> None:
+            super().reset(initial_state)
+            self.inner.reset()
+
+        def next(self) -> Any:
+            try:
+                return next(self.inner)
+            except (StopIteration, faults.StageError, faults.StepTimeout):
+                raise
+            except Exception as exc:
+                raise faults.stage_error("load", exc) from exc
+
+        def get_state(self) -> dict:
+            return {}
+    return LoadTagged
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSpec:
+    """A node graph's settings, read once: what the measuring layer reads of a LoaderSpec
+    (num_workers, prefetch_depth, batches_per_epoch, pin_memory, settings(),
+    with_settings(), ...), and the chain to rebuild its points from (build).
+
+    `num_workers`, `method`, `in_order`: the graph's main Mapper (the one with the most
+    workers, the first of them): what the advice and --tune speak of; `prefetch_factor`:
+    its last Prefetcher's."""
+
+    chain: tuple
+    cuts: Cuts
+    loader: Any  # the user's Loader, or the root node itself
+    loader_cls: type
+    restart_on_stop_iteration: bool = True
+    overrides: dict = dataclasses.field(default_factory=dict)  # with_settings: the main Mapper's, the Prefetcher's
+
+    kind = "torchdata.nodes"
+    timeout = 0.0
+    worker_init_fn = None
+    batch_sampler = None
+    pin_memory_device = ""
+
+    # -- what the measuring layer reads of a LoaderSpec -----------------------------------
+
+    @property
+    def main_mapper(self) -> Optional[int]:
+        maps = [i for i, n in enumerate(self.chain) if n.kind == "map"]
+        if not maps:
+            return None
+        return max(maps, key=lambda i: (self.chain[i].args["num_workers"], -i))
+
+    def _mapper_arg(self, key: str, default: Any = None) -> Any:
+        i = self.main_mapper
+        if i is None:
+            return default
+        return self.overrides.get(key, self.chain[i].args[key])
+
+    @property
+    def num_workers(self) -> int:
+        return int(self._mapper_arg("num_workers", 0) or 0)
+
+    @property
+    def method(self) -> Optional[str]:
+        return self._mapper_arg("method")
+
+    @property
+    def in_order(self) -> bool:
+        return bool(self._mapper_arg("in_order", True))
+
+    @property
+    def multiprocessing_context(self) -> Any:
+        return self._mapper_arg("multiprocessing_context")
+
+    @property
+    def prefetch_factor(self) -> Optional[int]:
+        if "prefetch_factor" in self.overrides:
+            return self.overrides["prefetch_factor"]
+        pre = [n for n in self.chain if n.kind == "prefetch"]
+        return pre[-1].args["prefetch_factor"] if pre else None
+
+    @property
+    def pin_memory(self) -> bool:
+        return bool(self.overrides.get("pin_memory", any(n.kind == "pin" for n in self.chain)))
+
+    persistent_workers = False  # every epoch's reset starts the graph's threads again
+    iterable = False  # (its source is read through SourceView, an indexed stand-in: isolate.py's load)
+
+    @property
+    def batcher(self) -> Optional[Node]:
+        return next((n for n in self.chain if n.kind == "batch"), None)
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        b = self.batcher
+        return b.args["batch_size"] if b is not None else None
+
+    @property
+    def drop_last(self) -> bool:
+        b = self.batcher
+        return bool(b.args["drop_last"]) if b is not None else False
+
+    @property
+    def auto_collation(self) -> bool:
+        return self.batcher is not None
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Batches the graph can have ready before the loop asks for one: its Prefetcher's
+        queue, PinMemory's one, and a Mapper's tasks in flight after the Batcher."""
+        depth = 0
+        after_batcher = False
+        for i, n in enumerate(self.chain):
+            if n.kind == "batch":
+                after_batcher = True
+            elif n.kind == "map" and after_batcher:
+                w = self._workers_at(i)
+                depth += (n.args["max_concurrent"] or TASKS_PER_WORKER * w) if w else 0
+            elif n.kind == "prefetch":
+                depth += int(self.overrides.get("prefetch_factor", n.args["prefetch_factor"]))
+            elif n.kind == "pin":
+                depth += 1
+        return depth
+
+    def _workers_at(self, i: int) -> int:
+        if i == self.main_mapper and "num_workers" in self.overrides:
+            return int(self.overrides["num_workers"])
+        return int(self.chain[i].args["num_workers"])
+
+    @property
+    def batches_per_epoch(self) -> Optional[int]:
+        """Batches in one epoch, where the source's length is its epoch's (a sampler; a
+        sequence an IterableWrapper reads through __getitem__: a list, a map-style
+        Dataset; not an iterable with a __len__ of its own and an __iter__ that may yield
+        more, or forever) and only Mappers and a Batcher follow it (a Mapper keeps the
+        count, a Batcher divides it)."""
+        src = self.chain[0]
+        data = src.node.iterable if src.kind == "iterable" else getattr(src.node, "sampler", None)
+        if src.kind == "iterable" and not isinstance(data, (list, tuple, range)) and hasattr(type(data), "__iter__"):
+            return None
+        try:
+            n = len(data)
+        except TypeError:
+            return None
+        for node in self.chain[1:]:
+            if node.kind == "batch":
+                bs = node.args["batch_size"]
+                n = n // bs if node.args["drop_last"] else -(-n // bs)
+            elif node.kind not in ("map", "prefetch", "pin"):
+                return None
+        return n
+
+    @property
+    def dataset(self) -> "SourceView":
+        return SourceView(self)
+
+    @property
+    def sampler(self) -> range:
+        return range(2**31 - 1)  # (SourceView's keys: it reads its source in order whatever they are)
+
+    @property
+    def collate_fn(self) -> Callable:
+        """The work between `augmented` and `collated` on a list of samples: the Batcher's
+        list through the Mappers after it."""
+        c = self.cuts
+        fns = [self.chain[i].fn for i in range((self.batcher_index or 0) + 1, c.collated + 1)
+               if self.chain[i].kind == "map"]
+        return Collate(tuple(fns))
+
+    @property
+    def batcher_index(self) -> Optional[int]:
+        return next((i for i, n in enumerate(self.chain) if n.kind == "batch"), None)
+
+    def with_settings(self, settings: dict) -> "NodeSpec":
+        """This graph with other settings of its main Mapper (num_workers, method) and its
+        Prefetcher (prefetch_factor: one is added where the graph has none); others
+        (persistent_workers: a graph's threads start again every epoch whatever) ignored."""
+        keep = {k: v for k, v in settings.items() if k in ("num_workers", "method", "prefetch_factor", "in_order",
+                                                           "pin_memory")}
+        if "num_workers" in keep and self.main_mapper is None:
+            keep.pop("num_workers")
+        if keep.get("prefetch_factor") is None:
+            keep.pop("prefetch_factor", None)
+        return dataclasses.replace(self, overrides={**self.overrides, **keep})
+
+    def settings(self) -> dict:
+        """A JSON-friendly summary for the report: the DataLoader-like keys the advice and
+        the search read (num_workers, prefetch_factor, ...), and the graph itself."""
+        return {
+            "kind": self.kind,
+            "dataset": type(self.chain[0].node).__name__,
+            "iterable": False,
+            "batch_size": self.batch_size,
+            "num_workers": self.num_workers,
+            "method": self.method,
+            "in_order": self.in_order,
+            "max_concurrent": self._mapper_arg("max_concurrent"),
+            "pin_memory": self.pin_memory,
+            "drop_last": self.drop_last,
+            "prefetch_factor": self.prefetch_factor,
+            "persistent_workers": False,
+            "batches_per_epoch": self.batches_per_epoch,
+            "multiprocessing_context": self.multiprocessing_context,
+            "graph": [n.describe() for n in self.chain],
+            "main_mapper": None if self.main_mapper is None else self.chain[self.main_mapper].describe(),
+            "mappers": [{"node": n.describe(), "stage": self.stage_of(i), "num_workers": self._workers_at(i),
+                         "main": i == self.main_mapper} for i, n in enumerate(self.chain) if n.kind == "map"],
+            "witnessed": witnessed(self),
+            "loader_class": f"{self.loader_cls.__module__}.{self.loader_cls.__qualname__}",
+        }
+
+    # -- rebuilding -------------------------------------------------------------------
+
+    def build(self, after: int, source: Any, *, upto: Optional[int] = None, inline: bool = False,
+              fns: Optional[dict] = None, skip: tuple = (), tap: Optional[Callable] = None) -> Any:
+        """The chain's nodes after index `after` (through `upto`, the root by default)
+        rebuilt over `source` with this spec's settings, each Mapper's function tagged
+        with its stage. `fns`: index -> the map function to use instead (the `raw`
+        point's replay, the fill's recording); `skip`: indices left out; `inline`: every
+        Mapper in this thread and no Prefetcher or PinMemory (the fill); `tap(i, node)`:
+        what to put after node i (the fill's taps)."""
+        node = source
+        last = len(self.chain) - 1 if upto is None else upto
+        pinned = False
+        for i in range(after + 1, last + 1):
+            n = self.chain[i]
+            if i in skip or (inline and n.kind in ("prefetch", "pin")) or (n.kind == "pin" and not self.pin_memory):
+                continue
+            settings = self._settings_at(i)
+            if inline and n.kind == "map":
+                settings = dict(settings, num_workers=0)
+            fn = None
+            if n.kind == "map":
+                fn = (fns or {}).get(i) or faults.Tagged(n.fn, self.stage_of(i))
+            node = rebuild(n, node, settings, fn)
+            pinned = pinned or n.kind == "pin"
+            if tap is not None:
+                node = tap(i, node)
+        return self._with_added(node, last, inline, pinned)
+
+    def _with_added(self, node: Any, last: int, inline: bool, pinned: bool) -> Any:
+        """A Prefetcher (prefetch_factor set where the graph has none) and a PinMemory
+        (pin_memory set where it has none) added at the root by with_settings."""
+        if inline or last != len(self.chain) - 1:
+            return node
+        tn = require("torchdata.nodes")
+        if self.pin_memory and not pinned and not any(n.kind == "pin" for n in self.chain):
+            node = tn.PinMemory(node)
+        if "prefetch_factor" in self.overrides and not any(n.kind == "prefetch" for n in self.chain):
+            node = tn.Prefetcher(node, prefetch_factor=int(self.overrides["prefetch_factor"]))
+        return node
+
+    def _settings_at(self, i: int) -> dict:
+        n = self.chain[i]
+        if n.kind == "map" and i == self.main_mapper:
+            return {k: v for k, v in self.overrides.items() if k in ("num_workers", "method", "in_order")}
+        if n.kind == "prefetch" and "prefetch_factor" in self.overrides:
+            return {"prefetch_factor": int(self.overrides["prefetch_factor"])}
+        return {}
+
+    def stage_of(self, i: int) -> str:
+        """The stage node i's work belongs to."""
+        c = self.cuts
+        if i <= (c.raw if c.raw is not None else (c.augmented or 0)):
+            return "load"
+        if i in c.augment:
+            return "augment"
+        return "collate"
+
+    def source_copy(self) -> Any:
+        """A copy of the source node (never the user's), its errors named `load`."""
+        return tagged_source(_source_copy(self.chain[0]))
+
+    def full(self) -> Any:
+        """The whole graph rebuilt over a copy of its source."""
+        return self.build(0, self.source_copy())
+
+
+class Collate:
+    """The batch side of the graph on one group of samples (isolate.py's collate): the
+    Batcher's list through the Mappers after it."""
+
+    def __init__(self, fns: tuple) -> None:
+        self.fns = fns
+        self.__qualname__ = " -> ".join(["Batcher"] + [getattr(f, "__qualname__", type(f).__name__) for f in fns])
+
+    def __call__(self, samples: list) -> Any:
+        out: Any = list(samples)
+        for fn in self.fns:
+            out = fn(out)
+        return out
+
+
+class SourceView:
+    """The graph's source side read in this process, one item per key (keys ignored:
+    the source's own order), through the per-sample Mappers: what isolate.py times as a
+    dataset's __getitem__ (load and the transforms), from a copy of the source started
+    afresh for each copy of the view."""
+
+    def __init__(self, spec: NodeSpec) -> None:
+        self.spec = spec
+        self._it: Optional[Iterator] = None
+
+    def __copy__(self) -> "SourceView":
+        return SourceView(self.spec)
+
+    def __len__(self) -> int:
+        raise TypeError("a node graph's source has no length here")
+
+    def _next_raw(self) -> Any:
+        c = self.spec.cuts
+        raw = c.raw if c.raw is not None else c.augmented
+        for _ in range(2):
+            if self._it is None:
+                self._it = self.spec.build(0, self.spec.source_copy(), upto=raw, inline=True)
+            try:
+                return next(self._it)
+            except StopIteration:
+                self._it = None
+        raise StopIteration
+
+    def __getitem__(self, key: Any) -> Any:
+        x = self._next_raw()
+        for i in self.spec.cuts.augment:
+            x = self.spec.chain[i].fn(x)
+        return x
+
+
+def describe(loader: Any) -> NodeSpec:
+    """Read a tn.Loader (or a root node) without iterating it."""
+    root = loader.root if is_loader(loader) else loader
+    chain = chain_of(root)
+    return NodeSpec(chain, cuts_of(chain, yields_keys(chain[0])), loader, type(loader),
+                    bool(getattr(loader, "restart_on_stop_iteration", True)))
+
+
+def yields_keys(source: Node) -> bool:
+    """Whether the source yields names of data rather than data (recording.names_only of
+    its first item, from a copy: `IterableWrapper(range(n))`, a list of paths): then the
+    Mapper after it reads the data, the load, as after a sampler. False where a copy
+    cannot be read (a node of the user's own class, an iterator: not iterated here)."""
+    if source.kind != "iterable" or iter_is_self(source.node.iterable):
+        return False
+    try:
+        first = next(iter(_copy(source.node.iterable)))
+    except Exception:  # empty, or it fails: the fill will say so
+        return False
+    return recording.names_only(first)
+
+
+def witnessed(spec: Any) -> bool:
+    """Whether the stages' costs timed alone (isolate.py) can witness the drops: their
+    model is DataLoader's (every worker runs load, augment and collate; or all of it in
+    the loop's thread). A node graph runs each node in threads of its own (the source in
+    one, a ParallelMapper in its workers, the Batcher in its consumer's), so only one
+    that runs wholly in the loop's thread (inline Mappers, no Prefetcher or PinMemory)
+    is witnessed; the others are named on the rounds' drops alone."""
+    if not isinstance(spec, NodeSpec):
+        return True
+    return not any(n.kind in ("prefetch", "pin") or (n.kind == "map" and n.args["num_workers"]) for n in spec.chain)
+
+
+def notes(spec: NodeSpec) -> list:
+    """What the report says of the graph before it is measured: nodes of the user's own
+    classes, rebuilt from shallow copies."""
+    own = [n.name for n in spec.chain if n.kind == "other"]
+    if not own:
+        return []
+    return [Note("pipeline", f"{', '.join(own)} {'is a node' if len(own) == 1 else 'are nodes'} of your own class: "
+                             "each point rebuilds it from a shallow copy; give it a reset() that starts it afresh.",
+                 detail="the tool rebuilds every node downstream of a cut; a node of the library's own kind from its "
+                        "constructor's arguments, one of yours from a copy whose .source is the new upstream node and "
+                        "whose reset() is called before its first item, so state it keeps outside reset() is shared "
+                        "with your own")]

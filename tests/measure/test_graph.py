@@ -1,0 +1,124 @@
+"""A node graph's caches and sources (measure/graph.py): the fill keeps every cut's items
+and the Mappers' calls, each point's graph yields the root's batches from its cache,
+the full point never ends an epoch inside a window (and ends them where asked), errors
+name their stage, and leaving a source stops its threads. Real torchdata; nothing timed."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+tn = pytest.importorskip("torchdata.nodes")
+
+from bisect_pipeline.core import faults, tree  # noqa: E402
+from bisect_pipeline.measure import cache, graph  # noqa: E402
+from bisect_pipeline.pipeline import recording  # noqa: E402
+from bisect_pipeline.pipeline.integrations import nodes  # noqa: E402
+
+
+class AddOne:
+    def __call__(self, x):
+        return x + 1
+
+
+class InPlace:
+    def __call__(self, x):
+        x.add_(1)
+        return x
+
+
+class Boom:
+    def __call__(self, x):
+        raise ValueError("bad sample")
+
+
+def spec_of(fn=None, n=24, workers=2, prefetch=2):
+    node = tn.IterableWrapper([torch.full((3,), float(i)) for i in range(n)])
+    node = tn.ParallelMapper(node, fn or AddOne(), num_workers=workers)
+    node = tn.Mapper(tn.Batcher(node, batch_size=4), default_collate)
+    return nodes.describe(tn.Loader(tn.Prefetcher(node, prefetch_factor=prefetch)))
+
+
+def test_the_fill_keeps_each_cut_the_mappers_calls_and_the_batches_in_the_users_order():
+    spec = spec_of()
+    c = graph.fill(spec, cache_mb=64, max_batches=3)
+    assert c.n_batches == 3 and len(c.samples) == len(c.raw_items) == 12 and len(c.collated) == 3
+    assert [float(x[0]) for x in c.raw_items] == list(range(12))
+    assert [float(x[0]) for x in c.samples] == [i + 1.0 for i in range(12)]
+    assert c.groups == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert (c.batch_size, c.batch_size_source) == (4, "Batcher.batch_size")
+    assert tree.same_values(c.batches[0], default_collate(c.samples[:4]))
+    # isolate.py replays each sample's calls alone
+    assert tree.same_values(recording.replay_sample(c.samples[5], c.raw_calls[5]), c.samples[5])
+    assert c.raw_found == [spec.chain[1].describe()] and not c.raw_copy
+
+
+def test_a_mapper_that_changes_its_input_gets_copies_at_the_raw_point():
+    spec = spec_of(InPlace(), workers=0)
+    c = graph.fill(spec, cache_mb=64, max_batches=2)
+    assert c.raw_copy and [float(x[0]) for x in c.raw_items[:2]] == [0.0, 1.0]
+    with graph.source(spec, "raw", c) as next_batch:
+        for _ in range(5):
+            next_batch()
+    assert [float(x[0]) for x in c.raw_items[:2]] == [0.0, 1.0]  # the cache is untouched
+
+
+@pytest.mark.parametrize("point", ["full", "raw", "augmented", "collated"])
+def test_every_point_yields_the_roots_batches_and_stops_its_threads(point):
+    spec = spec_of()
+    c = graph.fill(spec, cache_mb=64, max_batches=3)
+    before = threading.active_count()
+    with graph.source(spec, point, c) as next_batch:
+        got = [next_batch() for _ in range(12)]  # past the cache and past an epoch (6 batches)
+        assert threading.active_count() > before  # the mapper's and the prefetcher's threads
+    assert all(b.shape == (4, 3) for b in got)
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() == before
+
+
+def test_the_full_point_ends_its_epochs_only_where_asked():
+    spec = spec_of(n=8)  # 2 batches an epoch
+    with graph.source(spec, "full", None) as next_batch:
+        assert len([next_batch() for _ in range(7)]) == 7  # no StopIteration: the source starts again
+    root = graph.root_of(spec, "full", None, epochs=True)
+    try:
+        assert len([next(root) for _ in range(2)]) == 2
+        with pytest.raises(StopIteration):
+            next(root)
+    finally:
+        graph.shutdown(root)
+    with graph.source(spec, "full", None, epochs=True) as next_batch:
+        assert len([next_batch() for _ in range(5)]) == 5  # reset at each epoch's end, as a Loader does
+
+
+def test_the_raw_point_replays_the_given_calls_for_the_confirmation():
+    spec = spec_of()
+    c = graph.fill(spec, cache_mb=64, max_batches=2)
+    with graph.source(spec, "raw", c, calls=c.raw_calls) as next_batch:
+        b = next_batch()
+    assert sorted(b[:, 0].tolist()) in ([1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0])
+
+
+def test_a_failing_mapper_before_the_first_batch_names_augment():
+    with pytest.raises(cache.FillError) as e:
+        graph.fill(spec_of(Boom()), cache_mb=64, max_batches=2)
+    assert e.value.stage == "augment" and "bad sample" in e.value.reason
+
+
+def test_a_failing_mapper_at_a_point_names_augment_from_its_thread():
+    spec = spec_of(Boom())
+    with pytest.raises(Exception) as e:
+        with graph.source(spec, "full", None) as next_batch:
+            next_batch()
+    assert faults.classify(e.value)[0] == "augment"
+
+
+def test_the_memory_budget_stops_the_fill():
+    c = graph.fill(spec_of(), cache_mb=1e-4, max_batches=8)
+    assert c.n_batches == 1 and c.limited_by == "memory budget"
