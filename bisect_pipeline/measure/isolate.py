@@ -97,7 +97,6 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
     def out_of_time(steps: int) -> str:
         return (f"out of time: {steps} training steps of about {step_estimate_s:.3g} s would run past the end "
                 "of --max-seconds")
-    bs = caches.batch_size
     with worker_threads(spec):
         augment = _guard(PerSample, lambda: _augment(caches, share, clock))
         parts = dict(augment=augment, load=_guard(PerSample, lambda: _load(spec, caches, augment, share, clock)),
@@ -120,10 +119,8 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
         parts["step"] = _guard(StepTime, lambda: _step(train_step, device_batch, device, share, clock))
     else:
         parts["step"] = StepTime.missing("unavailable", "no batch on the device to step on")
-    if in_loop_applies(spec, train_step) and device_batch is not None:  # in what the parts before left
-        parts["in_loop"] = _in_loop_part(spec, caches, train_step, device_batch, device, parts=parts,
-                                         step_s=step_sec_per_batch or step_estimate_s, clock=clock, fits=fits,
-                                         share=min(share, budget_s - (clock() - start)))
+    parts["in_loop"] = _in_loop_part(spec, caches, train_step, device_batch, device, parts=parts, fits=fits,
+                                     clock=clock, step_s=step_estimate_s, share=min(share, budget_s - clock() + start))
     if device_batch is not None:
         if train_step is not None and (device.type != "cuda" or fits(SYNC_STEPS)):
             syncs = _guard(Syncs, lambda: count_syncs(train_step, device_batch, device))
@@ -132,7 +129,7 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
         if device.type == "cuda":
             parts["memory"] = _guard(Memory, lambda: _memory(device))
     items = caches.items_per_batch
-    out = Isolated(budget_s=round(budget_s, 3), batch_size=bs, items_per_batch=round(items, 4), **parts)
+    out = Isolated(budget_s=round(budget_s, 3), batch_size=caches.batch_size, items_per_batch=round(items, 4), **parts)
     workers = workers_needed(out, items, cores(), step_threads=torch.get_num_threads() if device.type == "cpu" else 0)
     return dataclasses.replace(out, workers=workers, elapsed_s=round(clock() - start, 4)), syncs
 
@@ -396,14 +393,17 @@ def in_loop_applies(spec: LoaderSpec, train_step: Optional[Callable[[Any], Any]]
 
 
 def _in_loop_part(spec, caches, train_step, batch, device, *, parts: dict, step_s: Optional[float], share: float,
-                  clock, fits: Callable[[int], bool]) -> InLoop:
-    """_in_loop, in `share`: what the parts before it left of the budget, a part's share
-    at most (on the CPU the transfer's, with nothing to time, and the step's where it was
-    timed for the allocator); or skipped where IN_LOOP_MIN_BATCHES + 1 of its batches
-    would not fit in that by the step's time (timed here, else `step_s`) and the work of a batch timed
+                  clock, fits: Callable[[int], bool]) -> Optional[InLoop]:
+    """_in_loop where it applies (in_loop_applies, a device batch to step on; else None),
+    in `share`: what the parts before it left of the budget, a part's share at most (on
+    the CPU the transfer's, with nothing to time, and the step's where it was timed for
+    the allocator); or skipped where IN_LOOP_MIN_BATCHES + 1 of its batches would not fit in
+    that by the step's time (the step part's, else `step_s`) and the work of a batch timed
     alone: steps this long hold a batch's input work that is small enough to be missed
     alone as a small part of them (the loop's conditions do not decide), and a batch of
     seconds of work would overrun the share."""
+    if not in_loop_applies(spec, train_step) or batch is None:
+        return None
     timed = parts.get("step")
     step = timed.ms_per_batch / 1e3 if isinstance(timed, StepTime) and timed.ok else step_s
     load, col = parts.get("load"), parts.get("collate")

@@ -476,6 +476,9 @@ def test_the_input_work_between_steps_is_sized_without_the_stages_alone_where_th
     spec = loader_mod.describe(make_loader(PlantedDataset(n=16), batch_size=4))
     caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
     parts = {"load": isolate.PerSample.missing("failed", "x"), "collate": None}
-    out = isolate._in_loop_part(spec, caches, lambda b: None, None, CPU, parts=parts, step_s=0.1, share=0.2,
+    out = isolate._in_loop_part(spec, caches, lambda b: None, torch.zeros(1), CPU, parts=parts, step_s=0.1, share=0.2,
                                 clock=FakeClock(), fits=lambda n: True)
     assert out.status == "skipped" and "about 100 ms" in out.reason
+    # nothing to step on: not timed
+    assert isolate._in_loop_part(spec, caches, lambda b: None, None, CPU, parts=parts, step_s=0.1, share=0.2,
+                                 clock=FakeClock(), fits=lambda n: True) is None
