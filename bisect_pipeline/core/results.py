@@ -301,6 +301,20 @@ class Collate(Part):
 
 
 @dataclasses.dataclass(frozen=True)
+class InLoop(Part):
+    """The loop's own input work at num_workers=0, timed batch by batch between training
+    steps as the loop runs it (isolate._in_loop): the batch sampler's next batch and its
+    items fetched (`fetch`: load and augment), then collate_fn, each per batch with its
+    standard error, over `batches` batches beyond those the caches hold."""
+
+    batches: Optional[int] = None
+    fetch_ms_per_batch: Optional[float] = None
+    fetch_se_ms: Optional[float] = None
+    collate_ms_per_batch: Optional[float] = None
+    collate_se_ms: Optional[float] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class LoopStages(Part):
     """Stages the user's loop runs on the loader's batches in its own process (a webdataset
     WebLoader's `.unbatched().shuffle(n).batched(m)`), timed alone on cached batches. They
@@ -405,7 +419,7 @@ class Isolated(Part):
     _nested: ClassVar[dict] = {"augment": PerSample, "load": PerSample, "collate": Collate, "batch": BatchShape,
                                "sample_structure": SampleStructure, "transfer": Transfer, "step": StepTime,
                                "memory": Memory, "workers": Workers, "allocator": AllocatorTiming,
-                               "loop": LoopStages}
+                               "loop": LoopStages, "in_loop": InLoop}
     budget_s: Optional[float] = None
     batch_size: Optional[float] = None
     items_per_batch: Optional[float] = None  # the dataset's items per batch (cache.Caches.items_per_batch)
@@ -421,6 +435,7 @@ class Isolated(Part):
     elapsed_s: Optional[float] = None
     allocator: Optional[AllocatorTiming] = None
     loop: Optional[LoopStages] = None  # stages in the loop's own process (a webdataset WebLoader's)
+    in_loop: Optional[InLoop] = None  # num_workers=0: the input work timed between steps
 
     def part(self, name: str) -> Optional[Part]:
         """The part `name` when it was measured (status ok), else None."""

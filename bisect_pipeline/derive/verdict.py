@@ -327,12 +327,13 @@ def _disagreement(v: Verdict, cost: Mapping, predicted: Mapping, disagree: tuple
             cost[n].sec_per_batch > predicted[n][0] for n in disagree):
         # the rounds read input costs that the stages alone do not have, and alone they
         # cost the loop under 5% in all: neither witness holds the pipeline input-bound
-        # (a drifting step-bound MLP once read 12.8 ms of load where alone it costs 0.3)
+        # (a drifting step-bound MLP once read 12.8 ms of load where alone it costs 0.3);
+        # why, as the rounds show it (_why_above)
         return dataclasses.replace(v, bottleneck="inconclusive", tied=(), witness="disagree", disagree=disagree,
                                    reason=(f"the rounds read input costs the stages alone do not have ({'; '.join(words)}), "
                                            f"and alone the worker stages add at most {_ms(up)} ms per batch, under "
-                                           f"{MIN_REL_DROP * 100:.0f}%: the step drifted while the points were "
-                                           "measured, or another program slowed some of them"))
+                                           f"{MIN_REL_DROP * 100:.0f}%{_model_note(v.prediction.alone)}: "
+                                           + _why_above(v, cost, disagree)))
     if asked == [top_alone]:
         return dataclasses.replace(v, witness="both", disagree=disagree)
     tied = tuple(sorted(set(asked) | {top_alone} | {s for s in disagree if s in asked + [top_alone]},
@@ -342,6 +343,39 @@ def _disagreement(v: Verdict, cost: Mapping, predicted: Mapping, disagree: tuple
     reason = (f"{_and(list(tied))}: the rounds and the stages' costs alone disagree ({'; '.join(words)}), so "
               "neither names a stage alone")
     return dataclasses.replace(v, bottleneck="tie", tied=tied, witness="disagree", disagree=disagree, reason=reason)
+
+
+def steady(v: Verdict, s: StageCost) -> Optional[Contrast]:
+    """A stage's reading, where its own per-round values (not the noise pooled over the
+    points) make it real over at least FEW_ROUNDS rounds, at the noise rule's level and
+    floor: the same in round after round, down and up, so not a drift of the step (the
+    rounds alternate their direction: a drift flips its sign from one to the next) nor a
+    burst of another program (one round's). None where they do not."""
+    d = v.drop(s.lower, s.upper) if s.lower else None
+    if d is None or (d.rounds or 0) < FEW_ROUNDS or not math.isfinite(d.own_se):
+        return None
+    own = Contrast(d.estimate, d.own_se, d.rounds - 1, d.rounds)
+    return own if compare(own, v.fitted["full"], z=Z_NOISE).real else None
+
+
+def steady_disagreement(v: Verdict) -> bool:
+    """Whether every stage whose reading disagrees with its cost alone reads steadily
+    (steady): more rounds would read it the same."""
+    cost = {s.stage: s for s in v.stages if s.status == "ok"}
+    return bool(v.disagree) and all(n in cost and steady(v, cost[n]) is not None for n in v.disagree)
+
+
+def _why_above(v: Verdict, cost: Mapping, disagree: tuple) -> str:
+    """Why the rounds read more than the stages alone, as the rounds show it: a drift or
+    another program where some reading's own per-round values spread beyond it; where
+    every one is steady (steady), not that: the loop pays for more than the stages' own
+    work, and the isolated timing misses it."""
+    if not steady_disagreement(dataclasses.replace(v, disagree=disagree)):
+        return "the step drifted while the points were measured, or another program slowed some of them"
+    rounds = min(steady(v, cost[n]).rounds for n in disagree)
+    return (f"{_and(list(disagree))} {'reads' if len(disagree) == 1 else 'read'} so in each of {rounds} rounds, "
+            "not a drift of the step: the loop pays for more than the stages' own work, and the stages timed alone "
+            "miss it")
 
 
 def _disagree_words(name: str, s: StageCost, pred: tuple) -> str:

@@ -69,6 +69,7 @@ class Alone:
     cores: int
     merged: bool = False  # load's work holds augment's
     samples: int = 0  # the fewest items any stage was timed over
+    in_loop: bool = False  # load and collate timed between steps, in the loop's conditions (serial)
 
     def at(self, point: str) -> Optional[tuple]:
         """(work per batch still to do at `point`, its standard error), or None where
@@ -84,7 +85,8 @@ class Alone:
     def describe(self) -> str:
         """The model's assumptions, as the report states them."""
         if self.mode == "serial":
-            return "num_workers=0: the loop does every stage's work itself, one after the other"
+            return ("num_workers=0: the loop does every stage's work itself, one after the other"
+                    + (", timed between its steps" if self.in_loop else ""))
         if self.mode == "parallel":
             return (f"{self.workers} worker(s) on cores of their own ({self.cores} cores): the workers hide the work "
                     "the step covers, shared evenly among them")
@@ -123,6 +125,17 @@ def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
         mode = "parallel"  # cores of their own, or work that waits and needs none
     else:
         mode = "shared"
+    in_loop = isolated.part("in_loop")
+    if mode == "serial" and in_loop is not None and in_loop.fetch_se_ms is not None and in_loop.collate_se_ms is not None:
+        # the loop's own conditions (isolate._in_loop): what the loop pays for the same
+        # work; fetching holds load and augment, augment's share its cost alone
+        fetch, other = in_loop.fetch_ms_per_batch / 1e3, work.get("augment", 0.0)
+        work["load"] = max(0.0, fetch - other)
+        se["load"] = math.hypot(_noise(fetch, in_loop.fetch_se_ms / 1e3), se.get("augment", 0.0))
+        work["collate"] = in_loop.collate_ms_per_batch / 1e3
+        se["collate"] = _noise(work["collate"], in_loop.collate_se_ms / 1e3)
+        samples = [in_loop.batches or 0] + samples[2:]
+        return Alone(work, se, mode, workers, cores, merged, min(samples), in_loop=True)
     return Alone(work, se, mode, workers, cores, merged, min(samples))
 
 

@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import default_collate
 
 from ..core import faults, tree
-from ..core.results import (BatchShape, Breakdown, Collate, Isolated, LoadSplit, LoopStages, Memory, Part,
+from ..core.results import (BatchShape, Breakdown, Collate, InLoop, Isolated, LoadSplit, LoopStages, Memory, Part,
                             PerSample, SampleStructure, StepTime, SyncSite, Syncs, TensorInfo, Transfer, Workers)
 from ..core.stats import mean_se, median
 from ..pipeline import recording
@@ -50,6 +50,11 @@ STEP_WARMUP = 3
 STEP_MAX_TIMED = 20
 # Training steps run under torch.cuda.set_sync_debug_mode("warn") to count syncs.
 SYNC_STEPS = 3
+# The input work timed between steps (_in_loop): at least this many batches, each after
+# a step, or none. It stands in the second witness for load and collate timed alone over
+# hundreds of items: a standard error from fewer batches is too rough for that (its
+# degrees of freedom set how far the costs alone can order two stages).
+IN_LOOP_MIN_BATCHES = 8
 # At most this many tensors of a batch are described in the JSON.
 _MAX_TENSORS = 16
 
@@ -92,7 +97,6 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
     def out_of_time(steps: int) -> str:
         return (f"out of time: {steps} training steps of about {step_estimate_s:.3g} s would run past the end "
                 "of --max-seconds")
-    bs = caches.batch_size
     with worker_threads(spec):
         augment = _guard(PerSample, lambda: _augment(caches, share, clock))
         parts = dict(augment=augment, load=_guard(PerSample, lambda: _load(spec, caches, augment, share, clock)),
@@ -115,6 +119,8 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
         parts["step"] = _guard(StepTime, lambda: _step(train_step, device_batch, device, share, clock))
     else:
         parts["step"] = StepTime.missing("unavailable", "no batch on the device to step on")
+    parts["in_loop"] = _in_loop_part(spec, caches, train_step, device_batch, device, parts=parts, fits=fits,
+                                     clock=clock, step_s=step_estimate_s, share=min(share, budget_s - clock() + start))
     if device_batch is not None:
         if train_step is not None and (device.type != "cuda" or fits(SYNC_STEPS)):
             syncs = _guard(Syncs, lambda: count_syncs(train_step, device_batch, device))
@@ -123,7 +129,7 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
         if device.type == "cuda":
             parts["memory"] = _guard(Memory, lambda: _memory(device))
     items = caches.items_per_batch
-    out = Isolated(budget_s=round(budget_s, 3), batch_size=bs, items_per_batch=round(items, 4), **parts)
+    out = Isolated(budget_s=round(budget_s, 3), batch_size=caches.batch_size, items_per_batch=round(items, 4), **parts)
     workers = workers_needed(out, items, cores(), step_threads=torch.get_num_threads() if device.type == "cpu" else 0)
     return dataclasses.replace(out, workers=workers, elapsed_s=round(clock() - start, 4)), syncs
 
@@ -377,6 +383,101 @@ def _transfer(spec, caches, device, move, *, share, clock) -> Transfer:
     return Transfer(ms_per_batch=round(per * 1e3, 4), bytes_per_batch=nbytes,
                     gb_per_s=round(nbytes / per / 1e9, 3) if per > 0 else None, pinned=bool(spec.pin_memory),
                     batches=n)
+
+
+def in_loop_applies(spec: LoaderSpec, train_step: Optional[Callable[[Any], Any]]) -> bool:
+    """Whether the input work is timed between steps (_in_loop): the tool's own step, a
+    map-style dataset, and num_workers=0, where the loop's own process does that work
+    between its steps."""
+    return train_step is not None and spec.num_workers == 0 and not spec.iterable
+
+
+def _in_loop_part(spec, caches, train_step, batch, device, *, parts: dict, step_s: Optional[float], share: float,
+                  clock, fits: Callable[[int], bool]) -> Optional[InLoop]:
+    """_in_loop where it applies (in_loop_applies, a device batch to step on; else None),
+    in `share`: what the parts before it left of the budget, a part's share at most (on
+    the CPU the transfer's, with nothing to time, and the step's where it was timed for
+    the allocator); or skipped where IN_LOOP_MIN_BATCHES + 1 of its batches would not fit in
+    that by the step's time (the step part's, else `step_s`) and the work of a batch timed
+    alone: steps this long hold a batch's input work that is small enough to be missed
+    alone as a small part of them (the loop's conditions do not decide), and a batch of
+    seconds of work would overrun the share."""
+    if not in_loop_applies(spec, train_step) or batch is None:
+        return None
+    timed = parts.get("step")
+    step = timed.ms_per_batch / 1e3 if isinstance(timed, StepTime) and timed.ok else step_s
+    load, col = parts.get("load"), parts.get("collate")
+    items = ((load.getitem_ms_per_sample or load.ms_per_sample or 0.0) * caches.items_per_batch
+             if isinstance(load, PerSample) and load.ok else 0.0)
+    collate = (col.ms_per_batch or 0.0) if isinstance(col, Collate) and col.ok else 0.0
+    work = (items + collate) / 1e3
+    per_batch = (step or 0.0) + work
+    if (IN_LOOP_MIN_BATCHES + 1) * per_batch > share:
+        return InLoop.missing("skipped", f"batches of about {per_batch * 1e3:.3g} ms with their steps: "
+                                         f"{IN_LOOP_MIN_BATCHES + 1} of them do not fit in its share ({share:.2g} s)")
+    return _guard(InLoop, lambda: _in_loop(spec, caches, train_step, batch, device, share=share, clock=clock,
+                                           fits=fits))
+
+
+def _batches_of(spec: LoaderSpec) -> Iterator:
+    """The user's order as the loader fetches it (index_order): its batch sampler's
+    batches, the sampler's indices grouped by batch_size, or single indices without
+    automatic batching."""
+    order = index_order(spec)
+    if spec.batch_sampler is not None or not spec.auto_collation:
+        return order
+
+    def grouped():
+        while True:
+            batch = list(itertools.islice(order, spec.batch_size))
+            if len(batch) < spec.batch_size and (spec.drop_last or not batch):
+                continue  # an epoch's short last batch, dropped as the loader drops it
+            yield batch
+    return grouped()
+
+
+def _in_loop(spec, caches, train_step, batch, device, *, share: float, clock, fits: Callable[[int], bool]) -> InLoop:
+    """The loop's own input work at num_workers=0, in the loop's conditions: a training
+    step on a device batch, untimed, then the batch sampler's next batch and its items
+    fetched as the DataLoader's fetcher does (`__getitems__` where the dataset has it),
+    timed, then collate_fn on them, timed; batch after batch, beyond the batches the
+    caches hold (data the fill has not just touched, as most of the full point's). The
+    stages timed one item after another (_load, _collate) run in a tight loop over items
+    the fill has just built, with nothing between them: they miss what the loop's own
+    conditions add per batch (the caches the step evicts, the threads it leaves spinning,
+    the allocator's state after it, the batch sampler's own work), which decides on a step
+    of a few ms (a 3-ms step over variable-length token sequences: the items' tensors
+    built in 0.59 ms a batch in a tight loop, 0.90 after each step)."""
+    sync = devices.synchronizer(device)
+    dataset = copy_or_same(spec.dataset)
+    fetch_many = getattr(dataset, "__getitems__", None)
+    order = itertools.islice(_batches_of(spec), len(caches.groups), None)
+
+    def fetch(idx):
+        if not spec.auto_collation:
+            return dataset[idx]
+        return fetch_many(list(idx)) if fetch_many is not None else [dataset[i] for i in idx]
+    fetched, collated = [], []
+    t0 = clock()
+    first = True
+    while (first or clock() - t0 < share) and fits(1):
+        train_step(batch)
+        sync()
+        a = clock()
+        items = fetch(next(order))
+        b = clock()
+        spec.collate_fn(items)
+        c = clock()
+        if not first:  # the first, a warm-up: untimed
+            fetched.append(b - a)
+            collated.append(c - b)
+        first = False
+    if len(fetched) < IN_LOOP_MIN_BATCHES:
+        return InLoop.missing("skipped", f"fewer than {IN_LOOP_MIN_BATCHES} steps fit in its share "
+                                         f"({share:.2g} s) or before the end of --max-seconds")
+    return InLoop(batches=len(fetched), fetch_ms_per_batch=round(sum(fetched) / len(fetched) * 1e3, 4),
+                  fetch_se_ms=se_ms(fetched), collate_ms_per_batch=round(sum(collated) / len(collated) * 1e3, 4),
+                  collate_se_ms=se_ms(collated))
 
 
 def _step(train_step, batch, device, share, clock) -> StepTime:

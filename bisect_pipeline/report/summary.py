@@ -20,7 +20,7 @@ from ..advise import advice as advice_mod
 from ..advise.diagnose import POINT_KINDS, point_kinds, points_note
 from ..advise.outcome import interval
 from ..derive.findings import Diagnosis, Finding
-from ..derive.verdict import rounds_to_decide
+from ..derive.verdict import rounds_to_decide, steady_disagreement
 from .figures import ended_parts, incomplete_why
 
 
@@ -104,6 +104,9 @@ def next_step(r: "Diagnosis") -> str:
     if v.bottleneck is None:
         return "" if r.complete else "raise --max-seconds: the run ended before a verdict."
     need, what = None, ""
+    if v.bottleneck == "inconclusive" and v.witness == "disagree" and steady_disagreement(v):
+        return ("more rounds would not tell: they read the same in each; the stages timed alone miss what your loop "
+                "pays for them.")
     if v.bottleneck == "inconclusive":
         t_full, gap = v.fitted.get("full"), v.drop("full", v.ceiling) if v.ceiling else None
         if gap is None or gap.rounds is None or not t_full:

@@ -435,6 +435,10 @@ def _isolated_lines(r: "Diagnosis") -> list:
                 parts.append(f"{key} {val:.2f} {unit}" + (f" at {gbs:.1f} GB/s" if gbs else "") + _stacking(d))
             elif d is not None:
                 parts.append(f"{key} {d.status}")
+        il = iso.part("in_loop")
+        if il is not None:
+            parts.append(f"between steps, as the loop runs it: fetch {il.fetch_ms_per_batch:.2f} ms/batch "
+                         f"(sampler, load and augment), collate {il.collate_ms_per_batch:.2f} ms/batch")
         loop = iso.part("loop")
         if loop is not None and loop.ms_per_batch is not None:
             parts.append(f"your loop's own stages {loop.ms_per_batch:.2f} ms/batch (in the step's time)")

@@ -4,7 +4,7 @@ drops held against each worker stage's cost alone, exact values on a fake table.
 import pytest
 
 from bisect_pipeline.derive import witness
-from bisect_pipeline.core.results import Collate, Isolated, PerSample, Workers
+from bisect_pipeline.core.results import Collate, InLoop, Isolated, PerSample, Workers
 from bisect_pipeline.derive.verdict import SETTLE_NOISE_SCALE, decide, self_check, settled
 from test_verdict import BS, NO_HANDOFF, by_round
 
@@ -155,6 +155,39 @@ def test_the_costs_alone_come_from_the_isolated_record_and_say_which_model_holds
     assert witness.alone(old, {"num_workers": 0}, "cpu") is None
 
 
+def test_at_num_workers_0_the_work_timed_between_steps_is_what_the_loop_pays():
+    # a 3-ms step over token sequences: alone, one item after another, 64 items build in
+    # 0.1 ms a batch; between steps, as the loop runs them, fetching a batch takes 0.7 ms
+    iso = Isolated(items_per_batch=64, load=PerSample(ms_per_sample=0.0016, se_ms_per_sample=0.0001,
+                                                      includes=("load", "augment"), samples=500),
+                   collate=Collate(ms_per_batch=0.10, se_ms_per_batch=0.01, batches=8),
+                   in_loop=InLoop(batches=40, fetch_ms_per_batch=0.7, fetch_se_ms=0.02, collate_ms_per_batch=0.15,
+                                  collate_se_ms=0.01),
+                   workers=Workers(cores=2, step_threads=2))
+    a = witness.alone(iso, {"num_workers": 0}, "cpu")
+    assert a.mode == "serial" and a.in_loop and a.merged
+    assert a.work == pytest.approx({"load": 0.0007, "collate": 0.00015})
+    assert a.se["load"] == pytest.approx(((0.02e-3) ** 2 + (0.1 * 0.7e-3) ** 2) ** 0.5)
+    assert a.samples == 40 and a.describe().endswith("timed between its steps")
+    # with augment timed apart, fetching holds it: load is the rest
+    split = Isolated(**{**iso.__dict__, "load": PerSample(ms_per_sample=0.0006, se_ms_per_sample=0.0001,
+                                                          includes=("load",), samples=500),
+                        "augment": PerSample(ms_per_sample=0.001, se_ms_per_sample=0.0001, samples=500)})
+    b = witness.alone(split, {"num_workers": 0}, "cpu")
+    assert b.work["load"] == pytest.approx(0.0007 - 0.064e-3) and b.work["augment"] == pytest.approx(0.064e-3)
+    # the rounds' load of 0.6 ms a batch on a 3.5-ms loop is what it costs between steps: named, both witnesses
+    ms = {"device": [3.0, 3.02, 2.98, 3.01, 2.99, 3.0], "augmented": [3.15, 3.16, 3.14, 3.15, 3.16, 3.14],
+          "full": [3.75, 3.77, 3.73, 3.76, 3.74, 3.75]}
+    v = decide(by_round(ms), BS, NO_HANDOFF, alone=a)
+    assert v.bottleneck == "load" and v.witness == "both" and not v.disagree
+    # the same rounds against the tight loop's 0.1 ms: a disagreement, the readings steady
+    tight = witness.alone(Isolated(**{**iso.__dict__, "in_loop": None}), {"num_workers": 0}, "cpu")
+    assert not tight.in_loop and tight.work["load"] == pytest.approx(0.0016 * 64 / 1e3)
+    assert decide(by_round(ms), BS, NO_HANDOFF, alone=tight).disagree
+    # with workers, they do that work in processes of their own: the stages alone, as before
+    assert not witness.alone(iso, {"num_workers": 1}, "cpu").in_loop
+
+
 def test_an_inconclusive_run_whose_costs_alone_show_a_loss_names_their_leader():
     # the MONAI tutorial on 2 cores: 2 workers and a 2-thread step share them; one-second
     # steps that wobble by 20%, five rounds: the rounds cannot tell the loss. Alone its
@@ -187,3 +220,17 @@ def test_input_costs_the_stages_alone_do_not_have_are_not_a_stage():
     assert v.bottleneck == "inconclusive" and v.witness == "disagree" and v.disagree[0] == "load"
     assert "load reads 12.8 ms per batch in the loop where alone it costs 0.3" in v.reason
     assert not settled(v, more, less)
+    # the same in each of the 4 rounds: not a drift, and the reason does not say one
+    assert "drift" not in v.reason.replace("not a drift", "") and "so in each of 4 rounds" in v.reason
+    assert "the loop pays for more than the stages' own work, and the stages timed alone miss it" in v.reason
+
+
+def test_a_reading_that_swings_round_by_round_above_its_cost_alone_is_named_a_drift():
+    # the step slows through each round and the rounds alternate their direction: full's
+    # extra time swings 8-15 ms round by round, beyond the noise pooled over the points,
+    # but its own per-round values do not hold it: a drift, as the reason says
+    ms = {"device": [100.0, 100.2, 99.9, 100.1], "augmented": [100.1, 100.3, 99.9, 100.2],
+          "raw": [100.2, 100.3, 100.0, 100.2], "full": [114.0, 108.0, 115.0, 109.0]}
+    v, more, less = three(ms, alone(load=0.3, augment=0.05, collate=1.2))
+    assert v.bottleneck == "inconclusive" and v.disagree and not settled(v, more, less)
+    assert v.reason.endswith("the step drifted while the points were measured, or another program slowed some of them")

@@ -234,3 +234,24 @@ def test_a_resumed_pool_warms_up_without_the_prefetch(no_leftover_workers):
     assert warm == [6, 0] and exp.resumes("full")
     exp.close_kept()
     assert not exp.resumes("full")
+
+
+def test_a_first_step_slowed_by_its_lazy_start_is_timed_again_before_the_step_is_called_long():
+    # a 3-ms step whose first call took 0.3 s (its lazy initialisation): 14 steps of that
+    # would pass a tenth of 30 s, but it cost no more than the timing's own 2%: the second
+    # call says the step is short, and the allocator is timed
+    clock = FakeClock()
+    exp = experiment(clock=clock)
+    calls = []
+
+    def step(batch):
+        clock.t += 0.3 if not calls else 0.003
+        calls.append(1)
+    exp.step = step
+    held = allocator.Held(True)
+    try:
+        timing = experiment_mod.hold_allocator(exp, held, None, max_seconds=30.0)
+    finally:
+        held.release()
+    assert timing.status == "ok" and len(calls) > 2
+    assert exp.step_alone == pytest.approx(0.003)

@@ -377,3 +377,108 @@ def test_a_step_without_syncs_reads_none_end_to_end_on_cuda():
     model, loader = planted("augment", 0)
     r = bisect(model, loader, device="cuda", max_seconds=8)
     assert r.syncs.status == "ok" and r.syncs.per_step == 0, r.syncs
+
+
+class _ColdAfterStep(torch.utils.data.Dataset):
+    """Each item costs 1 ms on a fake clock, and the first item after a training step 2 ms
+    more (the caches the step evicted); `after_step` records the indices fetched first
+    after a step."""
+
+    def __init__(self, tick, state, n=400):
+        self.tick, self.state, self.n, self.after_step = tick, state, n, []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.tick(1e-3)
+        if self.state["stepped"]:
+            self.tick(2e-3)
+            self.state["stepped"] = False
+            self.after_step.append(i)
+        return torch.zeros(4), 0
+
+
+class _CostlyBatches(torch.utils.data.Sampler):
+    """In-order batches of 4, each costing the sampler 0.5 ms on a fake clock."""
+
+    def __init__(self, n, tick):
+        self.n, self.tick = n, tick
+
+    def __iter__(self):
+        for k in range(0, self.n, 4):
+            self.tick(0.5e-3)
+            yield list(range(k, min(k + 4, self.n)))
+
+    def __len__(self):
+        return self.n // 4
+
+
+def in_loop_stages(workers=0, step_s=3e-3, estimate=None):
+    """time_stages on a fake clock: items cold after a step (_ColdAfterStep), a batch
+    sampler and a collate that cost, a step of step_s."""
+    clock, state = FakeClock(100.0), {"stepped": False}
+
+    def tick(dt):  # a function: the sampler's deep copy still moves this clock
+        clock.t += dt
+    ds = _ColdAfterStep(tick, state)
+
+    def collate(items):
+        tick(0.25e-3)
+        return torch.utils.data.default_collate(items)
+
+    loader = torch.utils.data.DataLoader(ds, batch_sampler=_CostlyBatches(len(ds), tick), collate_fn=collate,
+                                         num_workers=workers)
+    spec = loader_mod.describe(loader)
+    caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
+    steps = []
+
+    def step(batch):
+        steps.append(1)
+        tick(step_s)
+        state["stepped"] = True
+    ds.after_step.clear()
+    iso, _ = isolate.time_stages(spec, caches, CPU, lambda b: to_device(b, CPU), step, step_sec_per_batch=estimate,
+                                 budget_s=1.0, clock=clock, end=clock.t + 60)
+    return iso, ds, steps
+
+
+def test_the_input_work_is_timed_between_steps_as_the_loop_pays_it():
+    iso, ds, steps = in_loop_stages()
+    # alone, one item after another with nothing between: 1 ms an item
+    assert iso.load.ms_per_sample == pytest.approx(1.0)
+    il = iso.in_loop
+    assert il.ok and il.batches >= isolate.IN_LOOP_MIN_BATCHES
+    # between steps, as the loop runs it: the sampler's batch (0.5), 4 items (4 x 1) and
+    # the first one's cold caches (2)
+    assert il.fetch_ms_per_batch == pytest.approx(6.5) and il.fetch_se_ms == pytest.approx(0.0, abs=1e-6)
+    assert il.collate_ms_per_batch == pytest.approx(0.25)
+    # within what the other parts left of the budget (1 s), a fifth at most, one warm-up
+    # batch besides
+    per_batch = 3.0 + 6.5 + 0.25
+    assert il.batches * per_batch * 1e-3 <= 1.0 / 5 + 2 * per_batch * 1e-3
+    assert iso.elapsed_s <= 1.0 + 2 * per_batch * 1e-3
+    # beyond the cached batches (indices 0-7): data the fill has not just touched
+    assert ds.after_step and min(ds.after_step) >= 8
+    assert len(steps) >= il.batches + 1
+
+
+def test_the_input_work_is_not_timed_between_steps_with_workers_or_long_steps():
+    iso, _, steps = in_loop_stages(workers=2)
+    assert iso.in_loop is None  # the workers do that work in processes of their own
+    iso, _, steps = in_loop_stages(step_s=0.2, estimate=0.2)  # 9 batches of 0.2 s: past its 0.2 s share
+    assert iso.in_loop.status == "skipped" and "about 204 ms" in iso.in_loop.reason  # 200 + 4 items of 1 ms
+    assert steps == []
+
+
+def test_the_input_work_between_steps_is_sized_without_the_stages_alone_where_they_failed():
+    # load and collate not measured alone (failed): the step's time alone sizes it
+    spec = loader_mod.describe(make_loader(PlantedDataset(n=16), batch_size=4))
+    caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
+    parts = {"load": isolate.PerSample.missing("failed", "x"), "collate": None}
+    out = isolate._in_loop_part(spec, caches, lambda b: None, torch.zeros(1), CPU, parts=parts, step_s=0.1, share=0.2,
+                                clock=FakeClock(), fits=lambda n: True)
+    assert out.status == "skipped" and "about 100 ms" in out.reason
+    # nothing to step on: not timed
+    assert isolate._in_loop_part(spec, caches, lambda b: None, None, CPU, parts=parts, step_s=0.1, share=0.2,
+                                 clock=FakeClock(), fits=lambda n: True) is None
