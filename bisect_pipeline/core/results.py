@@ -281,9 +281,10 @@ class PerSample(Part):
     breakdown: Optional[Breakdown] = None  # augment: transform by transform
     split: Optional[LoadSplit] = None  # load: read and decode
     # the standard error of ms_per_sample (the samples' spread over sqrt(samples); load's
-    # combines __getitem__'s and augment's) and the CPU time of this process per sample
-    # (well under ms_per_sample: the stage waits, on storage or a network, more than it
-    # computes); None in a document written before they were kept
+    # combines __getitem__'s and augment's) and the CPU time of this process per sample,
+    # with the time it waited for a CPU (devices.cpu_seconds; well under ms_per_sample:
+    # the stage waits, on storage or a network, more than it computes); None in a
+    # document written before they were kept
     se_ms_per_sample: Optional[float] = None
     cpu_ms_per_sample: Optional[float] = None
 

@@ -27,6 +27,7 @@ import torch
 from ..core import tree
 from ..core.results import Breakdown, BreakdownRow, PerSample
 from ..core.stats import mean_se, noise_threshold, small_sample_factor
+from . import devices
 
 # Where the noise of the parts' sum is unknown (fewer samples), they agree with the
 # whole within this share of it; else by the one noise rule (stats.noise_threshold: the
@@ -282,11 +283,11 @@ def measure_with_whole(calls_per_sample: list, share: float, clock: Callable[[],
 
     def timed(i: int) -> None:
         run = whole(i)
-        c = time.process_time()
+        c = devices.cpu_seconds()
         t = clock()
         run()
         wholes.append(clock() - t)
-        cpu[0] += time.process_time() - c
+        cpu[0] += max(0.0, devices.cpu_seconds() - c)
     rows, totals = _time_rows(calls_per_sample, share, clock, before=timed)
     stage = PerSample(ms_per_sample=round(statistics.fmean(wholes) * 1e3, 4), samples=len(wholes),
                       se_ms_per_sample=round(mean_se(wholes) * 1e3, 5) if len(wholes) >= 2 else None,

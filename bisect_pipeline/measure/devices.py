@@ -1,8 +1,11 @@
 """The device a run trains on: resolved and checked up front, and synchronised at the
-edges of a timed window (never per step) whatever the accelerator."""
+edges of a timed window (never per step) whatever the accelerator; and this process's
+time on the CPU (cpu_seconds)."""
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any, Callable
 
 import torch
@@ -53,3 +56,24 @@ def synchronizer(dev: torch.device) -> Callable[[], None]:
     if dev.type == "cuda":
         return lambda: torch.cuda.synchronize(dev)
     return lambda: torch.accelerator.synchronize(dev)
+
+
+def cpu_seconds() -> float:
+    """This process's CPU time and the time its threads waited for a CPU (their run-queue
+    delay, /proc/self/task/*/schedstat): what it would have computed on a machine of its
+    own. A stage timed alone on a busy machine (another process on its core) is
+    descheduled, its wall time twice its CPU time, and read as waiting on storage it put
+    workers past the cores (witness.waits); its run-queue time is computing, not waiting.
+    process_time alone where /proc cannot tell (not Linux)."""
+    delay = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return time.process_time()
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                delay += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            continue
+    return time.process_time() + delay / 1e9

@@ -203,7 +203,7 @@ def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock,
         items = items[1:]
     if started is not None:
         started()
-    cpu0 = time.process_time()
+    cpu0 = devices.cpu_seconds()
     t0 = last = clock()
     each = []
     for item in items:
@@ -213,7 +213,7 @@ def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock,
         last = now
         if now - t0 >= share:
             break
-    return Timed(len(each), last - t0, tuple(each), time.process_time() - cpu0)
+    return Timed(len(each), last - t0, tuple(each), max(0.0, devices.cpu_seconds() - cpu0))
 
 
 def _load(spec, caches, augment: PerSample, share, clock) -> PerSample:

@@ -6,6 +6,7 @@ GPU runs on CUDA only (skipped here without one) and in scripts/gpu_check.py."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 import pytest
@@ -116,3 +117,31 @@ def test_plan_and_inputs_are_checked_before_the_state_is_touched():
     with pytest.raises(BisectError):
         bisect(model, loader, max_seconds=math.nan)
     assert torch.equal(model[1].weight, w)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"),
+                    reason="needs sched_setaffinity and /proc (Linux)")
+def test_cpu_seconds_counts_the_time_spent_waiting_for_a_core_as_computing():
+    # a loop that computes, on a core shared with a process that spins: descheduled half its
+    # time, its CPU time is about half its wall time (read as waiting on storage before:
+    # witness.waits), its CPU time with the run-queue delay about all of it
+    import subprocess
+    import time
+
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    os.sched_setaffinity(0, {core})
+    spinner = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
+    try:
+        time.sleep(0.3)  # the spinner running
+        w0, p0, c0 = time.perf_counter(), time.process_time(), devices.cpu_seconds()
+        while time.perf_counter() - w0 < 0.6:
+            pass
+        wall = time.perf_counter() - w0
+        process, with_queue = time.process_time() - p0, devices.cpu_seconds() - c0
+    finally:
+        spinner.kill()
+        spinner.wait()
+        os.sched_setaffinity(0, before)
+    assert process < 0.8 * wall, (process, wall)  # the core was shared
+    assert with_queue > 0.9 * wall, (with_queue, process, wall)
