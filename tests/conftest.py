@@ -327,3 +327,24 @@ class PILImages(torch.utils.data.Dataset):
         with Image.open(self.paths[i]) as im:
             image = im.convert("RGB")
         return self.transform(image), i % 3
+
+
+def write_shards(root, shards: int = 4, per_shard: int = 32) -> list:
+    """webdataset tar shards under `root`: each sample a FEATURES-long float32 .npy and a
+    class; the shards' paths."""
+    import io
+
+    import numpy as np
+    import webdataset as wds
+
+    rng = np.random.default_rng(0)
+    urls = []
+    for s in range(shards):
+        path = str(root / f"train-{s:04d}.tar")
+        with wds.TarWriter(path) as sink:
+            for i in range(per_shard):
+                buf = io.BytesIO()
+                np.save(buf, rng.standard_normal(FEATURES).astype(np.float32))
+                sink.write({"__key__": f"s{s}_{i:04d}", "x.npy": buf.getvalue(), "cls": str(i % CLASSES).encode()})
+        urls.append(path)
+    return urls

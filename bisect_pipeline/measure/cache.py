@@ -102,7 +102,8 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
         except StopIteration:
             break
         except Exception as exc:  # a hang (the watchdog's StepTimeout) or an error: kept what was built
-            stopped_by = _stopped(exc, at, first=not kept.batches)
+            which = f"sample {at['index']}" if at["index"] is not None else f"sample #{at['n']} of the iterator"
+            stopped_by = stopped(exc, which, first=not kept.batches)
             break
         kept.add(group_samples, batch, rec.raw_calls)
         on_batch(len(kept.batches))
@@ -176,12 +177,11 @@ def _build(group: list, rec: "_Recording", spec: LoaderSpec, at: dict) -> tuple:
     return group_samples, batch
 
 
-def _stopped(exc: Exception, at: dict, first: bool) -> str:
-    """Why the fill stopped: the reason, naming the stage (and, for a hang, the sample);
-    before the first batch, FillError instead."""
+def stopped(exc: Exception, which: str, first: bool) -> str:
+    """Why the fill stopped: the reason, naming the stage (and, for a hang, `which`: the
+    sample, or the graph, it hung in); before the first batch, FillError instead."""
     if isinstance(exc, faults.StepTimeout):
         stage = faults.stage_in_traceback(exc) or "load"
-        which = f"sample {at['index']}" if at["index"] is not None else f"sample #{at['n']} of the iterator"
         reason = f"{which} hung in {stage}: {exc}"
         if first:
             raise FillError(stage, reason, hang=True) from exc

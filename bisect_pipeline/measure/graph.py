@@ -22,12 +22,11 @@ from typing import Any, Callable, Iterator, Optional
 
 from ..core import faults, tree
 from ..core.errors import BisectError
-from ..core.faults import StageError
 from ..pipeline import recording
 from ..pipeline.integrations import nodes
 from ..pipeline.integrations._common import require
 from ..pipeline.recording import Call
-from .cache import DEFAULT_CACHE_BATCHES, Caches, FillError, batch_size_of
+from .cache import DEFAULT_CACHE_BATCHES, Caches, batch_size_of, stopped
 
 
 @dataclasses.dataclass
@@ -185,7 +184,7 @@ def fill(spec: nodes.NodeSpec, *, cache_mb: float, max_batches: int = DEFAULT_CA
         except StopIteration:
             break
         except Exception as exc:  # a hang (the watchdog's StepTimeout) or an error: kept what was built
-            stopped_by = _stopped(exc, first=not batches)
+            stopped_by = stopped(exc, "the graph", first=not batches)
             break
         batches.append(tree.clone(batch))
         groups.append(list(range(before, len(samples))))
@@ -239,19 +238,6 @@ def _raw_calls(spec: nodes.NodeSpec, per_fn: dict, n_samples: int, changes: set)
     return calls, None
 
 
-def _stopped(exc: Exception, first: bool) -> str:
-    """Why the fill stopped, naming the stage; before the first batch, FillError."""
-    if isinstance(exc, faults.StepTimeout):
-        stage = faults.stage_in_traceback(exc) or "load"
-        reason = f"the graph hung in {stage}: {exc}"
-        if first:
-            raise FillError(stage, reason, hang=True) from exc
-        return reason
-    tagged = exc if isinstance(exc, StageError) else faults.stage_error("load", exc)
-    stage, reason = faults.classify(tagged)
-    if first:
-        raise FillError(stage, reason) from exc
-    return reason
 
 
 # --------------------------------------------------------------------------------------

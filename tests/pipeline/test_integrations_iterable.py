@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from bisect_pipeline import bisect
+import conftest
 from conftest import CLASSES, FAST_PLAN, FEATURES, TINY_PLAN, PlantedIterable, all_measured, assert_names, tiny_model
 
 pytestmark = pytest.mark.e2e  # end to end on real loaders: not in the fast subset
@@ -25,17 +26,7 @@ DUPLICATES = "times per epoch: split the data by worker."
 
 
 def write_shards(root, shards=4, per_shard=32):
-    rng = np.random.default_rng(0)
-    urls = []
-    for s in range(shards):
-        path = str(root / f"train-{s:04d}.tar")
-        with wds.TarWriter(path) as sink:
-            for i in range(per_shard):
-                buf = io.BytesIO()
-                np.save(buf, rng.standard_normal(FEATURES).astype(np.float32))
-                sink.write({"__key__": f"s{s}_{i:04d}", "x.npy": buf.getvalue(), "cls": str(i % CLASSES).encode()})
-        urls.append(path)
-    return urls
+    return conftest.write_shards(root, shards, per_shard)
 
 
 class Decode:

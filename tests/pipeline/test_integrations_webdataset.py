@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 
 from bisect_pipeline import bisect
 from bisect_pipeline.pipeline.integrations import webdataset as wds_int
-from conftest import CLASSES, FAST_PLAN, FEATURES, assert_names, tiny_model
+import conftest
+from conftest import FAST_PLAN, assert_names, tiny_model
 
 wds = pytest.importorskip("webdataset")
 
@@ -26,17 +27,7 @@ PLANTS = {"load": (6.0, 0.3, 1.0), "augment": (0.3, 6.0, 1.0), "collate": (0.3, 
 
 
 def write_shards(root, shards=4, per_shard=64):
-    rng = np.random.default_rng(0)
-    urls = []
-    for s in range(shards):
-        path = str(root / f"train-{s:04d}.tar")
-        with wds.TarWriter(path) as sink:
-            for i in range(per_shard):
-                buf = io.BytesIO()
-                np.save(buf, rng.standard_normal(FEATURES).astype(np.float32))
-                sink.write({"__key__": f"s{s}_{i:04d}", "x.npy": buf.getvalue(), "cls": str(i % CLASSES).encode()})
-        urls.append(path)
-    return urls
+    return conftest.write_shards(root, shards, per_shard)
 
 
 class SlowNpy:
