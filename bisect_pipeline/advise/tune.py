@@ -215,11 +215,13 @@ def propose(space: Space, ts: list) -> tuple[Optional[dict], str]:
         return None, space.reason
     if any(t.outcome.status == "helps" and at_ceiling(space, t) for t in ts):
         return None, "a candidate is within the noise of the ceiling"
-    # a candidate cut short by a budget (the check's, for a seed) is measured again
+    # a candidate cut short by a budget (the check's, for a seed) is measured again, first:
+    # continued (Search), its visits and its pool already paid for
     done = [t.full for t in ts if t.outcome.status != "not measured"] + [effective(space.user)]
-    for full in _order(space, ts):
-        if full not in done:
-            return space.delta(full), ""
+    order = [full for full in _order(space, ts) if full not in done]
+    cut = [t.full for t in ts if t.outcome.status == "not measured" and t.full in order]
+    for full in cut + order:
+        return space.delta(full), ""
     return None, "the best candidate's neighbours are measured"
 
 
@@ -308,9 +310,15 @@ class Search:
                     break
                 exp.end = max(exp.end, deadline)  # (into the change's share: the hard end moves with it)
                 exp.emit({"event": "verify", "item": "tune", "settings": settings})
-                t = yield from trial(exp, "tune", settings, deadline, owed=len(BLOCK) * MIN_BLOCKS * OWED_CANDIDATES)
+                full = effective({**self.space.user, **settings})
+                cut = next((i for i, x in enumerate(ts) if x.full == full and x.outcome.status == "not measured"
+                            and not self.trials[i].error), None)
+                resume = self.trials.pop(cut) if cut is not None else None
+                t = yield from trial(exp, "tune", settings, deadline, owed=len(BLOCK) * MIN_BLOCKS * OWED_CANDIDATES,
+                                     resume=resume)
                 self.trials.append(t)
-                if not t.error and not t.user_windows and not t.candidate_windows:
+                before = 0 if resume is None else len(resume.user_windows) + len(resume.candidate_windows)
+                if not t.error and len(t.user_windows) + len(t.candidate_windows) == before:
                     # no visit of it fitted what is left (verify.alternate measures none that
                     # cannot show two windows): another candidate would fare no better
                     stopped = "out of time: a visit of your pipeline takes longer than what was left"

@@ -130,11 +130,15 @@ class Trials:
         return (yield from trial(self.exp, item, settings, deadline, owed=owed))
 
 
-def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: int = 0):
+def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: int = 0,
+          resume: Optional[Trial] = None):
     """The user's settings and the candidate `settings` in A B B A blocks of full-pipeline
     visits (`alternate`), until a block ends with the candidate decided slower, or decided
     helping within TARGET_SPREAD: a Trial. The advice's check (Trials) and the search of
-    --tune (tune.Search) measure each candidate so."""
+    --tune (tune.Search) measure each candidate so. `resume`: a trial of the same settings
+    cut short by an earlier deadline (the check's, for the search), continued where it
+    stopped: its visits kept, its pool (kept open when it was cut) resumed, not started
+    again (a GPU machine's or a loaded 2-core machine's pool: seconds, paid once)."""
 
     def decided(sides: dict) -> bool:
         o = outcome(Trial(item, dict(settings), dump(sides[False]), dump(sides[True])), exp.batch_size)
@@ -146,12 +150,40 @@ def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: 
         if candidate and not firsts:
             firsts.append(v)
         return v
+    close_sides(exp, keep=settings)  # a pool kept from a trial cut short, but this one's
+    sides = resumed(resume) if resume is not None else None
+    cut = False
     try:
-        sides, error = yield from alternate(exp, "full", visit_of, deadline, owed=owed, decided=decided)
+        sides, error = yield from alternate(exp, "full", visit_of, deadline, owed=owed, decided=decided, sides=sides)
+        cut = error is None and len(sides[False]) + len(sides[True]) < len(BLOCK) * MAX_BLOCKS and not decided(sides)
     finally:
-        exp.close_kept(only=(side_key(settings),))  # the candidate's pool; the user's serves the next trial
-    return Trial(item, dict(settings), dump(sides[False]), dump(sides[True]), error,
-                 candidate_start_s=pool_start(firsts[0].measured if firsts else None))
+        if not cut:  # the candidate's pool; the user's serves the next trial (a cut one's, its continuation)
+            exp.close_kept(only=(side_key(settings),))
+    started = resume.candidate_start_s if resume is not None and resume.candidate_start_s is not None else \
+        pool_start(firsts[0].measured if firsts else None)
+    return Trial(item, dict(settings), dump(sides[False]), dump(sides[True]), error, candidate_start_s=started)
+
+
+def resumed(t: Trial) -> dict:
+    """A trial's visits as `alternate` keeps them ({side: [windows of each visit]}), in
+    the A B B A order: a side whose last visit kept no window gets it back, empty."""
+    sides = {False: _visits(t.user_windows), True: _visits(t.candidate_windows)}
+    n, i = {False: 0, True: 0}, 0
+    while n[False] < len(sides[False]) or n[True] < len(sides[True]):
+        n[BLOCK[i % len(BLOCK)]] += 1
+        i += 1
+    return {side: sides[side] + [[] for _ in range(n[side] - len(sides[side]))] for side in sides}
+
+
+def _visits(windows: tuple) -> list:
+    return [[w for w in windows if w.visit == v] for v in range(1 + max((w.visit for w in windows), default=-1))]
+
+
+def close_sides(exp: Experiment, keep: Optional[dict] = None) -> None:
+    """Close the candidates' pools kept open (a trial cut short keeps its own for its
+    continuation), but the user's side's and `keep`'s."""
+    spare = {side_key({})} | ({side_key(keep)} if keep is not None else set())
+    exp.close_kept(only=[k for k in exp.kept if isinstance(k, str) and k.startswith("full ") and k not in spare])
 
 
 def pool_start(m: Optional[Measured]) -> Optional[float]:
@@ -218,7 +250,8 @@ class Lead:
 
 
 def alternate(exp: Experiment, point: str, visit_of: Callable[[bool, float], Visit], deadline: float, *,
-              owed: int = 0, decided: Callable[[dict], bool] = lambda sides: False, blocks: int = MAX_BLOCKS):
+              owed: int = 0, decided: Callable[[dict], bool] = lambda sides: False, blocks: int = MAX_BLOCKS,
+              sides: Optional[dict] = None):
     """Two sides of a comparison in A B B A blocks of visits of `point` (a machine drifting
     over them weighs on both alike): `visit_of(side, visit_deadline)` builds a side's visit
     (False: the reference, True: the other). Until a block ends, from MIN_BLOCKS on, with
@@ -226,12 +259,13 @@ def alternate(exp: Experiment, point: str, visit_of: Callable[[bool, float], Vis
     an equal share of what is left, counting `owed` visits of later comparisons, and at
     least what the side's last visit showed two windows take (`Lead`; before its first,
     what the bisection's visits of the point took: Lead.of_point). Returns
-    (the windows of each side, one list per visit; the error, or None). The advice's check
-    (Trials) and the confirmation in the pipeline (confirm.py) are its two users."""
-    sides: dict = {False: [], True: []}
+    (the windows of each side, one list per visit; the error, or None). `sides`: the
+    visits of a comparison cut short before, continued. The advice's check (Trials) and
+    the confirmation in the pipeline (confirm.py) are its two users."""
+    sides = {False: list(sides[False]), True: list(sides[True])} if sides else {False: [], True: []}
     leads = {side: Lead.of_point(exp.results.get(point)) for side in (False, True)}
     total = len(BLOCK) * blocks
-    for i in range(total):
+    for i in range(len(sides[False]) + len(sides[True]), total):
         side = BLOCK[i % len(BLOCK)]
         now = exp.clock()
         if not fits(exp, point, deadline, leads[side].least(1)):

@@ -71,6 +71,7 @@ class FakeRun:
         self.least = 0.0  # the least time of a visit (0: the step's time not known)
         self.results: dict = {}  # the bisection's points (verify.Lead.of_point)
         self.end = 0.0  # the hard end (tune.Search moves it into the change's share)
+        self.kept: dict = {}  # no pool is kept (close_kept)
 
     def least_visit_seconds(self, name, spec=None, *, windows=None, spare=0) -> float:
         return self.least
