@@ -95,7 +95,12 @@ def measure(exp: Experiment, options: Options, *, coord: Any, held: allocator.He
         counted = SyncCount(exp)
         yield counted
         exp.syncs = counted.syncs
-    draft = exp.measurements(options.points, held=held.record(), interrupted=False)
+    yield from advise(exp, exp.measurements(options.points, held=held.record(), interrupted=False), options)
+
+
+def advise(exp: Experiment, draft: Any, options: Options):
+    """The phases after the bisection, on its measurements (`draft`): the advice's check
+    (_verify), then --tune's search (_tune), each noted in the budget's `spent`."""
     t = _spent(exp, "bisecting", exp.start)
     try:
         exp.verification = yield from _verify(exp, to_check(draft), options.verify_seconds, tuning=options.tune)
