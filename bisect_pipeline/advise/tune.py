@@ -14,7 +14,9 @@ one (verify.trial: A B B A visits, the epochs ending as in the user's loop), unt
 The space is pruned first from what the bisection measured (`space_of`): nothing to
 search when the pipeline keeps up (verdict `none`); num_workers from 0 (1 when a worker
 stage is a real cost) to the cores this process may use, and no more than one past the
-workers the isolated costs say would feed the step; the search starts at that count.
+workers the isolated costs say would feed the step (or, where more, than those that
+would feed it at its fastest window: a loaded machine's bursts slow the ceiling's mean);
+the search starts at that count.
 Each num_workers candidate comes with persistent_workers=True and, on a CPU step whose
 threads would compete with the workers, the step's threads lowered to the cores left
 (as the advice's candidates, verify.candidates). Around the best count, variants: the
@@ -145,10 +147,12 @@ def space_of(d: "Diagnosis", *, cores: int, threads: int) -> Space:
     low = 1 if workers_stage else 0
     wait = waits(d.isolated)
     most = cores * WAITING_CORES_FACTOR if wait else cores
-    high = max(low, min(most, needed + 1)) if needed else max(low, cores)
+    fastest = _needed_at_fastest(d, part) if needed else 0
+    high = max(low, min(most, max(needed + 1, fastest))) if needed else max(low, cores)
     start = min(high, max(low, needed)) if needed else min(high, max(low, user["num_workers"] + 1))
+    more = f"up to {fastest} at the step's fastest window" if needed and fastest > needed + 1 else "one more at most"
     why = (f"num_workers {low} to {high}: " + ("0 left out, a worker stage is a real cost; " if low else "")
-           + (f"{needed} feed the step by the isolated costs, one more at most; " if needed else "")
+           + (f"{needed} feed the step by the isolated costs, {more}; " if needed else "")
            + f"{cores} cores this process may use"
            + (f" ({wait}: its workers wait more than they compute, up to {most})" if wait else ""))
     on_cpu = str(d.device).startswith("cpu")
@@ -157,6 +161,17 @@ def space_of(d: "Diagnosis", *, cores: int, threads: int) -> Space:
     return Space(user, tuple(range(low, high + 1)), start, cores, on_cpu,
                  pin=not on_cpu, prefetch=high > 0 and (workers_stage or transfer is not None),
                  ceiling_ms=t_ceiling * 1e3, ceiling_rel_se=sigma / t_ceiling, why=why, graph=is_graph(lo))
+
+
+def _needed_at_fastest(d: "Diagnosis", part) -> int:
+    """The workers that would feed the step at its fastest reading: the workers' work
+    alone over the fastest window of any point (each holds a step; none is faster than
+    the step alone). The isolated costs divide by the ceiling's mean, which a loaded
+    machine's bursts inflate (a 2-core machine at load 6: the step read 26.9 ms where it
+    takes 0.8, "3 workers feed it" where 8 did): the search may climb to this many."""
+    work = getattr(part, "worker_ms_per_batch", None)
+    times = [w.seconds / w.steps for p in d.points if p.ok for w in p.throughput.windows if w.steps]
+    return math.ceil(work / (min(times) * 1e3)) if work and times and min(times) > 0 else 0
 
 
 # --------------------------------------------------------------------------------------

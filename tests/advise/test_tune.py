@@ -275,6 +275,23 @@ def test_the_space_is_pruned_from_the_stage_costs():
     assert keeps_up.workers == () and keeps_up.reason.startswith("the pipeline keeps up with the step (verdict none)")
 
 
+def test_a_step_read_slow_by_a_loaded_machine_does_not_keep_the_search_below_the_workers_it_needs():
+    # issue 51: at load 6 a 2-core machine read the step at 26.9 ms where it takes 0.8; the
+    # isolated costs said 3 workers feed it, the search could try 4 at most and -j 8 was
+    # the answer. The ceiling's mean is 20 ms a batch here, but a window of the rounds
+    # ran at 5 ms (no point is faster than the step alone): the workers' 40 ms a batch
+    # would need 8 at that speed; the search starts where the mean says and may climb there
+    import dataclasses
+
+    d = planted({"device": 20.0, "augmented": 20.0, "raw": 60.0, "full": 60.0}, needed=2)
+    fast = [dataclasses.replace(p, throughput=Throughput(p.throughput.windows + (Window(10, 0.05),), BS))
+            if p.point == "augmented" else p for p in d.points]
+    s = tune.space_of(dataclasses.replace(d, points=tuple(fast)), cores=16, threads=1)
+    assert s.start == 2 and s.workers == tuple(range(1, 9))
+    assert "2 feed the step by the isolated costs, up to 8 at the step's fastest window" in s.why
+    assert tune.space_of(d, cores=16, threads=1).workers == (1, 2, 3)  # steady windows: one more at most
+
+
 def test_a_named_stage_is_searched_however_noisy_the_gap():
     # a noisy 2-core machine named load on the stages' costs alone (96% of the loss), its
     # gap to the ceiling within a wide noise: the search skipped it, "within the noise of
