@@ -106,6 +106,12 @@ public.CHECK = next((c for c in (os.path.join(os.path.dirname(HERE), *[".."] * k
                                  for k in (2, 3)) if os.path.exists(c)), public.CHECK)
 SLACK_S = 10.0  # the issue's bound: --max-seconds + start-up + 10 s
 TOLERANCE = 0.25  # each stage's cost alone within 25% of the hand's
+# The intra-op threads the hand probe runs its stages on: those of the workers that run
+# them in every case here (a DataLoader sets one in each worker process; torchdata.nodes'
+# thread workers set one, process-wide), as the tool times its costs alone
+# (isolate.worker_threads). On the process's default (2 on 2 cores), default_collate of
+# 16 uint8 images took 120-320 ms a call beside a neighbour's work, against 0.06 ms on one.
+WORKER_THREADS = 1
 
 
 # --------------------------------------------------------------------------------------
@@ -287,8 +293,6 @@ def probe_wds_imagenet(src: str, data: str, rounds: int, k: int = 4) -> dict:
       `read stages`: the stages before decode, whole, for information;
     - augment: to_tuple and map_tuple on the decoded samples;
     - collate: batched(16) and the DataLoader's conversion (batch_size=None: default_convert)."""
-    import torch
-
     mod = _module(os.path.join(src, "imagenet.py"), "imagenet")
     urls = os.path.join(data, "wds", f"imagenet-train-{{000000..{WDS_SHARDS - 1:06d}}}.tar")
     loader = mod.make_loader(urls, mode="train", batch_size=WDS_BATCH, num_workers=2, resampled=False)
@@ -354,7 +358,7 @@ def probe_wds_imagenet(src: str, data: str, rounds: int, k: int = 4) -> dict:
     out["load"] = _sum(out, "read stages", "decode stage")
     out["decode"] = _less(out, "load", "read")
     return {"batch": WDS_BATCH, "stages": out, "names": names, "reads_per_sample": held["reads_per_sample"],
-            "torch_threads": torch.get_num_threads()}
+}
 
 
 def probe_mosaic_mnist(src: str, data: str, rounds: int) -> dict:
@@ -788,7 +792,9 @@ def main() -> None:
         GENERATORS[args.generate][1](args.where)
         return
     if args.probe:
-        result = PROBES[args.probe](args.src, args.data, args.rounds)
+        import torch
+        torch.set_num_threads(WORKER_THREADS)
+        result = dict(PROBES[args.probe](args.src, args.data, args.rounds), torch_threads=torch.get_num_threads())
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
         return
