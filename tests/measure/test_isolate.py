@@ -513,3 +513,29 @@ def test_a_streaming_datasets_load_is_timed_across_its_chunks_through_its_iterat
     load = isolate._load(spec, caches, PerSample.missing("unavailable", "no transform"), 1.0, clock)
     assert all(seen) and opened == [0, 1, 2, 3]  # its iterator, one epoch: every chunk
     assert load.samples == 199 and load.ms_per_sample == pytest.approx(60 / 199, abs=1e-3)
+
+
+def test_the_stages_alone_run_on_the_workers_thread_and_the_callers_threads_come_back():
+    """With workers (each runs one intra-op thread, as DataLoader sets it), load, augment
+    and collate are timed on one thread; the step's threads are the caller's, restored."""
+    seen = []
+
+    def threads(x):
+        seen.append(torch.get_num_threads())
+        return x
+
+    def collate(samples):
+        seen.append(torch.get_num_threads())
+        return torch.utils.data.default_collate(samples)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        loader = make_loader(PlantedDataset(n=32, transform=threads), batch_size=4, num_workers=2, collate_fn=collate)
+        spec = loader_mod.describe(loader)
+        caches = cache.fill(spec, cache_mb=16, max_batches=2, time_budget=10)
+        seen.clear()
+        iso, _ = isolate.time_stages(spec, caches, CPU, lambda b: b, None, step_sec_per_batch=0.01, budget_s=0.2)
+        assert iso.load.ok and iso.augment.ok and iso.collate.ok
+        assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
