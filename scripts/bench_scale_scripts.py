@@ -14,8 +14,8 @@ builds the library's dataset on the same shards with the script's settings) and 
 stage by hand, in this process, without workers, alternating the stages round by round:
 reading, decoding, the transforms, batching (and what a WebLoader does in the loop's
 process, where the script re-batches). Per batch: the script's batch size in samples. The
-report's costs alone are timed the same way (in the tool's process, without workers), so
-the two are comparable; the stages table's `ms_per_batch` (what each stage adds to the
+report's costs alone are timed the same way (in the tool's process, without workers, on
+the workers' one intra-op thread: WORKER_THREADS), so the two are comparable; the stages table's `ms_per_batch` (what each stage adds to the
 loop, under the script's workers) is shown beside them, not compared.
 
 No third-party code is in this repository. Give the checkouts (a work tree, or a bare git
