@@ -195,6 +195,60 @@ class DictSamples(_Loads):
         return data["image"], data["label"]
 
 
+# --- under pytest -n (pytest-xdist: the README's test command) ----------------------------------
+# Tests marked `alone` need the machine to themselves (a planted contention that another
+# test's processes would change): under pytest -n each takes a lock that waits for the
+# tests running in the other processes to end and holds theirs back until it has run
+# (a readers-writer lock with a turnstile, so that it is not starved). End-to-end tests
+# are handed out first, so that the quick ones fill the processes' tails.
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("e2e") is None)  # stable: file order kept
+
+
+class _MachineLock:
+    """Shared for every test, exclusive for one marked `alone`, across the processes of
+    one pytest -n run (flock on two files in the run's temporary folder, which its
+    processes share)."""
+
+    def __init__(self, folder) -> None:
+        self.turnstile = open(os.path.join(folder, "machine-lock.turnstile"), "a")
+        self.machine = open(os.path.join(folder, "machine-lock"), "a")
+
+    def hold(self, alone: bool):
+        import contextlib
+        import fcntl
+
+        @contextlib.contextmanager
+        def held():
+            fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(self.machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            finally:
+                if not alone:
+                    fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+            try:
+                yield
+            finally:
+                fcntl.flock(self.machine, fcntl.LOCK_UN)
+                if alone:
+                    fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+        return held()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not hasattr(item.config, "workerinput") or sys.platform == "win32":
+        yield  # one test at a time: the machine is this test's
+        return
+    if not hasattr(item.config, "_machine_lock"):  # popen-gwN's parent: the run's folder
+        item.config._machine_lock = _MachineLock(item.config._tmp_path_factory.getbasetemp().parent)
+    with item.config._machine_lock.hold(item.get_closest_marker("alone") is not None):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def one_intra_op_thread():
     """Steps use one thread: on a 2-core CI machine torch's intra-op threads and the
