@@ -200,7 +200,12 @@ class DictSamples(_Loads):
 # test's processes would change): under pytest -n each takes a lock that waits for the
 # tests running in the other processes to end and holds theirs back until it has run
 # (a readers-writer lock with a turnstile, so that it is not starved). End-to-end tests
-# are handed out first, so that the quick ones fill the processes' tails.
+# are handed out first, one at a time, so that the quick ones fill the processes' tails.
+
+
+def pytest_configure(config):
+    if getattr(config.option, "maxschedchunk", "absent") is None:  # pytest -n, --dist load, not set by hand
+        config.option.maxschedchunk = 1  # hand out one test at a time: a slow one never queues quick ones behind it
 
 
 def pytest_collection_modifyitems(config, items):
