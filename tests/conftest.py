@@ -265,23 +265,41 @@ def one_intra_op_thread():
 
 
 @pytest.fixture(scope="session")
-def planted_run():
+def planted_run(tmp_path_factory):
     """`planted_run(kind, num_workers)`: the report of bisect() on testing.planted(kind,
     num_workers) with the tests' plan and no advice check, made once per session, so that
     several tests assert on one real run. With workers, epochs of LONG_EPOCHS samples
-    (the verdict is these runs' subject, not the epoch start)."""
+    (the verdict is these runs' subject, not the epoch start). Under pytest -n, once for
+    all the run's processes: the first that needs it measures it, the others read it
+    (pickled in the run's shared temporary folder)."""
+    import fcntl
+    import pickle
+
     from bisect_pipeline import bisect
 
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
     reports: dict = {}
 
+    def measure(kind: str, num_workers: int) -> tuple:
+        model, loader = planted(kind, num_workers, n=LONG_EPOCHS if num_workers else 64)
+        events: list = []
+        report = bisect(model, loader, device="cpu", max_seconds=20, plan=FAST_PLAN, verify_seconds=0,
+                        progress=events.append)
+        return report, events
+
     def get(kind: str, num_workers: int = 0):
-        if (kind, num_workers) not in reports:
-            model, loader = planted(kind, num_workers, n=LONG_EPOCHS if num_workers else 64)
-            events: list = []
-            reports[kind, num_workers] = bisect(model, loader, device="cpu", max_seconds=20, plan=FAST_PLAN,
-                                                verify_seconds=0, progress=events.append)
-            get.events[kind, num_workers] = events
-        return reports[kind, num_workers]
+        key = (kind, num_workers)
+        if key not in reports:
+            if shared is None:
+                reports[key], get.events[key] = measure(kind, num_workers)
+            else:
+                path = shared / f"planted-run-{kind}-{num_workers}.pickle"
+                with open(f"{path}.lock", "a") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)  # another process measuring it: wait for its report
+                    if not path.exists():
+                        path.write_bytes(pickle.dumps(measure(kind, num_workers)))
+                reports[key], get.events[key] = pickle.loads(path.read_bytes())
+        return reports[key]
     get.events = {}  # (kind, num_workers) -> the progress events of that run
     return get
 
