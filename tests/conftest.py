@@ -200,7 +200,8 @@ class DictSamples(_Loads):
 # test's processes would change): under pytest -n each takes a lock that waits for the
 # tests running in the other processes to end and holds theirs back until it has run
 # (a readers-writer lock with a turnstile, so that it is not starved). End-to-end tests
-# are handed out first, one at a time, so that the quick ones fill the processes' tails.
+# are handed out first, one at a time, so that the quick ones fill the processes' tails;
+# those marked `alone` last, when the other processes' tests left are quick ones.
 
 
 def pytest_configure(config):
@@ -209,8 +210,10 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: item.get_closest_marker("e2e") is None)  # stable: file order kept
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # end-to-end, then quick, then alone; stable: file order kept
+        def rank(item) -> int:
+            return 2 if item.get_closest_marker("alone") else 0 if item.get_closest_marker("e2e") else 1
+        items.sort(key=rank)
 
 
 class _MachineLock:
