@@ -206,7 +206,7 @@ class DictSamples(_Loads):
 
 def pytest_configure(config):
     if getattr(config.option, "maxschedchunk", "absent") is None:  # pytest -n, --dist load, not set by hand
-        config.option.maxschedchunk = 1  # hand out one test at a time: a slow one never queues quick ones behind it
+        config.option.maxschedchunk = 1  # one test at a time (pytest-xdist 3.3): a slow one never queues quick ones
 
 
 def pytest_collection_modifyitems(config, items):
