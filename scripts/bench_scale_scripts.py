@@ -14,8 +14,8 @@ builds the library's dataset on the same shards with the script's settings) and 
 stage by hand, in this process, without workers, alternating the stages round by round:
 reading, decoding, the transforms, batching (and what a WebLoader does in the loop's
 process, where the script re-batches). Per batch: the script's batch size in samples. The
-report's costs alone are timed the same way (in the tool's process, without workers), so
-the two are comparable; the stages table's `ms_per_batch` (what each stage adds to the
+report's costs alone are timed the same way (in the tool's process, without workers, on
+the workers' one intra-op thread: WORKER_THREADS), so the two are comparable; the stages table's `ms_per_batch` (what each stage adds to the
 loop, under the script's workers) is shown beside them, not compared.
 
 No third-party code is in this repository. Give the checkouts (a work tree, or a bare git
@@ -106,6 +106,12 @@ public.CHECK = next((c for c in (os.path.join(os.path.dirname(HERE), *[".."] * k
                                  for k in (2, 3)) if os.path.exists(c)), public.CHECK)
 SLACK_S = 10.0  # the issue's bound: --max-seconds + start-up + 10 s
 TOLERANCE = 0.25  # each stage's cost alone within 25% of the hand's
+# The intra-op threads the hand probe runs its stages on: those of the workers that run
+# them in every case here (a DataLoader sets one in each worker process; torchdata.nodes'
+# thread workers set one, process-wide), as the tool times its costs alone
+# (isolate.worker_threads). On the process's default (2 on 2 cores), default_collate of
+# 16 uint8 images took 120-320 ms a call beside a neighbour's work, against 0.06 ms on one.
+WORKER_THREADS = 1
 
 
 # --------------------------------------------------------------------------------------
@@ -287,8 +293,6 @@ def probe_wds_imagenet(src: str, data: str, rounds: int, k: int = 4) -> dict:
       `read stages`: the stages before decode, whole, for information;
     - augment: to_tuple and map_tuple on the decoded samples;
     - collate: batched(16) and the DataLoader's conversion (batch_size=None: default_convert)."""
-    import torch
-
     mod = _module(os.path.join(src, "imagenet.py"), "imagenet")
     urls = os.path.join(data, "wds", f"imagenet-train-{{000000..{WDS_SHARDS - 1:06d}}}.tar")
     loader = mod.make_loader(urls, mode="train", batch_size=WDS_BATCH, num_workers=2, resampled=False)
@@ -354,17 +358,20 @@ def probe_wds_imagenet(src: str, data: str, rounds: int, k: int = 4) -> dict:
     out["load"] = _sum(out, "read stages", "decode stage")
     out["decode"] = _less(out, "load", "read")
     return {"batch": WDS_BATCH, "stages": out, "names": names, "reads_per_sample": held["reads_per_sample"],
-            "torch_threads": torch.get_num_threads()}
+}
 
 
 def probe_mosaic_mnist(src: str, data: str, rounds: int) -> dict:
     """The script's MNISTDataset on the same shards (batch_size 1000), a batch of 1000
     indices in the dataset's order each round: load, `get_item(i)` (what its __getitem__
     calls through super(): the shard lookup, the MDS sample's bytes, the columns decoded:
-    a PIL image and an int); read, the same samples' bytes alone (MDSReader's
-    get_sample_data, through open()); decode, load less read; augment, self.transforms on
-    the decoded images; collate, default_collate of the 1000 (image, label) pairs;
-    `getitem`, `dataset[i]` whole (load and augment), for information."""
+    a PIL image and an int), and augment, self.transforms on that image, timed apart
+    sample by sample, one after the other, as a worker runs them (timed in two loops of
+    their own, the thousand ToTensor calls on 28x28 images read 27 us each where, after
+    each get_item, they take about 60); read, the same samples' bytes alone (MDSReader's
+    get_sample_data, through open()); decode, load less read; collate, default_collate of
+    the 1000 (image, label) pairs; `getitem`, `dataset[i]` whole (load and augment), for
+    information."""
     from torch.utils.data import default_collate
 
     mod = _module(os.path.join(src, "train_mnist_streaming.py"), "train_mnist_streaming")
@@ -380,9 +387,18 @@ def probe_mosaic_mnist(src: str, data: str, rounds: int) -> dict:
 
     def load():
         batch_indices()
-        t = time.perf_counter()
-        held["objs"] = [ds.get_item(i) for i in held["indices"]]
-        return time.perf_counter() - t
+        objs, samples, loading, augmenting = [], [], 0.0, 0.0
+        for i in held["indices"]:
+            t0 = time.perf_counter()
+            o = ds.get_item(i)
+            t1 = time.perf_counter()
+            samples.append((ds.transforms(o["image"]), o["label"]))
+            t2 = time.perf_counter()
+            objs.append(o)
+            loading += t1 - t0
+            augmenting += t2 - t1
+        held.update(objs=objs, samples=samples, augment_s=augmenting)
+        return loading
 
     def read():
         where = [ds.spanner[i] for i in held["indices"]]
@@ -390,10 +406,8 @@ def probe_mosaic_mnist(src: str, data: str, rounds: int) -> dict:
         [ds.shards[s].get_sample_data(j) for s, j in where]
         return time.perf_counter() - t
 
-    def augment():
-        t = time.perf_counter()
-        held["samples"] = [(ds.transforms(o["image"]), o["label"]) for o in held["objs"]]
-        return time.perf_counter() - t
+    def augment():  # timed in load(), sample by sample after each get_item
+        return held["augment_s"]
 
     def collate():
         t = time.perf_counter()
@@ -788,7 +802,9 @@ def main() -> None:
         GENERATORS[args.generate][1](args.where)
         return
     if args.probe:
-        result = PROBES[args.probe](args.src, args.data, args.rounds)
+        import torch
+        torch.set_num_threads(WORKER_THREADS)
+        result = dict(PROBES[args.probe](args.src, args.data, args.rounds), torch_threads=torch.get_num_threads())
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
         return

@@ -195,6 +195,68 @@ class DictSamples(_Loads):
         return data["image"], data["label"]
 
 
+# --- under pytest -n (pytest-xdist: the README's test command) ----------------------------------
+# Tests marked `alone` need the machine to themselves (a planted contention that another
+# test's processes would change): under pytest -n each takes a lock that waits for the
+# tests running in the other processes to end and holds theirs back until it has run
+# (a readers-writer lock with a turnstile, so that it is not starved). End-to-end tests
+# are handed out first, one at a time, so that the quick ones fill the processes' tails;
+# those marked `alone` last, when the other processes' tests left are quick ones.
+
+
+def pytest_configure(config):
+    if getattr(config.option, "maxschedchunk", "absent") is None:  # pytest -n, --dist load, not set by hand
+        config.option.maxschedchunk = 1  # one test at a time (pytest-xdist 3.3): a slow one never queues quick ones
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # end-to-end, then quick, then alone; stable: file order kept
+        def rank(item) -> int:
+            return 2 if item.get_closest_marker("alone") else 0 if item.get_closest_marker("e2e") else 1
+        items.sort(key=rank)
+
+
+class _MachineLock:
+    """Shared for every test, exclusive for one marked `alone`, across the processes of
+    one pytest -n run (flock on two files in the run's temporary folder, which its
+    processes share)."""
+
+    def __init__(self, folder) -> None:
+        self.turnstile = open(os.path.join(folder, "machine-lock.turnstile"), "a")
+        self.machine = open(os.path.join(folder, "machine-lock"), "a")
+
+    def hold(self, alone: bool):
+        import contextlib
+        import fcntl
+
+        @contextlib.contextmanager
+        def held():
+            fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(self.machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            finally:
+                if not alone:
+                    fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+            try:
+                yield
+            finally:
+                fcntl.flock(self.machine, fcntl.LOCK_UN)
+                if alone:
+                    fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+        return held()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not hasattr(item.config, "workerinput") or sys.platform == "win32":
+        yield  # one test at a time: the machine is this test's
+        return
+    if not hasattr(item.config, "_machine_lock"):  # popen-gwN's parent: the run's folder
+        item.config._machine_lock = _MachineLock(item.config._tmp_path_factory.getbasetemp().parent)
+    with item.config._machine_lock.hold(item.get_closest_marker("alone") is not None):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def one_intra_op_thread():
     """Steps use one thread: on a 2-core CI machine torch's intra-op threads and the
@@ -206,23 +268,41 @@ def one_intra_op_thread():
 
 
 @pytest.fixture(scope="session")
-def planted_run():
+def planted_run(tmp_path_factory):
     """`planted_run(kind, num_workers)`: the report of bisect() on testing.planted(kind,
     num_workers) with the tests' plan and no advice check, made once per session, so that
     several tests assert on one real run. With workers, epochs of LONG_EPOCHS samples
-    (the verdict is these runs' subject, not the epoch start)."""
+    (the verdict is these runs' subject, not the epoch start). Under pytest -n, once for
+    all the run's processes: the first that needs it measures it, the others read it
+    (pickled in the run's shared temporary folder)."""
+    import fcntl
+    import pickle
+
     from bisect_pipeline import bisect
 
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
     reports: dict = {}
 
+    def measure(kind: str, num_workers: int) -> tuple:
+        model, loader = planted(kind, num_workers, n=LONG_EPOCHS if num_workers else 64)
+        events: list = []
+        report = bisect(model, loader, device="cpu", max_seconds=20, plan=FAST_PLAN, verify_seconds=0,
+                        progress=events.append)
+        return report, events
+
     def get(kind: str, num_workers: int = 0):
-        if (kind, num_workers) not in reports:
-            model, loader = planted(kind, num_workers, n=LONG_EPOCHS if num_workers else 64)
-            events: list = []
-            reports[kind, num_workers] = bisect(model, loader, device="cpu", max_seconds=20, plan=FAST_PLAN,
-                                                verify_seconds=0, progress=events.append)
-            get.events[kind, num_workers] = events
-        return reports[kind, num_workers]
+        key = (kind, num_workers)
+        if key not in reports:
+            if shared is None:
+                reports[key], get.events[key] = measure(kind, num_workers)
+            else:
+                path = shared / f"planted-run-{kind}-{num_workers}.pickle"
+                with open(f"{path}.lock", "a") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)  # another process measuring it: wait for its report
+                    if not path.exists():
+                        path.write_bytes(pickle.dumps(measure(kind, num_workers)))
+                reports[key], get.events[key] = pickle.loads(path.read_bytes())
+        return reports[key]
     get.events = {}  # (kind, num_workers) -> the progress events of that run
     return get
 

@@ -42,6 +42,7 @@ def hand_rate(loader, epochs: int) -> float:
 
 
 @pytest.mark.e2e
+@pytest.mark.alone  # two real-clock rates compared at 12%: under pytest -n another test's processes read 0.5x here
 @pytest.mark.parametrize("persistent", [False, True])
 def test_a_syncing_step_s_full_pipeline_with_its_epoch_starts_matches_a_hand_loop(persistent, no_leftover_workers):
     # 16 samples of 1.4 ms each a batch per worker, 2 workers: about the step's 10 ms; 16-batch epochs

@@ -37,6 +37,13 @@ class GraphCaches(Caches):
     raw_items: list = dataclasses.field(default_factory=list)  # the items at the `raw` cut
     collated: list = dataclasses.field(default_factory=list)  # the items at the `collated` cut
     raw_copy: bool = False  # a Mapper changes its input in place: the `raw` point hands out copies
+    whole_batches: bool = False  # the items read alone are whole batches (NodeSpec.batched_keys)
+
+    @property
+    def items_per_batch(self) -> float:
+        """As Caches', but one where the items read alone are whole batches: the graph
+        batches its keys before the Mapper that reads them, once a batch."""
+        return 1.0 if self.whole_batches else Caches.items_per_batch.fget(self)
 
 
 # --------------------------------------------------------------------------------------
@@ -213,7 +220,7 @@ def fill(spec: nodes.NodeSpec, *, cache_mb: float, max_batches: int = DEFAULT_CA
               "samples": nbytes.get(at_samples, 0),
               "collated": nbytes.get(c.collated, 0), "point_copy": tree.nbytes(batches)},
         budget_bytes=int(cache_mb * 2**20), raw_items=taps.get(c.raw, []) if c.raw is not None else [],
-        collated=taps[c.collated], raw_copy=bool(changes))
+        collated=taps[c.collated], raw_copy=bool(changes), whole_batches=spec.batched_keys)
 
 
 def _fn_name(fn: Any) -> str:

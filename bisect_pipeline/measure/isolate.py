@@ -36,7 +36,7 @@ from ..core import faults, tree
 from ..core.results import (BatchShape, Breakdown, Collate, InLoop, Isolated, LoadSplit, LoopStages, Memory, Part,
                             PerSample, SampleStructure, StepTime, SyncSite, Syncs, TensorInfo, Transfer, Workers)
 from ..core.stats import mean_se, median
-from ..pipeline import recording
+from ..pipeline import integrations, recording
 from ..pipeline.loader import LoaderSpec, copy_or_same, index_order
 from . import breakdown, devices, reads, reorder, sources
 from .cache import by_index
@@ -197,7 +197,8 @@ def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock,
                 started: Optional[Callable[[], None]] = None) -> Timed:
     """Run fn over items until `share` seconds pass (at least one call). The first call
     is a warm-up when there are more: it is not timed. `started` is called as the timing
-    starts (after the warm-up). Each call is timed, and the process's CPU time over all."""
+    starts (after the warm-up). Each call is timed, and the process's CPU time over all.
+    A call that raises StopIteration (an iterator that ended before the items) ends it."""
     if len(items) > 1:
         fn(items[0])
         items = items[1:]
@@ -207,7 +208,12 @@ def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock,
     t0 = last = clock()
     each = []
     for item in items:
-        fn(item)
+        try:
+            fn(item)
+        except StopIteration:
+            if not each:
+                raise RuntimeError("the iterator ended before one item could be timed") from None
+            break
         now = clock()  # one read an item: its end is the next one's start
         each.append(now - last)
         last = now
@@ -219,20 +225,31 @@ def _timed_loop(items: list, fn: Callable[[Any], Any], share: float, clock,
 def _load(spec, caches, augment: PerSample, share, clock) -> PerSample:
     """Building a sample through the dataset (loading + its transforms), minus the
     transforms replayed alone: what loading costs; split into reading files and the
-    rest on the same calls (reads.py)."""
+    rest on the same calls (reads.py).
+
+    A streaming dataset (cache.by_index) reads its samples in chunks or shards of many
+    samples, and a worker pays a chunk's opening once for all of them: it is timed over
+    as many of its samples as the share allows (one epoch of this process's partition at
+    most), not only as many as the caches hold, which a first chunk holds whole (litdata's
+    example: 3 us a sample inside one chunk, 7 over an epoch). Through its iterator, as
+    the workers read it, where it can be iterated here (integrations.streaming.
+    iterates_here), else by index in its order."""
     # a pipeline cut into its stages loads in the stages up to `raw` (integrations.webdataset)
     stages = _stages(caches)
     dataset = stages.loading() if stages is not None else copy_or_same(spec.dataset)
+    streaming = by_index(spec)
     with reads.Reads(clock) as seen:
-        if spec.iterable and not by_index(spec):
+        if spec.iterable and (not streaming or integrations.streaming.iterates_here(spec.dataset)):
             it = iter(dataset)
-            n_items = len(stages.items("raw")) if stages is not None else len(caches.samples)
+            n_items = (len(dataset) - 1 if streaming else len(stages.items("raw")) if stages is not None
+                       else len(caches.samples))
             timed = _timed_loop(list(range(n_items + 1)), lambda _: next(it), share, clock, started=seen.reset)
         else:
-            order = itertools.count() if spec.iterable else index_order(spec)  # a streaming dataset: by index
-            if spec.batch_sampler is not None:
+            order = iter(range(len(dataset))) if streaming else index_order(spec)  # a streaming dataset: by index
+            if spec.batch_sampler is not None and not streaming:
                 order = itertools.chain.from_iterable(order)
-            indices = list(itertools.islice(order, max(2, len(caches.samples) + 1)))
+            n_items = len(dataset) - 1 if streaming else len(caches.samples)
+            indices = list(itertools.islice(order, max(2, n_items + 1)))
             timed = _timed_loop(indices, lambda i: dataset[i], share, clock, started=seen.reset)
     n = timed.n
     getitem = round(timed.ms, 4)

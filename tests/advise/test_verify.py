@@ -468,9 +468,8 @@ def test_planted_workers_that_help_are_measured_and_the_users_objects_are_unchan
 
 @pytest.mark.e2e
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity (Linux)")
-@pytest.mark.skipif(bool(os.environ.get("PYTEST_XDIST_WORKER")),
-                    reason="needs its core to itself: under pytest -n, another test's process shares it and gives "
-                           "the workers its share (1.19x measured); run it alone")
+@pytest.mark.alone  # its core to itself: under pytest -n another test's process would share it and give the
+# workers its share (1.19x measured)
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # planted: more workers than cores
 def test_planted_workers_that_cannot_help_are_reported_as_not_helping(monkeypatch, no_leftover_workers):
     # CPU-bound augment (8 x 6 ms of CPU time per batch) and a CPU-bound step (20 ms) on

@@ -122,3 +122,29 @@ def test_a_failing_mapper_at_a_point_names_augment_from_its_thread():
 def test_the_memory_budget_stops_the_fill():
     c = graph.fill(spec_of(), cache_mb=1e-4, max_batches=8)
     assert c.n_batches == 1 and c.limited_by == "memory budget"
+
+
+def test_a_graph_that_batches_its_keys_before_the_mapper_that_reads_them_is_costed_once_per_batch():
+    """IterableWrapper(keys) -> Batcher -> Mapper(read, transform and stack the batch), as
+    pytorch/data's nodes ImageNet example: each call of the Mapper builds a whole batch.
+    Its cost alone is counted once a batch (the items the workers' per-batch work
+    multiplies are batches, not keys): on a fake clock the Mapper takes 1 s a key, so
+    4 s a batch of 4, and the workers' work a batch reads 4 s, not 4 x 4 + 4."""
+    from bisect_pipeline.measure import isolate
+    from conftest import FakeClock
+    clock = FakeClock()
+
+    def read_batch(keys):
+        clock.t += 1.0 * len(keys)
+        return torch.stack([torch.full((3,), float(k)) for k in keys])
+    spec = nodes.describe(tn.Loader(tn.Mapper(tn.Batcher(tn.IterableWrapper(range(400)), batch_size=4), read_batch)))
+    assert spec.cuts.raw is None and spec.cuts.augmented is None
+    caches = graph.fill(spec, cache_mb=64, max_batches=3, clock=clock, time_budget=1e9)
+    assert caches.items_per_batch == 1  # a batch of keys is one item of the Mapper
+    iso, _ = isolate.time_stages(spec, caches, torch.device("cpu"), lambda b: b, None, step_sec_per_batch=0.001,
+                                 budget_s=200.0, clock=clock)
+    load, col = iso.part("load"), iso.part("collate")
+    assert load.ok and col.ok
+    assert load.ms_per_sample * iso.items_per_batch == pytest.approx(4000.0)
+    assert col.ms_per_batch == pytest.approx(0.0)  # nothing is left to the Batcher's list: the Mapper built it
+    assert iso.part("workers").worker_ms_per_batch == pytest.approx(4000.0)

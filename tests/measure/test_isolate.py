@@ -482,3 +482,60 @@ def test_the_input_work_between_steps_is_sized_without_the_stages_alone_where_th
     # nothing to step on: not timed
     assert isolate._in_loop_part(spec, caches, lambda b: None, None, CPU, parts=parts, step_s=0.1, share=0.2,
                                  clock=FakeClock(), fits=lambda n: True) is None
+
+
+def test_a_streaming_datasets_load_is_timed_across_its_chunks_through_its_iterator(tmp_path):
+    """litdata reads a chunk of 50 samples at once: its opening (20 ms planted on the fake
+    clock) is paid once a chunk, so a sample costs 0.4 ms in a worker; the 8 cached
+    samples lie inside the first chunk, whose opening is the untimed warm-up."""
+    ld = pytest.importorskip("litdata", reason="litdata is not installed: pip install 'bisect-pipeline[litdata]'")
+    from types import SimpleNamespace
+    from litdata.streaming.cache import Cache
+    from litdata.streaming.sampler import ChunkedIndex
+    from bisect_pipeline.core.results import PerSample
+    writer = Cache(str(tmp_path), chunk_size=50)
+    for i in range(200):
+        writer[i] = {"x": float(i), "y": i % 3}
+    writer.done()
+    writer.merge()
+    clock, opened, seen = FakeClock(), [], []
+
+    class ChunkOpening(ld.StreamingDataset):
+        def __getitem__(self, index):
+            i = int(index.index if isinstance(index, ChunkedIndex) else index)
+            seen.append(isinstance(index, ChunkedIndex))
+            if not opened or opened[-1] != i // 50:
+                opened.append(i // 50)
+                clock.t += 0.020
+            return super().__getitem__(index)
+    spec = SimpleNamespace(iterable=True, dataset=ChunkOpening(str(tmp_path)), batch_sampler=None)
+    caches = SimpleNamespace(samples=[None] * 8, stages=None)
+    load = isolate._load(spec, caches, PerSample.missing("unavailable", "no transform"), 1.0, clock)
+    assert all(seen) and opened == [0, 1, 2, 3]  # its iterator, one epoch: every chunk
+    assert load.samples == 199 and load.ms_per_sample == pytest.approx(60 / 199, abs=1e-3)
+
+
+def test_the_stages_alone_run_on_the_workers_thread_and_the_callers_threads_come_back():
+    """With workers (each runs one intra-op thread, as DataLoader sets it), load, augment
+    and collate are timed on one thread; the step's threads are the caller's, restored."""
+    seen = []
+
+    def threads(x):
+        seen.append(torch.get_num_threads())
+        return x
+
+    def collate(samples):
+        seen.append(torch.get_num_threads())
+        return torch.utils.data.default_collate(samples)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        loader = make_loader(PlantedDataset(n=32, transform=threads), batch_size=4, num_workers=2, collate_fn=collate)
+        spec = loader_mod.describe(loader)
+        caches = cache.fill(spec, cache_mb=16, max_batches=2, time_budget=10)
+        seen.clear()
+        iso, _ = isolate.time_stages(spec, caches, CPU, lambda b: b, None, step_sec_per_batch=0.01, budget_s=0.2)
+        assert iso.load.ok and iso.augment.ok and iso.collate.ok
+        assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

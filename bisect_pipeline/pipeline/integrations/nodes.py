@@ -452,12 +452,19 @@ class NodeSpec:
         return range(2**31 - 1)  # (SourceView's keys: it reads its source in order whatever they are)
 
     @property
+    def batched_keys(self) -> bool:
+        """Whether the graph batches its source's keys before the Mapper that reads them
+        (cuts_of: no `raw`, no `augmented`): each item read alone (SourceView) is then a
+        whole batch, built by that Mapper, and nothing is left for the collate."""
+        return self.cuts.raw is None and self.cuts.augmented is None
+
+    @property
     def collate_fn(self) -> Callable:
         """The work between `augmented` and `collated` on a list of samples: the Batcher's
-        list through the Mappers after it."""
+        list through the Mappers after it (none where the keys are batched: batched_keys)."""
         c = self.cuts
         fns = [self.chain[i].fn for i in range((self.batcher_index or 0) + 1, c.collated + 1)
-               if self.chain[i].kind == "map"]
+               if self.chain[i].kind == "map" and not self.batched_keys]
         return Collate(tuple(fns))
 
     @property
@@ -588,7 +595,8 @@ class SourceView:
     """The graph's source side read in this process, one item per key (keys ignored:
     the source's own order), through the per-sample Mappers: what isolate.py times as a
     dataset's __getitem__ (load and the transforms), from a copy of the source started
-    afresh for each copy of the view."""
+    afresh for each copy of the view. A graph that batches its keys (NodeSpec.
+    batched_keys): one item per batch, through the Mapper that reads and builds it."""
 
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec

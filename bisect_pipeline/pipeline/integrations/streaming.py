@@ -38,6 +38,14 @@ def is_streaming(obj: Any) -> bool:
     return is_mosaicml(obj) or is_litdata(obj)
 
 
+def iterates_here(obj: Any) -> bool:
+    """Whether the dataset can be iterated in this process as a worker iterates it,
+    leaving the user's workers alone: litdata keeps its state per iterator; MosaicML
+    keeps its epoch and partitions in shared memory, so that an iteration here hangs the
+    user's workers (measure.cache.by_index)."""
+    return is_litdata(obj)
+
+
 def instrument(ds: Any, ds2: Any, where: str, recorder: Any, found: dict) -> None:
     """litdata keeps its transforms as a list in `self.transform`, applied in turn in
     `__getitem__`: each one is proxied in a list of the copy's own."""
