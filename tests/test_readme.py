@@ -22,7 +22,7 @@ MARKER = "<!-- sample: docs/demo-report.json -->"
 README_MAX_BYTES = 10_240
 QUICKSTART = (
     "python -m pip install -e . && bisect-pipeline demo",
-    'python -m pip install -e ".[test]" && python -m pytest -q -n 2',
+    'python -m pip install -e ".[test]" && python -m pytest -q -n 3',
 )
 REGENERATE = ("regenerate it from the same document with `python scripts/screenshot.py --sample` "
               "(and the screenshots with `python scripts/screenshot.py`)")
