@@ -249,6 +249,13 @@ def summary(d: Diagnosis) -> str:
     parts = f" (with {', '.join(s.includes[1:])})" if len(s.includes) > 1 else ""
     alone = ", named on the stages' costs alone" if v.witness == "isolated costs" else ""
     of = f" of every {t_full * 1e3:.1f}-ms batch" if t_full else " per batch"
+    by = (v.predicted or {}).get(v.bottleneck)
+    if v.witness == "isolated costs" and not s.significant and by is not None:
+        # the rounds cannot tell yet (verdict._bound_alone): the figure is the costs
+        # alone's, and what the loop would gain without the stage is not measured
+        return (f"Bottleneck: {v.bottleneck}{parts}{alone}: by them it costs the loop {by[0] * 1e3:.1f} ms{of}, "
+                f"where the rounds read {s.sec_per_batch * 1e3:.1f} ms, within their noise; what the loop would gain "
+                "without it is not measured yet.")
     return (f"Bottleneck: {v.bottleneck}{parts}{alone}. It costs {s.sec_per_batch * 1e3:.1f} ms{of}"
             + (f": {lost}" if lost else "") + f"; without it, {s.samples_per_sec_if_free:,.0f} samples/s instead "
             f"of {full_rate:,.0f} ({gain * 100:+.0f}%).")

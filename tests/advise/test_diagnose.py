@@ -106,3 +106,17 @@ def test_a_cache_limited_by_the_memory_budget_says_the_arithmetic():
     timed = diagnose(measurements(AUGMENT, cache=CacheInfo(batches=1, limited_by="time")))
     assert [n.message for n in timed.notes if n.kind == "cache"] == [
         "The caches hold 1 batch, limited by time: raise --max-seconds."]
+
+
+def test_a_stage_named_on_its_cost_alone_while_the_rounds_read_nothing_is_summed_up_with_that_cost():
+    """verdict._bound_alone names a stage the rounds cannot tell (they read 0.0 ms within
+    their noise): the summary gives the cost the costs alone put on the loop, not the
+    rounds' 0.0 ms, 0% lost and +0% without it, which would contradict the name."""
+    d = diagnose(measurements({"device": 50, "augmented": 50, "raw": 50, "full": 50}))
+    assert not d.stage("augment").significant
+    v = dataclasses.replace(d.verdict, bottleneck="augment", witness="isolated costs",
+                            predicted={"augment": (0.0102, 0.0004, 0.0004), "load": (0.0007, 0.0001, 0.0001)})
+    s = summary(dataclasses.replace(d, verdict=v))
+    assert s.startswith("Bottleneck: augment, named on the stages' costs alone: by them it costs the loop 10.2 ms "
+                        "of every 50.0-ms batch, where the rounds read 0.0 ms, within their noise")
+    assert "+0%" not in s and "lost to input" not in s
