@@ -394,13 +394,17 @@ def _sample_groups(spec: LoaderSpec, dataset: Any) -> Iterator[list]:
             if not group or (spec.drop_last and len(group) < size):
                 return
             yield group
+    batched = spec.batch_sampler is not None or spec.auto_collation
+    for indices in index_batches(spec):
+        yield [(i, None) for i in indices] if batched else [(indices, None)]
+
+
+def index_batches(spec: LoaderSpec) -> Iterator:
+    """The user's order as the loader fetches it, forever (index_order): its batch
+    sampler's batches, the sampler's indices grouped by batch_size, or single indices
+    without automatic batching: the fill's groups, and the batches isolate.py fetches
+    between steps after them."""
     order = index_order(spec)
-    if spec.batch_sampler is not None:
-        for indices in order:
-            yield [(i, None) for i in indices]
-    elif spec.auto_collation:
-        while True:
-            yield [(next(order), None) for _ in range(spec.batch_size)]
-    else:
-        for i in order:
-            yield [(i, None)]
+    if spec.batch_sampler is not None or not spec.auto_collation:
+        return order
+    return ([next(order) for _ in range(spec.batch_size)] for _ in itertools.count())

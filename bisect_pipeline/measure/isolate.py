@@ -39,7 +39,7 @@ from ..core.stats import mean_se, median
 from ..pipeline import integrations, recording
 from ..pipeline.loader import LoaderSpec, copy_or_same, index_order
 from . import breakdown, devices, reads, reorder, sources
-from .cache import by_index
+from .cache import by_index, index_batches
 
 # The isolation measurements take at most this share of --max-seconds, and never more
 # than ISOLATE_MAX_SECONDS: they refine the advice, the bisection is the measurement.
@@ -436,23 +436,6 @@ def _in_loop_part(spec, caches, train_step, batch, device, *, parts: dict, step_
                                            fits=fits))
 
 
-def _batches_of(spec: LoaderSpec) -> Iterator:
-    """The user's order as the loader fetches it (index_order): its batch sampler's
-    batches, the sampler's indices grouped by batch_size, or single indices without
-    automatic batching."""
-    order = index_order(spec)
-    if spec.batch_sampler is not None or not spec.auto_collation:
-        return order
-
-    def grouped():
-        while True:
-            batch = list(itertools.islice(order, spec.batch_size))
-            if len(batch) < spec.batch_size and (spec.drop_last or not batch):
-                continue  # an epoch's short last batch, dropped as the loader drops it
-            yield batch
-    return grouped()
-
-
 def _in_loop(spec, caches, train_step, batch, device, *, share: float, clock, fits: Callable[[int], bool]) -> InLoop:
     """The loop's own input work at num_workers=0, in the loop's conditions: a training
     step on a device batch, untimed, then the batch sampler's next batch and its items
@@ -468,7 +451,7 @@ def _in_loop(spec, caches, train_step, batch, device, *, share: float, clock, fi
     sync = devices.synchronizer(device)
     dataset = copy_or_same(spec.dataset)
     fetch_many = getattr(dataset, "__getitems__", None)
-    order = itertools.islice(_batches_of(spec), len(caches.groups), None)
+    order = itertools.islice(index_batches(spec), len(caches.groups), None)
 
     def fetch(idx):
         if not spec.auto_collation:
