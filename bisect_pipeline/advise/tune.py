@@ -235,8 +235,8 @@ def propose(space: Space, ts: list) -> tuple[Optional[dict], str]:
     done = [t.full for t in ts if t.outcome.status != "not measured"] + [effective(space.user)]
     order = [full for full in _order(space, ts) if full not in done]
     cut = [t.full for t in ts if t.outcome.status == "not measured" and t.full in order]
-    for full in cut + order:
-        return space.delta(full), ""
+    if cut or order:
+        return space.delta((cut + order)[0]), ""
     return None, "the best candidate's neighbours are measured"
 
 

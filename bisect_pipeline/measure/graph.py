@@ -43,7 +43,7 @@ class GraphCaches(Caches):
     def items_per_batch(self) -> float:
         """As Caches', but one where the items read alone are whole batches: the graph
         batches its keys before the Mapper that reads them, once a batch."""
-        return 1.0 if self.whole_batches else Caches.items_per_batch.fget(self)
+        return 1.0 if self.whole_batches else super().items_per_batch
 
 
 # --------------------------------------------------------------------------------------
@@ -243,8 +243,6 @@ def _raw_calls(spec: nodes.NodeSpec, per_fn: dict, n_samples: int, changes: set)
     for per_sample in calls:
         recording.mark_copies(per_sample, changes)
     return calls, None
-
-
 
 
 # --------------------------------------------------------------------------------------

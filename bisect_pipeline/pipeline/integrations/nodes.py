@@ -462,9 +462,10 @@ class NodeSpec:
     def collate_fn(self) -> Callable:
         """The work between `augmented` and `collated` on a list of samples: the Batcher's
         list through the Mappers after it (none where the keys are batched: batched_keys)."""
-        c = self.cuts
-        fns = [self.chain[i].fn for i in range((self.batcher_index or 0) + 1, c.collated + 1)
-               if self.chain[i].kind == "map" and not self.batched_keys]
+        if self.batched_keys:
+            return Collate(())
+        fns = [self.chain[i].fn for i in range((self.batcher_index or 0) + 1, self.cuts.collated + 1)
+               if self.chain[i].kind == "map"]
         return Collate(tuple(fns))
 
     @property
