@@ -51,6 +51,8 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from bisect_pipeline.pipeline.step import make_step
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCH = 64
 VOCAB = 30000
@@ -149,14 +151,7 @@ def endless(loader: DataLoader):
 
 def hand(pairs: int, batches: int, workers: int) -> dict:
     model, loader = make(workers=workers)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step(batch):
-        x, y = batch
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        opt.step()
+    step = make_step(model)  # the tool's default step, as --entry runs it
     built = Built(loader.dataset)
     cached = list(itertools.islice(iter(loader_of(built, 0)), 16))
     variants = {"full": endless(loader), "samples cached": endless(loader_of(built, workers)),

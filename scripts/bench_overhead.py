@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from bisect_pipeline import Plan, bisect, testing
-from bisect_pipeline.pipeline.step import to_device
+from bisect_pipeline.pipeline.step import make_step, to_device
 from bisect_pipeline.measure.visit import time_steps
 
 HAND_BLOCK_SECONDS = 1.0
@@ -86,18 +86,6 @@ class Images(torch.utils.data.Dataset):
 class Noise:
     def __call__(self, x):
         return x + 0.01 * torch.randn_like(x)
-
-
-def train_step(model):
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step(batch):
-        x, y = batch
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        opt.step()
-    return step
 
 
 def block_rate(one, batch_size: int, sync=lambda: None) -> float:
@@ -150,7 +138,7 @@ def one_run(build, workers: int, hold: bool, device: str = "cpu", max_seconds: f
     dev = torch.device(device)
     model, loader = build(workers, pin_memory=dev.type == "cuda")
     model.to(dev)
-    step = train_step(model)
+    step = make_step(model)
     hand = HandLoops(model, loader, step, dev)
     r = bisect(model, loader, step=step, device=device, points=("device", "full"), max_seconds=max_seconds,
                hold_allocator=hold, progress=hand)
