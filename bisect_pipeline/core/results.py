@@ -268,6 +268,10 @@ class LoadSplit(Part):
     how: Optional[str] = None  # how reads were seen, e.g. "file reads through open()"
 
 
+# What a load timed alone may include besides loading (PerSample.includes), in words.
+MERGED_WITH_LOAD = {"augment": "the transforms", "collate": "the collate"}
+
+
 @dataclasses.dataclass(frozen=True)
 class PerSample(Part):
     """load or augment, one sample at a time in this process."""
@@ -287,6 +291,10 @@ class PerSample(Part):
     # document written before they were kept
     se_ms_per_sample: Optional[float] = None
     cpu_ms_per_sample: Optional[float] = None
+    # augment: the stage replayed whole on the cached inputs (what its breakdown adds up
+    # to), where ms_per_sample is its transforms timed where the dataset calls them, in
+    # the load's __getitem__ calls (isolate._load); None where it is the replay itself
+    alone_ms_per_sample: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)

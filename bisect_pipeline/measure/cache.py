@@ -55,6 +55,9 @@ class Caches:
     # A pipeline whose stages are objects (integrations.webdataset.Cuts): the items kept
     # at its cuts, and its `raw` and `augmented` replays; None for the others.
     stages: Any = None
+    # The proxies' recorder on `dataset` where the transforms were split (raw_calls):
+    # isolate.py times them where the dataset calls them (recording.Recorder.timing).
+    recorder: Any = None
 
     @property
     def items_per_batch(self) -> float:
@@ -122,7 +125,8 @@ def fill(spec: LoaderSpec, *, cache_mb: float, max_batches: int = DEFAULT_CACHE_
                  raw_reason=rec.raw_reason, raw_found=rec.found, batches=kept.batches, batch_bytes=kept.batch_bytes,
                  fill_seconds=clock() - start, limited_by=limited_by, stopped_by=stopped_by,
                  warnings=found_warnings, groups=kept.positions, batch_size_source=source,
-                 held=kept.held(raw_calls is not None), budget_bytes=int(cache_mb * 2**20))
+                 held=kept.held(raw_calls is not None), budget_bytes=int(cache_mb * 2**20),
+                 recorder=rec.inst.recorder if rec.inst is not None and raw_calls is not None else None)
     return rec.with_cuts(out) if rec.cuts is not None else out
 
 

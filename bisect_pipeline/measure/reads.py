@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from ..core.results import LoadSplit, PerSample
+from ..core.results import MERGED_WITH_LOAD, LoadSplit, PerSample
 
 OPEN = "open()"
 READ_FILE = "torchvision.io.read_file"
@@ -214,8 +214,8 @@ def split(reads: Reads, samples: int, load: PerSample) -> LoadSplit:
     read_ms = reads.seconds / samples * 1e3
     decode_ms = max(0.0, load.ms_per_sample - read_ms)
     seen = " and ".join(f"{how} ({n} file{'s' if n != 1 else ''})" for how, n in reads.seen.items())
-    merged = ("; decode includes the transforms, which could not be split from loading"
-              if "augment" in (load.includes or ()) else "")
+    merged = ("; decode includes " + " and ".join(MERGED_WITH_LOAD[s] for s in load.includes[1:] if s in MERGED_WITH_LOAD)
+              + ", which could not be split from loading" if "augment" in (load.includes or ()) else "")
     return LoadSplit(read_ms_per_sample=round(read_ms, 4), decode_ms_per_sample=round(decode_ms, 4),
                      bytes_per_sample=round(reads.bytes / samples, 1),
                      read_mb_per_s=float(f"{reads.bytes / reads.seconds / 1e6:.4g}") if reads.seconds > 0 else None,

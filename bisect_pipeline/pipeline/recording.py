@@ -3,9 +3,11 @@ sample, then replay the transform alone on the recorded input (the `raw` point).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from typing import Any, Callable, Iterable, Optional
+import threading
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from ..core import tree
 from ..core.faults import StageError, StepTimeout, stage_error
@@ -35,8 +37,29 @@ class Call:
 
 
 class Recorder:
+    """What the proxies of one dataset copy share: the calls of the sample being recorded
+    (`calls`, while record_sample runs), and, while `timing`, the wall time of their
+    outermost calls in the thread that started it (`seconds`): the transforms timed where
+    the dataset runs them (isolate._load), a transform nested in another counted once."""
+
     def __init__(self) -> None:
         self.calls: Optional[list[Call]] = None
+        self.clock: Optional[Callable[[], float]] = None
+        self.seconds = 0.0
+        self._thread: Optional[int] = None
+        self._depth = 0
+
+    @contextlib.contextmanager
+    def timing(self, clock: Callable[[], float]) -> Iterator["Recorder"]:
+        self.clock, self.seconds, self._thread, self._depth = clock, 0.0, threading.get_ident(), 0
+        try:
+            yield self
+        finally:
+            self.clock, self._thread = None, None
+
+    def timed(self) -> bool:
+        """Whether a call starting now is timed: timing, in its thread, not nested."""
+        return self.clock is not None and not self._depth and threading.get_ident() == self._thread
 
 
 class RecordingTransform:
@@ -54,9 +77,14 @@ class RecordingTransform:
         self.stage: Optional[str] = None if tentative else "augment"  # what faults.stage_in_traceback names
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        recording = self.recorder.calls is not None
+        rec = self.recorder
+        recording = rec.calls is not None
         if recording:
             saved_args, saved_kwargs = tree.clone(args), tree.clone(kwargs)
+        timed = rec.timed()
+        if timed:
+            rec._depth += 1
+            t = rec.clock()
         try:
             out = self.fn(*args, **kwargs)
         except (StageError, StepTimeout):
@@ -65,6 +93,10 @@ class RecordingTransform:
             if self.stage is None:
                 raise
             raise stage_error(self.stage, exc) from exc
+        finally:
+            if timed:
+                rec.seconds += rec.clock() - t
+                rec._depth -= 1
         if recording:
             call = Call(self.fn, self.name, saved_args, saved_kwargs, out, tentative=self.tentative)
             self.recorder.calls.append(call)

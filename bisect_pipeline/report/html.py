@@ -371,7 +371,7 @@ def _meaning(r: "Diagnosis", point: str) -> str:
 PART_BAR_W = 220  # the longest bar of a block, in pixels
 PART_BAR_H = 12
 PART_STAGES = ("load", "augment", "collate")  # the stages whose parts are measured, in pipeline order
-WHOLE_COLOR = "#8a94a6"  # the sum of the parts and the stage timed whole
+WHOLE_COLOR = "#8a94a6"  # the sum of the parts and the stage replayed whole
 SAVED_COLOR = "#2e9e5b"  # a reorder's cheaper order
 
 
@@ -384,7 +384,7 @@ class _Bar:
     detail: str = ""
     where: str = ""
     share: Optional[float] = None
-    kind: str = "part"  # part, top (the costliest), whole (a sum or the stage timed whole), not-run
+    kind: str = "part"  # part, top (the costliest), whole (a sum or the stage replayed whole), not-run
     color: str = plot_mod.BAR_COLOR
 
 
@@ -446,10 +446,11 @@ def _augment_blocks(iso: Any, bottleneck: bool) -> list:
     if b.sum_ms_per_sample is not None:
         bars.append(_Bar("sum of the parts", b.sum_ms_per_sample, kind="whole", color=WHOLE_COLOR))
     if b.augment_ms_per_sample is not None:
-        bars.append(_Bar("the stage timed whole", b.augment_ms_per_sample, "on the same samples", kind="whole",
+        bars.append(_Bar("the stage replayed whole", b.augment_ms_per_sample, "on the same samples", kind="whole",
                          color=WHOLE_COLOR))
     out = [_Block("augment", "augment, transform by transform (isolated, ms per sample)", "ms per sample",
-                  tuple(bars), (text_mod._breakdown_sum(b),), "ran on \u2192 returned")]
+                  tuple(bars), tuple(x for x in (text_mod._breakdown_sum(b), text_mod._in_place(aug)) if x),
+                  "ran on \u2192 returned")]
     out += [_reorder_block(x) for x in b.reorders or ()]
     if b.confirmed is not None:
         out.append(_confirmation_block(b.confirmed))

@@ -14,6 +14,7 @@ from typing import Optional
 from tabulate import tabulate
 
 from ..advise import advice as advice_mod, outcome, tune
+from ..core.results import MERGED_WITH_LOAD
 from ..derive.findings import Diagnosis
 from ..derive.verdict import POINTS, in_question
 from . import summary as summary_mod
@@ -470,7 +471,7 @@ def _no_cuda_syncs(r: "Diagnosis") -> bool:
 def _breakdown_lines(r: "Diagnosis", every: bool = False) -> list:
     """When augment is in question (verdict.in_question: named, or tied for the lead; or
     `every` time): its transforms one by one (breakdown.py), as a table, and whether they
-    add up to the stage timed whole."""
+    add up to the stage replayed whole."""
     iso = r.isolated
     shown = every or "augment" in in_question(r.verdict)
     aug = iso.part("augment") if iso is not None and shown else None
@@ -489,7 +490,8 @@ def _breakdown_lines(r: "Diagnosis", every: bool = False) -> list:
                      ran])
     lines = _table("The augment stage transform by transform (isolated, times in ms per sample)",
                    ["transform", "ms", "share", "ran on -> returned"], rows, "lrrl")
-    lines += _wrap(_breakdown_sum(b), rest="  ")
+    for line in (_breakdown_sum(b), _in_place(aug)):
+        lines += _wrap(line, rest="  ") if line else []
     advised = {(f.numbers.get("transform"), f.numbers.get("where")) for f in r.advice if f.kind == "reorder"}
     for line in _reorder_lines(b, every, advised) + [_confirmed(r, b.confirmed)]:
         lines += _wrap(line, rest="  ") if line else []
@@ -532,13 +534,22 @@ def _reorder_lines(b, every: bool, advised: set = frozenset()) -> list:
     return out
 
 
+def _in_place(aug) -> str:
+    """What augment's cost alone is where it was timed in the dataset's own calls, unlike
+    the breakdown's rows and whole (replayed on the cached inputs)."""
+    if aug.alone_ms_per_sample is None:
+        return ""
+    return (f"Where the dataset calls them, in its own __getitem__, the transforms took {aug.ms_per_sample:.2f} "
+            "ms/sample: augment's cost alone. The rows are replayed on the cached inputs.")
+
+
 def _breakdown_sum(b) -> str:
     if b.sum_ms_per_sample is None:
         return "Not every transform was timed within the budget: the parts have no sum."
     head = f"Sum {b.sum_ms_per_sample:.2f} over {b.samples} sample{'s' if b.samples != 1 else ''}"
     if b.agrees is None:
         return head + "."
-    whole = f"the stage timed whole {b.augment_ms_per_sample:.2f}"
+    whole = f"the stage replayed whole {b.augment_ms_per_sample:.2f}"
     if b.agrees:
         return f"{head}; {whole}: they agree (within ±{b.tolerance_ms:.2f})."
     return (f"{head}; {whole}: they disagree by more than the noise (±{b.tolerance_ms:.2f}): a transform's cost may "
@@ -562,8 +573,8 @@ def _split_lines(r: "Diagnosis", every: bool = False) -> list:
     rows = [["read", f"{s.read_ms_per_sample:.2f}", share(s.read_ms_per_sample),
              f"{rate}, {advice_mod.size_text(s.bytes_per_sample)} per sample, {s.files_per_sample:g} file(s)"],
             ["decode", f"{s.decode_ms_per_sample:.2f}", share(s.decode_ms_per_sample),
-             "decoding and the dataset's other work" + (", the transforms too" if "augment" in (load.includes or ())
-                                                        else "")]]
+             "decoding and the dataset's other work" + "".join(f", {MERGED_WITH_LOAD[x]} too" for x in (load.includes or ())
+                                                              if x in MERGED_WITH_LOAD)]]
     lines = _table(f"Load split into read and decode (isolated, {s.samples} samples, times in ms per sample)",
                    ["part", "ms", "share", "what"], rows, "lrrl")
     attack = ("storage: fewer, larger files, faster storage, fewer bytes" if s.bound == "read" else

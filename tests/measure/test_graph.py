@@ -148,3 +148,7 @@ def test_a_graph_that_batches_its_keys_before_the_mapper_that_reads_them_is_cost
     assert load.ms_per_sample * iso.items_per_batch == pytest.approx(4000.0)
     assert col.ms_per_batch == pytest.approx(0.0)  # nothing is left to the Batcher's list: the Mapper built it
     assert iso.part("workers").worker_ms_per_batch == pytest.approx(4000.0)
+    # and the load says what it holds: the Mapper's transforms and its stacking (a hand probe
+    # of load alone, without them, is not what this figure measures)
+    assert load.includes == ("load", "augment", "collate")
+    assert "whole batch" in load.note

@@ -325,6 +325,35 @@ def test_default_collate_runs_beside_a_custom_collate_on_the_same_batches(monkey
     assert col.default_collate_ms_per_batch == 0.0
 
 
+def test_a_collate_of_microseconds_is_timed_warm_over_the_cached_batches_again():
+    """The caches hold a few batches; the first calls of a collate run colder than a
+    worker's batch after batch. On a fake clock the collate_fn takes 10 ms on each of its
+    first three calls (the first untimed), 1 ms after: one pass over 8 batches reads
+    (2 x 10 + 5) / 7 = 3.6 ms; timed again over the same batches up to COLLATE_CALLS, the
+    figure comes near the 1 ms a worker pays batch after batch. A collate_fn that cannot
+    run twice on its batches (it pops their keys) keeps the first pass's figure."""
+    from types import SimpleNamespace
+    clock, calls = FakeClock(), []
+
+    def warming(samples):
+        calls.append(len(samples))
+        clock.t += 0.010 if len(calls) <= 3 else 0.001
+        return torch.stack(samples)
+    samples = [torch.full((2,), float(i)) for i in range(16)]
+    caches = SimpleNamespace(samples=samples, groups=[list(range(i, i + 2)) for i in range(0, 16, 2)])
+    col = isolate._collate(SimpleNamespace(auto_collation=True, collate_fn=warming), caches, 10.0, clock)
+    assert col.batches >= isolate.COLLATE_CALLS
+    assert 1.0 < col.ms_per_batch < 1.5
+
+    def popping(samples):
+        clock.t += 0.002
+        return torch.stack([s.pop("x") for s in samples])
+    dicts = [{"x": torch.full((2,), float(i))} for i in range(16)]
+    caches = SimpleNamespace(samples=dicts, groups=[list(range(i, i + 2)) for i in range(0, 16, 2)])
+    col = isolate._collate(SimpleNamespace(auto_collation=True, collate_fn=popping), caches, 10.0, clock)
+    assert col.ok and col.batches == 7 and col.ms_per_batch == pytest.approx(2.0)
+
+
 def test_the_workers_work_is_timed_on_one_thread_as_a_worker_has_and_the_threads_are_restored():
     from types import SimpleNamespace
     before = torch.get_num_threads()
@@ -539,3 +568,74 @@ def test_the_stages_alone_run_on_the_workers_thread_and_the_callers_threads_come
         assert seen and set(seen) == {1} and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+class _WarmAfterLoad(torch.utils.data.Dataset):
+    """3 ms to load a sample (on a fake clock), then its transform: 2 ms on the image its
+    own __getitem__ has just decoded, 5 ms on one that was not (a replay on the cached
+    inputs runs colder than the dataset's own call, or warmer: MosaicML's ToTensor took 49
+    us after the sample's decoding and 56-60 replayed alone)."""
+
+    def __init__(self, tick, n=64):
+        self.tick, self.n, self.fresh = tick, n, {"image": None}  # (shared by the tool's shallow copies)
+
+        def warm_or_cold(image):
+            tick(2e-3 if self.fresh["image"] is image else 5e-3)
+            return image * 2
+        self.transform = warm_or_cold
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.tick(3e-3)
+        image = torch.full((4,), float(i))
+        self.fresh["image"] = image
+        return self.transform(image), i % 2
+
+
+def test_augment_is_timed_where_the_dataset_calls_its_transforms_and_load_is_the_rest():
+    """load is each __getitem__ less its own transforms, timed on the same calls; augment is
+    the transforms as the dataset runs them (2 ms), the replay alone kept beside (5 ms, what
+    the breakdown's rows add up to). Before, load was __getitem__ less the replay: 5 - 5 = 0
+    ms here, all of it given to augment."""
+    clock = FakeClock(100.0)
+
+    def tick(dt):
+        clock.t += dt
+    loader = torch.utils.data.DataLoader(_WarmAfterLoad(tick), batch_size=4)
+    spec = loader_mod.describe(loader)
+    caches = cache.fill(spec, cache_mb=64, max_batches=4, time_budget=10)
+    assert caches.raw_calls is not None and caches.recorder is not None
+    iso, _ = isolate.time_stages(spec, caches, CPU, lambda b: to_device(b, CPU), None, step_sec_per_batch=0.01,
+                                 budget_s=5.0, clock=clock, end=clock.t + 60)
+    load, aug = iso.load, iso.augment
+    assert aug.ms_per_sample == pytest.approx(2.0) and aug.alone_ms_per_sample == pytest.approx(5.0)
+    assert load.ms_per_sample == pytest.approx(3.0) and load.getitem_ms_per_sample == pytest.approx(5.0)
+    assert load.se_ms_per_sample == pytest.approx(0.0, abs=1e-6)  # the paired differences: 3 ms each
+    assert aug.breakdown is not None and aug.breakdown.augment_ms_per_sample == pytest.approx(5.0)
+    assert iso.workers.worker_ms_per_batch == pytest.approx(4 * 5.0, rel=0.01)  # load + augment: the __getitem__
+
+
+def test_the_recorders_timing_counts_a_nested_transform_once_and_only_in_its_thread():
+    from bisect_pipeline.pipeline.recording import Recorder, RecordingTransform
+    clock, rec = FakeClock(), Recorder()
+
+    def inner_fn(x):
+        clock.t += 1.0
+        return x
+    inner = RecordingTransform(inner_fn, "inner", rec)
+
+    def outer_fn(x):
+        clock.t += 2.0
+        return inner(x)
+    outer = RecordingTransform(outer_fn, "outer", rec)
+    outer(1)  # not timing: nothing counted
+    with rec.timing(clock):
+        outer(1)
+        worker = threading.Thread(target=outer, args=(1,))
+        worker.start()
+        worker.join()
+        assert rec.seconds == pytest.approx(3.0)  # outer's 2 and inner's 1, once; the other thread's not
+    outer(1)
+    assert rec.seconds == pytest.approx(3.0) and rec.clock is None

@@ -365,10 +365,10 @@ def test_inside_the_stage_draws_one_bar_per_part_proportional_to_its_cost():
     # under the stage table, after the advice (the answer first, the evidence beneath)
     assert markup.index("What to do") < markup.index("ms per batch added") < markup.index("Inside the stage")
     bars = part_bars(markup)
-    assert list(bars) == ["RandomResizedCrop", "ToTensor", "sum of the parts", "the stage timed whole"]
+    assert list(bars) == ["RandomResizedCrop", "ToTensor", "sum of the parts", "the stage replayed whole"]
     widths = {k: v[0] for k, v in bars.items()}
-    # one scale: the longest (the stage timed whole, 26.0) spans PART_BAR_W
-    assert widths["the stage timed whole"] == pytest.approx(html_mod.PART_BAR_W)
+    # one scale: the longest (the stage replayed whole, 26.0) spans PART_BAR_W
+    assert widths["the stage replayed whole"] == pytest.approx(html_mod.PART_BAR_W)
     assert widths["ToTensor"] == pytest.approx(html_mod.PART_BAR_W * 20 / 26, abs=0.1)
     assert widths["RandomResizedCrop"] / widths["ToTensor"] == pytest.approx(5 / 20, rel=0.01)
     assert widths["sum of the parts"] == pytest.approx(html_mod.PART_BAR_W * 25 / 26, abs=0.1)
@@ -377,7 +377,7 @@ def test_inside_the_stage_draws_one_bar_per_part_proportional_to_its_cost():
     assert bars["RandomResizedCrop"][1] == plot_mod.BAR_COLOR
     text = "".join(parse(section(markup)).text)
     for s in ("RandomResizedCrop", "dataset.transform[0]", "5.00", "20%", "500x375 RGB \u2192 224x224 RGB", "80%",
-              "Sum 25.00 over 4 samples; the stage timed whole 26.00: they agree (within \u00b15.20)."):
+              "Sum 25.00 over 4 samples; the stage replayed whole 26.00: they agree (within \u00b15.20)."):
         assert s in text
     assert r._repr_html_() == r.html() == markup
 

@@ -219,7 +219,7 @@ def test_the_head_says_where_the_batch_size_comes_from_unless_it_is_the_loaders(
     assert Report.from_dict(r.to_dict()).batch_size_source == counted  # the document keeps it
 
 
-def _with_breakdown(rates: dict, agrees=True, cut=False, reorders=None) -> Report:
+def _with_breakdown(rates: dict, agrees=True, cut=False, reorders=None, in_place=None) -> Report:
     from bisect_pipeline.core.results import Breakdown, BreakdownRow, Isolated, PerSample
     rows = (BreakdownRow(name="RandomResizedCrop", where="dataset.transform[0]", ms_per_sample=5.0, share=0.2,
                          input="500x375 RGB", output="224x224 RGB", samples=4),
@@ -230,8 +230,24 @@ def _with_breakdown(rates: dict, agrees=True, cut=False, reorders=None) -> Repor
                               name="Normalize", where="dataset.transform[2]"),)
     b = Breakdown(rows=rows, samples=4, sum_ms_per_sample=None if cut else 25.0, augment_ms_per_sample=26.0 if agrees
                   else 40.0, tolerance_ms=5.2, tolerance="20%", agrees=None if cut else agrees, reorders=reorders)
-    iso = Isolated(augment=PerSample(ms_per_sample=26.0, samples=4, breakdown=b), items_per_batch=32)
+    aug = (PerSample(ms_per_sample=26.0, samples=4, breakdown=b) if in_place is None else
+           PerSample(ms_per_sample=in_place, samples=4, breakdown=b, alone_ms_per_sample=26.0))
+    iso = Isolated(augment=aug, items_per_batch=32)
     return planted_report(rates, isolated=iso.to_dict())
+
+
+def test_augment_timed_in_the_datasets_own_calls_is_told_apart_from_the_rows_replayed_alone():
+    """Augment's cost alone timed where the dataset calls its transforms (21.5) differs from
+    the breakdown's whole, replayed on the cached inputs (26.0): the report says which is
+    which, in the text and the HTML, and says nothing where the two are one figure."""
+    r = _with_breakdown(AUGMENT, in_place=21.5)
+    said = ("Where the dataset calls them, in its own __getitem__, the transforms took 21.50 ms/sample: augment's "
+            "cost alone. The rows are replayed on the cached inputs.")
+    block = table(to_text(r), "The augment stage transform by transform")
+    assert " ".join(line.strip() for line in block[-4:]).endswith(said)
+    assert said.replace("'", "&#x27;") in r._repr_html_()
+    assert Report.from_dict(r.to_dict()).isolated.augment.alone_ms_per_sample == 26.0  # the document keeps it
+    assert "Where the dataset calls them" not in to_text(_with_breakdown(AUGMENT))
 
 
 def test_the_augment_breakdown_is_a_table_under_the_stages_only_when_augment_is_in_question():
@@ -242,7 +258,7 @@ def test_the_augment_breakdown_is_a_table_under_the_stages_only_when_augment_is_
     assert row(block, "RandomResizedCrop").split() == ["RandomResizedCrop", "5.00", "20%", "500x375", "RGB", "->",
                                                        "224x224", "RGB"]
     assert row(block, "ToTensor").split()[1:3] == ["20.00", "80%"]
-    assert " ".join(block[-2:]).startswith("Sum 25.00 over 4 samples; the stage timed whole 26.00: they agree")
+    assert " ".join(block[-2:]).startswith("Sum 25.00 over 4 samples; the stage replayed whole 26.00: they agree")
     stages_at = text.index("What each stage costs")
     assert stages_at < text.index("The augment stage transform by transform") < text.index("Isolated (this process")
     assert all(len(line) <= WIDTH for line in text.splitlines())
