@@ -658,21 +658,25 @@ def tool_costs(doc: dict) -> dict:
     out = {}
     load = iso.get("load") or {}
     if load.get("ms_per_sample") is not None:
-        out["load"] = {"ms_per_batch": load["ms_per_sample"] * items, "includes": load.get("includes") or ["load"]}
+        out["load"] = {"ms_per_batch": load["ms_per_sample"] * items, "includes": load.get("includes") or ["load"],
+                       "se_ms": (load.get("se_ms_per_sample") or 0.0) * items or None}
         split = load.get("split") or {}
         if split.get("status", "ok") == "ok" and split.get("read_ms_per_sample") is not None:
             out["read"] = {"ms_per_batch": split["read_ms_per_sample"] * items}
             out["decode"] = {"ms_per_batch": split["decode_ms_per_sample"] * items}
     aug = iso.get("augment") or {}
     if aug.get("ms_per_sample") is not None:
-        out["augment"] = {"ms_per_batch": aug["ms_per_sample"] * items}
+        out["augment"] = {"ms_per_batch": aug["ms_per_sample"] * items,
+                          "se_ms": (aug.get("se_ms_per_sample") or 0.0) * items or None}
     col = iso.get("collate") or {}
     if col.get("ms_per_batch") is not None:
-        out["collate"] = {"ms_per_batch": col["ms_per_batch"]}
+        out["collate"] = {"ms_per_batch": col["ms_per_batch"], "se_ms": col.get("se_ms_per_batch"),
+                          "in_place": bool(col.get("in_place"))}
     loop = iso.get("loop") or {}
     if loop.get("ms_per_batch") is not None:
         out["loop"] = {"ms_per_batch": loop["ms_per_batch"]}
-    return {k: dict(v, ms_per_batch=round(v["ms_per_batch"], 3)) for k, v in out.items()}
+    return {k: dict(v, ms_per_batch=round(v["ms_per_batch"], 3),
+                    **({"se_ms": round(v["se_ms"], 4)} if v.get("se_ms") else {})) for k, v in out.items()}
 
 
 def compare(tool: dict, hand: dict) -> list:
@@ -683,25 +687,33 @@ def compare(tool: dict, hand: dict) -> list:
     stages together (the hand's whole `map` where it has one), and its collate row (what
     is left after the Mapper: nothing) is shown, not compared."""
     merged = [x for x in (tool.get("load") or {}).get("includes", ["load"]) if x != "load"]
-    whole = None
+    whole, whole_parts = None, []
     if merged and "collate" in merged and "map" in hand:
-        whole = hand["map"]["ms_per_batch"]
+        whole_parts = ["map"]
     elif merged and "load" in hand:
-        whole = hand["load"]["ms_per_batch"] + sum(hand[x]["ms_per_batch"] for x in merged if x in hand)
+        whole_parts = ["load"] + [x for x in merged if x in hand]
+    if whole_parts:
+        whole = sum(hand[x]["ms_per_batch"] for x in whole_parts)
     rows = []
     for name, t in tool.items():
-        label, h = name, (hand[name]["ms_per_batch"] if name in hand else None)
+        label, h, parts = name, (hand[name]["ms_per_batch"] if name in hand else None), [name]
         if merged and name == "load":
-            label, h = f"load (with {', '.join(merged)})", whole
+            label, h, parts = f"load (with {', '.join(merged)})", whole, whole_parts
         elif merged and name == "decode":
-            label = f"decode (with {', '.join(merged)})"
+            label, parts = f"decode (with {', '.join(merged)})", []
             h = whole - hand["read"]["ms_per_batch"] if whole is not None and "read" in hand else None
         elif name in merged:
             label, h = f"{name} (in load)", None
         ratio = t["ms_per_batch"] / h if h else None
+        # the two figures' noise: the tool's standard error and the hand's (of its rounds)
+        hand_se = [(hand.get(x) or {}).get("se_ms") for x in parts]
+        noise = (None if h is None or not t.get("se_ms") or not parts or not all(hand_se)
+                 else round(2 * (t["se_ms"] ** 2 + sum(x ** 2 for x in hand_se)) ** 0.5, 4))
         rows.append({"stage": label, "tool_ms": t["ms_per_batch"], "hand_ms": None if h is None else round(h, 3),
                      "ratio": round(ratio, 3) if ratio is not None else None,
-                     "within": None if h is None else ratio is not None and abs(ratio - 1) <= TOLERANCE})
+                     "within": None if h is None else ratio is not None and abs(ratio - 1) <= TOLERANCE,
+                     "noise_ms": noise,
+                     "within_noise": None if noise is None else abs(t["ms_per_batch"] - h) <= noise})
     return rows
 
 
@@ -841,8 +853,8 @@ def show(r: dict) -> None:
           f"stages split: {r.get('split', '-')}", flush=True)
     for c in r.get("compare", []):
         print(f"    {c['stage']:<20s} tool {c['tool_ms']} ms/batch, hand {c['hand_ms']}: ratio {c['ratio']} "
-              f"({'within 25%' if c['within'] else 'NOT within 25%' if c['within'] is False else 'no hand probe'})",
-              flush=True)
+              f"({'within 25%' if c['within'] else 'NOT within 25%' if c['within'] is False else 'no hand probe'}"
+              f"{_noise_note(c)})", flush=True)
     if r.get("hand_error"):
         print("    hand probe failed: " + r["hand_error"], flush=True)
     if not r.get("json") or r["reports"] != 1 or r["exit"] != 0:
@@ -854,7 +866,17 @@ def _cost_cell(c: dict) -> str:
     if c["hand_ms"] is None:
         return f"{c['stage']} {c['tool_ms']:.3g} (no hand probe)"
     verdict = "ok" if c["within"] else "OUT"
-    return f"{c['stage']} {c['tool_ms']:.3g} vs {c['hand_ms']:.3g} ({c['ratio']:.2f}x, {verdict})"
+    return f"{c['stage']} {c['tool_ms']:.3g} vs {c['hand_ms']:.3g} ({c['ratio']:.2f}x, {verdict}{_noise_note(c)})"
+
+
+def _noise_note(c: dict) -> str:
+    """Where a cost is outside 25%: whether the difference is within two combined standard
+    errors of the tool's figure and the hand's rounds (then the two measurements cannot
+    tell the difference from noise)."""
+    if c.get("within") is not False or c.get("within_noise") is None:
+        return ""
+    return f"; within the two figures' noise, +-{c['noise_ms']:.3g}" if c["within_noise"] else \
+        f"; beyond the two figures' noise, +-{c['noise_ms']:.3g}"
 
 
 def markdown(results) -> str:

@@ -307,6 +307,9 @@ class Collate(Part):
     mixes: Optional[tuple] = None  # batch-mixing transforms found in the collate_fn (MixUp, CutMix, ...)
     se_ms_per_batch: Optional[float] = None  # as PerSample's, per batch
     cpu_ms_per_batch: Optional[float] = None
+    # each batch collated right after its samples were built, as a worker does (true), or
+    # over the cached batches (None): the first reads higher where collating is memory-bound
+    in_place: Optional[bool] = None
 
 
 @dataclasses.dataclass(frozen=True)

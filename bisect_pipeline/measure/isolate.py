@@ -60,6 +60,9 @@ IN_LOOP_MIN_BATCHES = 8
 # batch after batch (litdata's collate_fn on 4 samples: 27, 17, 13 us for its first
 # three calls, 10 after), and the caches hold a few batches only.
 COLLATE_CALLS = 64
+# Where the load's timing built at least this many whole batches, the collate is the one
+# timed right after each of them was built (_CollateInPlace), as a worker runs it.
+COLLATE_IN_PLACE = 4
 # At most this many tensors of a batch are described in the JSON.
 _MAX_TENSORS = 16
 
@@ -103,8 +106,9 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
         return (f"out of time: {steps} training steps of about {step_estimate_s:.3g} s would run past the end "
                 "of --max-seconds")
     with worker_threads(spec):
-        augment, load = _augment_and_load(spec, caches, share, clock)
-        parts = dict(augment=augment, load=load, collate=_guard(Collate, lambda: _collate(spec, caches, share, clock)))
+        augment, load, collates = _augment_and_load(spec, caches, share, clock)
+        parts = dict(augment=augment, load=load,
+                     collate=_guard(Collate, lambda: _collate(spec, caches, share, clock, in_place=collates)))
     parts.update(batch=_guard(BatchShape, lambda: describe_batch(caches.batches[0])),
                  sample_structure=_guard(SampleStructure, lambda: sample_structure(caches.samples[0])),
                  transfer=_guard(Transfer, lambda: _transfer(spec, caches, device, move, share=share, clock=clock)))
@@ -244,12 +248,82 @@ def _repeated(items: list, fn: Callable[[Any], Any], share: float, clock, at_lea
     return timed
 
 
-def _augment_and_load(spec, caches, share, clock) -> tuple[PerSample, PerSample]:
-    """(augment, load): augment replayed alone, then load on the dataset's own calls, where
-    augment is timed again in place when it can be (_load)."""
+def _augment_and_load(spec, caches, share, clock) -> tuple[PerSample, PerSample, Optional["_CollateInPlace"]]:
+    """(augment, load, the collates timed in place): augment replayed alone, then load on
+    the dataset's own calls, where augment and collate are timed again in place when they
+    can be (_load)."""
     augment, in_place = _guard(PerSample, lambda: _augment(caches, share, clock)), {}
     load = _guard(PerSample, lambda: _load(spec, caches, augment, share, clock, in_place=in_place))
-    return in_place.get("augment", augment), load
+    return in_place.get("augment", augment), load, in_place.get("collate")
+
+
+class _CollateInPlace:
+    """Each batch collated right after its samples were built, as a worker does: the
+    samples _load builds, grouped as the loader groups them (`sizes`, a batch sampler's
+    batches as they were taken, else the batch size), and collate_fn called on each group
+    as it fills (with torch's default_collate too, where collate_fn is another: the two
+    in turn, as the one run second finds its samples warmer). Their time is taken out of
+    the load's (`exclude`). A collate over batches built before runs warmer than this:
+    MosaicML's 1000 MNIST samples, 0.8-1.0 ms a batch in a loop over cached batches,
+    1.4-1.8 right after each batch was built."""
+
+    def __init__(self, spec: LoaderSpec, sizes: list, clock) -> None:
+        self.fn, self.clock, self.sizes, self.batch_size = spec.collate_fn, clock, sizes, spec.batch_size
+        self.also_default = spec.collate_fn is not default_collate
+        self.samples: list = []
+        self.own: list = []  # seconds per batch: collate_fn's
+        self.default: list = []  # default_collate's
+        self.excluded: list = []  # per sample added, the seconds collating after it
+        self.own_cpu, self.cpu_excluded = 0.0, 0.0
+        self.failed: Optional[str] = None
+        self.default_failed: Optional[str] = None
+
+    def add(self, sample: Any) -> None:
+        took = 0.0
+        if self.failed is None:
+            self.samples.append(sample)
+            k = len(self.own)
+            if len(self.samples) >= (self.sizes[k] if k < len(self.sizes) else self.batch_size):
+                took = self._collate()
+        self.excluded.append(took)
+
+    def _collate(self) -> float:
+        group, self.samples = self.samples, []
+        fns = [(self.fn, self.own)] + ([(default_collate, self.default)]
+                                       if self.also_default and self.default_failed is None else [])
+        if len(self.own) % 2:
+            fns.reverse()
+        start, cpu = self.clock(), time.process_time()
+        for fn, into in fns:
+            t, c = self.clock(), time.process_time()
+            try:
+                fn(group)
+            except (KeyboardInterrupt, faults.StepTimeout):
+                raise
+            except Exception as exc:  # the warm timing stands in (_collate)
+                if fn is self.fn:
+                    self.failed = _reason(exc)
+                else:
+                    self.default_failed = _reason(exc)
+                continue
+            into.append(self.clock() - t)
+            if fn is self.fn:
+                self.own_cpu += time.process_time() - c
+        self.cpu_excluded += time.process_time() - cpu
+        return self.clock() - start
+
+    def exclude(self, timed: Timed) -> Timed:
+        """The load's timing without the collates run between its items."""
+        out = self.excluded[-timed.n:]  # (the warm-up's first)
+        return Timed(timed.n, timed.seconds - sum(out), tuple(e - x for e, x in zip(timed.each, out)),
+                     max(0.0, timed.cpu_seconds - self.cpu_excluded))
+
+
+def _sized(batches: Iterator, sizes: list) -> Iterator:
+    """A batch sampler's batches, their sizes noted in `sizes` as they are taken."""
+    for b in batches:
+        sizes.append(len(b))
+        yield b
 
 
 def _load(spec, caches, augment: PerSample, share, clock, *, in_place: Optional[dict] = None) -> PerSample:
@@ -260,7 +334,9 @@ def _load(spec, caches, augment: PerSample, share, clock, *, in_place: Optional[
     each __getitem__ less its own transforms, and `in_place["augment"]` the augment stage
     as the dataset runs it (its figure replayed alone kept as `alone_ms_per_sample`): on
     MosaicML's MNIST, ToTensor right after the sample's decoding took 49 us, replayed
-    alone on the cached images 56-60, so that load read 0.75-0.8 of a hand's.
+    alone on the cached images 56-60, so that load read 0.75-0.8 of a hand's. The samples
+    built are collated in the loader's groups as they fill (`in_place["collate"]`,
+    _CollateInPlace), their time taken out of the load's.
 
     A streaming dataset (cache.by_index) reads its samples in chunks or shards of many
     samples, and a worker pays a chunk's opening once for all of them: it is timed over
@@ -274,13 +350,18 @@ def _load(spec, caches, augment: PerSample, share, clock, *, in_place: Optional[
     recorder = getattr(caches, "recorder", None) if stages is None and augment.ok else None
     dataset = (stages.loading() if stages is not None else caches.dataset if recorder is not None
                else copy_or_same(spec.dataset))
-    streaming = by_index(spec)
+    streaming, sizes = by_index(spec), []
     transforms: list = []  # per item built, the seconds of its transforms where they are timed in place
+    collating = (_CollateInPlace(spec, sizes, clock)
+                 if in_place is not None and stages is None and isinstance(spec, LoaderSpec) and spec.auto_collation
+                 else None)
 
     def built(fetch: Callable[[], Any]) -> Any:
-        before = recorder.seconds
+        before = recorder.seconds if recorder is not None else 0.0
         out = fetch()
-        transforms.append(recorder.seconds - before)
+        transforms.append(recorder.seconds - before if recorder is not None else 0.0)
+        if collating is not None:
+            collating.add(out)
         return out
     timing = recorder.timing(clock) if recorder is not None else contextlib.nullcontext()
     with reads.Reads(clock) as seen, timing:
@@ -288,16 +369,17 @@ def _load(spec, caches, augment: PerSample, share, clock, *, in_place: Optional[
             it = iter(dataset)
             n_items = (len(dataset) - 1 if streaming else len(stages.items("raw")) if stages is not None
                        else len(caches.samples))
-            fetch = (lambda _: built(it.__next__)) if recorder is not None else (lambda _: next(it))
-            timed = _timed_loop(list(range(n_items + 1)), fetch, share, clock, started=seen.reset)
+            timed = _timed_loop(list(range(n_items + 1)), lambda _: built(it.__next__), share, clock, started=seen.reset)
         else:
             order = iter(range(len(dataset))) if streaming else index_order(spec)  # a streaming dataset: by index
             if spec.batch_sampler is not None and not streaming:
-                order = itertools.chain.from_iterable(order)
+                order = itertools.chain.from_iterable(_sized(order, sizes))
             n_items = len(dataset) - 1 if streaming else len(caches.samples)
             indices = list(itertools.islice(order, max(2, n_items + 1)))
-            fetch = (lambda i: built(lambda: dataset[i])) if recorder is not None else (lambda i: dataset[i])
-            timed = _timed_loop(indices, fetch, share, clock, started=seen.reset)
+            timed = _timed_loop(indices, lambda i: built(lambda: dataset[i]), share, clock, started=seen.reset)
+    if collating is not None:
+        timed = collating.exclude(timed)
+        in_place["collate"] = collating
     load = _load_figure(spec, caches, augment, timed, transforms=transforms[-timed.n:] if any(transforms) else None,
                         in_place=in_place)
     return dataclasses.replace(load, split=_guard(LoadSplit, lambda: reads.split(seen, timed.n, load)))
@@ -414,14 +496,24 @@ def _groups(spec, caches) -> list:
     return [[caches.samples[i] for i in g] for g in caches.groups]
 
 
-def _collate(spec, caches, share, clock) -> Collate:
+def _collate(spec, caches, share, clock, *, in_place: Optional[_CollateInPlace] = None) -> Collate:
+    """collate_fn right after each batch's samples were built (_CollateInPlace) where at
+    least COLLATE_IN_PLACE batches were, else over the cached batches, warm (_repeated)."""
+    name = getattr(spec.collate_fn, "__qualname__", type(spec.collate_fn).__name__)
+    if in_place is not None and len(in_place.own) >= COLLATE_IN_PLACE:
+        own, n = in_place.own, len(in_place.own)
+        dflt = in_place.default if len(in_place.default) >= COLLATE_IN_PLACE else None
+        return Collate(ms_per_batch=round(sum(own) / n * 1e3, 4), batches=n, collate_fn=name,
+                       mixes=batch_mixers(spec.collate_fn) or None, se_ms_per_batch=se_ms(own),
+                       cpu_ms_per_batch=round(in_place.own_cpu / n * 1e3, 4), in_place=True,
+                       default_collate_ms_per_batch=None if dflt is None else round(sum(dflt) / len(dflt) * 1e3, 4),
+                       default_collate_reason=in_place.default_failed if dflt is None else None)
     groups, fn, stages = _groups(spec, caches), spec.collate_fn, _stages(caches)
     if stages is not None:  # the pipeline's own batching, then the loader's collate_fn
         groups, fn = stages.collating(spec.collate_fn, spec.batch_size if spec.auto_collation else None)
     timed = _repeated(groups, fn, share / 2, clock, COLLATE_CALLS)
     n = timed.n
-    info = Collate(ms_per_batch=round(timed.ms, 4), batches=n,
-                   collate_fn=getattr(spec.collate_fn, "__qualname__", type(spec.collate_fn).__name__),
+    info = Collate(ms_per_batch=round(timed.ms, 4), batches=n, collate_fn=name,
                    mixes=batch_mixers(spec.collate_fn) or None, se_ms_per_batch=timed.se_ms,
                    cpu_ms_per_batch=round(timed.cpu_ms, 4))
     if spec.collate_fn is not default_collate and spec.auto_collation and stages is None:

@@ -591,7 +591,8 @@ class _WarmAfterLoad(torch.utils.data.Dataset):
         self.tick(3e-3)
         image = torch.full((4,), float(i))
         self.fresh["image"] = image
-        return self.transform(image), i % 2
+        self.fresh["sample"] = (self.transform(image), i % 2)
+        return self.fresh["sample"]
 
 
 def test_augment_is_timed_where_the_dataset_calls_its_transforms_and_load_is_the_rest():
@@ -639,3 +640,38 @@ def test_the_recorders_timing_counts_a_nested_transform_once_and_only_in_its_thr
         assert rec.seconds == pytest.approx(3.0)  # outer's 2 and inner's 1, once; the other thread's not
     outer(1)
     assert rec.seconds == pytest.approx(3.0) and rec.clock is None
+
+
+def test_each_batch_is_collated_right_after_its_samples_were_built_as_a_worker_does():
+    """The collate is timed on each batch as the load's timing builds it, in the loader's
+    groups: on a fake clock a collate takes 3 ms on samples built just before it, 1 ms on
+    older ones (over the cached batches, warm). The collate reads 3 ms, torch's
+    default_collate beside it on the same batches 0.5, and load keeps its own 3 ms a sample
+    (the collates taken out of its time)."""
+    clock = FakeClock(100.0)
+
+    def tick(dt):
+        clock.t += dt
+    ds = _WarmAfterLoad(tick)
+
+    def collate(samples):
+        tick(3e-3 if ds.fresh.get("sample") is samples[-1] else 1e-3)
+        return torch.utils.data.default_collate(samples)
+
+    def stacking(samples):  # default_collate, as isolate calls it beside: 0.5 ms
+        tick(0.5e-3)
+        return torch.utils.data.default_collate(samples)
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate)
+    spec = loader_mod.describe(loader)
+    caches = cache.fill(spec, cache_mb=64, max_batches=4, time_budget=10)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(isolate, "default_collate", stacking)
+        iso, _ = isolate.time_stages(spec, caches, CPU, lambda b: to_device(b, CPU), None, step_sec_per_batch=0.01,
+                                     budget_s=5.0, clock=clock, end=clock.t + 60)
+    col = iso.collate
+    assert col.in_place and col.batches >= isolate.COLLATE_IN_PLACE
+    assert col.ms_per_batch == pytest.approx(3.0) and col.default_collate_ms_per_batch == pytest.approx(0.5)
+    assert iso.load.ms_per_sample == pytest.approx(3.0) and iso.load.getitem_ms_per_sample == pytest.approx(5.0)
+    # over the cached batches alone (no load timed before it), the same collate reads warm
+    warm = isolate._collate(spec, caches, 1.0, clock)
+    assert not warm.in_place and warm.ms_per_batch == pytest.approx(1.0)
