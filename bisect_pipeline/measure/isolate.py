@@ -62,7 +62,7 @@ IN_LOOP_MIN_BATCHES = 8
 COLLATE_CALLS = 64
 # Where the load's timing built at least this many whole batches, the collate is the one
 # timed right after each of them was built (_CollateInPlace), as a worker runs it.
-COLLATE_IN_PLACE = 4
+COLLATE_IN_PLACE = 3
 # At most this many tensors of a batch are described in the JSON.
 _MAX_TENSORS = 16
 
