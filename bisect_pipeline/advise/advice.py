@@ -730,7 +730,7 @@ def _augment(c: _Context):
         total = parts[0]["ms_per_sample"] / parts[0]["share"] if parts[0]["share"] else None
         action = f"Make {names[0] if len(names) == 1 else ', '.join(names[:-1]) + ' and ' + names[-1]} cheaper"
         figure = (f"{'it takes' if len(names) == 1 else 'they take'} {sum(p['ms_per_sample'] for p in parts):.2f} of "
-                  f"the {total:.2f} ms per sample the transforms take alone") if total else None
+                  f"the {total:.2f} ms per sample the transforms take timed one by one") if total else None
     else:
         action = f"Make {which} cheaper"
         figure = f"{per_sample:.2f} ms per sample alone" if per_sample is not None else None
