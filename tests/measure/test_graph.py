@@ -152,3 +152,29 @@ def test_a_graph_that_batches_its_keys_before_the_mapper_that_reads_them_is_cost
     # of load alone, without them, is not what this figure measures)
     assert load.includes == ("load", "augment", "collate")
     assert "whole batch" in load.note
+
+
+def test_a_graph_that_pins_keeps_its_pin_memory_and_is_filled_without_it(monkeypatch):
+    """PinMemory -> host, as DataLoader's pin_memory: the graph's setting is read from its
+    chain (`pin_memory`, and in the report's settings), the fill runs without it (the
+    caches are the batches before pinning), and every point past `collated` is rebuilt
+    with it, once, at the root's side (sources.host_batches pins the cached batches for the
+    `host` point where CUDA is there). tn.PinMemory asks CUDA for its device when built, so
+    without CUDA (here) only its construction is stood in for: nothing is pinned or run."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    node = tn.IterableWrapper([torch.full((3,), float(i)) for i in range(24)])
+    node = tn.Batcher(tn.Mapper(node, AddOne()), batch_size=4)
+    spec = nodes.describe(tn.Loader(tn.Prefetcher(tn.PinMemory(tn.Mapper(node, default_collate)), prefetch_factor=2)))
+    assert spec.pin_memory and spec.settings()["pin_memory"]
+    kinds = [n.kind for n in spec.chain]
+    assert kinds.index("pin") > spec.cuts.collated  # the pinning is past the collated cut: handoff's side
+    caches = graph.fill(spec, cache_mb=64, max_batches=3, time_budget=1e9)  # inline: no PinMemory run
+    assert len(caches.batches) == 3 and caches.batches[0].shape == (4, 3)
+    built = spec.build(spec.cuts.collated, nodes.tagged_source(tn.IterableWrapper(caches.collated)))
+    chain = []
+    while built is not None:
+        chain.append(type(built).__name__)
+        built = getattr(built, "source", None)
+    assert chain[:2] == ["Prefetcher", "PinMemory"] and chain.count("PinMemory") == 1
+    off = spec.with_settings({"pin_memory": False})
+    assert not off.pin_memory
