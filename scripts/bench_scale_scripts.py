@@ -15,8 +15,9 @@ stage by hand, in this process, without workers, alternating the stages round by
 reading, decoding, the transforms, batching (and what a WebLoader does in the loop's
 process, where the script re-batches). Per batch: the script's batch size in samples. The
 report's costs alone are timed the same way (in the tool's process, without workers, on
-the workers' one intra-op thread: WORKER_THREADS), so the two are comparable; the stages table's `ms_per_batch` (what each stage adds to the
-loop, under the script's workers) is shown beside them, not compared.
+the workers' one intra-op thread: WORKER_THREADS), so the two are comparable; the stages
+table's `ms_per_batch` (what each stage adds to the loop, under the script's workers) is
+shown beside them, not compared.
 
 No third-party code is in this repository. Give the checkouts (a work tree, or a bare git
 directory, e.g. what the `fetch` tool brings under /work/.mirror: then HEAD is used); the
@@ -518,8 +519,9 @@ def probe_litdata_sine(src: str, data: str, rounds: int, k: int = 25) -> dict:
     (as the DataLoader's workers take them: litdata reads the chunk and deserializes each
     sample), the iterator's first sample not timed; collate, the collate_fn of the
     script's StreamingDataLoader (litdata's StreamingDataLoaderCollateFn, default_collate
-    inside) on the 4 dicts right after they were taken, as a worker does (timed apart); `by index`, `dataset[i]` for 4 indices, for information. A
-    batch is tens of microseconds: each round times K = 25 batches and divides."""
+    inside) on the 4 dicts right after they were taken, as a worker does (timed apart, in
+    each load round); `by index`, `dataset[i]` for 4 indices, for information. A batch is
+    tens of microseconds: each round times K = 25 batches and divides."""
     import litdata as ld
 
     def split():
@@ -530,7 +532,7 @@ def probe_litdata_sine(src: str, data: str, rounds: int, k: int = 25) -> dict:
     per, n = 4, len(train)
     collate_fn = ld.StreamingDataLoader(split(), batch_size=per, num_workers=0).collate_fn  # as the script builds it
     state = {"it": None, "left": 0, "i": 0}
-    held = {}
+    held = {"collates": []}
 
     def take():
         if state["left"] < per:  # a new epoch: its first sample not timed
@@ -549,11 +551,8 @@ def probe_litdata_sine(src: str, data: str, rounds: int, k: int = 25) -> dict:
             collate_fn(samples)
             collating += time.perf_counter() - t1
             loading += t1 - t0
-        held["collate_s"] = collating
+        held["collates"].append(collating / k * 1e3)
         return loading / k
-
-    def collate():  # timed in load()
-        return held["collate_s"] / k
 
     def by_index():
         start = state["i"]
@@ -562,9 +561,11 @@ def probe_litdata_sine(src: str, data: str, rounds: int, k: int = 25) -> dict:
         [indexed[i] for i in range(start, start + per * k)]
         return (time.perf_counter() - t) / k
 
-    for f in (load, collate, by_index):
+    for f in (load, by_index):
         f()
-    return {"batch": per, "stages": _alternate({"load": load, "collate": collate, "by index": by_index}, rounds)}
+    held["collates"] = []  # one figure per load round, the warm-up's left out
+    out = _alternate({"load": load, "by index": by_index}, rounds)
+    return {"batch": per, "stages": dict(out, collate=_summary(held["collates"]))}
 
 
 def probe_nodes_imagenet(src: str, data: str, rounds: int) -> dict:
