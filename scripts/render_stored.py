@@ -26,7 +26,7 @@ DEFAULT = [str(ROOT / "docs" / "demo-report.json")] + sorted(glob.glob(str(ROOT 
 def render(path: str, out: pathlib.Path) -> None:
     with open(path) as f:
         doc = json.load(f)
-    if "schema_version" not in doc and "ranks" not in doc:
+    if "batch_size" not in doc and "ranks" not in doc:  # a --sweep's table, a gpu_check record
         print(f"{path}: not a report document, skipped")
         return
     if "ranks" in doc:  # a torchrun document of all ranks: each rank's report
