@@ -14,9 +14,9 @@ report says why.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
-from .results import Part
+from .results import Part, Syncs
 
 # The kinds of fix, in the order the check tries them.
 DEVICE_TAIL = "device_tail"
@@ -30,6 +30,8 @@ class Fix(Part):
     """One fix as built and checked (see the module's docstring). `status`: ok (built and
     compared: `matches` says whether it passed), unavailable (it cannot be built for this
     pipeline: `reason`), failed (building or comparing it raised: `reason`)."""
+
+    _nested: ClassVar[dict] = {"syncs": Syncs}
 
     kind: Optional[str] = None
     where: Optional[str] = None  # the recorded transform it changes: "dataset.transform"
@@ -50,6 +52,7 @@ class Fix(Part):
     before: Optional[dict] = None
     after: Optional[dict] = None
     code: Optional[str] = None  # the change as code: what to write in the transforms and the step
+    syncs: Optional[Syncs] = None  # on CUDA, the host-device syncs the tail adds per batch (isolate.count_syncs)
 
     @property
     def usable(self) -> bool:

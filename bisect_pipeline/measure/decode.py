@@ -91,9 +91,7 @@ def adapted(call: Any) -> tuple[Optional[Callable], str]:
         if name == "ToPILImage":
             return None, f"{call.name} converts to a PIL image ({s.where}), which a tensor decode would undo"
         fns.append(tail.Scale() if name == "ToTensor" else s.fn)
-    if len(fns) == 1 and not tail.breakdown.is_compose(call.fn):
-        return fns[0], ""
-    return (type(call.fn)(fns) if fns and tail.breakdown.is_compose(call.fn) else tail.Identity()), ""
+    return tail.rebuilt(call.fn, fns), ""
 
 
 def build(caches: Any) -> tuple[Optional[tuple], Fix]:

@@ -33,6 +33,7 @@ not timed.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any, Callable, Optional
 
@@ -140,15 +141,20 @@ class Split:
         """The change as code: the transforms left, and the tail in the step."""
         part = f"batch{path_text(self.path)}"
         ops = ", ".join(repr(op) for op in self.tail.ops)
-        return (f"{self.call} = {_listing(self.head)}  # in the workers: uint8 tensors\n"
+        where = self.call + (".transforms" if inner(self.head) is not self.head else "")
+        return (f"{where} = {_listing(self.head)}  # in the workers: uint8 tensors\n"
                 f"tail = Compose([{ops}])  # in the step, on the device:\n"
                 f"{part} = tail({part}.to(device, non_blocking=True))")
 
 
 def _listing(head: Callable) -> str:
+    """A transform as code: a Compose as `Compose([...])` on one line; a preset as
+    `Preset(...).transforms = Compose([...])` would be, by its Compose."""
     transforms = getattr(head, "transforms", None)
     if transforms is None:
         return repr(head)
+    if not breakdown.is_compose(head):
+        return _listing(transforms)
     return f"{type(head).__name__}([" + ", ".join(repr(t) for t in transforms) + "])"
 
 
@@ -164,12 +170,46 @@ def steps_of(call: recording.Call) -> tuple[Optional[list], str]:
     placements = call.placements
     if len(placements) != 1 or placements[0][0] != ():
         return None, f"the output of {call.name} is not one part of the sample"
-    steps, _ = breakdown.parts_of(call)
+    compose = inner(call.fn)
+    if compose is None:
+        return None, f"{call.name} is not a torchvision Compose or transform"
+    if not breakdown.is_compose(compose):
+        return [breakdown._Part(torchvision_name(compose), call.name, compose)], ""
+    steps, _ = breakdown.parts_of(dataclasses.replace(call, fn=compose))
     if len(steps) == 1 and steps[0].note:
-        if torchvision_name(call.fn) is None or breakdown.is_compose(call.fn):
-            return None, f"{call.name} is not a torchvision Compose or transform"
-        steps = [breakdown._Part(torchvision_name(call.fn), call.name, call.fn)]
+        return None, f"{call.name}: {steps[0].note}"
     return steps, ""
+
+
+def inner(fn: Any) -> Any:
+    """The torchvision transform a recorded call runs: `fn` itself, or the Compose a
+    preset object keeps as `.transforms` and calls (torchvision's references'
+    ClassificationPresetTrain); None where neither (the check would show a preset that
+    does more than call it)."""
+    if torchvision_name(fn) is not None:
+        return fn
+    kept = getattr(fn, "transforms", None)
+    return kept if kept is not None and breakdown.is_compose(kept) else None
+
+
+def rebuilt(fn: Any, fns: list) -> Any:
+    """`fn` (the user's transform: a Compose, one transform, or a preset keeping a
+    Compose: `inner`) with `fns` in place of its transforms: a copy, the user's unchanged."""
+    compose = inner(fn)
+    if not fns:
+        head = Identity()
+    elif breakdown.is_compose(compose):
+        head = type(compose)(fns)
+    elif len(fns) == 1:
+        head = fns[0]
+    else:  # one transform, and a conversion added before it
+        from torchvision.transforms import Compose
+        head = Compose(fns)
+    if compose is fn:
+        return head
+    out = copy.copy(fn)
+    out.transforms = head
+    return out
 
 
 def cuts(steps: list) -> tuple[Optional[int], list]:
@@ -198,7 +238,7 @@ def build(kind: str, call: recording.Call, steps: list, cut: int) -> tuple[Optio
             x = fn(x)
     finally:
         state.restore(snap, None, None)
-    v2 = _v2(call.fn)
+    v2 = _v2(inner(call.fn))
     if tree._is_pil(x):
         from torchvision.transforms import PILToTensor
         from torchvision.transforms.v2 import PILToTensor as PILToTensorV2
@@ -214,8 +254,7 @@ def build(kind: str, call: recording.Call, steps: list, cut: int) -> tuple[Optio
         ops.append(Scale() if name == "ToTensor" else s.fn)
         if name in BATCHABLE and _draws(name):
             random.append(name)
-    head = type(call.fn)(head_fns) if breakdown.is_compose(call.fn) and head_fns else (
-        head_fns[0] if len(head_fns) == 1 else Identity())
+    head = rebuilt(call.fn, head_fns)
     kept = tuple(label(fn) for fn in head_fns)
     path = call.placements[0][1]
     return Split(kind, call.name, path, head, DeviceTail(path, ops), tuple(moved), kept, tuple(random)), ""

@@ -137,3 +137,25 @@ def test_the_check_leaves_the_users_random_states_and_dataset_as_they_were():
     assert c.dataset.transform.fn is ds.transform  # the cache's copy keeps the user's transform
     batch = split.tail([x[None], torch.tensor([0])])
     assert batch[0].dtype == torch.float32 and batch[0].shape == (1, 1, 20, 16)
+
+
+class Preset:
+    """torchvision's references' ClassificationPresetTrain: an object keeping a Compose."""
+
+    def __init__(self):
+        self.transforms = T.Compose([T.RandomResizedCrop(12), T.RandomHorizontalFlip(), T.PILToTensor(),
+                                     T.ConvertImageDtype(torch.float), T.Normalize((0.5,) * 3, (0.2,) * 3)])
+
+    def __call__(self, img):
+        return self.transforms(img)
+
+
+def test_a_preset_object_keeping_a_compose_is_split_in_a_copy_of_itself():
+    preset = Preset()
+    fixes, usable, _ = checked(Pictures(preset))
+    f, split = fixes[DEVICE_TAIL], usable[DEVICE_TAIL]
+    assert f.usable and f.moved == ("ConvertImageDtype", "Normalize") and f.max_difference == 0.0
+    assert isinstance(split.head, Preset) and split.head is not preset and len(preset.transforms.transforms) == 5
+    assert [type(t).__name__ for t in split.head.transforms.transforms] == ["RandomResizedCrop", "RandomHorizontalFlip",
+                                                                          "PILToTensor"]
+    assert f.code.startswith("dataset.transform.transforms = Compose([RandomResizedCrop(")
