@@ -56,6 +56,9 @@ def test_candidates_start_with_the_recommendation_then_vary_the_threads_and_the_
         {"num_workers": 2, "torch_num_threads": 2, "persistent_workers": True},
         {"num_workers": 2, "persistent_workers": True},
         {"num_workers": 1, "torch_num_threads": 2, "persistent_workers": True}]
+    # a fix of the pipeline itself (fixes.py): the fix alone, on the user's settings
+    assert verify.candidates(item({"fix": "device_tail"}, kind="device_tail"), threads=2, cores=2, on_cpu=True) == [
+        {"fix": "device_tail"}]
 
 
 # --- the schedule on a fake clock --------------------------------------------------------------
