@@ -26,7 +26,7 @@ from ..core.stats import NOISY_REL_IQR
 from ..derive import witness
 from ..derive.findings import Diagnosis, Finding
 from ..derive.verdict import POINTS, Verdict, decide, self_check
-from . import advice as advice_mod, outcome, tune
+from . import advice as advice_mod, context, outcome, tune, wording
 
 
 
@@ -41,7 +41,7 @@ def diagnose(m: Measurements) -> Diagnosis:
     d = dataclasses.replace(d, notes=m.notes + tuple(derived_notes(d)))
     checked = advice_mod.ranked(tuple(_checked(f, m) for f in advice_mod.findings(d)))
     d = dataclasses.replace(d, advice=checked)
-    found = tune.summarize(m.tune, m.batch_size, advice_mod.is_graph(m.loader)) if m.tune is not None else None
+    found = tune.summarize(m.tune, m.batch_size, context.is_graph(m.loader)) if m.tune is not None else None
     return dataclasses.replace(d, summary=summary(d), tune=found)
 
 
@@ -95,7 +95,7 @@ def _checked(f: Finding, m: Measurements) -> Finding:
     v = outcome.verified(f, m.verification, m.isolated, m.batch_size)
     if v is None:
         return f
-    return advice_mod.checked(f, v)
+    return wording.checked(f, v)
 
 
 def derived_notes(d: Diagnosis) -> list:
@@ -116,7 +116,7 @@ def derived_notes(d: Diagnosis) -> list:
     if d.cache.limited_by:
         out.append(cache_note(d.cache))
     workers, cores = d.loader.get("num_workers") or 0, d.run.cpu_count
-    threads = advice_mod.is_graph(d.loader) and d.loader.get("method") == "thread"  # (threads that wait share cores)
+    threads = context.is_graph(d.loader) and d.loader.get("method") == "thread"  # (threads that wait share cores)
     if cores and workers > cores and not threads:
         out.append(Note("workers", f"num_workers={workers} is more than this machine's {cores} cores: use {cores} or "
                                    "fewer.", derived=True, detail="the workers compete for CPU"))
@@ -264,7 +264,7 @@ def summary(d: Diagnosis) -> str:
 def _lost(d: Diagnosis) -> str:
     """'64% of the ceiling's throughput is lost to input (highly input-bound)'; '' where
     the verdict has no such figure."""
-    f, cls = d.verdict.input_bound_fraction, advice_mod.input_bound_class(d)
+    f, cls = d.verdict.input_bound_fraction, context.input_bound_class(d)
     if f is None:
         return ""
     how = f" ({cls} input-bound)" if cls in ("moderately", "highly") else ""
