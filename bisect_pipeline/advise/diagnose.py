@@ -29,15 +29,9 @@ from ..derive.verdict import POINTS, Verdict, decide, self_check
 from . import advice as advice_mod, context, outcome, tune, wording
 
 
-
-# --------------------------------------------------------------------------------------
-# The derivations
-# --------------------------------------------------------------------------------------
-
-
 def diagnose(m: Measurements) -> Diagnosis:
     """The final report's content (see the module's docstring)."""
-    d = _judged(m)
+    d = judged(m)
     d = dataclasses.replace(d, notes=m.notes + tuple(derived_notes(d)))
     checked = advice_mod.ranked(tuple(_checked(f, m) for f in advice_mod.findings(d)))
     d = dataclasses.replace(d, advice=checked)
@@ -47,16 +41,12 @@ def diagnose(m: Measurements) -> Diagnosis:
 
 def to_check(m: Measurements) -> tuple[Finding, ...]:
     """The advice as it stands before its check (verify.Trials measures its settings)."""
-    return tuple(advice_mod.findings(_judged(m)))
+    return tuple(advice_mod.findings(judged(m)))
 
 
 def judged(m: Measurements) -> Diagnosis:
     """The verdict and points of the measurements, before notes and advice (what
     tune.space_of prunes the search from)."""
-    return _judged(m)
-
-
-def _judged(m: Measurements) -> Diagnosis:
     points = tuple(sorted(m.points, key=lambda p: POINTS.index(p.point)))
     lo = m.loader or {}
     # a node graph whose stages run in threads of their own is named on the rounds alone

@@ -21,7 +21,6 @@ from . import summary as summary_mod
 from .figures import Footnotes, batch_size_text, ended_parts, gain_if_free
 
 
-
 def _fmt_rate(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:,.1f}"
 
