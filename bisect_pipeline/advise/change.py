@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 from ..core.results import Measurements, Trial, VisitWindow
 from ..measure.plan import PATCH_RUN_LEAST_S, PATCH_RUN_MARGIN_S, PATCH_RUNS
-from . import advice as advice_mod, patch as patch_mod, tune
+from . import context, patch as patch_mod, tune
 from .outcome import THREADS
 
 # The patched script's copy, beside the original.
@@ -48,7 +48,7 @@ TERM_GRACE_S = 3.0
 def settings_to_write(m: Measurements) -> Optional[dict]:
     """The settings of the search's best, as the script would be given them (what differs
     from the user's), with the allocator's variables where the report measured they help."""
-    found = tune.summarize(m.tune, m.batch_size, advice_mod.is_graph(m.loader)) if m.tune is not None else None
+    found = tune.summarize(m.tune, m.batch_size, context.is_graph(m.loader)) if m.tune is not None else None
     if found is None or found.best is None:
         return None
     out = dict(found.best.settings)

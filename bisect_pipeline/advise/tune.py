@@ -42,8 +42,9 @@ from ..derive.verdict import STAGES
 from ..derive.witness import waits
 from ..measure.experiment import Experiment
 from ..measure.visit import Visit
-from .advice import WAITING_CORES_FACTOR, WORKER_STAGES, is_graph
+from .context import is_graph
 from .outcome import THREADS, compared, interval, outcome, per_batch, read, settings_text, visit_times
+from .rules_workers import WAITING_CORES_FACTOR, WORKER_STAGES
 from .verify import BLOCK, MIN_BLOCKS, fits, trial
 
 

@@ -17,8 +17,7 @@ import html
 import math
 from typing import Any, Optional
 
-from ..advise import tune
-from ..advise import advice as advice_mod
+from ..advise import tune, wording
 from ..derive.findings import Diagnosis
 from ..derive.verdict import STAGES, in_question
 from . import plot as plot_mod
@@ -686,8 +685,8 @@ def _warning(n: Any) -> str:
 
 def _advice_item(a: Any, first: bool) -> str:
     """One advice item: its action and figure, its reasoning folded beneath."""
-    head = text_mod.FIRST_ABOVE + "." if first else advice_mod.headline(a)
-    body = advice_mod.reasoning(a)
+    head = text_mod.FIRST_ABOVE + "." if first else wording.headline(a)
+    body = wording.reasoning(a)
     why = f"<details><summary>why</summary><p>{_e(body)}</p></details>" if body else ""
     return f'<li><p class="action">{_e(head)}</p>{why}</li>'
 

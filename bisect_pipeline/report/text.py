@@ -13,13 +13,12 @@ from typing import Optional
 
 from tabulate import tabulate
 
-from ..advise import advice as advice_mod, outcome, tune
+from ..advise import context, outcome, tune, wording
 from ..core.results import MERGED_WITH_LOAD
 from ..derive.findings import Diagnosis
 from ..derive.verdict import POINTS, in_question
 from . import summary as summary_mod
 from .figures import Footnotes, batch_size_text, ended_parts, gain_if_free
-
 
 
 def _fmt_rate(x: Optional[float]) -> str:
@@ -117,14 +116,14 @@ def brief_lines(s: "summary_mod.Summary") -> list:
 
 
 def _advice_lines(r: "Diagnosis", s: "summary_mod.Summary") -> list:
-    """What to do, first to last: each item's action and figure (advice.headline), its
+    """What to do, first to last: each item's action and figure (wording.headline), its
     reasoning indented beneath; the summary's first change is not said again."""
     if not r.advice:
         return []
     lines = ["", "What to do, first to last:"]
     for i, a in enumerate(r.advice, 1):
-        body = advice_mod.reasoning(a)
-        head = (FIRST_ABOVE + ("; why:" if body else ".")) if a is s.first_item else advice_mod.headline(a)
+        body = wording.reasoning(a)
+        head = (FIRST_ABOVE + ("; why:" if body else ".")) if a is s.first_item else wording.headline(a)
         lines += _wrap(head, first=f"  {i}. ", rest="     ")
         if body:
             lines += _wrap(body, first="       ", rest="       ")
@@ -195,7 +194,7 @@ def tune_summary(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> s
 def outcome_text(r: "Diagnosis", settings: dict) -> str:
     """A setting tried, as the search's table names it (outcome.settings_text; a node
     graph's on its nodes)."""
-    return outcome.settings_text(settings, advice_mod.is_graph(r.loader)) or "(yours)"
+    return outcome.settings_text(settings, context.is_graph(r.loader)) or "(yours)"
 
 
 def change_items(p: Optional[dict]) -> tuple:
@@ -272,10 +271,10 @@ def _run_lines(r: "Diagnosis") -> list:
     budget = budget_text(r.run)
     if budget:
         lines.extend(_wrap(budget, rest="  "))
-    if advice_mod.input_bound_class(r) in ("moderately", "highly"):
+    if context.input_bound_class(r) in ("moderately", "highly"):
         lines.extend(_wrap(f"Input-bound: of the ceiling's throughput lost to input, not < "
-                           f"{advice_mod.INPUT_BOUND_MODERATE * 100:.0f}% <= moderately < "
-                           f"{advice_mod.INPUT_BOUND_HIGH * 100:.0f}% <= highly.", rest="  "))
+                           f"{context.INPUT_BOUND_MODERATE * 100:.0f}% <= moderately < "
+                           f"{context.INPUT_BOUND_HIGH * 100:.0f}% <= highly.", rest="  "))
     return lines
 
 
@@ -571,7 +570,7 @@ def _split_lines(r: "Diagnosis", every: bool = False) -> list:
     share = (lambda ms: "-" if total <= 0 else f"{ms / total * 100:.0f}%")
     rate = "-" if s.read_mb_per_s is None else f"{s.read_mb_per_s:,.1f} MB/s"
     rows = [["read", f"{s.read_ms_per_sample:.2f}", share(s.read_ms_per_sample),
-             f"{rate}, {advice_mod.size_text(s.bytes_per_sample)} per sample, {s.files_per_sample:g} file(s)"],
+             f"{rate}, {wording.size_text(s.bytes_per_sample)} per sample, {s.files_per_sample:g} file(s)"],
             ["decode", f"{s.decode_ms_per_sample:.2f}", share(s.decode_ms_per_sample),
              "decoding and the dataset's other work" + "".join(f", {MERGED_WITH_LOAD[x]} too" for x in (load.includes or ())
                                                               if x in MERGED_WITH_LOAD)]]

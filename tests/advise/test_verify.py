@@ -49,7 +49,7 @@ def test_candidates_start_with_the_recommendation_then_vary_the_threads_and_the_
     # workers started again every epoch: persistent ones, alone
     restart = item({"persistent_workers": True}, kind="persistent_workers")
     assert verify.candidates(restart, threads=2, cores=2, on_cpu=True) == [{"persistent_workers": True}]
-    # workers recommended persistent (advice._workers, for a loader whose workers are not) stay
+    # workers recommended persistent (rules_workers.workers, for a loader whose workers are not) stay
     # persistent in every candidate: the measured loop ends its epochs and would fork them again
     kept = item({"num_workers": 2, "torch_num_threads": 2, "persistent_workers": True})
     assert verify.candidates(kept, threads=4, cores=4, on_cpu=True) == [

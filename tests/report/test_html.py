@@ -225,7 +225,7 @@ WORKERS = {"status": "ok", "workers": {"status": "ok", "needed": 3, "cores": 8, 
 
 
 def test_advice_items_lead_with_the_action_their_reasoning_folded():
-    from bisect_pipeline.advise.advice import headline, reasoning
+    from bisect_pipeline.advise.wording import headline, reasoning
     r = planted_report(AUGMENT, isolated=WORKERS)
     p = parse(to_html(r))
     items = [a for t, a in p.elements if t == "li"]
