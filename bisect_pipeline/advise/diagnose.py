@@ -23,9 +23,9 @@ from typing import Optional
 
 from ..core.results import NOT_SELECTED, CacheInfo, Measurements, Note, PointResult
 from ..core.stats import NOISY_REL_IQR
-from ..derive import witness
+from ..derive import drops, witness
 from ..derive.findings import Diagnosis, Finding
-from ..derive.verdict import POINTS, Verdict, decide, self_check
+from ..derive.verdict import Verdict, decide, self_check
 from . import advice as advice_mod, outcome, tune
 
 
@@ -57,7 +57,7 @@ def judged(m: Measurements) -> Diagnosis:
 
 
 def _judged(m: Measurements) -> Diagnosis:
-    points = tuple(sorted(m.points, key=lambda p: POINTS.index(p.point)))
+    points = tuple(sorted(m.points, key=lambda p: drops.POINTS.index(p.point)))
     lo = m.loader or {}
     # a node graph whose stages run in threads of their own is named on the rounds alone
     # (pipeline/integrations/nodes.witnessed: the costs alone model DataLoader's workers)
