@@ -65,7 +65,7 @@ from .advise import change
 from .core import faults
 from .core.errors import BisectError
 from .core.results import Measurements, PointResult
-from .derive.verdict import POINTS
+from .derive.drops import POINTS
 from .measure import allocator, devices, distributed, graph, sources
 from .phases import Options
 from .pipeline.integrations import nodes, webdataset

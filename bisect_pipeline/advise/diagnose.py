@@ -23,9 +23,9 @@ from typing import Optional
 
 from ..core.results import NOT_SELECTED, CacheInfo, Measurements, Note, PointResult
 from ..core.stats import NOISY_REL_IQR
-from ..derive import witness
+from ..derive import drops, witness
 from ..derive.findings import Diagnosis, Finding
-from ..derive.verdict import POINTS, Verdict, decide, self_check
+from ..derive.verdict import Verdict, decide, self_check
 from . import advice as advice_mod, context, outcome, tune, wording
 
 
@@ -47,7 +47,7 @@ def to_check(m: Measurements) -> tuple[Finding, ...]:
 def judged(m: Measurements) -> Diagnosis:
     """The verdict and points of the measurements, before notes and advice (what
     tune.space_of prunes the search from)."""
-    points = tuple(sorted(m.points, key=lambda p: POINTS.index(p.point)))
+    points = tuple(sorted(m.points, key=lambda p: drops.POINTS.index(p.point)))
     lo = m.loader or {}
     # a node graph whose stages run in threads of their own is named on the rounds alone
     # (pipeline/integrations/nodes.witnessed: the costs alone model DataLoader's workers)

@@ -38,7 +38,7 @@ from typing import Iterator, Optional
 from ..core.results import Trial, Tuning
 from ..core.stats import Contrast, compare, difference, is_real, unpaired
 from ..derive.findings import Diagnosis, Found, Outcome, Tried
-from ..derive.verdict import STAGES
+from ..derive.drops import STAGES
 from ..derive.witness import waits
 from ..measure.experiment import Experiment
 from ..measure.visit import Visit

@@ -14,7 +14,8 @@ from typing import ClassVar, Optional
 
 from ..core.results import Measurements, Note, PointResult, Record
 from ..core.stats import Contrast, Throughput
-from .verdict import StageCost, Verdict
+from .drops import StageCost
+from .verdict import Verdict
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,8 +23,8 @@ from ..core import faults, tree
 from ..core.results import (NOT_SELECTED, AllocatorHold, AllocatorTiming, CacheInfo, Isolated, Measurements, Note,
                             PointResult, RunInfo, Syncs, Tuning, Verification)
 from ..core.stats import Throughput
-from ..derive import witness
-from ..derive.verdict import POINTS, Verdict, decide
+from ..derive import drops, witness
+from ..derive.verdict import Verdict, decide
 from ..pipeline import split
 from ..pipeline.integrations import nodes, timm
 from ..pipeline.loader import LoaderSpec
@@ -35,7 +35,7 @@ from .visit import LOCAL, Pace, Visit
 
 # Measured from the ceiling down, so the most trustworthy numbers come first and a
 # run cut short by --max-seconds still has a ceiling to compare with.
-MEASURE_ORDER = tuple(reversed(POINTS))
+MEASURE_ORDER = tuple(reversed(drops.POINTS))
 # Share of --max-seconds the cache fill may take before it settles for fewer batches.
 CACHE_TIME_SHARE = 0.2
 # A hang is cut at the latest this long after --max-seconds (or after the fill's own
@@ -484,7 +484,7 @@ class Experiment:
         """Everything measured so far, typed: the input of diagnosis.diagnose. Points not
         selected are `skipped`, points not reached `not run` (`unreached`: why, where it
         was neither an interruption nor the time: a user's script that ended first)."""
-        for name in POINTS:
+        for name in drops.POINTS:
             if name not in selected:
                 self.results[name] = PointResult(name, "skipped", reason=NOT_SELECTED)
             elif name not in self.results:

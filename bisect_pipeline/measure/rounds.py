@@ -27,7 +27,8 @@ from typing import Iterator, Optional
 
 from ..core.results import Note, PointResult
 from ..core.stats import Throughput
-from ..derive.verdict import SETTLE_NOISE_SCALE, STAGES, deciding_points, settled
+from ..derive.drops import STAGES
+from ..derive.verdict import SETTLE_NOISE_SCALE, deciding_points, settled
 from .experiment import MEASURE_ORDER, Experiment, no_window
 from .visit import Visit
 

@@ -17,7 +17,7 @@ from ..advise.diagnose import derived_notes, diagnose
 from ..core.results import CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo, Syncs, Tuning, Verification
 from ..core.stats import Throughput, Window
 from ..derive.findings import Diagnosis
-from ..derive.verdict import StageCost
+from ..derive.drops import StageCost
 from . import summary as summary_mod
 from .figures import finite, gain_if_free, ms
 

@@ -7,7 +7,7 @@ import os
 import tempfile
 from typing import Optional
 
-from ..derive.verdict import StageCost
+from ..derive.drops import StageCost
 
 POINT_MEANING = {
     "device": "batches cached on the device: step only (the ceiling)",

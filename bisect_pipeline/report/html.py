@@ -19,7 +19,8 @@ from typing import Any, Optional
 
 from ..advise import tune, wording
 from ..derive.findings import Diagnosis
-from ..derive.verdict import STAGES, in_question
+from ..derive.drops import STAGES
+from ..derive.verdict import in_question
 from . import plot as plot_mod
 from . import summary as summary_mod, text as text_mod
 from .figures import POINT_MEANING, Footnotes, batch_size_text, ended_parts

@@ -16,7 +16,8 @@ from tabulate import tabulate
 from ..advise import context, outcome, tune, wording
 from ..core.results import MERGED_WITH_LOAD
 from ..derive.findings import Diagnosis
-from ..derive.verdict import POINTS, in_question
+from ..derive.drops import POINTS
+from ..derive.verdict import in_question
 from . import summary as summary_mod
 from .figures import Footnotes, batch_size_text, ended_parts, gain_if_free
 

@@ -14,7 +14,7 @@ from bisect_pipeline.advise import context, rules_workers, wording
 from bisect_pipeline import bisect
 from bisect_pipeline.report import PointResult, Report, build, stage_dict
 from bisect_pipeline.core.stats import Throughput, Window
-from bisect_pipeline.derive.verdict import POINTS
+from bisect_pipeline.derive.drops import POINTS
 from conftest import FAST_PLAN, PlantedDataset, Sleep, assert_names, make_loader, planted, tiny_model
 
 BS = 16

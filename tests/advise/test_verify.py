@@ -24,7 +24,7 @@ from bisect_pipeline.core.results import Measured
 from bisect_pipeline.report import PointResult, Report, build
 from bisect_pipeline.core.stats import Throughput, Window
 from bisect_pipeline.testing import CLASSES, FEATURES, PlantedDataset, Spin, make_loader, tiny_model
-from bisect_pipeline.derive.verdict import POINTS
+from bisect_pipeline.derive.drops import POINTS
 from conftest import FAST_PLAN, FakeClock, Sleep
 from test_outcome import BS, item, outcome_of, verified  # the advice items and how their trials read
 

@@ -17,7 +17,7 @@ from bisect_pipeline.measure.plan import Plan
 from bisect_pipeline.core.results import PointResult
 from bisect_pipeline.derive.verdict import rounds_to_decide
 from bisect_pipeline.core.stats import Throughput, Window
-from bisect_pipeline.derive.verdict import POINTS
+from bisect_pipeline.derive.drops import POINTS
 from bisect_pipeline.measure.visit import drive
 from conftest import FakeClock
 
