@@ -1,11 +1,12 @@
-"""Numbers as the report shows them, shared by the text, the HTML and the document."""
+"""Numbers and strings as the report shows them, shared by the text, the HTML and the document."""
 
 from __future__ import annotations
 
+import html
 import math
 import os
 import tempfile
-from typing import Optional
+from typing import Any, Optional
 
 from ..derive.drops import StageCost
 
@@ -71,6 +72,14 @@ def gain_if_free(s: StageCost, full: Optional[float]) -> Optional[float]:
     if s.samples_per_sec_if_free is None or not full or full <= 0:
         return None
     return s.samples_per_sec_if_free / full - 1
+
+
+def num(x: Optional[float], nd: int = 1) -> str:
+    return "-" if x is None else f"{x:,.{nd}f}"
+
+
+def esc(x: Any) -> str:
+    return html.escape(str(x), quote=True)
 
 
 def finite(x: Optional[float], nd: int) -> Optional[float]:

@@ -19,12 +19,7 @@ from ..derive.findings import Diagnosis
 from ..derive.drops import POINTS
 from ..derive.verdict import in_question
 from . import summary as summary_mod
-from .figures import Footnotes, batch_size_text, ended_parts, gain_if_free
-
-
-def _fmt_rate(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x:,.1f}"
-
+from .figures import Footnotes, batch_size_text, ended_parts, gain_if_free, num
 
 WIDTH = 80  # the text report fits a classic terminal: prose is wrapped, tables' last column too
 
@@ -305,7 +300,7 @@ def _point_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
             note = short + _pooled_note(r, name, rate)
         else:
             note = marks.mark(p.status, p.reason)
-        rows.append([name, _fmt_rate(rate), f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
+        rows.append([name, num(rate), f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
                      f"{r.batch_size / rate * 1e3:.2f}" if rate else "-",
                      "-" if p.first_batch_seconds is None else f"{p.first_batch_seconds * 1e3:.0f}", note])
     return rows
@@ -331,7 +326,7 @@ def _stage_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
         alone = predicted.get(s.stage)
         rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}", "-" if alone is None else f"{alone[0] * 1e3:.2f}",
                      "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
-                     _fmt_rate(s.samples_per_sec_if_free), "-" if gain is None else f"{gain * 100:+.0f}%",
+                     num(s.samples_per_sec_if_free), "-" if gain is None else f"{gain * 100:+.0f}%",
                      "; ".join(notes)])
     loop = loop_row(r)
     if loop is not None:
@@ -350,7 +345,7 @@ def loop_row(r: "Diagnosis") -> Optional[list]:
     full = r.rate("full")
     per = r.measurements.batch_size / full if full else None
     free = r.measurements.batch_size / (per - loop.ms_per_batch / 1e3) if per and per > loop.ms_per_batch / 1e3 else None
-    return ["in your loop", "-", f"{loop.ms_per_batch:.2f}", "-", _fmt_rate(free),
+    return ["in your loop", "-", f"{loop.ms_per_batch:.2f}", "-", num(free),
             "-" if free is None else f"{(free / full - 1) * 100:+.0f}%",
             f"{loop.label}; at every point, in no stage"]
 
