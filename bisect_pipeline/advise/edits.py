@@ -12,7 +12,7 @@ import difflib
 from typing import Any, Optional
 
 from ..core.results import Record
-from .script import Script
+from .script_ast import Script
 
 
 @dataclasses.dataclass(frozen=True)

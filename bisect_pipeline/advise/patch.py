@@ -1,7 +1,7 @@
 """The change itself: loader settings written against the user's script (`--patch`).
 
 Given the script's source and the line where its training loader was created
-(loop.Seen.created_at), `make` finds the call there (script.py) and says, setting by
+(loop.Seen.created_at), `make` finds the call there (script_ast.py) and says, setting by
 setting, how to get the new value:
 
 - a keyword of the call, changed or added (`num_workers=2` -> `num_workers=1`), or the
@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Optional
 from ..core.results import Record
 from .edits import Change, Edits
 from .outcome import THREADS
-from .script import LOADER_KEYS, Script, accepts_loader_keywords, find_call, name_of, uses
+from .script_ast import LOADER_KEYS, Script, accepts_loader_keywords, find_call, name_of, uses
 
 ENV = "env"
 # Hugging Face TrainingArguments: the loader's settings under their names there.
