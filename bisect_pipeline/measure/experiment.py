@@ -210,7 +210,7 @@ class Experiment(PointSources):
     def not_applicable(self, name: str) -> Optional[PointResult]:
         if name == "host" and self.device.type == "cpu":
             return PointResult(name, "skipped", reason="no accelerator: host and device coincide")
-        if isinstance(self.spec, nodes.NodeSpec):  # a node graph's cuts (nodes.cuts_of)
+        if isinstance(self.spec, nodes.NodeSpec):  # a node graph's cuts (node_chain.cuts_of)
             why = self.spec.cuts.why.get(name)
             return None if why is None else PointResult(name, "skipped" if name == "collated" else "unavailable",
                                                         reason=why)
