@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ..advise import advice as advice_mod
+from ..advise import context
 from ..advise.diagnose import derived_notes, diagnose
 from ..core.results import CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo, Syncs, Tuning, Verification
 from ..core.stats import Throughput, Window
 from ..derive.findings import Diagnosis
-from ..derive.verdict import StageCost
+from ..derive.drops import StageCost
 from . import summary as summary_mod
 from .figures import finite, gain_if_free, ms
 
@@ -85,9 +85,9 @@ def to_dict(r: "Diagnosis") -> dict:
             "next": summary_mod.next_step(r) or None,
             "gap_ms_per_batch": ms(v.gap_sec_per_batch),
             "input_bound_fraction": finite(v.input_bound_fraction, 4),
-            "input_bound_class": advice_mod.input_bound_class(r),
-            "input_bound_thresholds": {"moderately": advice_mod.INPUT_BOUND_MODERATE,
-                                       "highly": advice_mod.INPUT_BOUND_HIGH},
+            "input_bound_class": context.input_bound_class(r),
+            "input_bound_thresholds": {"moderately": context.INPUT_BOUND_MODERATE,
+                                       "highly": context.INPUT_BOUND_HIGH},
             "full_samples_per_sec": finite(full, 1),
             "ceiling": v.ceiling,
             "gap_noise_ms": ms(v.gap_sigma),
