@@ -14,7 +14,7 @@ the fix's own visits, and the checks restore the RNG states they draw from.
 
 On CUDA the tail runs in the step's stream inside the timed window (after the batch's
 transfer, before the step); the host-device syncs it adds are counted once on a cached
-device batch, as the step's are (isolate.count_syncs), and kept with its Fix.
+device batch, as the step's are (device_alone.count_syncs), and kept with its Fix.
 """
 
 from __future__ import annotations
@@ -22,22 +22,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-from ..core.fixes import DECODE, DEVICE_TAIL, KINDS, Fix
+from ..core.fixes import DECODE, DEVICE_TAIL, KINDS, Fix, Variant
 from ..measure import decode, tail
 from ..pipeline import recording
 from ..pipeline.split import replaced
-
-# The settings key of a fix's trial (verify.py): {"fix": "device_tail"}.
-FIX = "fix"
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """A fix as a visit of `full` runs it: the dataset copy its loader reads, and what
-    runs on each batch after its transfer to the device (None: nothing)."""
-
-    dataset: Any
-    after: Optional[Callable[[Any], Any]] = None
 
 
 def applicable(exp: Any) -> Optional[str]:
@@ -87,16 +75,7 @@ def _with_syncs(fix: Fix, split: Optional[tail.Split], exp: Any, count_syncs: Ca
     group = exp.caches.groups[0]
     batch = exp.move(exp.spec.collate_fn([recording.replay_sample(exp.caches.samples[i], moved(exp.caches.raw_calls[i]))
                                           for i in group]))
-    return dataclasses.replace(fix, syncs=count_syncs(split.tail, batch))
-
-
-def through(variant: Optional[Variant], move: Optional[Callable]) -> Optional[Callable]:
-    """The transfer of a visit of `full` with `variant`: the batch moved, then the
-    variant's `after` (on the device, in the step's stream, inside the timed window)."""
-    if variant is None or variant.after is None or move is None:
-        return move
-    after = variant.after
-    return lambda batch: after(move(batch))
+    return dataclasses.replace(fix, syncs=count_syncs(split.tail, batch).to_dict())
 
 
 def usable(fixes: tuple) -> dict:

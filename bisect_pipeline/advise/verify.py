@@ -299,7 +299,7 @@ def _visit(exp: Experiment, settings: dict, deadline: float, end: float) -> Visi
     spec = exp.spec.with_settings(settings)
     key = side_key(settings) if exp.keeps_side(spec) else False
     visit = exp.visit("full", deadline, spec=spec, epochs=True, threads=settings.get(THREADS), end=end,
-                      keep_open=key)
+                      keep_open=key, variant=exp.variants.get(settings.get(FIX)))
     if key and key not in exp.kept:
         visit.first_free = end
     return visit

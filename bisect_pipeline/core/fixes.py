@@ -14,9 +14,9 @@ report says why.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Optional
+from typing import Any, Callable, Optional
 
-from .results import Part, Syncs
+from .record import Part
 
 # The kinds of fix, in the order the check tries them.
 DEVICE_TAIL = "device_tail"
@@ -30,8 +30,6 @@ class Fix(Part):
     """One fix as built and checked (see the module's docstring). `status`: ok (built and
     compared: `matches` says whether it passed), unavailable (it cannot be built for this
     pipeline: `reason`), failed (building or comparing it raised: `reason`)."""
-
-    _nested: ClassVar[dict] = {"syncs": Syncs}
 
     kind: Optional[str] = None
     where: Optional[str] = None  # the recorded transform it changes: "dataset.transform"
@@ -52,9 +50,27 @@ class Fix(Part):
     before: Optional[dict] = None
     after: Optional[dict] = None
     code: Optional[str] = None  # the change as code: what to write in the transforms and the step
-    syncs: Optional[Syncs] = None  # on CUDA, the host-device syncs the tail adds per batch (isolate.count_syncs)
+    # on CUDA, the host-device syncs the tail adds per batch: a Syncs record's JSON form (device_alone.count_syncs)
+    syncs: Optional[dict] = None
 
     @property
     def usable(self) -> bool:
         """Built and passed its check: it may be timed."""
         return self.ok and bool(self.matches)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A fix as a visit of `full` runs it (Experiment.open): the dataset copy its loader
+    reads, and what runs on each batch after its transfer to the device (None: nothing),
+    in the step's stream and inside the timed window."""
+
+    dataset: Any
+    after: Optional[Callable[[Any], Any]] = None
+
+    def through(self, move: Optional[Callable[[Any], Any]]) -> Optional[Callable[[Any], Any]]:
+        """The transfer `move` followed by `after` (`move` alone where there is none)."""
+        if self.after is None or move is None:
+            return move
+        after = self.after
+        return lambda batch: after(move(batch))

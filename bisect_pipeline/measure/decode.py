@@ -110,7 +110,8 @@ def build(caches: Any) -> tuple[Optional[tuple], Fix]:
         return None, Fix(kind=DECODE, where=name, status="unavailable", reason=why)
     dataset = replaced(replaced(caches.dataset, name, TorchvisionDecode()), call.name, fn)
     kept = tuple(tail.label(t) for t in getattr(fn, "transforms", [fn]))
-    code = (f"{name} = {TorchvisionDecode()!r}\n{call.name} = {tail._listing(fn)}")
+    preset = tail.inner(call.fn) is not call.fn
+    code = f"{name} = {TorchvisionDecode()!r}\n{call.name}{'.transforms' if preset else ''} = {tail._listing(fn)}"
     return (dataset, call.name), Fix(kind=DECODE, where=name, moved=("PIL decode",), kept=kept,
                                      path=tail.path_text(call.placements[0][1]) if call.placements else None,
                                      code=code)

@@ -128,6 +128,7 @@ class Split:
     moved: tuple
     kept: tuple
     random: tuple
+    preset: bool = False  # the user's transform is an object keeping a Compose (`inner`)
 
     def calls(self, calls: list) -> list:
         """A sample's recorded calls with this one's transforms the head."""
@@ -140,22 +141,36 @@ class Split:
     def code(self) -> str:
         """The change as code: the transforms left, and the tail in the step."""
         part = f"batch{path_text(self.path)}"
-        ops = ", ".join(repr(op) for op in self.tail.ops)
-        where = self.call + (".transforms" if inner(self.head) is not self.head else "")
-        return (f"{where} = {_listing(self.head)}  # in the workers: uint8 tensors\n"
+        ops = ", ".join(code_repr(op) for op in self.tail.ops)
+        head = self.head.transforms if self.preset else self.head
+        left = ("lambda img: img" if self.preset else "None") if isinstance(head, Identity) else _listing(head)
+        return (f"{self.call}{'.transforms' if self.preset else ''} = {left}  # in the workers: uint8 tensors\n"
                 f"tail = Compose([{ops}])  # in the step, on the device:\n"
                 f"{part} = tail({part}.to(device, non_blocking=True))")
 
 
 def _listing(head: Callable) -> str:
-    """A transform as code: a Compose as `Compose([...])` on one line; a preset as
-    `Preset(...).transforms = Compose([...])` would be, by its Compose."""
+    """The transforms left in the workers as code: a Compose as `Compose([...])` on one
+    line (a preset object: its Compose), the user's own transforms by name alone
+    (`RandomResizedCrop(...)`: they stay as they are), those the fix adds in full."""
     transforms = getattr(head, "transforms", None)
     if transforms is None:
-        return repr(head)
+        return _kept(head)
     if not breakdown.is_compose(head):
         return _listing(transforms)
-    return f"{type(head).__name__}([" + ", ".join(repr(t) for t in transforms) + "])"
+    return f"{type(head).__name__}([" + ", ".join(_kept(t) for t in transforms) + "])"
+
+
+def _kept(fn: Any) -> str:
+    code, name = code_repr(fn), type(fn).__name__
+    return code if isinstance(fn, Scale) or code == f"{name}()" else f"{name}(...)"
+
+
+def code_repr(fn: Any) -> str:
+    """A transform as code: its repr, but v2's ToDtype with its dtype (its repr leaves it out)."""
+    if torchvision_name(fn) == "ToDtype" and isinstance(getattr(fn, "dtype", None), torch.dtype):
+        return f"ToDtype({fn.dtype}, scale={fn.scale})"
+    return repr(fn)
 
 
 def path_text(path: tuple) -> str:
@@ -257,7 +272,8 @@ def build(kind: str, call: recording.Call, steps: list, cut: int) -> tuple[Optio
     head = rebuilt(call.fn, head_fns)
     kept = tuple(label(fn) for fn in head_fns)
     path = call.placements[0][1]
-    return Split(kind, call.name, path, head, DeviceTail(path, ops), tuple(moved), kept, tuple(random)), ""
+    return Split(kind, call.name, path, head, DeviceTail(path, ops), tuple(moved), kept, tuple(random),
+                 preset=inner(call.fn) is not call.fn), ""
 
 
 def label(fn: Any) -> str:

@@ -1,0 +1,97 @@
+"""The pipeline's own fixes built from an experiment's caches, and measured end to end
+against the user's pipeline (planted costs: real work, wide margins)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import v2
+
+from bisect_pipeline import bisect
+from bisect_pipeline.advise import fixes
+from bisect_pipeline.measure import cache
+from bisect_pipeline.pipeline.loader import describe
+from bisect_pipeline.report.summary import first_item
+from conftest import Sleep
+
+
+class Images(Dataset):
+    """uint8 images (`side` pixels square, 3 channels) through `transform`, 4 classes."""
+
+    def __init__(self, transform, side=16, n=4096):
+        g = torch.Generator().manual_seed(0)
+        self.data = torch.randint(0, 256, (8, 3, side, side), dtype=torch.uint8, generator=g)
+        self.transform, self.n = transform, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return self.transform(self.data[i % 8].clone()), i % 4
+
+
+class Pooled(nn.Module):
+    """A classifier of the images' channel means; `ms`: a planted cost per step."""
+
+    def __init__(self, ms: float = 0.0):
+        super().__init__()
+        self.fc, self.ms = nn.Linear(3, 4), ms
+
+    def forward(self, x):
+        Sleep(self.ms)(None)
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+TAIL = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.25] * 3)]
+
+
+def experiment(ds, batch_size=8):
+    spec = describe(DataLoader(ds, batch_size=batch_size))
+    return SimpleNamespace(caches=cache.fill(spec, cache_mb=64, max_batches=3), spec=spec, move=lambda b: b,
+                           wrapper=None, loop_stages=None)
+
+
+def test_the_fixes_are_built_as_variants_of_the_cache_own_copy():
+    ds = Images(v2.Compose(TAIL))
+    built, variants = fixes.build(experiment(ds))
+    assert [f.kind for f in built] == ["device_tail", "decode"]
+    assert built[0].usable and built[1].status == "unavailable" and set(variants) == {"device_tail"}
+    v = variants["device_tail"]
+    x, _ = v.dataset[0]
+    assert x.dtype == torch.uint8 and ds[0][0].dtype == torch.float32
+    moved = v.through(lambda b: b)([x[None], torch.tensor([0])])
+    assert torch.equal(moved[0], ds[0][0][None])
+
+
+def test_no_fix_is_built_for_a_pipeline_the_tool_cannot_copy():
+    exp = experiment(Images(v2.Compose(TAIL)))
+    exp.wrapper = object()
+    built, variants = fixes.build(exp)
+    assert built[0].status == "unavailable" and "wrapper" in built[0].reason and not variants
+
+
+@pytest.mark.e2e
+def test_a_float32_tail_that_costs_the_workers_most_of_a_batch_moved_to_the_step_helps_and_is_first(
+        no_leftover_workers):
+    # 512 small images a batch: the tail's per-sample calls cost the one worker most of
+    # its time; on the batch they are two calls (a hand loop: 4-6x on this machine)
+    ds = Images(v2.Compose(TAIL), side=16)
+    loader = DataLoader(ds, batch_size=512, shuffle=True, num_workers=1, persistent_workers=True)
+    r = bisect(Pooled(), loader, device="cpu", max_seconds=25, verify_seconds=20)
+    f = next(f for f in r.advice if f.kind == "device_tail")
+    assert f.verified.status == "helps" and f.verified.speedup > 1.5, str(r)
+    assert first_item(r) is f or (first_item(r).verified.status == "helps" and "device_tail" in str(r))
+    assert r.verification.fixes[0].usable and r.verification.fixes[0].max_difference == 0.0
+
+
+@pytest.mark.e2e
+def test_a_cheap_tail_beside_a_heavy_step_gets_no_gain_and_is_not_first(no_leftover_workers):
+    ds = Images(v2.Compose([Sleep(6.0)] + TAIL), side=8, n=512)
+    loader = DataLoader(ds, batch_size=8, shuffle=True)
+    r = bisect(Pooled(ms=20.0), loader, device="cpu", max_seconds=25, verify_seconds=20)
+    f = next((f for f in r.advice if f.kind == "device_tail"), None)
+    assert f is not None, str(r)
+    assert f.verified is not None and f.verified.status in ("no gain", "slower", "not measured"), str(r)
+    assert first_item(r) is not f
