@@ -95,3 +95,25 @@ def test_a_cheap_tail_beside_a_heavy_step_gets_no_gain_and_is_not_first(no_lefto
     assert f is not None, str(r)
     assert f.verified is not None and f.verified.status in ("no gain", "slower", "not measured"), str(r)
     assert first_item(r) is not f
+
+
+@pytest.mark.e2e
+def test_in_a_users_loop_the_fix_hands_over_batches_the_tail_has_run_on(no_leftover_workers):
+    from bisect_pipeline import watching
+
+    ds = Images(v2.Compose(TAIL), side=16)
+    loader = DataLoader(ds, batch_size=512, shuffle=True, num_workers=1, persistent_workers=True)
+    model = Pooled()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen = set()
+    with watching(max_seconds=25, verify_seconds=15) as s:
+        for epoch in range(1000):
+            for x, y in loader:
+                seen.add(x.dtype)
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+    assert s.report.measurements.mode == "loop"
+    f = next(f for f in s.report.advice if f.kind == "device_tail")
+    assert f.verified is not None and f.verified.status == "helps", str(s.report)
+    assert seen == {torch.float32}  # the workers handed over uint8; the loop got the tail's output
