@@ -57,7 +57,8 @@ BATCHABLE = frozenset({
     "RandomEqualize", "RandomPhotometricDistort", "RandomErasing", "RandomResizedCrop", "RandomCrop", "CenterCrop",
     "Resize", "RandomRotation", "RandomAffine", "RandomPerspective", "AutoAugment", "RandAugment",
     "TrivialAugmentWide", "AugMix"})
-# Batches built both ways by the check (each a batch of the cache's grouping).
+# Batches built both ways by the check of the device tail (each a batch of the cache's
+# grouping); the random candidate's, one.
 CHECK_BATCHES = 2
 # Where the random candidate may start, longest first: a start whose images differ in
 # size within a batch cannot collate, and the next is tried.
@@ -346,11 +347,11 @@ def check(split: Split, caches: Any, collate: Callable, move: Callable) -> Fix:
     """Build CHECK_BATCHES cached batches both ways under the same random draws and
     compare them (see the module's docstring): the Fix, `matches` set. The random
     candidate's values differ by design: its largest difference is not reported."""
-    groups = caches.groups[:CHECK_BATCHES]
+    exact = split.kind == DEVICE_TAIL
+    groups = caches.groups[:CHECK_BATCHES if exact else 1]  # (shapes and dtypes: one batch says them)
     theirs, before = _batches(groups, caches, collate, move, path=split.path)
     mine, after = _batches(groups, caches, collate, move, path=split.path, calls_of=split.calls, tail=split.tail)
     n = sum(len(g) for g in groups)
-    exact = split.kind == DEVICE_TAIL
     diff = differences(theirs, mine, values=exact)
     kw = dict(batches=len(groups), samples=n, before=before, after=after, code=split.code(), mismatch=diff.mismatch)
     if exact:

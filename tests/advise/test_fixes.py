@@ -117,3 +117,25 @@ def test_in_a_users_loop_the_fix_hands_over_batches_the_tail_has_run_on(no_lefto
     f = next(f for f in s.report.advice if f.kind == "device_tail")
     assert f.verified is not None and f.verified.status == "helps", str(s.report)
     assert seen == {torch.float32}  # the workers handed over uint8; the loop got the tail's output
+
+
+@pytest.mark.e2e
+def test_a_pil_decoded_folder_gets_the_decode_fix_checked_and_measured(tmp_path, no_leftover_workers):
+    import numpy as np
+    from PIL import Image
+    from torchvision import datasets, transforms as T
+
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:375, 0:500]
+    for i in range(64):  # photographs' size: decoding them is most of a sample's cost
+        (tmp_path / f"c{i % 2}").mkdir(exist_ok=True)
+        base = np.stack([(x * 0.5 + 7 * i) % 256, (y * 0.6) % 256, ((x + y) * 0.3) % 256], -1)
+        Image.fromarray(np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)).save(
+            tmp_path / f"c{i % 2}" / f"{i}.jpg", quality=90)
+    ds = datasets.ImageFolder(str(tmp_path), transform=T.Compose([T.CenterCrop(64), T.ToTensor()]))
+    r = bisect(Pooled(), DataLoader(ds, batch_size=8, shuffle=True), device="cpu", max_seconds=25, verify_seconds=15)
+    fix = next(f for f in r.verification.fixes if f.kind == "decode")
+    assert fix.usable and fix.max_difference == 0.0  # a crop of the same decoded pixels
+    if "load" in (r.verdict.tied if r.bottleneck == "tie" else (r.bottleneck,)):
+        f = next(f for f in r.advice if f.kind == "decode")
+        assert f.verified is not None and f.verified.status in ("helps", "no gain", "slower"), str(r)
