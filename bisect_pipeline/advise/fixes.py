@@ -49,22 +49,42 @@ def build(exp: Any, count_syncs: Optional[Callable] = None) -> tuple[tuple, dict
     why = applicable(exp)
     if why is not None:
         return (Fix(kind=DEVICE_TAIL, status="unavailable", reason=why),), {}
-    caches, collate, move = exp.caches, exp.spec.collate_fn, exp.move
-    fixes, splits = tail.checked(caches, collate, move)
+    tails, variants = _guarded(DEVICE_TAIL, lambda: _tails(exp, count_syncs))
+    decoded, found = _guarded(DECODE, lambda: _decode(exp))
+    variants.update(found)
+    return tuple(sorted(tails + decoded, key=lambda f: KINDS.index(f.kind))), variants
+
+
+def _guarded(kind: str, build_them: Callable) -> tuple[list, dict]:
+    """`build_them()`, or where it raised, one failed Fix of `kind` with the error: a fix
+    that cannot be built is not offered, and the run goes on."""
+    try:
+        return build_them()
+    except Exception as exc:
+        return [Fix(kind=kind, status="failed", reason=f"building it raised {type(exc).__name__}: {exc}"[:300])], {}
+
+
+def _tails(exp: Any, count_syncs: Optional[Callable]) -> tuple[list, dict]:
+    """The device tail and the random candidate, checked; their usable Variants."""
+    caches = exp.caches
+    fixes, splits = tail.checked(caches, exp.spec.collate_fn, exp.move)
     variants = {kind: Variant(replaced(caches.dataset, s.call, s.head), s.tail) for kind, s in splits.items()}
-    made, fix = decode.build(caches)
-    if made is not None:
-        try:
-            fix = decode.check(fix, caches.dataset, made[0], collate, move)
-        except Exception as exc:  # the decoded copy cannot build a batch: not offered, and why
-            fix = dataclasses.replace(fix, status="failed",
-                                      reason=f"the decoded copy raised {type(exc).__name__}: {exc}"[:300])
-        if fix.usable:
-            variants[DECODE] = Variant(made[0])
     if count_syncs is not None:
         fixes = [_with_syncs(f, splits.get(f.kind), exp, count_syncs) for f in fixes]
-    out = sorted(list(fixes) + [fix], key=lambda f: KINDS.index(f.kind))
-    return tuple(out), variants
+    return list(fixes), variants
+
+
+def _decode(exp: Any) -> tuple[list, dict]:
+    """Decode by torchvision, checked; its Variant where usable."""
+    caches = exp.caches
+    made, fix = decode.build(caches)
+    if made is None:
+        return [fix], {}
+    try:
+        fix = decode.check(fix, caches.dataset, made[0], exp.spec.collate_fn, exp.move)
+    except Exception as exc:  # the decoded copy cannot build a batch: not offered, and why
+        fix = dataclasses.replace(fix, status="failed", reason=f"the decoded copy raised {type(exc).__name__}: {exc}"[:300])
+    return [fix], ({DECODE: Variant(made[0])} if fix.usable else {})
 
 
 def _with_syncs(fix: Fix, split: Optional[tail.Split], exp: Any, count_syncs: Callable) -> Fix:

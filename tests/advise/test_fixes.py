@@ -139,3 +139,14 @@ def test_a_pil_decoded_folder_gets_the_decode_fix_checked_and_measured(tmp_path,
     if "load" in (r.verdict.tied if r.bottleneck == "tie" else (r.bottleneck,)):
         f = next(f for f in r.advice if f.kind == "decode")
         assert f.verified is not None and f.verified.status in ("helps", "no gain", "slower"), str(r)
+
+
+def test_a_fix_whose_building_raises_is_failed_with_the_error_and_the_others_are_built(monkeypatch):
+    from bisect_pipeline.measure import decode
+
+    def broken(caches):
+        raise RuntimeError("no decoder here")
+    monkeypatch.setattr(decode, "build", broken)
+    built, variants = fixes.build(experiment(Images(v2.Compose(TAIL))))
+    assert built[0].usable and built[1].status == "failed" and "no decoder here" in built[1].reason
+    assert set(variants) == {"device_tail"}
