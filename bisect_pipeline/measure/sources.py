@@ -282,7 +282,7 @@ class LoaderSource:
             if self.restarts > 1000:
                 raise RuntimeError("the dataset yields no batch")
             if not (self.loader.persistent_workers and self.loader.num_workers):
-                _shutdown(self._it)
+                shutdown(self._it)
             # With persistent workers iter() resets the same iterator and keeps its workers:
             # shutting them down first would leave it nothing to reset.
             self._it = iter(self.loader)
@@ -291,9 +291,9 @@ class LoaderSource:
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if exc_type is not None:
             _terminate(self._it)  # a hung worker would hold the shutdown for 5 s per worker
-        _shutdown(self._it)
+        shutdown(self._it)
         if self.loader is not None:
-            _shutdown(getattr(self.loader, "_iterator", None))
+            shutdown(getattr(self.loader, "_iterator", None))
         self._it = None
         self.loader = None
 
@@ -331,16 +331,12 @@ def _terminate(it: Any, grace: float = 1.0) -> None:
             w.terminate()
 
 
-def _shutdown(it: Any) -> None:
+def shutdown(it: Any) -> None:
+    """Shut a DataLoader iterator's workers down (a replay loader's, or an iterator of the
+    user's, which the experiment takes over: loop_loaders.py)."""
     stop = getattr(it, "_shutdown_workers", None)
     if stop is not None:
         stop()
-
-
-def shutdown(it: Any) -> None:
-    """Shut a DataLoader iterator's workers down (an iterator of the user's, which the
-    experiment takes over: loop_loaders.py)."""
-    _shutdown(it)
 
 
 @contextlib.contextmanager
