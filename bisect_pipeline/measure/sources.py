@@ -20,7 +20,6 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_worker_info
 
 from ..core import faults, tree
-from ..core.faults import StageError, StepTimeout
 from ..pipeline import integrations, recording
 from ..pipeline.loader import LoaderSpec, copy_or_same, index_order, sampler_copy
 from . import devices
@@ -137,28 +136,20 @@ class RawReplay(Dataset):
     def __init__(self, templates: list, calls: list) -> None:
         self.templates = templates
         self.calls = calls
+        self._replay = faults.Tagged(recording.replay_sample, "augment")
+        self._replay_batched = faults.Tagged(integrations.hf.replay_batched, "augment")
 
     def __len__(self) -> int:
         return len(self.templates)
 
     def __getitem__(self, i: int) -> Any:
-        try:
-            return recording.replay_sample(self.templates[i], self.calls[i])
-        except (StageError, StepTimeout):
-            raise
-        except Exception as exc:
-            raise faults.stage_error("augment", exc) from exc
+        return self._replay(self.templates[i], self.calls[i])
 
     def __getitems__(self, indices: list) -> list:
         """A batch of samples, as the DataLoader's fetcher asks for them. Where the user's
         dataset fetches whole batches (a Hugging Face Dataset runs its format transform
         once on all the rows of a batch), the transform is replayed the same way."""
-        try:
-            batched = integrations.hf.replay_batched([self.templates[i] for i in indices], [self.calls[i] for i in indices])
-        except (StageError, StepTimeout):
-            raise
-        except Exception as exc:
-            raise faults.stage_error("augment", exc) from exc
+        batched = self._replay_batched([self.templates[i] for i in indices], [self.calls[i] for i in indices])
         return batched if batched is not None else [self[i] for i in indices]
 
 
@@ -385,7 +376,7 @@ def loader_class(spec: LoaderSpec) -> tuple[LoaderSpec, Optional[str]]:
         probe = cls(list(range(4)), batch_sampler=Groups([[0, 1], [2, 3]]), num_workers=0, collate_fn=identity)
         it = iter(probe)
         next(it), next(it)
-        _shutdown(getattr(probe, "_iterator", None))
+        shutdown(getattr(probe, "_iterator", None))
         return spec, None
     except Exception as exc:
         name = f"{cls.__module__}.{cls.__qualname__}"
