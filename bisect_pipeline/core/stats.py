@@ -257,24 +257,15 @@ def is_real(diff: float, sigma: float, reference: float, scale: float = 1.0) -> 
     return diff > noise_threshold(sigma, reference, scale)
 
 
-def decreasing_fit(values: Sequence[float], weights: Sequence[float]) -> list:
-    """The weighted least-squares fit of `values` that never increases (pool adjacent
-    violators). For times per batch listed from the point that does the most work to the
-    one that does the least, it is the estimate that respects the physics: a point never
-    costs more than one that does all of its work and more. Points that violate the
-    order within the noise are pooled to their weighted mean."""
-    out: list = []
-    for block in decreasing_blocks(values, weights):
-        w = sum(weights[i] for i in block)
-        out.extend([sum(values[i] * weights[i] for i in block) / w] * len(block))
-    return out
-
-
 def decreasing_blocks(values: Sequence[float], weights: Sequence[float]) -> list:
-    """The blocks of decreasing_fit: lists of consecutive indices whose values are pooled
-    to their weighted mean (one index where a value keeps its own). Each fitted value is
-    thus a linear combination of the values, and a difference of fitted values a
-    contrast whose noise can be estimated like any other (drops.fit)."""
+    """The weighted least-squares fit of `values` that never increases (pool adjacent
+    violators), as its blocks: lists of consecutive indices whose values are pooled to
+    their weighted mean (one index where a value keeps its own). For times per batch
+    listed from the point that does the most work to the one that does the least, it is
+    the estimate that respects the physics: a point never costs more than one that does
+    all of its work and more. Each fitted value is thus a linear combination of the
+    values, and a difference of fitted values a contrast whose noise can be estimated
+    like any other (drops.fit)."""
     blocks: list = []  # [mean, weight, indices]
     for i, (v, w) in enumerate(zip(values, weights)):
         blocks.append([float(v), float(w), [i]])
