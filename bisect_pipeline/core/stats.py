@@ -129,11 +129,10 @@ def _betainc(a: float, b: float, x: float) -> float:
 Z_LEAD = 2.0
 # A difference whose noise leans on the noise pooled over other points of a table (a
 # Noise of many points) and comes from fewer rounds than this is asked at Z_NOISE instead:
-# that pooled noise reads low on small tables (residual_noise), and the ImageNet example at
-# 3 rounds (a `raw` visit 13% under the ceiling's, the pooled noise 3.3% a cell where its
-# 2-step windows spread 6-12%) named load, 162 ms, over an augment of 0 that the hand puts
-# at 106 ms. A difference whose noise is its own paired values' (the two sides of a trial,
-# Student's t at their degrees of freedom) needs no such margin: t is the margin.
+# that pooled noise reads low on small tables (residual_noise), and at 3 rounds it named a
+# wrong stage (docs/benchmarks.md, issue 30: which stage leads, at 97.7%). A difference
+# whose noise is its own paired values' (the two sides of a trial, Student's t at their
+# degrees of freedom) needs no such margin: t is the margin.
 FEW_ROUNDS = 4
 
 
