@@ -477,11 +477,6 @@ class Throughput:
         return sum(w.seconds for w in self.windows)
 
 
-# --------------------------------------------------------------------------------------
-# Noise from the paired rounds
-# --------------------------------------------------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
 class Contrast:
     """A difference of points' times per batch (a stage's cost, a lead between two
