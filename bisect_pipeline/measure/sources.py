@@ -173,17 +173,13 @@ class BatchCache(Dataset):
 
     def __getitem__(self, i: int) -> Any:
         if get_worker_info() is not None:
-            return _shared_copy(self.batches[i])
+            return tree.map_leaves(_shared_leaf, self.batches[i])
         return tree.clone(self.batches[i]) if self.fresh else self.batches[i]
 
 
-def _shared_copy(batch: Any) -> Any:
-    """A copy of `batch` whose tensors live in new shared memory, as a worker's collate_fn
-    makes its output."""
-    return tree.map_leaves(_shared_leaf, batch)
-
-
 def _shared_leaf(x: Any) -> Any:
+    """A copy of `x` whose tensor lives in new shared memory, as a worker's collate_fn
+    makes its output."""
     if not isinstance(x, torch.Tensor):
         return tree.clone(x)
     try:
