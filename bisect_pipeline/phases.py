@@ -123,9 +123,9 @@ def _spent(exp: Experiment, part: str, since: float) -> float:
 
 def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float], tuning: bool = False):
     """The check: when augment is in question (named, or tied for the lead:
-    verdict.in_question), its costliest transform measured in
-    the pipeline first (confirm.Confirm, CONFIRM_SHARE of the budget); then the advice's
-    recommended settings measured against the user's (verify.Trials) in the rest.
+    verdict.in_question), its costliest transform measured in the pipeline first
+    (confirm.Confirm, CONFIRM_SHARE of the budget); then the advice's recommended
+    settings measured against the user's (verify.Trials) in the rest.
     verify_seconds None: in what the bisection leaves of max_seconds (the rounds that
     only settle a verdict already made stop VERIFY_SHARE of it early; an undecided
     verdict may use it all); 0: off; a number: a budget of its own, on top of max_seconds.
