@@ -283,9 +283,8 @@ def epoch_plan(plan: Plan, batches_per_epoch: int) -> Plan:
     (one, or what min_window_steps asks), each kept. The steady pair (plan.visit_state)
     keeps the windows from the first two that agree: there a slow epoch (a fork
     descheduled, the machine busy a moment) is the pause's own cost, which a loop over the
-    same epochs pays, and dropping the windows before the pair read the pause low (one
-    visit on a busy 2-core machine: 1.120 of a hand loop by the pair, 1.027 by all its
-    windows)."""
+    same epochs pays, and dropping the windows before the pair read the pause low
+    (docs/benchmarks.md, issue 44)."""
     return dataclasses.replace(plan.for_epochs(batches_per_epoch), max_warmup_windows=0,
                                max_window_steps=batches_per_epoch)
 
