@@ -58,6 +58,17 @@ def code_text(fix: Fix) -> str:
     return "; ".join(line for line in lines if line)
 
 
+def syncs_text(fix: Fix) -> str:
+    """The host-device syncs the tail adds per batch on CUDA, where it adds any (counted
+    on a cached device batch, as the step's are)."""
+    syncs = fix.syncs or {}
+    if not syncs.get("per_step"):
+        return ""
+    sites = ", ".join(f"{x['where']} ({x['count']}x)" for x in (syncs.get("sites") or ())[:3])
+    return (f" On the device the moved transforms synchronize host and device {syncs['per_step']:g} time(s) per batch"
+            + (f" (at {sites})" if sites else "") + ", in the step's timed window as the step's own syncs are.")
+
+
 def device_tail(c: Context):
     """A usable device tail where a stage it can make cheaper is in question -> the move,
     with what its check compared and the payload it saves; a tail whose check refused it
@@ -79,7 +90,7 @@ def device_tail(c: Context):
                    + (", and the transfer carries that." if c.cuda else "."))
     why = (f"{moved} end {fix.where} and give the same result on a batch: built both ways on {fix.samples} cached samples "
            f"before timing, the largest difference {fix.max_difference:.3g} (tolerance {fix.tolerance:.2g})."
-           f"{payload} In code: {code_text(fix)}.")
+           f"{payload}{syncs_text(fix)} In code: {code_text(fix)}.")
     return finding(DEVICE_TAIL, stage, f"Run {moved} batched on the device inside the step, not in the workers", why,
                    _numbers(c, fix, stage), figure=figure, check=CHECK_BY_HAND)
 

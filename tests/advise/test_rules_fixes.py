@@ -126,3 +126,13 @@ def test_the_fixes_go_to_json_and_back_unchanged():
     assert [f["kind"] for f in doc["verification"]["fixes"]] == ["device_tail", "decode"]
     again = Report.of(document.measurements_of(doc))
     assert again.to_dict() == doc and str(again) == str(r)
+
+
+def test_on_cuda_the_syncs_the_tail_adds_are_said():
+    synced = dict(TAIL, syncs={"status": "ok", "steps": 3, "total": 3, "per_step": 1.0,
+                               "sites": [{"where": "torchvision/transforms/v2/_misc.py:123", "count": 3}]})
+    r = report(HANDOFF_BOUND, [synced], device="cuda")
+    text = " ".join(item(r, "device_tail").message.split())
+    assert ("synchronize host and device 1 time(s) per batch (at torchvision/transforms/v2/_misc.py:123 (3x))"
+            in text and "and the transfer carries that" in text)
+    assert "synchronize" not in item(report(HANDOFF_BOUND, [TAIL]), "device_tail").message
