@@ -166,10 +166,13 @@ def hand(wl, moved, blocks: int, epochs: int) -> dict:
 # --------------------------------------------------------------------------------------
 
 
-def tool(wl, kinds, max_seconds: float) -> dict:
+def tool(wl, kinds, max_seconds: float, verify_seconds=None, keep=None) -> dict:
     from bisect_pipeline import bisect
 
-    doc = bisect(workload=wl, max_seconds=max_seconds).to_dict()
+    doc = bisect(workload=wl, max_seconds=max_seconds, verify_seconds=verify_seconds).to_dict()
+    if keep:
+        with open(keep, "w") as f:
+            json.dump(doc, f)
     fixes = {f["kind"]: f for f in ((doc.get("verification") or {}).get("fixes") or [])}
     out = {"bottleneck": doc["bottleneck"]}
     for kind in kinds:
@@ -178,8 +181,8 @@ def tool(wl, kinds, max_seconds: float) -> dict:
         fix = fixes.get(kind, {})
         out[kind] = {"status": v.get("status") if item else "not offered", "speedup": v.get("speedup"),
                      "low": v.get("low"), "high": v.get("high"), "ms_per_batch": v.get("ms_per_batch"),
-                     "reason": v.get("reason") or (None if item else fix.get("reason") or
-                                                   f"no item: bottleneck {doc['bottleneck']}, fix {fix.get('status')}"),
+                     "reason": v.get("reason") or fix.get("reason") or fix.get("mismatch") or (
+                         None if item else f"no item: bottleneck {doc['bottleneck']}, fix {fix.get('status')}"),
                      "matches": fix.get("matches"), "max_difference": fix.get("max_difference")}
     return out
 
@@ -191,6 +194,8 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(CASES))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--max-seconds", type=float, default=60.0)
+    ap.add_argument("--verify-seconds", type=float, default=None,
+                    help="the check's own budget (the tool's default: what the bisection leaves)")
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=1, help="epochs timed per visit of the hand (after one untimed)")
     ap.add_argument("--no-hand", action="store_true")
@@ -203,8 +208,9 @@ def main() -> None:
         r = {"case": name, "hand": {} if args.no_hand else {k: hand(wl, m, args.blocks, args.epochs)
                                                             for k, m in moves.items()}, "tool": []}
         print(name, "hand", json.dumps(r["hand"]), flush=True)
-        for _ in range(0 if args.no_tool else args.runs):
-            r["tool"].append(tool(CASES[name](args)[0], list(moves), args.max_seconds))
+        for k in range(0 if args.no_tool else args.runs):
+            keep = f"{args.out}.{name}.{k}.json" if args.out else None
+            r["tool"].append(tool(CASES[name](args)[0], list(moves), args.max_seconds, args.verify_seconds, keep))
             print(name, "tool", json.dumps(r["tool"][-1]), flush=True)
         for kind in moves:
             got = [t[kind]["speedup"] for t in r["tool"] if t[kind]["speedup"] is not None]

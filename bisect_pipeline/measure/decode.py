@@ -109,7 +109,8 @@ def build(caches: Any) -> tuple[Optional[tuple], Fix]:
     if fn is None:
         return None, Fix(kind=DECODE, where=name, status="unavailable", reason=why)
     dataset = replaced(replaced(caches.dataset, name, TorchvisionDecode()), call.name, fn)
-    kept = tuple(tail.label(t) for t in getattr(fn, "transforms", [fn]))
+    compose = tail.inner(fn)
+    kept = tuple(tail.label(t) for t in (compose.transforms if tail.breakdown.is_compose(compose) else [fn]))
     preset = tail.inner(call.fn) is not call.fn
     code = f"{name} = {TorchvisionDecode()!r}\n{call.name}{'.transforms' if preset else ''} = {tail._listing(fn)}"
     return (dataset, call.name), Fix(kind=DECODE, where=name, moved=("PIL decode",), kept=kept,

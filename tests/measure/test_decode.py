@@ -82,3 +82,23 @@ def test_the_decoder_reads_jpegs_and_other_formats_as_rgb(folder, tmp_path):
     assert png.shape == (3, 5, 7) and png.dtype == torch.uint8 and int(png.max()) == 9
     jpg = decode.TorchvisionDecode()(datasets.ImageFolder(folder).samples[0][0])
     assert jpg.shape == (3, 60, 80)
+
+
+class Preset:
+    """torchvision's references' ClassificationPresetTrain: an object keeping a Compose."""
+
+    def __init__(self):
+        self.transforms = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.PILToTensor(),
+                                     T.ConvertImageDtype(torch.float), T.Normalize((0.5,) * 3, (0.2,) * 3)])
+
+    def __call__(self, img):
+        return self.transforms(img)
+
+
+def test_a_preset_object_keeping_a_compose_is_adapted_in_a_copy_of_itself(folder):
+    preset = Preset()
+    c, (made, fix) = built(datasets.ImageFolder(folder, transform=preset))
+    assert fix.kept == ("RandomResizedCrop", "RandomHorizontalFlip", "ConvertImageDtype", "Normalize")
+    assert "dataset.transform.transforms = Compose([RandomResizedCrop(...)" in fix.code
+    assert decode.check(fix, c.dataset, made[0], default_collate, lambda b: b).usable
+    assert len(preset.transforms.transforms) == 5  # the user's, as it was
