@@ -13,7 +13,8 @@ a visit slowed by other work on the machine does not move (their geometric mean,
 tool's estimator, is printed beside it). Agreed
 when the tool's median is within 15% of the hand's.
 
-Cases (the data: bench_public_pipelines.py's generated MNIST and JPEG folder):
+Cases (the data: bench_public_pipelines.py's generated MNIST and JPEG folder; a fix is
+measured by the tool only where its stage is in question, see from-verdict-to-fix.md):
 
 - mnist: pytorch/examples mnist/main.py (`--examples`, a checkout): its Net, Adadelta
   (lr 1.0), nll_loss, batch 64, shuffled, no workers; MNIST idx files of 6,000 random
@@ -26,6 +27,11 @@ Cases (the data: bench_public_pipelines.py's generated MNIST and JPEG folder):
   Compose without ConvertImageDtype and Normalize, which the step runs on the batch;
   decode, the folder's loader `decode_jpeg(read_file(path), mode=RGB)` and the preset's
   Compose without PILToTensor.
+- dcgan: pytorch/examples dcgan/main.py's `--dataset folder` pipeline (bench_public_pipelines'
+  case: ImageFolder, Resize(64), CenterCrop(64), ToTensor, Normalize(0.5), batch 64, 2
+  workers; its Generator and Discriminator at ngf = ndf = 16, both stepped): load-bound.
+  By hand: device_tail, PILToTensor in the dataset and the scaling and Normalize in the
+  step; decode, `decode_jpeg` as the loader and the same transforms on the tensor.
 
     flock /tmp/cpu.lock python scripts/bench_fixes_vs_hand.py --examples EXAMPLES --vision VISION \\
         --only mnist --runs 3 --out /tmp/fixes-mnist.json
@@ -107,7 +113,23 @@ def case_tv(args):
     return wl, {"device_tail": (tail, lambda b: [normalize(convert(b[0])), b[1]]), "decode": (decoded, None)}
 
 
-CASES = {"mnist": case_mnist, "tv-classification": case_tv}
+def case_dcgan(args):
+    from torchvision import datasets, transforms
+
+    import bench_public_pipelines
+    from bench_public_pipelines import jpeg_root
+
+    os.environ["EXAMPLES"] = args.examples
+    wl = bench_public_pipelines.case_dcgan()[0]
+    normalize = transforms.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    tail = datasets.ImageFolder(jpeg_root(), transform=transforms.Compose([
+        transforms.Resize(64), transforms.CenterCrop(64), transforms.PILToTensor()]))
+    decoded = datasets.ImageFolder(jpeg_root(), loader=decode_file, transform=transforms.Compose([
+        transforms.Resize(64), transforms.CenterCrop(64), transforms.ConvertImageDtype(torch.float32), normalize]))
+    return wl, {"device_tail": (tail, lambda b: [normalize(b[0].float().div(255)), b[1]]), "decode": (decoded, None)}
+
+
+CASES = {"mnist": case_mnist, "tv-classification": case_tv, "dcgan": case_dcgan}
 
 
 # --------------------------------------------------------------------------------------
@@ -116,6 +138,8 @@ CASES = {"mnist": case_mnist, "tv-classification": case_tv}
 
 
 def _step(wl):
+    if wl.step is not None:
+        return wl.step
     loss_fn = wl.loss_fn or F.cross_entropy
     model, opt = wl.model, wl.optimizer
     model.train()
