@@ -138,7 +138,9 @@ def test_a_pil_decoded_folder_gets_the_decode_fix_checked_and_measured(tmp_path,
     assert fix.usable and fix.max_difference == 0.0  # a crop of the same decoded pixels
     if "load" in (r.verdict.tied if r.bottleneck == "tie" else (r.bottleneck,)):
         f = next(f for f in r.advice if f.kind == "decode")
-        assert f.verified is not None and f.verified.status in ("helps", "no gain", "slower"), str(r)
+        assert "built both ways on 8 samples before timing" in " ".join(f.message.split())
+        # measured where the check's budget reaches it (the workers' candidates and the tail come first)
+        assert f.verified is not None and f.verified.status in ("helps", "no gain", "slower", "not measured"), str(r)
 
 
 def test_a_fix_whose_building_raises_is_failed_with_the_error_and_the_others_are_built(monkeypatch):
