@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from . import causes
 from .results import Note
 
 # Default --step-timeout: generous, so a slow but healthy first batch (a large model's
@@ -19,18 +20,6 @@ from .results import Note
 DEFAULT_STEP_TIMEOUT = 120.0
 # How often the watchdog looks; a hang is reported at most this much late.
 _WATCH_INTERVAL = 0.2
-
-# What a worker killed by a signal usually means (PEERS.md "Failure modes seen in the wild").
-SIGNAL_MEANING = {
-    "Killed": "killed (SIGKILL): usually the out-of-memory killer; the workers used too much host memory. "
-              "Use fewer workers, a smaller prefetch_factor or smaller batches",
-    "Bus error": "bus error (SIGBUS): usually /dev/shm is too small for the batches in flight. Give the container "
-                 "more shared memory (docker run --shm-size=...), or use fewer workers or smaller batches",
-    "Segmentation fault": "segmentation fault (SIGSEGV): a native crash in a library the dataset or transforms call "
-                          "(an image decoder, OpenCV with threads, ...). Rerun with num_workers=0 to get its traceback",
-    "Aborted": "aborted (SIGABRT): a native library aborted inside the worker",
-}
-
 
 class StageError(Exception):
     """Raised by our wrappers around user code, naming the stage it belongs to.
@@ -102,36 +91,45 @@ class StepTimeout(Exception):
 _STAGE_LINE = re.compile(r"StageError: (\S+) failed: (.*)")
 
 
-def classify(exc: BaseException) -> tuple[Optional[str], str]:
-    """(failed stage or None, one-paragraph reason) for an exception raised at a point."""
-    chain = []
-    e: Optional[BaseException] = exc
-    while e is not None and len(chain) < 10:
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    for e in chain:
-        text = str(e)
-        m = re.search(r"is killed by signal: ([A-Za-z ]+)\.", text)
-        if m:
-            sig = m.group(1).strip()
-            meaning = SIGNAL_MEANING.get(sig, f"killed by signal {sig}")
-            return "worker", f"a DataLoader worker died: {meaning}."
+def classify(exc: BaseException, where: Optional[causes.Where] = None) -> tuple[Optional[str], str]:
+    """(failed stage or None, one-paragraph reason) for an exception raised at a point: a
+    known failure (causes.explain: /dev/shm full, a worker killed, a broken shard, the
+    descriptor limit, a missing file) told as its cause and fix, else the original error's
+    headline. The original text is `raw(exc)`."""
+    text = causes.texts(exc)
+    known = causes.explain(text, where)
+    if known is not None and known.kind == "worker killed":
+        return "worker", known.text() + "."
     if isinstance(exc, StepTimeout):
         return None, str(exc)
     text = str(exc)
     if isinstance(exc, StageError) and not text.startswith("Caught"):
         stage, _, rest = text.partition(" failed: ")
-        return stage, f"{stage} raised {rest}"
+        return stage, f"{stage} failed: {known.text()}." if known else f"{stage} raised {rest}"
     hits = _STAGE_LINE.findall(text)
     if hits:  # re-raised from a worker: "Caught StageError in DataLoader worker process N ..."
         stage, rest = hits[-1]
         worker = re.search(r"worker process (\d+)", text)
-        where = f" (in DataLoader worker {worker.group(1)})" if worker else ""
-        return stage, f"{stage} raised {rest.strip()}{where}"
+        where_ = f" (in DataLoader worker {worker.group(1)})" if worker else ""
+        if known:
+            return stage, f"{stage} failed{where_}: {known.text()}."
+        return stage, f"{stage} raised {rest.strip()}{where_}"
+    if known:
+        return None, known.text() + "."
     if "out of memory" in text.lower() or type(exc).__name__ == "OutOfMemoryError":
         return "step", (f"{type(exc).__name__}: {_headline(text)}. Lower --cache-mb (the caches hold batches on the "
                         "device too) or the batch size.")
     return None, f"{type(exc).__name__}: {_headline(text)}"
+
+
+RAW_CHARS = 4000  # of the original text kept beside a known cause
+
+
+def raw(exc: BaseException) -> str:
+    """The original text of a failure (its messages and those it was raised from; a
+    worker's traceback), what --debug shows beside the cause classify told."""
+    text = causes.texts(exc)
+    return text if len(text) <= RAW_CHARS else text[:RAW_CHARS // 2] + "\n...\n" + text[-RAW_CHARS // 2:]
 
 
 def _headline(text: str) -> str:
