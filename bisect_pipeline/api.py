@@ -71,34 +71,42 @@ def bisect(
                                     step_timeout=step_timeout, verify_seconds=verify_seconds),
                       max_seconds, cache_mb, cache_batches, step_timeout, verify_seconds, plan, hold_allocator, tune)
     coord = distributed.Coordinator.current()  # None unless a process group of 2+ ranks is up
-    if coord is not None:
-        coord.watch(wl.model)
-    exp = start(describe(wl.loader), dev, options, coord=coord, clock=clock, progress=progress)
-    held = allocator.Held(hold_allocator)
-    interrupted = _measure(exp, wl, options, coord=coord, held=held)
-    report = Report.of(exp.measurements(options.points, held=held.record(), interrupted=interrupted))
-    if interrupted:
+    try:
+        if coord is not None:
+            coord.watch(wl.model)
+        exp = start(describe(wl.loader), dev, options, coord=coord, clock=clock, progress=progress)
+        held = allocator.Held(hold_allocator)
+        stop = _measure(exp, wl, options, coord=coord, held=held)
+        report = Report.of(exp.measurements(options.points, held=held.record(), interrupted=stop is not None))
+        if coord is not None:  # every surviving rank's result, also when stopped (distributed.gather_reports)
+            report = combine(report, distributed.gather_reports(report, coord, exp.waits, stop), coord.rank)
+    finally:
+        if coord is not None:
+            coord.release()
+    if stop is not None:
         raise Interrupted(report)
-    if coord is None:
-        return report
-    return combine(report, distributed.gather_reports(report, coord, exp.waits), coord.rank)
+    return report
 
 
-def _measure(exp: Experiment, wl: Workload, options: Options, *, coord: Any, held: allocator.Held) -> bool:
+def _measure(exp: Experiment, wl: Workload, options: Options, *, coord: Any,
+             held: allocator.Held) -> Optional[KeyboardInterrupt]:
     """Every phase (phases.measure) driven by the workload's step, inside the user's
-    preserved state. True when interrupted (Ctrl-C)."""
+    preserved state. The interruption (Ctrl-C, SIGTERM; under torchrun every rank stopped
+    together, or a rank lost: distributed.Stopped), or None."""
     try:
         with state.preserved(wl.model, wl.optimizer, exp.device):
             exp.use(wl)
             drive_all(phases.measure(exp, options, coord=coord, held=held, batch_size=wl.batch_size), exp.step)
-    except KeyboardInterrupt:
-        return True
+    except KeyboardInterrupt as stop:
+        if coord is None or isinstance(stop, distributed.Stopped):
+            return stop
+        return distributed.Stopped({coord.rank: "SIGINT"}, in_step=False)  # raised outside an agreement
     finally:
         exp.close_kept()  # a replay loader the rounds kept open, if they were cut short
         held.release()
         if exp.isolated is None:
             exp.isolated, exp.syncs = phases.not_isolated()
-    return False
+    return None
 
 
 def start(spec: loader_mod.LoaderSpec, dev: torch.device, options: Options, *, coord: Any,

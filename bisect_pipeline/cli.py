@@ -14,7 +14,7 @@ from . import api
 from .core import faults
 from .core.errors import BisectError
 from .derive.verdict import POINTS
-from .measure import distributed
+from .measure import board, distributed
 from .pipeline import entry
 from .progress import make_progress
 from .report import Report
@@ -100,6 +100,7 @@ def main(ctx: click.Context, entry_spec: Optional[str], **opts: Any) -> None:
       bisect-pipeline demo
     """
     api.mark_process_start()  # the start-up before the run (imports, the entry or the script) is reported
+    board.supervise()  # under torchrun: this process becomes the rank's supervisor, its child the rank
     if ctx.invoked_subcommand is not None:
         return
     if not entry_spec:
@@ -171,9 +172,11 @@ _signals_seen: list = []
 def _on_sigterm(signum, frame) -> None:
     # SIGTERM takes the Ctrl-C path (partial result written, workers shut down), exit 143;
     # SIGINT comes here too, so that both are remembered if their exception is swallowed.
+    # Under a torchrun lockstep it is only noted: the next agreement stops every rank.
     _signals_seen.append(signum)
-    faults.INTERRUPT_REQUESTED[0] = True
-    raise KeyboardInterrupt()
+    faults.INTERRUPT_REQUESTED[0] = signum
+    if not faults.DEFER_INTERRUPTS[0]:
+        raise KeyboardInterrupt()
 
 
 def _handle_signals(*signums: int) -> Callable[[], None]:
@@ -190,13 +193,32 @@ def _handle_signals(*signums: int) -> Callable[[], None]:
 
     def put_back() -> None:
         faults.forget_in_child(undo)
-        restore()
+        if board.supervised():  # a torchrun rank, about to exit: the launcher's late SIGTERM must not kill it
+            for signum in previous:  # with the code it is about to exit with written and said
+                signal.signal(signum, signal.SIG_IGN)
+        else:
+            restore()
 
     return put_back
 
 
-def _interrupt_code() -> int:
-    return EXIT_SIGTERM if signal.SIGTERM in _signals_seen else EXIT_SIGINT
+def _interrupt_code(report: Optional[Report] = None) -> int:
+    """130/143 for the signal this process got; under torchrun, a rank no signal reached
+    exits as the signal that stopped the job did, or 1 when a rank was lost."""
+    if _signals_seen:
+        return EXIT_SIGTERM if signal.SIGTERM in _signals_seen else EXIT_SIGINT
+    if getattr(report, "lost_ranks", None):
+        return EXIT_FAILED
+    if any(sig == "SIGTERM" for _, sig in getattr(report, "stopped_by", ())):
+        return EXIT_SIGTERM
+    return EXIT_SIGINT
+
+
+def _writes(report: Report) -> bool:
+    """Whether this process prints and writes the report: rank 0, or under torchrun the
+    rank the job's report names (the lowest surviving one when rank 0 was lost)."""
+    writer = getattr(report, "writer", None)
+    return distributed.rank() == 0 if writer is None else writer == report.rank
 
 
 def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, points, cache_mb, quiet, debug,
@@ -232,7 +254,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
                     progress.done()  # a clean line for the report, or for the error that follows
         except api.Interrupted as exc:
             report = exc.report
-            code = _interrupt_code()
+            code = _interrupt_code(report)
         except KeyboardInterrupt:
             _fail("interrupted before anything was measured", _interrupt_code())
         except BisectError as exc:
@@ -243,7 +265,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
             if debug:
                 traceback.print_exc()
             _fail(f"the run failed: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", EXIT_FAILED)
-        if rank0:  # only rank 0 writes files and prints the report
+        if _writes(report):  # only rank 0 (or the lowest surviving rank) writes files and prints the report
             _write_outputs(report, json_path, html_path, breakdown)
             click.echo(_shown(report, quiet, brief, breakdown))
         if code == EXIT_OK and _signals_seen:  # interrupted, though the run got to its end
@@ -253,9 +275,11 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
     finally:
         if progress:
             progress.done()  # gives the cursor back on every path (done twice is a no-op)
-        put_back()
-        faults.INTERRUPT_REQUESTED[0] = False
-        distributed.shutdown(started)
+        try:
+            distributed.shutdown(started)
+        finally:  # a signal during the shutdown still takes the handler's path
+            put_back()
+            faults.INTERRUPT_REQUESTED[0] = False
     sys.exit(code)
 
 

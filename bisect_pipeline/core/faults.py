@@ -40,6 +40,10 @@ def stage_error(stage: str, exc: BaseException) -> StageError:
 # signal lands in code whose exceptions Python ignores (an at-fork hook while workers
 # start, a __del__): the next watchdog beat, every step, raises it again.
 INTERRUPT_REQUESTED = [False]
+# While above 0 (a torchrun lockstep is open: measure/distributed.py), a signal is only
+# noted in INTERRUPT_REQUESTED (its number): raised in the middle of a collective it
+# would leave the other ranks waiting there; the next agreement stops every rank.
+DEFER_INTERRUPTS = [0]
 
 
 # What the tool installs in its own process while it runs (loop.Session's patches of
@@ -67,6 +71,7 @@ def _after_fork_in_child() -> None:
     undos = _UNDO_IN_CHILD[::-1]
     _UNDO_IN_CHILD.clear()
     INTERRUPT_REQUESTED[0] = False
+    DEFER_INTERRUPTS[0] = 0
     for undo in undos:
         try:
             undo()
@@ -199,7 +204,7 @@ class Watchdog:
 
     def beat(self) -> None:
         self.count += 1
-        if INTERRUPT_REQUESTED[0]:  # a signal whose KeyboardInterrupt Python swallowed
+        if INTERRUPT_REQUESTED[0] and not DEFER_INTERRUPTS[0]:  # a signal whose KeyboardInterrupt Python swallowed
             raise KeyboardInterrupt()
 
     def pause(self) -> None:

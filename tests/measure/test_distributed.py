@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch.distributed as dist
@@ -13,6 +14,8 @@ import torch.distributed as dist
 from bisect_pipeline.measure import distributed
 from bisect_pipeline.report import ranks
 from conftest import PLANTED_DATA, assert_names
+
+MAX_SECONDS = 24
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not dist.is_available(),
                                                   reason="torch.distributed is not available")]
@@ -48,16 +51,45 @@ ENTRY = PLANTED_DATA + textwrap.dedent('''
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
         return Workload(model=model, loader=loader, step=step)
+
+    def losing():
+        # LOSE=rank:how:seconds: that rank's process ends (how: exit, kill), or a SIGTERM
+        # comes (term: to that rank, which then steps 2 s late while the other waits in
+        # DDP's all-reduce; term-peer: that rank sends it to rank 0, so it lands while rank
+        # 0 waits in the all-reduce), that many seconds after its first step
+        import os, signal, time
+        model, loader = _parts(0.0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        rank, how, after = os.environ["LOSE"].split(":")
+        if dist.get_rank() == 0:
+            open("rank0.pid", "w").write(str(os.getpid()))
+        started = []
+        def step(batch):
+            now = time.monotonic()
+            started.append(now) if not started else None
+            if dist.get_rank() == int(rank) and len(started) == 1 and now - started[0] > float(after):
+                started.append(now)
+                if how == "exit":
+                    os._exit(3)
+                if how == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid() if how == "term" else int(open("rank0.pid").read()), signal.SIGTERM)
+                time.sleep(2)
+            x, y = batch
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return Workload(model=model, loader=loader, step=step)
 ''')
 
 
-def torchrun(tmp_path, func, timeout=150):
+def torchrun(tmp_path, func, timeout=150, **env):
     (tmp_path / "ddp_entry.py").write_text(ENTRY)
     out = tmp_path / "out.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "bisect_pipeline", "--entry", f"{tmp_path / 'ddp_entry.py'}:{func}", "--device", "cpu",
-           "--max-seconds", "24", "--json", str(out), "--step-timeout", "30"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+           "--max-seconds", str(MAX_SECONDS), "--json", str(out), "--step-timeout", "30"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", **env)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path,
                           start_new_session=True)
     return proc, out
@@ -112,6 +144,72 @@ def test_a_rank_failing_mid_point_does_not_block_the_other(tmp_path):
         full = next(p for p in r["points"] if p["point"] == "full")
         assert full["status"] == "ok"
     _no_children_left()
+
+
+def _exit_codes(proc) -> dict:
+    """{rank: exit code} from torchrun's failure table (ranks that exited 0 are not in it)."""
+    import re
+
+    found = re.findall(r"rank\s*: (\d+) \(local_rank: \d+\)\n\s*exitcode\s*: (-?\d+)", proc.stderr + proc.stdout)
+    return {int(r): int(c) for r, c in found}
+
+
+def _lost_run(tmp_path, lose):
+    t0 = time.monotonic()
+    proc, out = torchrun(tmp_path, "losing", LOSE=lose)
+    wall = time.monotonic() - t0
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    # in time: the measuring ended with the loss, well within --max-seconds (the start-up,
+    # imports and the entry on a busy machine, is before the clock starts)
+    assert doc["run"]["elapsed_s"] < 12, doc["run"]
+    assert wall < doc["run"]["startup_s"] + MAX_SECONDS + 15, (wall, doc["run"]["startup_s"])
+    assert doc["complete"] is False and doc["interrupted"] is True and doc["world_size"] == 2
+    _no_children_left()
+    return proc, doc
+
+
+@pytest.mark.alone  # two ranks in lockstep on the 2 cores (as the tests above)
+@pytest.mark.parametrize("lost,how,code,words", [
+    (1, "exit", 3, "its process exited with code 3"),
+    (0, "kill", -9, "its process was killed by SIGKILL (the out-of-memory killer"),
+])
+def test_a_rank_whose_process_ends_mid_run_is_named_and_the_others_results_kept(tmp_path, lost, how, code, words):
+    proc, doc = _lost_run(tmp_path, f"{lost}:{how}:2.5")
+    survivor = 1 - lost
+    dist_ = doc["distributed"]
+    assert [r["rank"] for r in doc["ranks"]] == [survivor]  # what the surviving rank measured
+    assert dist_["written_by"] == survivor  # rank 0, or the lowest surviving rank when rank 0 is lost
+    (entry,) = dist_["lost_ranks"]
+    assert entry["rank"] == lost and words in entry["how"]
+    assert (entry["exit_code"], entry["signal"]) == ((3, None) if how == "exit" else (None, "SIGKILL"))
+    assert dist_["lost_error"]  # the collective that failed
+    points = {p["point"]: p for p in doc["ranks"][0]["report"]["points"]}
+    assert points["device"]["status"] == "ok"  # measured before the loss, kept
+    assert any(p["status"] == "not run" for p in points.values())
+    printed = proc.stdout
+    assert printed.count("torch.distributed: world size 2") == 1  # the writer alone prints the report
+    assert f"rank {lost} was lost mid-run: {words}" in " ".join(printed.split())
+    codes = _exit_codes(proc)
+    assert codes[lost] == code  # torchrun sees the lost rank end as it did
+    assert codes.get(survivor) in (1, 143)  # 143: the launcher's SIGTERM came during the run
+
+
+@pytest.mark.alone  # two ranks in lockstep on the 2 cores (as the tests above)
+@pytest.mark.parametrize("how,signalled", [("term", 1), ("term-peer", 0)])
+def test_sigterm_to_one_rank_while_the_other_waits_in_a_collective_stops_both(tmp_path, how, signalled):
+    # term: rank 1 is signalled, then steps 2 s late while rank 0 waits in DDP's all-reduce;
+    # term-peer: rank 0 is signalled while it waits there
+    proc, doc = _lost_run(tmp_path, f"1:{how}:2.5")
+    dist_ = doc["distributed"]
+    assert dist_["stopped_by"] == [{"rank": signalled, "signal": "SIGTERM"}]
+    assert dist_["lost_ranks"] == [] and dist_["written_by"] == 0
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]  # both ranks' results, gathered as at the end
+    for r in doc["ranks"]:
+        points = {p["point"]: p for p in r["report"]["points"]}
+        assert points["device"]["status"] == "ok" and points["full"]["status"] == "not run"
+    assert "SIGTERM on rank" in " ".join(proc.stdout.split())
+    assert _exit_codes(proc) == {0: 143, 1: 143}  # every rank stopped as on SIGTERM
 
 
 def test_straggler_rule():
