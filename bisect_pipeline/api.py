@@ -15,7 +15,7 @@ from .advise.verify import VERIFY_SHARE
 from .core import faults
 from .core.errors import BisectError
 from .derive.verdict import POINTS
-from .measure import allocator, devices, distributed
+from .measure import allocator, board, devices, distributed
 from .measure.cache import DEFAULT_CACHE_BATCHES
 from .measure.experiment import Experiment
 from .measure.plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Budget, Plan, plan_budget
@@ -76,16 +76,38 @@ def bisect(
             coord.watch(wl.model)
         exp = start(describe(wl.loader), dev, options, coord=coord, clock=clock, progress=progress)
         held = allocator.Held(hold_allocator)
+        _rescuable(exp, options, coord, held)
         stop = _measure(exp, wl, options, coord=coord, held=held)
+        if faults.RESCUE[0] is not None:
+            faults.RESCUE[0].final()  # the rescue of a stuck main thread stands aside (or holds it here)
         report = Report.of(exp.measurements(options.points, held=held.record(), interrupted=stop is not None))
         if coord is not None:  # every surviving rank's result, also when stopped (distributed.gather_reports)
             report = combine(report, distributed.gather_reports(report, coord, exp.waits, stop), coord.rank)
     finally:
         if coord is not None:
             coord.release()
+            if faults.RESCUE[0] is not None:
+                faults.RESCUE[0].report = None
     if stop is not None:
         raise Interrupted(report)
     return report
+
+
+def _rescuable(exp: Experiment, options: Options, coord: Any, held: allocator.Held) -> None:
+    """Under torchrun with the command line's rescue armed (faults.Rescue): what it
+    writes when the main thread is stuck, and the run's hard end it watches."""
+    rescue = faults.RESCUE[0]
+    if rescue is None or coord is None:
+        return
+
+    def partial(signum: int) -> Report:
+        report = Report.of(exp.measurements(options.points, held=held.record(), interrupted=True))
+        stop = distributed.Stopped({coord.rank: board.signal_name(signum)} if signum else {}, in_step=False,
+                                   how=distributed.Stopped.STUCK)
+        return combine(report, distributed.gather_reports(report, coord, exp.waits, stop), coord.rank)
+
+    rescue.report = partial
+    rescue.watch(time.monotonic() + max(0.0, exp.end - exp.clock()))
 
 
 def _measure(exp: Experiment, wl: Workload, options: Options, *, coord: Any,
@@ -100,7 +122,7 @@ def _measure(exp: Experiment, wl: Workload, options: Options, *, coord: Any,
     except KeyboardInterrupt as stop:
         if coord is None or isinstance(stop, distributed.Stopped):
             return stop
-        return distributed.Stopped({coord.rank: "SIGINT"}, in_step=False)  # raised outside an agreement
+        return distributed.Stopped({coord.rank: "SIGINT"}, in_step=False, how=distributed.Stopped.LEFT)
     finally:
         exp.close_kept()  # a replay loader the rounds kept open, if they were cut short
         held.release()

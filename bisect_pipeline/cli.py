@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import sys
 import traceback
@@ -234,6 +235,9 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
     _signals_seen.clear()
     faults.INTERRUPT_REQUESTED[0] = False
     put_back = _handle_signals(signal.SIGTERM, signal.SIGINT)
+    if distributed.env_world_size() > 1:
+        _arm_rescue(step_timeout, json_path=json_path, html_path=html_path, breakdown=breakdown, quiet=quiet,
+                    brief=brief)
     code = EXIT_OK
     try:
         try:
@@ -275,12 +279,45 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
     finally:
         if progress:
             progress.done()  # gives the cursor back on every path (done twice is a no-op)
+        if faults.RESCUE[0] is not None:
+            faults.RESCUE[0].disarm()
+            faults.RESCUE[0] = None
         try:
             distributed.shutdown(started)
         finally:  # a signal during the shutdown still takes the handler's path
             put_back()
             faults.INTERRUPT_REQUESTED[0] = False
     sys.exit(code)
+
+
+# Under torchrun, how long a rank's main thread has to answer a SIGTERM before the rescue
+# writes what was measured from another thread (the launcher kills it 30 s after).
+RESCUE_GRACE_S = 10.0
+
+
+def _arm_rescue(step_timeout: Optional[float], **outputs: Any) -> None:
+    """Under torchrun: the last resort (faults.Rescue) of a rank whose main thread is stuck
+    in native code when a SIGTERM comes, or long past the run's end: what was measured is
+    written (by the writer rank), and the process exits from the rescue's thread."""
+
+    def act(signum: int) -> None:
+        code = (EXIT_SIGTERM if signum == signal.SIGTERM else EXIT_SIGINT) if signum else EXIT_FAILED
+        why = (f"{board.signal_name(signum)} came {RESCUE_GRACE_S:g} s ago" if signum else
+               "the run is long past its end")
+        try:
+            click.echo(f"bisect-pipeline: rank {distributed.rank()}: {why} and the run has not stopped (stuck in "
+                       "native code: a collective or a device sync): writing what was measured", err=True)
+            rescue = faults.RESCUE[0]
+            report = rescue.report(signum) if rescue is not None and rescue.report is not None else None
+            if report is not None and _writes(report):
+                _write_outputs(report, outputs["json_path"], outputs["html_path"], outputs["breakdown"])
+                click.echo(_shown(report, outputs["quiet"], outputs["brief"], outputs["breakdown"]))
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os._exit(code)
+
+    faults.RESCUE[0] = faults.Rescue(act, RESCUE_GRACE_S, late=step_timeout or 0.0).arm()
 
 
 def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_path, max_seconds, device, points,

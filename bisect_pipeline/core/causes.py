@@ -56,11 +56,12 @@ class Cause:
         return f"{self.cause}. {self.fix[:1].upper()}{self.fix[1:]}"
 
 
-# What a DataLoader worker killed by a signal usually means, by the name torch's message
-# gives the signal ("is killed by signal: Bus error.").
+# What a process killed by a signal usually means (a DataLoader worker; under torchrun a
+# rank), by the name torch's message gives the signal ("is killed by signal: Bus error."),
+# and the fix for a worker.
 SIGNALS = {
-    "Killed": ("SIGKILL", "usually by the out-of-memory killer: the workers used more host memory than the machine, or "
-                          "the container's limit, allows",
+    "Killed": ("SIGKILL", "usually by the out-of-memory killer: more host memory was used than the machine, or the "
+                          "container's limit, allows (or by a launcher's kill)",
                "use fewer workers, a smaller prefetch_factor or smaller batches (`dmesg`, or the container's "
                "events, say whether the out-of-memory killer acted)"),
     "Bus error": ("SIGBUS", "usually because /dev/shm is too small for the batches in flight",
@@ -69,14 +70,19 @@ SIGNALS = {
     "Segmentation fault": ("SIGSEGV", "a native crash in a library the dataset or its transforms call (an image "
                                       "decoder, OpenCV with threads, ...)",
                            "rerun with num_workers=0 to get its traceback"),
-    "Aborted": ("SIGABRT", "a native library aborted inside the worker", "rerun with num_workers=0 to see its message"),
+    "Aborted": ("SIGABRT", "a native library aborted", "rerun with num_workers=0 to see its message"),
     "Terminated": ("SIGTERM", "sent by something outside the loader (a launcher, a scheduler, a person)",
                    "look for who sends SIGTERM to the job's processes"),
-    "Floating point exception": ("SIGFPE", "a native library divided by zero inside the worker",
+    "Floating point exception": ("SIGFPE", "a native library divided by zero",
                                  "rerun with num_workers=0 to get its traceback"),
     "Illegal instruction": ("SIGILL", "a native library built for another CPU",
                             "reinstall the library built for this machine"),
 }
+
+def signal_meaning(name: str) -> Optional[str]:
+    """What a process killed by the signal `name` (SIGKILL, ...) usually means, or None."""
+    return next((meaning for sig, meaning, _ in SIGNALS.values() if sig == name), None)
+
 
 _KILLED = re.compile(r"is killed by signal: ([A-Za-z ]+)\.")
 _EXITED = re.compile(r"exited unexpectedly(?: with exit code (-?\d+))?")

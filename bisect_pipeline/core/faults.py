@@ -268,6 +268,103 @@ class Watchdog:
         raise StepTimeout(f"{self.what()} made no progress in {self.timeout:g} s (--step-timeout)", stalled)
 
 
+class Rescue:
+    """The last resort under torchrun, when the main thread cannot answer a signal.
+
+    Python runs a signal's handler in the main thread, between two bytecodes; a main
+    thread blocked in native code (a CUDA synchronize behind an NCCL all-reduce whose peer
+    is gone, a gloo collective whose peer hangs) never gets there, and the launcher kills
+    the rank 30 s after its SIGTERM, with nothing written. The C-level handler still
+    writes the signal's number to the wakeup fd (signal.set_wakeup_fd): a thread reads it
+    and, when the run has not ended `grace` seconds after a SIGTERM or SIGINT, or `grace`
+    plus `late` seconds after the run's hard end (`watch`), calls `act(signal number, or
+    0 for the end)`: the command line writes what was measured (`report`, set by the run
+    in progress) and exits from that thread. A main thread that got to the end of the run
+    (`final`: gathering the ranks' results, writing them) is let finish it, and one that
+    gets there once the rescue acts waits there for the exit: the two never both write."""
+
+    def __init__(self, act: Callable[[int], None], grace: float = 10.0, late: float = 0.0) -> None:
+        self.act = act
+        self.grace = grace
+        self.late = late
+        self.report: Optional[Callable[[int], Any]] = None  # the run in progress: its partial report
+        self._end: Optional[float] = None
+        self._done = threading.Event()
+        self._final = threading.Lock()
+        self._final_held = False
+        self._fds: Optional[tuple] = None
+        self._previous_fd = -1
+
+    def arm(self) -> "Rescue":
+        """In the main thread: the wakeup fd and the thread that reads it."""
+        if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "set_wakeup_fd"):
+            return self
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            self._previous_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except ValueError:
+            os.close(r)
+            os.close(w)
+            return self
+        self._fds = (r, w)
+        threading.Thread(target=self._watch, name="bisect-pipeline-rescue", daemon=True).start()
+        return self
+
+    def watch(self, end: float) -> None:
+        """The run's hard end (time.monotonic)."""
+        self._end = end
+
+    def final(self) -> None:
+        """In the main thread, at the run's end: from here on the main thread writes, the
+        rescue only if this never ends (it then waits here for the rescue's exit)."""
+        if not self._final_held:
+            self._final.acquire()
+            self._final_held = True
+
+    def disarm(self) -> None:
+        """The run ended: nothing to rescue (the wakeup fd as it was)."""
+        self._done.set()
+        if self._final_held:
+            self._final_held = False
+            self._final.release()
+        if self._fds is not None and threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(self._previous_fd)
+            os.close(self._fds[1])
+
+    def _watch(self) -> None:
+        import select
+
+        r = self._fds[0]
+        since: Optional[float] = None  # when the first SIGTERM or SIGINT came
+        signum = 0
+        try:
+            while not self._done.is_set():
+                now = time.monotonic()
+                if since is not None and now >= since + self.grace:
+                    return self._act(signum)
+                if self._end is not None and now >= self._end + self.grace + self.late:
+                    return self._act(0)
+                if select.select([r], [], [], 0.2)[0]:
+                    data = os.read(r, 64)
+                    if not data:  # the write end closed: disarmed
+                        return None
+                    if since is None and (signal.SIGTERM in data or signal.SIGINT in data):
+                        since, signum = now, (signal.SIGTERM if signal.SIGTERM in data else signal.SIGINT)
+        finally:
+            os.close(r)
+        return None
+
+
+    def _act(self, signum: int) -> None:
+        self._final.acquire(timeout=2 * self.grace)  # a main thread writing is let finish
+        if not self._done.is_set():
+            self.act(signum)
+
+
+RESCUE: list = [None]  # the command line's Rescue while a torchrun run is armed
+
+
 def stage_in_traceback(exc: BaseException) -> Optional[str]:
     """The stage whose tagged code was running when `exc` was raised (the innermost
     Tagged wrapper or transform proxy in the traceback), or None."""

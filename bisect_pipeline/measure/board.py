@@ -31,6 +31,8 @@ import socket
 import time
 from typing import Any, Callable, Iterable, Optional
 
+from ..core import causes
+
 # How long the surviving ranks wait for one another's documents (torchrun kills a rank 30
 # s after its SIGTERM: the documents, the writing and the exit fit in that).
 COLLECT_S = 10.0
@@ -39,15 +41,6 @@ RECORD_S = 1.0
 _POLL_S = 0.05
 _STORE_TIMEOUT = datetime.timedelta(seconds=10)
 
-# The meaning of the signal that ended a rank's process.
-SIGNAL_MEANINGS = {
-    "SIGKILL": "the out-of-memory killer, or a launcher's kill",
-    "SIGTERM": "stopped by a launcher or a scheduler",
-    "SIGINT": "interrupted",
-    "SIGSEGV": "a native crash",
-    "SIGBUS": "a native crash, or /dev/shm too small",
-    "SIGABRT": "a native library aborted",
-}
 # Signals the supervisor hands to the rank.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -182,8 +175,8 @@ class Board:
 def _how(entry: dict, alive: Optional[bool]) -> str:
     """A lost rank's end in words."""
     if entry["signal"]:
-        meaning = SIGNAL_MEANINGS.get(entry["signal"])
-        return f"its process was killed by {entry['signal']}" + (f" ({meaning})" if meaning else "")
+        meaning = causes.signal_meaning(entry["signal"])
+        return f"its process was killed by {entry['signal']}" + (f", {meaning}" if meaning else "")
     if entry["exit_code"] is not None:
         return f"its process exited with code {entry['exit_code']}"
     if alive is True:
@@ -268,14 +261,14 @@ def _record_exit(code: int) -> None:
     if store is None:
         return
     rank = os.environ.get("RANK", "0")
-    record = {"signal": _signal_name(-code)} if code < 0 else {"exit_code": code}
+    record = {"signal": signal_name(-code)} if code < 0 else {"exit_code": code}
     try:
         store.set(f"{_base()}/proc/{rank}", json.dumps(record))
     except Exception:
         pass
 
 
-def _signal_name(signum: int) -> str:
+def signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
     except ValueError:

@@ -56,10 +56,16 @@ class Stopped(KeyboardInterrupt):
     agreement, so they can still gather; else this rank left alone (an interrupt raised
     outside the agreements: bisect() called without the command line's handler)."""
 
-    def __init__(self, signals: dict, in_step: bool = True) -> None:
+    AGREED = "every rank stopped at the next agreement"
+    STUCK = ("the rank's main thread was stuck (in a collective or a device sync): what was measured was written "
+             "from another thread")
+    LEFT = "an interrupt outside the ranks' agreements: this rank left the lockstep"
+
+    def __init__(self, signals: dict, in_step: bool = True, how: str = AGREED) -> None:
         super().__init__("stopped")
         self.signals = dict(signals)
         self.in_step = in_step
+        self.how = how
         self.error: Optional[BaseException] = None
 
 
@@ -68,7 +74,7 @@ class RankLost(Stopped):
     the group's timeout). The lockstep cannot go on; what was measured is kept."""
 
     def __init__(self, error: BaseException) -> None:
-        super().__init__({}, in_step=False)
+        super().__init__({}, in_step=False, how="a rank was lost")
         self.error = error
 
 
@@ -76,10 +82,6 @@ def _pending_signal() -> int:
     """The signal the command line's handler noted and deferred (0: none)."""
     sig = faults.INTERRUPT_REQUESTED[0]
     return int(sig) if not isinstance(sig, bool) else (2 if sig else 0)
-
-
-def _signal_name(signum: int) -> str:
-    return board_mod._signal_name(signum)
 
 
 class _Guarded:
@@ -185,7 +187,7 @@ class Coordinator:
         t[0] = 1 if flag else 0
         t[1 + self.rank] = _pending_signal()
         self._collective(lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group))
-        signals = {r: _signal_name(int(v)) for r, v in enumerate(t[1:].tolist()) if v}
+        signals = {r: board_mod.signal_name(int(v)) for r, v in enumerate(t[1:].tolist()) if v}
         if signals:
             raise Stopped(signals)
         return bool(t[0].item())
@@ -315,6 +317,7 @@ class Gathered:
     lost: list = dataclasses.field(default_factory=list)
     signals: dict = dataclasses.field(default_factory=dict)
     error: Optional[str] = None  # the failed collective's message, when a rank was lost
+    how: Optional[str] = None  # how the run stopped (Stopped.how), when it did
 
 
 def gather_reports(local: Any, coord: Coordinator, waits: dict, stop: Optional[Stopped] = None) -> Gathered:
@@ -324,12 +327,12 @@ def gather_reports(local: Any, coord: Coordinator, waits: dict, stop: Optional[S
     rank (`stop` a RankLost, or the gathering fails), through the board instead."""
     mine = {"rank": coord.rank, "report": local.to_dict(),
             "input_wait_ms_per_batch": {k: round(v * 1e3, 3) for k, v in waits.items()}}
-    signals = stop.signals if stop is not None else {}
     if stop is None or stop.in_step:
         try:
             gathered = coord.gather(mine)
             coord.close()
-            return Gathered(gathered, coord.world_size, 0, [], signals)
+            return Gathered(gathered, coord.world_size, 0, [], stop.signals if stop else {},
+                            how=stop.how if stop else None)
         except RankLost as lost:
             stop = lost
     coord.release()
@@ -340,15 +343,18 @@ def after_loss(mine: dict, coord: Coordinator, lost: Stopped) -> Gathered:
     """The documents of the surviving ranks, through the board: each posts its own, the
     lowest that posted writes. Without a store, this rank's own, written by rank 0."""
     error = f"{type(lost.error).__name__}: {str(lost.error).strip().splitlines()[0][:300]}" if lost.error else None
+    pending = _pending_signal()
+    mine = dict(mine, signal=board_mod.signal_name(pending) if pending else None)
     board = coord.board
     others = [r for r in range(coord.world_size) if r != coord.rank]
     if board is None:
         unknown = [{"rank": r, "host": None, "pid": None, "exit_code": None, "signal": None,
                     "how": "unknown (no store to ask which rank was lost)"} for r in others]
-        return Gathered([mine], coord.world_size, 0, unknown, lost.signals, error)
+        return Gathered([mine], coord.world_size, 0, unknown, lost.signals, error, lost.how)
     board.post(mine)
     docs = board.collect()
     docs[coord.rank] = mine
     writer = board.writer(docs)
+    signals = {**{r: d["signal"] for r, d in docs.items() if d.get("signal")}, **lost.signals}
     return Gathered([docs[r] for r in sorted(docs)], coord.world_size, writer,
-                    board.lost(r for r in range(coord.world_size) if r not in docs), lost.signals, error)
+                    board.lost(r for r in range(coord.world_size) if r not in docs), signals, error, lost.how)

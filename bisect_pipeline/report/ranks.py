@@ -49,7 +49,8 @@ def combine(local: Report, gathered: Any, rank: int) -> "DistributedReport":
     out = DistributedReport(**fields, world_size=gathered.world_size or len(docs), rank=rank, ranks=tuple(docs),
                             pace_rank=pace, straggler_ranks=tuple(docs[i]["rank"] for i in slow),
                             writer=gathered.writer, lost_ranks=tuple(gathered.lost),
-                            stopped_by=tuple(sorted(gathered.signals.items())), lost_error=gathered.error)
+                            stopped_by=tuple(sorted(gathered.signals.items())), lost_error=gathered.error,
+                            stopped_how=gathered.how)
     return dataclasses.replace(out, summary=f"{out.who()} {base.summary}")
 
 
@@ -95,6 +96,7 @@ class DistributedReport(Report):
     lost_ranks: tuple = ()  # board.Board.lost's entries: rank, host, pid, exit_code, signal, how
     stopped_by: tuple = ()  # (rank, signal name): the signals that stopped the run
     lost_error: Optional[str] = None  # the collective that failed when a rank was lost
+    stopped_how: Optional[str] = None  # how the run stopped (distributed.Stopped.how), when it did
 
     def to_dict(self) -> dict:
         doc = Report.to_dict(self)
@@ -110,6 +112,7 @@ class DistributedReport(Report):
             "written_by": self.writer,
             "lost_ranks": [dict(r) for r in self.lost_ranks],
             "stopped_by": [{"rank": r, "signal": sig} for r, sig in self.stopped_by],
+            "stopped_how": self.stopped_how,
         }
         if self.lost_error:
             doc["distributed"]["lost_error"] = self.lost_error
@@ -121,9 +124,9 @@ class DistributedReport(Report):
     def _lost(self) -> str:
         """The ranks lost and the signals that stopped the run, first."""
         out = [f"[{self.world_size} ranks] rank {r['rank']} was lost mid-run: {r['how']}." for r in self.lost_ranks]
-        if self.stopped_by:
+        if self.stopped_by and not self.lost_ranks:  # a lost rank's launcher stops the others: the loss is the news
             by = "; ".join(f"{sig} on rank {r}" for r, sig in self.stopped_by)
-            out.append(f"[{self.world_size} ranks] {by}: every rank stopped at the next agreement.")
+            out.append(f"[{self.world_size} ranks] {by}: {self.stopped_how or 'stopped'}.")
         if out:
             alive = ", ".join(str(d["rank"]) for d in self.ranks)
             out.append(f"What rank(s) {alive} measured until then is kept (written by rank {self.writer}); rank "

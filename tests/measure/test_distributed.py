@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import signal
 import textwrap
 import time
 
@@ -56,13 +57,13 @@ ENTRY = PLANTED_DATA + textwrap.dedent('''
         # LOSE=rank:how:seconds: that rank's process ends (how: exit, kill), or a SIGTERM
         # comes (term: to that rank, which then steps 2 s late while the other waits in
         # DDP's all-reduce; term-peer: that rank sends it to rank 0, so it lands while rank
-        # 0 waits in the all-reduce), that many seconds after its first step
+        # 0 waits in the all-reduce), or it hangs in its step (hang: the test sends the
+        # signals), that many seconds after its first step
         import os, signal, time
         model, loader = _parts(0.0)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         rank, how, after = os.environ["LOSE"].split(":")
-        if dist.get_rank() == 0:
-            open("rank0.pid", "w").write(str(os.getpid()))
+        open(f"rank{dist.get_rank()}.pid", "w").write(str(os.getpid()))
         started = []
         def step(batch):
             now = time.monotonic()
@@ -73,6 +74,9 @@ ENTRY = PLANTED_DATA + textwrap.dedent('''
                     os._exit(3)
                 if how == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
+                if how == "hang":
+                    open("hung", "w").close()
+                    time.sleep(3600)
                 os.kill(os.getpid() if how == "term" else int(open("rank0.pid").read()), signal.SIGTERM)
                 time.sleep(2)
             x, y = batch
@@ -83,16 +87,25 @@ ENTRY = PLANTED_DATA + textwrap.dedent('''
 ''')
 
 
-def torchrun(tmp_path, func, timeout=150, **env):
+def torchrun(tmp_path, func, timeout=150, then=None, **env):
+    """torchrun's 2 ranks on `func` of ENTRY, to the end (`then(tmp_path)` meanwhile)."""
     (tmp_path / "ddp_entry.py").write_text(ENTRY)
     out = tmp_path / "out.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "bisect_pipeline", "--entry", f"{tmp_path / 'ddp_entry.py'}:{func}", "--device", "cpu",
            "--max-seconds", str(MAX_SECONDS), "--json", str(out), "--step-timeout", "30"]
     env = dict(os.environ, OMP_NUM_THREADS="1", **env)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path,
-                          start_new_session=True)
-    return proc, out
+    popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                             start_new_session=True)
+    try:
+        if then is not None:
+            then(tmp_path)
+        stdout, stderr = popen.communicate(timeout=timeout)
+    finally:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.communicate()
+    return subprocess.CompletedProcess(cmd, popen.returncode, stdout, stderr), out
 
 
 def _no_children_left() -> None:
@@ -154,15 +167,15 @@ def _exit_codes(proc) -> dict:
     return {int(r): int(c) for r, c in found}
 
 
-def _lost_run(tmp_path, lose):
+def _lost_run(tmp_path, lose, then=None, within=12):
     t0 = time.monotonic()
-    proc, out = torchrun(tmp_path, "losing", LOSE=lose)
+    proc, out = torchrun(tmp_path, "losing", LOSE=lose, then=then)
     wall = time.monotonic() - t0
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     # in time: the measuring ended with the loss, well within --max-seconds (the start-up,
     # imports and the entry on a busy machine, is before the clock starts)
-    assert doc["run"]["elapsed_s"] < 12, doc["run"]
+    assert doc["run"]["elapsed_s"] < within, doc["run"]
     assert wall < doc["run"]["startup_s"] + MAX_SECONDS + 15, (wall, doc["run"]["startup_s"])
     assert doc["complete"] is False and doc["interrupted"] is True and doc["world_size"] == 2
     _no_children_left()
@@ -172,7 +185,7 @@ def _lost_run(tmp_path, lose):
 @pytest.mark.alone  # two ranks in lockstep on the 2 cores (as the tests above)
 @pytest.mark.parametrize("lost,how,code,words", [
     (1, "exit", 3, "its process exited with code 3"),
-    (0, "kill", -9, "its process was killed by SIGKILL (the out-of-memory killer"),
+    (0, "kill", -9, "its process was killed by SIGKILL, usually by the out-of-memory killer"),
 ])
 def test_a_rank_whose_process_ends_mid_run_is_named_and_the_others_results_kept(tmp_path, lost, how, code, words):
     proc, doc = _lost_run(tmp_path, f"{lost}:{how}:2.5")
@@ -210,6 +223,30 @@ def test_sigterm_to_one_rank_while_the_other_waits_in_a_collective_stops_both(tm
         assert points["device"]["status"] == "ok" and points["full"]["status"] == "not run"
     assert "SIGTERM on rank" in " ".join(proc.stdout.split())
     assert _exit_codes(proc) == {0: 143, 1: 143}  # every rank stopped as on SIGTERM
+
+
+def _signal_both_once_rank_1_hangs(tmp_path):
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "hung").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)  # rank 0 is in DDP's all-reduce, waiting for rank 1
+    for r in (0, 1):
+        os.kill(int((tmp_path / f"rank{r}.pid").read_text()), signal.SIGTERM)
+
+
+@pytest.mark.alone  # two ranks in lockstep on the 2 cores (as the tests above)
+def test_a_rank_stuck_in_a_collective_at_a_sigterm_is_rescued_in_time(tmp_path):
+    # a preempted job: rank 1 hangs in its step, rank 0 waits for it in DDP's all-reduce
+    # (native code: its handler cannot run); the SIGTERM to both, and each rank's rescue
+    # writes what it measured within its grace, rank 0 the job's document
+    # measuring from 0 s, the hang at 2.5, the signal about 1 s later, the rescue 10 s after
+    proc, doc = _lost_run(tmp_path, "1:hang:2.5", then=_signal_both_once_rank_1_hangs, within=20)
+    dist_ = doc["distributed"]
+    assert dist_["stopped_by"] == [{"rank": 0, "signal": "SIGTERM"}, {"rank": 1, "signal": "SIGTERM"}]
+    assert "stuck" in dist_["stopped_how"] and dist_["written_by"] == 0 and dist_["lost_ranks"] == []
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    assert "main thread was stuck" in " ".join(proc.stdout.split())
+    assert _exit_codes(proc) == {0: 143, 1: 143}
 
 
 def test_straggler_rule():

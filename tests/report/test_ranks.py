@@ -36,6 +36,7 @@ def test_a_lost_rank_is_named_and_the_survivors_report_follows():
 
 def test_a_signal_that_stopped_every_rank_is_said():
     r = planted({"device": 10}, complete=False, interrupted=True)
-    job = combine(r, Gathered([_doc(0, r), _doc(1, r)], 2, signals={1: "SIGTERM"}), 0)
+    job = combine(r, Gathered([_doc(0, r), _doc(1, r)], 2, signals={1: "SIGTERM"},
+                              how="every rank stopped at the next agreement"), 0)
     assert job.to_dict()["distributed"]["stopped_by"] == [{"rank": 1, "signal": "SIGTERM"}]
     assert "SIGTERM on rank 1: every rank stopped at the next agreement" in " ".join(job.summary.split())
