@@ -17,7 +17,7 @@ of descriptors is a descriptor fault):
 | `fd limit` | "Too many open files", "[Errno 24]", "received 0 items of ancdata" |
 | `shm` | a `/torch_...` shared-memory file or "shared memory" that cannot be written, mapped or allocated |
 | `worker killed` | "is killed by signal: Killed / Bus error / Segmentation fault / ...", "exited unexpectedly" |
-| `shard` | tarfile's "unexpected end of data", "invalid header", "bad checksum", ...; gzip's early end |
+| `shard` | tarfile's "unexpected end of data", "invalid header", "bad checksum", ...; gzip's early end; webdataset's "didn't find [...] in [...]" |
 | `image` | PIL's "image file is truncated", "cannot identify image file" |
 | `missing file` | "[Errno 2] No such file or directory: 'PATH'" |
 """
@@ -94,6 +94,7 @@ _TAR = re.compile(r"unexpected end of data|invalid header|bad checksum|truncated
                   r"file could not be opened successfully|not a gzip file|"
                   r"Compressed file ended before the end-of-stream marker was reached|Error -3 while decompressing",
                   re.I)
+_MISSING_KEYS = re.compile(r"didn't find (\[[^\]]*\]) in (\[[^\]]*\])")
 _TRUNCATED = re.compile(r"unexpected end of data|Compressed file ended before|truncated header", re.I)
 _SHARD_NAME = re.compile(r"name='([^']+)'|name=\"([^\"]+)\"|'([^'\s]+\.(?:tar|tgz|tar\.gz|tar\.zst))'|"
                          r"url=['\"]?([^'\"\s,)]+)")
@@ -189,6 +190,12 @@ def _killed(text: str, where: Where) -> Optional[Cause]:
 
 
 def _shard(text: str, where: Where) -> Optional[Cause]:
+    fix = ("copy it again (compare its size or checksum with the source), or let the pipeline skip broken "
+           "samples with webdataset's handler=wds.warn_and_continue (WebDataset(urls, handler=...))")
+    keys = _MISSING_KEYS.search(text)
+    if keys and "__key__" in keys.group(2):  # webdataset's to_tuple: a sample without a file the pipeline asks for
+        return Cause("shard", f"a sample of a shard lacks {keys.group(1)} (it holds {keys.group(2)}): the shard was "
+                              "cut short mid-sample, or its files are named otherwise than the pipeline asks", fix)
     m = _TAR.search(text)
     if not m:
         return None
@@ -199,8 +206,6 @@ def _shard(text: str, where: Where) -> Optional[Cause]:
         wrong = f"{what} is truncated (it ends mid-member: a copy or download cut short)"
     else:
         wrong = f"{what} is not a readable archive ({m.group(0)}: corrupt, or not a tar file)"
-    fix = ("copy it again (compare its size or checksum with the source), or let the pipeline skip broken "
-           "samples with webdataset's handler=wds.warn_and_continue (WebDataset(urls, handler=...))")
     return Cause("shard", wrong, fix)
 
 

@@ -84,6 +84,12 @@ def test_an_unreadable_shard_says_what_is_wrong():
     assert "shard train-0007.tar is not a readable archive (invalid header" in reason
 
 
+def test_a_sample_cut_short_in_a_shard():
+    reason = told(ValueError("didn't find ['x.npy'] in ['__key__', '__url__', 'cls', '__local_path__']"))[1]
+    assert "a sample of a shard lacks ['x.npy']" in reason and "cut short mid-sample" in reason
+    assert "handler=wds.warn_and_continue" in reason
+
+
 @pytest.mark.parametrize("message", ["[Errno 24] Too many open files: '/data/x.jpg'", "received 0 items of ancdata"])
 def test_the_descriptor_limit(message):
     reason = told(OSError(message))[1]
