@@ -14,7 +14,7 @@ from .advise.tune import CHECK_SHARE, TUNE_SHARE
 from .advise.verify import VERIFY_SHARE
 from .core import faults
 from .core.errors import BisectError
-from .derive.verdict import POINTS
+from .derive.drops import POINTS
 from .measure import allocator, board, devices, distributed
 from .measure.cache import DEFAULT_CACHE_BATCHES
 from .measure.experiment import Experiment

@@ -14,7 +14,7 @@ import click
 from . import api
 from .core import faults
 from .core.errors import BisectError
-from .derive.verdict import POINTS
+from .derive.drops import POINTS
 from .measure import board, distributed
 from .pipeline import entry
 from .progress import make_progress

@@ -17,7 +17,7 @@ from .advise import outcome
 from .core.errors import BisectError
 from .core.stats import MIN_REL_DROP, Throughput, difference, unpaired
 from .core.stats import compare as stats_compare
-from .derive.verdict import POINTS, cost_noise
+from .derive.drops import POINTS, cost_noise
 from .report import Report
 
 # A change is decided by the tool's one comparison (stats.compare: 97.7% one-sided, Student's

@@ -28,7 +28,7 @@ from bisect_pipeline import bisect
 from bisect_pipeline.pipeline import entry
 from bisect_pipeline.pipeline.step import make_step
 from bisect_pipeline.core.stats import is_real, median
-from bisect_pipeline.derive.verdict import POINTS
+from bisect_pipeline.derive.drops import POINTS
 
 
 def one_run(entry_spec: str, hold: bool) -> dict:

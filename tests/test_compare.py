@@ -12,7 +12,7 @@ from bisect_pipeline import compare
 from bisect_pipeline.cli import main
 from bisect_pipeline.report import PointResult, Report, build
 from bisect_pipeline.core.stats import Throughput, Window
-from bisect_pipeline.derive.verdict import POINTS
+from bisect_pipeline.derive.drops import POINTS
 
 BS = 16
 TESTS = os.path.dirname(os.path.abspath(__file__))

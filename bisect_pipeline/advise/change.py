@@ -17,8 +17,7 @@ the search held it; the patched file is a temporary copy beside the original (so
 its imports resolve), removed after; flags go on its command line, variables in its
 environment. The windows of its full point, one visit a round, are the `applied` trial's
 candidate side; its speed over the user's settings is read against the search's visits
-of them (tune.applied_outcome). (It ran A B B A against the original before: four
-starts of the script, which did not fit a minute.)
+of them (tune.applied_outcome).
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from typing import Callable, Optional
 
 from ..core.results import Measurements, Trial, VisitWindow
 from ..measure.plan import PATCH_RUN_LEAST_S, PATCH_RUN_MARGIN_S, PATCH_RUNS
-from . import advice as advice_mod, patch as patch_mod, tune
+from . import context, edits, patch as patch_mod, tune
 from .outcome import THREADS
 
 # The patched script's copy, beside the original.
@@ -48,7 +47,7 @@ TERM_GRACE_S = 3.0
 def settings_to_write(m: Measurements) -> Optional[dict]:
     """The settings of the search's best, as the script would be given them (what differs
     from the user's), with the allocator's variables where the report measured they help."""
-    found = tune.summarize(m.tune, m.batch_size, advice_mod.is_graph(m.loader)) if m.tune is not None else None
+    found = tune.summarize(m.tune, m.batch_size, context.is_graph(m.loader)) if m.tune is not None else None
     if found is None or found.best is None:
         return None
     out = dict(found.best.settings)
@@ -256,7 +255,7 @@ class _patched_copy:
         script = os.path.abspath(self.target.script)
         with open(script, encoding="utf-8", errors="surrogateescape") as fh:
             source = fh.read()
-        text = patch_mod.applied(source, self.p.diff)
+        text = edits.applied(source, self.p.diff)
         stem, ext = os.path.splitext(os.path.basename(script))
         fd, self.path = tempfile.mkstemp(prefix=f"{stem}{COPY_SUFFIX}_", suffix=ext, dir=os.path.dirname(script))
         with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:

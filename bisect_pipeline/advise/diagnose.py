@@ -23,41 +23,31 @@ from typing import Optional
 
 from ..core.results import NOT_SELECTED, CacheInfo, Measurements, Note, PointResult
 from ..core.stats import NOISY_REL_IQR
-from ..derive import witness
+from ..derive import drops, witness
 from ..derive.findings import Diagnosis, Finding
-from ..derive.verdict import POINTS, Verdict, decide, self_check
-from . import advice as advice_mod, outcome, tune
-
-
-
-# --------------------------------------------------------------------------------------
-# The derivations
-# --------------------------------------------------------------------------------------
+from ..derive.verdict import Verdict, decide, self_check
+from . import advice as advice_mod, context, outcome, tune, wording
 
 
 def diagnose(m: Measurements) -> Diagnosis:
     """The final report's content (see the module's docstring)."""
-    d = _judged(m)
+    d = judged(m)
     d = dataclasses.replace(d, notes=m.notes + tuple(derived_notes(d)))
     checked = advice_mod.ranked(tuple(_checked(f, m) for f in advice_mod.findings(d)))
     d = dataclasses.replace(d, advice=checked)
-    found = tune.summarize(m.tune, m.batch_size, advice_mod.is_graph(m.loader)) if m.tune is not None else None
+    found = tune.summarize(m.tune, m.batch_size, context.is_graph(m.loader)) if m.tune is not None else None
     return dataclasses.replace(d, summary=summary(d), tune=found)
 
 
 def to_check(m: Measurements) -> tuple[Finding, ...]:
     """The advice as it stands before its check (verify.Trials measures its settings)."""
-    return tuple(advice_mod.findings(_judged(m)))
+    return tuple(advice_mod.findings(judged(m)))
 
 
 def judged(m: Measurements) -> Diagnosis:
     """The verdict and points of the measurements, before notes and advice (what
     tune.space_of prunes the search from)."""
-    return _judged(m)
-
-
-def _judged(m: Measurements) -> Diagnosis:
-    points = tuple(sorted(m.points, key=lambda p: POINTS.index(p.point)))
+    points = tuple(sorted(m.points, key=lambda p: drops.POINTS.index(p.point)))
     lo = m.loader or {}
     # a node graph whose stages run in threads of their own is named on the rounds alone
     # (pipeline/integrations/nodes.witnessed: the costs alone model DataLoader's workers)
@@ -95,7 +85,7 @@ def _checked(f: Finding, m: Measurements) -> Finding:
     v = outcome.verified(f, m.verification, m.isolated, m.batch_size)
     if v is None:
         return f
-    return advice_mod.checked(f, v)
+    return wording.checked(f, v)
 
 
 def derived_notes(d: Diagnosis) -> list:
@@ -116,7 +106,7 @@ def derived_notes(d: Diagnosis) -> list:
     if d.cache.limited_by:
         out.append(cache_note(d.cache))
     workers, cores = d.loader.get("num_workers") or 0, d.run.cpu_count
-    threads = advice_mod.is_graph(d.loader) and d.loader.get("method") == "thread"  # (threads that wait share cores)
+    threads = context.is_graph(d.loader) and d.loader.get("method") == "thread"  # (threads that wait share cores)
     if cores and workers > cores and not threads:
         out.append(Note("workers", f"num_workers={workers} is more than this machine's {cores} cores: use {cores} or "
                                    "fewer.", derived=True, detail="the workers compete for CPU"))
@@ -264,7 +254,7 @@ def summary(d: Diagnosis) -> str:
 def _lost(d: Diagnosis) -> str:
     """'64% of the ceiling's throughput is lost to input (highly input-bound)'; '' where
     the verdict has no such figure."""
-    f, cls = d.verdict.input_bound_fraction, advice_mod.input_bound_class(d)
+    f, cls = d.verdict.input_bound_fraction, context.input_bound_class(d)
     if f is None:
         return ""
     how = f" ({cls} input-bound)" if cls in ("moderately", "highly") else ""

@@ -1,7 +1,7 @@
-"""The change itself: loader settings written against the user's script.
+"""The change itself: loader settings written against the user's script (`--patch`).
 
 Given the script's source and the line where its training loader was created
-(loop.Seen.created_at), `make` finds the call there with `ast` and says, setting by
+(loop_loaders.Seen.created_at), `make` finds the call there (script_ast.py) and says, setting by
 setting, how to get the new value:
 
 - a keyword of the call, changed or added (`num_workers=2` -> `num_workers=1`), or the
@@ -17,26 +17,23 @@ setting, how to get the new value:
   after the imports), or the call already there changed; an environment variable as the
   command's prefix.
 
-Every edit is one span of the original text replaced, so untouched lines stay byte for
-byte as they were; the diff (git's a/ b/ form) is made with difflib. Pure: it reads the
-source it is given and writes nothing.
-
-Why one module: reading the script, deciding where each setting goes and writing the
-diff are one pass over one syntax tree, each step handing its nodes to the next.
+Each rewrite writes its spans into one Edits and returns its Changes (edits.py), the
+spans making one diff; a rewrite of another kind does the same, in a module of its own
+called from `make`. Pure: it reads the source it is given and writes nothing.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import shlex
 from typing import Any, ClassVar, Optional
 
 from ..core.results import Record
+from .edits import Change, Edits
+from .outcome import THREADS
+from .script_ast import LOADER_KEYS, Script, accepts_loader_keywords, find_call, name_of, uses
 
-LOADER_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "pin_memory_device")
-THREADS = "torch_num_threads"
 ENV = "env"
 # Hugging Face TrainingArguments: the loader's settings under their names there.
 HF_NAMES = {"num_workers": "dataloader_num_workers", "pin_memory": "dataloader_pin_memory",
@@ -45,21 +42,6 @@ HF_NAMES = {"num_workers": "dataloader_num_workers", "pin_memory": "dataloader_p
 _CONVERSIONS = ("int", "bool", "str")
 # How deep `self.x` -> `__init__(x=...)` -> `Module(x=args.x)` is followed.
 _DEPTH = 4
-
-
-@dataclasses.dataclass(frozen=True)
-class Change(Record):
-    """One setting: `how` it is applied (keyword: in the diff; flag: rerun with it;
-    lines: lines added by the diff; env: the command's prefix; unchanged: the script
-    already says so; not applied: `text` says why), `where` (file:line) and `text`."""
-
-    setting: str
-    value: Any
-    how: str
-    where: Optional[str] = None
-    text: str = ""
-    tokens: Optional[tuple] = None  # a flag: what to pass, e.g. ("-j", "1")
-    aliases: Optional[tuple] = None  # a flag: every spelling of it, to take out of the command line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,28 +72,6 @@ class Patch(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class Flag:
-    """An option of the script's argparse parser: its option strings, dest and action
-    (store, store_true, store_false, boolean_optional, or another it cannot set)."""
-
-    options: tuple
-    dest: str
-    action: str = "store"
-
-    def tokens(self, value: Any) -> Optional[tuple]:
-        """The command-line tokens that set `value`, or None when this flag cannot."""
-        opt = self.options[0]
-        if self.action == "store":
-            return opt, _literal(value) if not isinstance(value, str) else value
-        if self.action == "store_true" and value is True or self.action == "store_false" and value is False:
-            return (opt,)
-        if self.action == "boolean_optional":
-            long = next((o for o in self.options if o.startswith("--")), opt)
-            return (long,) if value else ("--no-" + long[2:],)
-        return None
-
-
-@dataclasses.dataclass(frozen=True)
 class _Setting:
     """One setting to give: its name where it is written, the new value, and the value
     the loader has as the script ran (None: not known)."""
@@ -119,150 +79,6 @@ class _Setting:
     name: str
     value: Any
     current: Any = None
-
-
-# --------------------------------------------------------------------------------------
-# The script, read
-# --------------------------------------------------------------------------------------
-
-
-class _Script:
-    """The parsed source, with parents, line offsets and the script's argparse flags."""
-
-    def __init__(self, source: str, tree: ast.Module, path: str) -> None:
-        self.source, self.tree, self.path = source, tree, path
-        self.lines = source.splitlines(keepends=True)
-        self.newline = "\r\n" if self.lines and self.lines[0].endswith("\r\n") else "\n"
-        self.parent: dict = {}
-        for node in ast.walk(tree):
-            for child in ast.iter_child_nodes(node):
-                self.parent[child] = node
-        self.flags = argparse_flags(tree)
-
-    def where(self, node: ast.AST) -> str:
-        return f"{self.path}:{node.lineno}"
-
-    def col(self, line: int, byte_col: int) -> int:
-        """ast's UTF-8 byte offset as a character offset in the line."""
-        text = self.lines[line - 1] if line - 1 < len(self.lines) else ""
-        return len(text.encode("utf-8")[:byte_col].decode("utf-8", "replace"))
-
-    def start(self, node: ast.AST) -> tuple:
-        return node.lineno, self.col(node.lineno, node.col_offset)
-
-    def end(self, node: ast.AST) -> tuple:
-        return node.end_lineno, self.col(node.end_lineno, node.end_col_offset)
-
-    def text(self, node: ast.AST) -> str:
-        return ast.get_source_segment(self.source, node) or ast.unparse(node)
-
-    def enclosing(self, node: ast.AST, kinds: tuple) -> Optional[ast.AST]:
-        p = self.parent.get(node)
-        while p is not None and not isinstance(p, kinds):
-            p = self.parent.get(p)
-        return p
-
-    def indent(self, line: int) -> str:
-        text = self.lines[line - 1]
-        return text[: len(text) - len(text.lstrip(" \t"))]
-
-
-def argparse_flags(tree: ast.AST) -> dict:
-    """dest -> Flag, from every `X.add_argument('-j', '--workers', ...)` call in the
-    source (a parser, a group or a subparser alike)."""
-    out: dict = {}
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_argument"):
-            continue
-        options = tuple(a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-                        and a.value.startswith("-"))
-        if not options:
-            continue
-        kw = {k.arg: k.value for k in node.keywords if k.arg}
-        dest = kw.get("dest")
-        name = dest.value if isinstance(dest, ast.Constant) else _dest(options)
-        out.setdefault(name, Flag(options, name, _action(kw.get("action"))))
-    return out
-
-
-def _dest(options: tuple) -> str:
-    long = next((o for o in options if o.startswith("--")), None)
-    return (long[2:] if long else options[0].lstrip("-")).replace("-", "_")
-
-
-def _action(node: Optional[ast.AST]) -> str:
-    if node is None:
-        return "store"
-    if isinstance(node, ast.Constant):
-        return node.value if node.value in ("store", "store_true", "store_false") else "other"
-    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
-    return "boolean_optional" if name == "BooleanOptionalAction" else "other"
-
-
-def _name(func: ast.AST) -> str:
-    """The called name as written, its last part: `torch.utils.data.DataLoader` -> DataLoader."""
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    if isinstance(func, ast.Name):
-        return func.id
-    if isinstance(func, ast.Call):  # super().__init__ and the like
-        return _name(func.func)
-    return ""
-
-
-def _loader_classes(tree: ast.Module) -> set:
-    """Names that build a DataLoader: DataLoader (and ...DataLoader), and the classes the
-    script derives from one."""
-    names = {"DataLoader"}
-    classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
-    for _ in range(3):  # a subclass of a subclass
-        for c in classes:
-            if any(_name(b) in names or _name(b).endswith("DataLoader") for b in c.bases):
-                names.add(c.name)
-    return names
-
-
-def find_call(s: _Script, line: int) -> Optional[ast.Call]:
-    """The call at `line` that built the loader: among the calls whose span holds the
-    line, a DataLoader (or a class derived from one) first, then one that takes a loader's
-    keywords (a factory), then the outermost (the frame's line is where the called name
-    ends: `torch.utils.data.DataLoader(` of a call over several lines)."""
-    loaders = _loader_classes(s.tree)
-    calls = [n for n in ast.walk(s.tree) if isinstance(n, ast.Call) and n.lineno <= line <= n.end_lineno]
-    if not calls:
-        return None
-
-    def rank(c: ast.Call) -> tuple:
-        name = _name(c.func)
-        loader = name in loaders or name.endswith("DataLoader") or _is_super_init(s, c, loaders)
-        keys = any(k.arg in LOADER_KEYS or k.arg is None for k in c.keywords)
-        return (loader, keys, c.func.end_lineno == line, -(c.lineno * 10**6 + c.col_offset))
-
-    return max(calls, key=rank)
-
-
-def _is_super_init(s: _Script, call: ast.Call, loaders: set) -> bool:
-    """`super().__init__(...)` inside a class derived from a DataLoader."""
-    f = call.func
-    if not (isinstance(f, ast.Attribute) and f.attr == "__init__" and isinstance(f.value, ast.Call)
-            and _name(f.value.func) == "super"):
-        return False
-    cls = s.enclosing(call, (ast.ClassDef,))
-    return cls is not None and cls.name in loaders
-
-
-def accepts_loader_keywords(s: _Script, call: ast.Call) -> bool:
-    """Whether keywords a DataLoader takes can be added to this call: a DataLoader, a
-    class derived from one, or its super().__init__; not a factory of a library."""
-    loaders = _loader_classes(s.tree)
-    name = _name(call.func)
-    return name in loaders or name.endswith("DataLoader") or _is_super_init(s, call, loaders)
-
-
-# --------------------------------------------------------------------------------------
-# The change
-# --------------------------------------------------------------------------------------
 
 
 def make(source: str, *, path: str, line: Optional[int], settings: dict, current: Optional[dict] = None,
@@ -276,9 +92,9 @@ def make(source: str, *, path: str, line: Optional[int], settings: dict, current
         tree = ast.parse(source)
     except SyntaxError as exc:
         return dataclasses.replace(base, reason=f"{name} could not be parsed ({exc.msg}, line {exc.lineno})")
-    s = _Script(source, tree, name)
+    s = Script(source, tree, name)
     call = find_call(s, line) if line else None
-    edits = _Edits(s)
+    edits = Edits(s)
     changes: list = []
     loader = {k: settings[k] for k in LOADER_KEYS if k in settings}
     if loader:
@@ -289,19 +105,18 @@ def make(source: str, *, path: str, line: Optional[int], settings: dict, current
             changes += _loader_changes(s, call, loader, current or {}, edits)
     if THREADS in settings:
         changes.append(_threads(s, int(settings[THREADS]), edits))
-    if settings.get(ENV):
-        env = dict(settings[ENV])
+    env = dict(settings[ENV]) if settings.get(ENV) else None
+    if env:
         changes.append(Change(ENV, env, "env", None, "start it with " + " ".join(f"{k}={v}" for k, v in env.items())))
     flags = tuple(t for c in changes if c.how == "flag" for t in c.tokens)
     patch = dataclasses.replace(base, call=None if call is None else s.text(call.func), diff=edits.diff(name),
-                                flags=flags, env=dict(settings[ENV]) if settings.get(ENV) else None,
-                                changes=tuple(changes))
+                                flags=flags, env=env, changes=tuple(changes))
     if patch.empty and all(c.how == "not applied" for c in changes) and changes:
         patch = dataclasses.replace(patch, reason=changes[0].text)
     return patch
 
 
-def _loader_changes(s: _Script, call: ast.Call, loader: dict, current: dict, edits: "_Edits") -> list:
+def _loader_changes(s: Script, call: ast.Call, loader: dict, current: dict, edits: Edits) -> list:
     """Each loader setting applied to the call, or to Hugging Face's TrainingArguments when
     the line is a Trainer's (no loader keyword there)."""
     target, names = call, {k: k for k in loader}
@@ -309,30 +124,30 @@ def _loader_changes(s: _Script, call: ast.Call, loader: dict, current: dict, edi
         hf = _hf_arguments(s)
         if hf is not None:
             target, names = hf, HF_NAMES
-        elif _uses(s.tree, "HfArgumentParser"):
+        elif uses(s.tree, "HfArgumentParser"):
             return [_hf_flag(k, v) for k, v in loader.items()]
     out, adds = [], {}
     for key, value in loader.items():
         name = names.get(key)
         if name is None:
-            out.append(Change(key, value, "not applied", s.where(target), f"{_name(target.func)} has no {key}"))
+            out.append(Change(key, value, "not applied", s.where(target), f"{name_of(target.func)} has no {key}"))
             continue
         can_add = target is not call or accepts_loader_keywords(s, call)
         change = _keyword(s, target, _Setting(name, value, current.get(key)), edits, can_add)
         if change is None:  # neither in the call nor in its **kwargs: added to the call
             if not can_add:
                 out.append(Change(key, value, "not applied", s.where(call),
-                                  f"{_name(call.func)}(...) does not show {key}: set it where it builds the loader"))
+                                  f"{name_of(call.func)}(...) does not show {key}: set it where it builds the loader"))
                 continue
             adds[name] = value
-            change = Change(key, value, "keyword", s.where(target), f"{name}={_literal(value)} added")
+            change = Change(key, value, "keyword", s.where(target), f"{name}={value!r} added")
         out.append(dataclasses.replace(change, setting=key))
     if adds:
         edits.add(target, adds)
     return out
 
 
-def _keyword(s: _Script, call: ast.Call, st: _Setting, edits: "_Edits", can_add: bool = True) -> Optional[Change]:
+def _keyword(s: Script, call: ast.Call, st: _Setting, edits: Edits, can_add: bool = True) -> Optional[Change]:
     """The setting where the call's keyword `name` (or its **kwargs) gives it; None when
     neither does (or, for a call that may not take it, `can_add` False, when only a
     `**dict(kwargs, name=value)` would)."""
@@ -352,10 +167,10 @@ def _keyword(s: _Script, call: ast.Call, st: _Setting, edits: "_Edits", can_add:
         return None
     edits.wrap(starred[-1].value, name, value)
     return Change(name, value, "keyword", s.where(starred[-1].value),
-                  f"**{s.text(starred[-1].value)} given {name}={_literal(value)}")
+                  f"**{s.text(starred[-1].value)} given {name}={value!r}")
 
 
-def _assign(s: _Script, expr: ast.AST, st: _Setting, edits: "_Edits", depth: int = 0, *,
+def _assign(s: Script, expr: ast.AST, st: _Setting, edits: Edits, depth: int = 0, *,
             strict: bool = False) -> Optional[Change]:
     """Give the expression that sets `name` the new value: a flag for `args.x`, the place
     a name or `self.x` comes from, else the expression itself replaced by the literal.
@@ -365,30 +180,26 @@ def _assign(s: _Script, expr: ast.AST, st: _Setting, edits: "_Edits", depth: int
         if st.current is not None and expr.value != st.current and strict:
             return None
         if expr.value == value and type(expr.value) is type(value):
-            return Change(name, value, "unchanged", where, f"{name}={_literal(value)} already")
-        edits.replace(expr, _literal(value))
-        return Change(name, value, "keyword", where, f"{name}={s.text(expr)} -> {_literal(value)}")
-    inner = _unwrapped(expr)
-    if depth < _DEPTH:
+            return Change(name, value, "unchanged", where, f"{name}={value!r} already")
+    else:
+        inner = _unwrapped(expr)
         found = (_flag(s, inner, st) or _from_name(s, inner, st, edits, depth)
-                 or _from_self(s, inner, st, edits, depth))
-        if found is not None:
+                 or _from_self(s, inner, st, edits, depth)) if depth < _DEPTH else None
+        if found is not None or strict:
             return found
-    if strict:
-        return None
-    edits.replace(expr, _literal(value))
-    return Change(name, value, "keyword", where, f"{name}={s.text(expr)} -> {_literal(value)}")
+    edits.replace(expr, repr(value))
+    return Change(name, value, "keyword", where, f"{name}={s.text(expr)} -> {value!r}")
 
 
 def _unwrapped(expr: ast.AST) -> ast.AST:
     """`int(args.workers)` -> `args.workers`."""
-    while (isinstance(expr, ast.Call) and _name(expr.func) in _CONVERSIONS and len(expr.args) == 1
+    while (isinstance(expr, ast.Call) and name_of(expr.func) in _CONVERSIONS and len(expr.args) == 1
            and not expr.keywords):
         expr = expr.args[0]
     return expr
 
 
-def _flag(s: _Script, expr: ast.AST, st: _Setting) -> Optional[Change]:
+def _flag(s: Script, expr: ast.AST, st: _Setting) -> Optional[Change]:
     """`args.workers` where the script's parser defines dest `workers`: rerun with its flag."""
     name, value = st.name, st.value
     if not (isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name)):
@@ -406,7 +217,7 @@ def _flag(s: _Script, expr: ast.AST, st: _Setting) -> Optional[Change]:
                   f"{name}={s.text(expr)}{also}: rerun with {' '.join(shlex.quote(t) for t in tokens)}", tokens, aliases)
 
 
-def _from_name(s: _Script, expr: ast.AST, st: _Setting, edits: "_Edits", depth: int) -> Optional[Change]:
+def _from_name(s: Script, expr: ast.AST, st: _Setting, edits: Edits, depth: int) -> Optional[Change]:
     """A name assigned once in its scope (`NUM_WORKERS = 4`): that assignment."""
     if not isinstance(expr, ast.Name):
         return None
@@ -424,7 +235,7 @@ def _targets(node: ast.AST) -> list:
     return node.targets if isinstance(node, ast.Assign) else [node.target]
 
 
-def _from_self(s: _Script, expr: ast.AST, st: _Setting, edits: "_Edits", depth: int) -> Optional[Change]:
+def _from_self(s: Script, expr: ast.AST, st: _Setting, edits: Edits, depth: int) -> Optional[Change]:
     """`self.num_workers` (or `self.hparams.num_workers`) set from an `__init__` parameter:
     the argument of the one call in the script that builds the class, added there when
     absent; else the parameter's default."""
@@ -437,7 +248,7 @@ def _from_self(s: _Script, expr: ast.AST, st: _Setting, edits: "_Edits", depth: 
     param = _param_of(init, attr)
     if param is None:
         return None
-    builds = [n for n in ast.walk(s.tree) if isinstance(n, ast.Call) and _name(n.func) == cls.name]
+    builds = [n for n in ast.walk(s.tree) if isinstance(n, ast.Call) and name_of(n.func) == cls.name]
     params = [a.arg for a in init.args.args[1:]]
     if len(builds) == 1:
         b = builds[0]
@@ -448,10 +259,10 @@ def _from_self(s: _Script, expr: ast.AST, st: _Setting, edits: "_Edits", depth: 
             return _assign(s, arg, st, edits, depth + 1)
         if not any(k.arg is None for k in b.keywords):
             edits.add(b, {param: value})
-            return Change(name, value, "keyword", s.where(b), f"{cls.name}({param}={_literal(value)}) added")
-    if not builds and _uses(s.tree, "LightningCLI"):  # the CLI builds it: its flag
-        group = "data" if any("DataModule" in _name(b) for b in cls.bases) else "model"
-        tokens = (f"--{group}.{param}", _literal(value))
+            return Change(name, value, "keyword", s.where(b), f"{cls.name}({param}={value!r}) added")
+    if not builds and uses(s.tree, "LightningCLI"):  # the CLI builds it: its flag
+        group = "data" if any("DataModule" in name_of(b) for b in cls.bases) else "model"
+        tokens = (f"--{group}.{param}", repr(value))
         return Change(name, value, "flag", s.where(expr), f"{name}={s.text(expr)} (LightningCLI, {cls.name}): rerun "
                       f"with {' '.join(tokens)}", tokens, (tokens[0],))
     default = _default_of(init, param)
@@ -487,7 +298,7 @@ def _default_of(fn: ast.FunctionDef, param: str) -> Optional[ast.AST]:
     return defaults.get(param)
 
 
-def _dict_sources(s: _Script, expr: ast.AST, call: ast.Call) -> list:
+def _dict_sources(s: Script, expr: ast.AST, call: ast.Call) -> list:
     """(key, value) of the literal dicts a `**name` is built from in its scope: `name =
     {...}` or `dict(...)`, `name.update(...)` of those or of another such name, `name[k] = v`;
     (None, None) for a part that cannot be read (the key may be anywhere)."""
@@ -513,13 +324,13 @@ def _dict_sources(s: _Script, expr: ast.AST, call: ast.Call) -> list:
 def _literal_items(node: ast.AST) -> list:
     if isinstance(node, ast.Dict):
         return [(k.value, v) if isinstance(k, ast.Constant) else (None, None) for k, v in zip(node.keys, node.values)]
-    if isinstance(node, ast.Call) and _name(node.func) == "dict":
+    if isinstance(node, ast.Call) and name_of(node.func) == "dict":
         return [(k.arg, k.value) for k in node.keywords] + [(None, None) for _ in node.args]
     return [(None, None)]
 
 
-def _hf_arguments(s: _Script) -> Optional[ast.Call]:
-    calls = [n for n in ast.walk(s.tree) if isinstance(n, ast.Call) and _name(n.func).endswith("TrainingArguments")]
+def _hf_arguments(s: Script) -> Optional[ast.Call]:
+    calls = [n for n in ast.walk(s.tree) if isinstance(n, ast.Call) and name_of(n.func).endswith("TrainingArguments")]
     return calls[0] if len(calls) == 1 else None
 
 
@@ -527,20 +338,15 @@ def _hf_flag(key: str, value: Any) -> Change:
     name = HF_NAMES.get(key)
     if name is None:
         return Change(key, value, "not applied", None, f"TrainingArguments has no {key}")
-    tokens = (f"--{name}", _literal(value))
+    tokens = (f"--{name}", repr(value))
     return Change(key, value, "flag", None, f"{name} (HfArgumentParser): rerun with {' '.join(tokens)}", tokens,
                   (f"--{name}", f"--{name.replace('_', '-')}"))
 
 
-def _uses(tree: ast.AST, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name or isinstance(n, ast.Attribute) and n.attr == name
-               for n in ast.walk(tree))
-
-
-def _threads(s: _Script, n: int, edits: "_Edits") -> Change:
+def _threads(s: Script, n: int, edits: Edits) -> Change:
     """The step's threads: the script's own set_num_threads call changed, else the line
     added at the top of `main()`, else after the module's imports."""
-    calls = [c for c in ast.walk(s.tree) if isinstance(c, ast.Call) and _name(c.func) == "set_num_threads"
+    calls = [c for c in ast.walk(s.tree) if isinstance(c, ast.Call) and name_of(c.func) == "set_num_threads"
              and len(c.args) == 1]
     if len(calls) == 1:
         change = _assign(s, calls[0].args[0], _Setting(THREADS, n), edits)
@@ -581,135 +387,6 @@ def _after_imports(tree: ast.Module) -> int:
         else:
             break
     return at
-
-
-def _literal(value: Any) -> str:
-    return repr(value)
-
-
-# --------------------------------------------------------------------------------------
-# Edits and the diff
-# --------------------------------------------------------------------------------------
-
-
-class _Edits:
-    """Spans of the original text replaced (start, end as (line, col), 1-based lines),
-    applied from the last to the first so earlier positions hold."""
-
-    def __init__(self, s: _Script) -> None:
-        self.s = s
-        self.spans: list = []
-        self.wraps: dict = {}  # id(expr) -> (expr, {name: value})
-        self.adds: dict = {}  # id(call) -> (call, {name: value})
-
-    def replace(self, node: ast.AST, text: str) -> None:
-        self.spans.append((self.s.start(node), self.s.end(node), text))
-
-    def insert_lines(self, line: int, lines: list) -> None:
-        nl = self.s.newline
-        self.spans.append(((line, 0), (line, 0), "".join(x + nl for x in lines)))
-
-    def wrap(self, expr: ast.AST, name: str, value: Any) -> None:
-        self.wraps.setdefault(id(expr), (expr, {}))[1][name] = value
-
-    def add(self, call: ast.Call, values: dict) -> None:
-        self.adds.setdefault(id(call), (call, {}))[1].update(values)
-
-    def _all(self) -> list:
-        spans = list(self.spans)
-        for expr, values in self.wraps.values():
-            items = ", ".join(f"{k}={_literal(v)}" for k, v in values.items())
-            spans.append((self.s.start(expr), self.s.end(expr), f"dict({self.s.text(expr)}, {items})"))
-        for call, values in self.adds.values():
-            spans.append(_added(self.s, call, values))
-        return sorted(spans, key=lambda x: (x[0], x[1]), reverse=True)
-
-    def apply(self) -> str:
-        lines = list(self.s.lines)
-        text = "".join(lines)
-        offsets = [0]
-        for line in lines:
-            offsets.append(offsets[-1] + len(line))
-        for (l0, c0), (l1, c1), new in self._all():
-            a, b = offsets[l0 - 1] + c0, offsets[l1 - 1] + c1
-            text = text[:a] + new + text[b:]
-        return text
-
-    def diff(self, name: str) -> str:
-        if not self.spans and not self.wraps and not self.adds:
-            return ""
-        after = self.apply().splitlines(keepends=True)
-        before = self.s.lines
-        if before and not before[-1].endswith(("\n", "\r")):  # difflib needs the last line ended
-            before = before[:-1] + [before[-1] + "\n\\ No newline at end of file\n"]
-            after = after[:-1] + [after[-1] + "\n\\ No newline at end of file\n"] if after else after
-        return "".join(difflib.unified_diff(before, after, f"a/{name}", f"b/{name}"))
-
-
-def _added(s: _Script, call: ast.Call, values: dict) -> tuple:
-    """The span that adds keywords `values` to `call`, in its style: one per line after a
-    last argument on a line of its own (its trailing comma kept), else `, k=v` after it."""
-    items = [f"{k}={_literal(v)}" for k, v in values.items()]
-    args = sorted(list(call.args) + list(call.keywords), key=lambda n: (n.lineno, n.col_offset))
-    if not args:  # DataLoader(): just inside the parentheses
-        end = s.end(call)
-        return (end[0], end[1] - 1), (end[0], end[1] - 1), ", ".join(items)
-    last = args[-1]
-    end = s.end(last)
-    close = s.end(call)
-    between = _between(s, end, (close[0], close[1] - 1))
-    own_line = last.lineno > (args[-2].end_lineno if len(args) > 1 else call.func.end_lineno)
-    if own_line:
-        indent = s.indent(last.lineno)
-        nl = s.newline
-        if "," in between.split("#")[0]:
-            comma = (end[0], end[1] + between.index(",") + 1)
-            return comma, comma, "".join(f"{nl}{indent}{x}," for x in items)
-        return end, end, "".join(f",{nl}{indent}{x}" for x in items)
-    return end, end, "".join(f", {x}" for x in items)
-
-
-def _between(s: _Script, start: tuple, end: tuple) -> str:
-    (l0, c0), (l1, c1) = start, end
-    if l0 == l1:
-        return s.lines[l0 - 1][c0:c1]
-    return s.lines[l0 - 1][c0:] + "".join(s.lines[l0:l1 - 1]) + s.lines[l1 - 1][:c1]
-
-
-def applied(source: str, diff: str) -> str:
-    """`source` with a unified diff of it applied (the diffs `make` writes: exact context);
-    ValueError where the diff does not match the source."""
-    old = source.splitlines(keepends=True)
-    out: list = []
-    at = 0  # lines of `old` consumed
-    lines = diff.splitlines(keepends=True)
-    i = 0
-    while i < len(lines):
-        if not lines[i].startswith("@@"):
-            i += 1
-            continue
-        start = int(lines[i].split()[1][1:].split(",")[0])
-        start = start - 1 if start else 0  # an empty old side starts at 0
-        out += old[at:start]
-        at = start
-        i += 1
-        while i < len(lines) and not lines[i].startswith("@@"):
-            tag, text = lines[i][:1], lines[i][1:]
-            if i + 1 < len(lines) and lines[i + 1].startswith("\\"):
-                text = text.rstrip("\r\n")  # "\ No newline at end of file"
-            if tag in (" ", "-"):
-                if at >= len(old) or old[at] != text:
-                    raise ValueError(f"the diff does not match line {at + 1}")
-                at += 1
-            if tag in (" ", "+"):
-                out.append(text)
-            i += 1
-    return "".join(out + old[at:])
-
-
-# --------------------------------------------------------------------------------------
-# The command line
-# --------------------------------------------------------------------------------------
 
 
 def with_flags(argv: list, changes: tuple) -> list:

@@ -38,12 +38,13 @@ from typing import Iterator, Optional
 from ..core.results import Trial, Tuning
 from ..core.stats import Contrast, compare, difference, is_real, unpaired
 from ..derive.findings import Diagnosis, Found, Outcome, Tried
-from ..derive.verdict import STAGES
+from ..derive.drops import STAGES
 from ..derive.witness import waits
 from ..measure.experiment import Experiment
 from ..measure.visit import Visit
-from .advice import WAITING_CORES_FACTOR, WORKER_STAGES, is_graph
+from .context import is_graph
 from .outcome import THREADS, compared, interval, outcome, per_batch, read, settings_text, visit_times
+from .rules_workers import WAITING_CORES_FACTOR, WORKER_STAGES
 from .verify import BLOCK, MIN_BLOCKS, fits, trial
 
 

@@ -59,7 +59,7 @@ def candidates(finding: Finding, *, threads: int, cores: int, on_cpu: bool) -> l
     workers with the step's threads lowered to the cores left (or, when the
     recommendation lowers them already, the workers alone); then one worker fewer
     (workers recommended to a loader without persistent workers come with
-    persistent_workers=True, advice._workers, and every candidate keeps it)."""
+    persistent_workers=True, rules_workers.workers, and every candidate keeps it)."""
     rec = dict(finding.numbers.get("recommended") or {})
     first = {k: v for k, v in rec.items() if k in APPLICABLE}
     if not first or finding.numbers.get("not_checked"):  # an item this check cannot measure says why itself

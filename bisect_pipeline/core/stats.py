@@ -274,7 +274,7 @@ def decreasing_blocks(values: Sequence[float], weights: Sequence[float]) -> list
     """The blocks of decreasing_fit: lists of consecutive indices whose values are pooled
     to their weighted mean (one index where a value keeps its own). Each fitted value is
     thus a linear combination of the values, and a difference of fitted values a
-    contrast whose noise can be estimated like any other (verdict._fit)."""
+    contrast whose noise can be estimated like any other (drops.fit)."""
     blocks: list = []  # [mean, weight, indices]
     for i, (v, w) in enumerate(zip(values, weights)):
         blocks.append([float(v), float(w), [i]])
@@ -500,7 +500,7 @@ class Contrast:
     windows, rounds unknown); `own_se`, the standard error its own per-round values give
     (Noise.contrast: their spread, IQR / 1.349, at least their order statistics'), where
     `se` may come from the noise pooled over the points: what a projection to more rounds
-    keeps (verdict.rounds_to_tell); nan where unknown. `pooled`: `se` is that pooled noise,
+    keeps (drops.rounds_to_tell); nan where unknown. `pooled`: `se` is that pooled noise,
     borrowed from other points (see level)."""
 
     estimate: float

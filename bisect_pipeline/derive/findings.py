@@ -3,8 +3,8 @@ what a candidate measured against the user's settings (`Outcome`) and an advice 
 check (`Checked`), the advice's `Finding`, what `--tune` tried and found (`Tried`,
 `Found`), and the `Diagnosis`: the measurements and what follows from them.
 
-Records only: the rules that make them live in advise/ (outcome.py, advice.py, tune.py,
-diagnose.py), and the report (report/) renders them.
+Records only: the rules that make them live in advise/ (outcome.py, advice.py and its
+rules_*.py, tune.py, diagnose.py), and the report (report/) renders them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import ClassVar, Optional
 
 from ..core.results import Measurements, Note, PointResult, Record
 from ..core.stats import Contrast, Throughput
-from .verdict import StageCost, Verdict
+from .drops import StageCost
+from .verdict import Verdict
 
 
 @dataclasses.dataclass(frozen=True)

@@ -246,7 +246,7 @@ def first_after(fitted: Mapping[str, float]) -> Optional[str]:
 
 
 def predict(a: Optional[Alone], fitted: Mapping[str, float], gap: Optional[tuple] = None) -> Optional[Prediction]:
-    """The prediction for one verdict's fitted points (verdict._fit: point -> seconds per
+    """The prediction for one verdict's fitted points (drops.fit: point -> seconds per
     batch, upstream to downstream), or None without `full` or a point after `augmented`.
     `gap`: the rounds' t(full) - base and its standard error, for the shared model's k."""
     if a is None or "full" not in fitted:

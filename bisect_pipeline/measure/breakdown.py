@@ -1,7 +1,7 @@
 """The augment stage transform by transform: the children of a torchvision Compose (v1
 or v2, nested Composes flattened) timed one after the other on the cached inputs of the
 `raw` point, each fed what the one before returned, and their sum held against the
-stage timed whole on the same samples (isolate.py).
+stage timed whole on the same samples (worker_stages.py).
 
 torchvision's RandomApply, RandomChoice and RandomOrder (v1 and v2) are walked as they
 run: a draw like theirs decides which children run for each sample (the children of a
@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -132,11 +131,6 @@ def call_inputs(call: Any, steps: list) -> tuple[tuple, dict]:
     if steps and isinstance(steps[0].fn, _AlbumentationsPre):
         return (tree.clone(dict(call.kwargs)),), {}
     return tree.clone(call.args), tree.clone(call.kwargs)
-
-
-def leaves_of(call: Any) -> list:
-    """The rows of one recorded call, in order."""
-    return [leaf for step in parts_of(call)[0] for leaf in step.leaves()]
 
 
 def describe(x: Any) -> str:

@@ -27,7 +27,8 @@ from typing import Iterator, Optional
 
 from ..core.results import Note, PointResult
 from ..core.stats import Throughput
-from ..derive.verdict import SETTLE_NOISE_SCALE, STAGES, deciding_points, settled
+from ..derive.drops import STAGES
+from ..derive.verdict import SETTLE_NOISE_SCALE, deciding_points, settled
 from .experiment import MEASURE_ORDER, Experiment, no_window
 from .visit import Visit
 
@@ -297,7 +298,7 @@ def pool(before: Optional[PointResult], now: PointResult, batch_size: float) -> 
     of time before a window keeps what the others measured; one that failed fails the
     point, with the windows measured before kept in the document. The first batch is the
     first visit's: the one that started the point's workers (a kept loader's next visits
-    do not start them again; advice.py reads their start from it)."""
+    do not start them again; rules_workers.restart reads their start from it)."""
     if before is None:
         return now
     if before.status != "ok" or before.throughput is None:

@@ -1,13 +1,14 @@
-"""Numbers as the report shows them, shared by the text, the HTML and the document."""
+"""Numbers and strings as the report shows them, shared by the text, the HTML and the document."""
 
 from __future__ import annotations
 
+import html
 import math
 import os
 import tempfile
-from typing import Optional
+from typing import Any, Optional
 
-from ..derive.verdict import StageCost
+from ..derive.drops import StageCost
 
 POINT_MEANING = {
     "device": "batches cached on the device: step only (the ceiling)",
@@ -30,7 +31,7 @@ def batch_size_text(batch_size: float, source: str) -> str:
 
 def ended_parts(source: Optional[dict], bottleneck: Optional[str]) -> Optional[tuple]:
     """Where the user's script ended on its own before the experiment did
-    (loop.Session._shortfall): (what happened: the batches it gave and the fewest the
+    (loop_end.Ending._shortfall): (what happened: the batches it gave and the fewest the
     measurement needs; what to run instead, or ""). None otherwise."""
     e = (source or {}).get("ended")
     if not e:
@@ -71,6 +72,14 @@ def gain_if_free(s: StageCost, full: Optional[float]) -> Optional[float]:
     if s.samples_per_sec_if_free is None or not full or full <= 0:
         return None
     return s.samples_per_sec_if_free / full - 1
+
+
+def num(x: Optional[float], nd: int = 1) -> str:
+    return "-" if x is None else f"{x:,.{nd}f}"
+
+
+def esc(x: Any) -> str:
+    return html.escape(str(x), quote=True)
 
 
 def finite(x: Optional[float], nd: int) -> Optional[float]:

@@ -8,7 +8,8 @@ import dataclasses
 from typing import Any, Optional
 
 from ..derive.findings import Diagnosis
-from ..derive.verdict import POINTS, in_question
+from ..derive.drops import POINTS
+from ..derive.verdict import in_question
 
 
 INSTALL_HINT = "report.plot() needs matplotlib, an optional extra: pip install bisect-pipeline[plot]"

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from tabulate import tabulate
 
-from ..derive.verdict import POINTS
+from ..derive.drops import POINTS
 from .model import Report
 
 # A rank is a straggler when its loop waits for data at `full` for at least this share

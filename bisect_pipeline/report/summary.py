@@ -16,7 +16,7 @@ import dataclasses
 import math
 from typing import Optional
 
-from ..advise import advice as advice_mod
+from ..advise import context, wording
 from ..advise.diagnose import POINT_KINDS, point_kinds, points_note
 from ..advise.outcome import interval
 from ..derive.findings import Diagnosis, Finding
@@ -72,13 +72,13 @@ def _first_change(r: "Diagnosis") -> tuple:
     if best is not None and best.speedup is not None:
         around = interval(best.outcome)
         fig = f"measured {best.speedup:.2f}\u00d7" + (f" ({around})" if around else "")
-        graph = advice_mod.is_graph(r.loader)  # a node graph's settings, on its nodes
-        return (f"First change, the best --tune found: set {advice_mod.settings_action(best.settings, graph)}: {fig} "
+        graph = context.is_graph(r.loader)  # a node graph's settings, on its nodes
+        return (f"First change, the best --tune found: set {wording.settings_action(best.settings, graph)}: {fig} "
                 "your speed."), None
     f = first_item(r)
     if f is None:
         return "", None
-    head = advice_mod.headline(f)
+    head = wording.headline(f)
     return f"First change: {head[:1].lower()}{head[1:]}", f
 
 

@@ -13,18 +13,13 @@ from typing import Optional
 
 from tabulate import tabulate
 
-from ..advise import advice as advice_mod, outcome, tune
+from ..advise import context, outcome, tune, wording
 from ..core.results import MERGED_WITH_LOAD
 from ..derive.findings import Diagnosis
-from ..derive.verdict import POINTS, in_question
+from ..derive.drops import POINTS
+from ..derive.verdict import in_question
 from . import summary as summary_mod
-from .figures import Footnotes, batch_size_text, ended_parts, gain_if_free
-
-
-
-def _fmt_rate(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x:,.1f}"
-
+from .figures import Footnotes, batch_size_text, ended_parts, gain_if_free, num
 
 WIDTH = 80  # the text report fits a classic terminal: prose is wrapped, tables' last column too
 
@@ -117,14 +112,14 @@ def brief_lines(s: "summary_mod.Summary") -> list:
 
 
 def _advice_lines(r: "Diagnosis", s: "summary_mod.Summary") -> list:
-    """What to do, first to last: each item's action and figure (advice.headline), its
+    """What to do, first to last: each item's action and figure (wording.headline), its
     reasoning indented beneath; the summary's first change is not said again."""
     if not r.advice:
         return []
     lines = ["", "What to do, first to last:"]
     for i, a in enumerate(r.advice, 1):
-        body = advice_mod.reasoning(a)
-        head = (FIRST_ABOVE + ("; why:" if body else ".")) if a is s.first_item else advice_mod.headline(a)
+        body = wording.reasoning(a)
+        head = (FIRST_ABOVE + ("; why:" if body else ".")) if a is s.first_item else wording.headline(a)
         lines += _wrap(head, first=f"  {i}. ", rest="     ")
         if body:
             lines += _wrap(body, first="       ", rest="       ")
@@ -195,7 +190,7 @@ def tune_summary(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> s
 def outcome_text(r: "Diagnosis", settings: dict) -> str:
     """A setting tried, as the search's table names it (outcome.settings_text; a node
     graph's on its nodes)."""
-    return outcome.settings_text(settings, advice_mod.is_graph(r.loader)) or "(yours)"
+    return outcome.settings_text(settings, context.is_graph(r.loader)) or "(yours)"
 
 
 def change_items(p: Optional[dict]) -> tuple:
@@ -272,10 +267,10 @@ def _run_lines(r: "Diagnosis") -> list:
     budget = budget_text(r.run)
     if budget:
         lines.extend(_wrap(budget, rest="  "))
-    if advice_mod.input_bound_class(r) in ("moderately", "highly"):
+    if context.input_bound_class(r) in ("moderately", "highly"):
         lines.extend(_wrap(f"Input-bound: of the ceiling's throughput lost to input, not < "
-                           f"{advice_mod.INPUT_BOUND_MODERATE * 100:.0f}% <= moderately < "
-                           f"{advice_mod.INPUT_BOUND_HIGH * 100:.0f}% <= highly.", rest="  "))
+                           f"{context.INPUT_BOUND_MODERATE * 100:.0f}% <= moderately < "
+                           f"{context.INPUT_BOUND_HIGH * 100:.0f}% <= highly.", rest="  "))
     return lines
 
 
@@ -305,7 +300,7 @@ def _point_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
             note = short + _pooled_note(r, name, rate)
         else:
             note = marks.mark(p.status, p.reason)
-        rows.append([name, _fmt_rate(rate), f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
+        rows.append([name, num(rate), f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
                      f"{r.batch_size / rate * 1e3:.2f}" if rate else "-",
                      "-" if p.first_batch_seconds is None else f"{p.first_batch_seconds * 1e3:.0f}", note])
     return rows
@@ -331,7 +326,7 @@ def _stage_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
         alone = predicted.get(s.stage)
         rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}", "-" if alone is None else f"{alone[0] * 1e3:.2f}",
                      "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
-                     _fmt_rate(s.samples_per_sec_if_free), "-" if gain is None else f"{gain * 100:+.0f}%",
+                     num(s.samples_per_sec_if_free), "-" if gain is None else f"{gain * 100:+.0f}%",
                      "; ".join(notes)])
     loop = loop_row(r)
     if loop is not None:
@@ -350,7 +345,7 @@ def loop_row(r: "Diagnosis") -> Optional[list]:
     full = r.rate("full")
     per = r.measurements.batch_size / full if full else None
     free = r.measurements.batch_size / (per - loop.ms_per_batch / 1e3) if per and per > loop.ms_per_batch / 1e3 else None
-    return ["in your loop", "-", f"{loop.ms_per_batch:.2f}", "-", _fmt_rate(free),
+    return ["in your loop", "-", f"{loop.ms_per_batch:.2f}", "-", num(free),
             "-" if free is None else f"{(free / full - 1) * 100:+.0f}%",
             f"{loop.label}; at every point, in no stage"]
 
@@ -463,7 +458,7 @@ def _isolated_lines(r: "Diagnosis") -> list:
 
 
 def _no_cuda_syncs(r: "Diagnosis") -> bool:
-    """The step's syncs were not counted because there is no CUDA device (isolate.no_syncs_counted)."""
+    """The step's syncs were not counted because there is no CUDA device (device_alone.no_syncs_counted)."""
     s = r.syncs
     return s is not None and s.status == "skipped" and not str(r.device).startswith("cuda")
 
@@ -571,7 +566,7 @@ def _split_lines(r: "Diagnosis", every: bool = False) -> list:
     share = (lambda ms: "-" if total <= 0 else f"{ms / total * 100:.0f}%")
     rate = "-" if s.read_mb_per_s is None else f"{s.read_mb_per_s:,.1f} MB/s"
     rows = [["read", f"{s.read_ms_per_sample:.2f}", share(s.read_ms_per_sample),
-             f"{rate}, {advice_mod.size_text(s.bytes_per_sample)} per sample, {s.files_per_sample:g} file(s)"],
+             f"{rate}, {wording.size_text(s.bytes_per_sample)} per sample, {s.files_per_sample:g} file(s)"],
             ["decode", f"{s.decode_ms_per_sample:.2f}", share(s.decode_ms_per_sample),
              "decoding and the dataset's other work" + "".join(f", {MERGED_WITH_LOAD[x]} too" for x in (load.includes or ())
                                                               if x in MERGED_WITH_LOAD)]]

@@ -10,12 +10,11 @@ import json
 import pytest
 
 from bisect_pipeline.derive.witness import waits
-from bisect_pipeline.advise import advice
+from bisect_pipeline.advise import context, rules_workers, wording
 from bisect_pipeline import bisect
 from bisect_pipeline.report import PointResult, Report, build, stage_dict
-from bisect_pipeline.core.results import Measurements
 from bisect_pipeline.core.stats import Throughput, Window
-from bisect_pipeline.derive.verdict import POINTS, Verdict
+from bisect_pipeline.derive.drops import POINTS
 from conftest import FAST_PLAN, PlantedDataset, Sleep, assert_names, make_loader, planted, tiny_model
 
 BS = 16
@@ -84,8 +83,8 @@ def test_num_workers_fires_for_augment_bottleneck_at_zero_workers_with_the_count
     assert f.numbers["num_workers"] == 0 and f.numbers["needed"] == 5
     # tied to the measured numbers and the loader's own setting, never generic
     # the action first, then the reasoning
-    assert advice.headline(f) == "Set num_workers=5, persistent_workers=True: not measured." and f.message.startswith(advice.headline(f))
-    assert "With num_workers=0, augment runs in the training loop's own process." in advice.reasoning(f)
+    assert wording.headline(f) == "Set num_workers=5, persistent_workers=True: not measured." and f.message.startswith(wording.headline(f))
+    assert "With num_workers=0, augment runs in the training loop's own process." in wording.reasoning(f)
     assert "costs 48.0 ms per batch against a 10.0 ms step" in f.message
     # augment's drop (60 - 11 = 49 ms) and what it holds back are the verdict's, said once in the summary
     assert "49.0 ms per batch" not in f.message and "If augment were free" not in f.message
@@ -182,7 +181,7 @@ def test_num_workers_silent_when_the_loader_already_has_enough_workers():
 def test_cores_finding_when_the_machine_cannot_supply_the_workers():
     r = make_report(AUGMENT_BOUND, loader={"num_workers": 1}, isolated=iso_workers(needed=4, cores=2))
     f = finding(r, "cores")
-    assert advice.headline(f) == ("Make augment cheaper: more workers cannot help: about 4 would feed the step, "
+    assert wording.headline(f) == ("Make augment cheaper: more workers cannot help: about 4 would feed the step, "
                                   "num_workers=1 already uses the 1 core(s) free for them.")
     assert "num_workers" not in kinds(r)
 
@@ -324,8 +323,8 @@ def test_workers_started_again_every_short_epoch_are_named_with_the_measured_gai
     assert f.numbers["start_ms"] == pytest.approx(180.0) and f.numbers["start_ms_per_batch"] == pytest.approx(18.0)
     assert "every 10 batches" in f.message and "Set persistent_workers=True" in f.message
     assert f.verified.status == "helps" and f.verified.speedup == pytest.approx(128 / 110, rel=1e-3)
-    assert advice.headline(f) == "Set persistent_workers=True: measured 1.16\u00d7 (1.16\u20131.16\u00d7)."
-    assert "yours against persistent_workers=True: 128 \u2192 110 ms/batch" in advice.reasoning(f)
+    assert wording.headline(f) == "Set persistent_workers=True: measured 1.16\u00d7 (1.16\u20131.16\u00d7)."
+    assert "yours against persistent_workers=True: 128 \u2192 110 ms/batch" in wording.reasoning(f)
     # measured 1.16x, more than the payload could give (the handoff free: 110 / 101.7, 1.08x): it comes first
     assert kinds(r).index("persistent_workers") < kinds(r).index("uint8_payload") < kinds(r).index("handoff")
     assert " ".join(str(r).split()).index("persistent_workers=True: 128") < " ".join(str(r).split()).index("uint8")
@@ -335,7 +334,7 @@ def test_a_restart_within_the_noise_is_not_presented_as_a_fix_and_comes_after_th
     r = restart_report(trial=restart_trial(128.0, 127.0))
     f = finding(r, "persistent_workers")
     assert f.verified.status == "no gain" and "\u2192" not in f.message
-    assert advice.headline(f).startswith("Set persistent_workers=True: measured no gain beyond the noise")
+    assert wording.headline(f).startswith("Set persistent_workers=True: measured no gain beyond the noise")
     assert kinds(r).index("handoff") < kinds(r).index("persistent_workers")
     # and so does one the check could not measure
     r = restart_report()
@@ -528,7 +527,7 @@ def test_storage_advice_for_a_load_bottleneck_with_its_numbers():
     r = make_report(LOAD_BOUND, loader={"num_workers": 2, "dataset": "ImageFolder"}, isolated=iso)
     assert r.bottleneck == "load"
     f = finding(r, "storage")
-    assert advice.headline(f) == ("Make loading ImageFolder's samples cheaper: alone a sample takes 3.50 ms to load, "
+    assert wording.headline(f) == ("Make loading ImageFolder's samples cheaper: alone a sample takes 3.50 ms to load, "
                                   "so 2 process(es) cap input at 571 samples/s.")
     assert f.numbers["load_cap_samples_per_sec"] == pytest.approx(2 * 1000 / 3.5, abs=0.1)
     # load's cost (58.5 ms) and what it holds back are the verdict's: the summary says them, once
@@ -589,7 +588,7 @@ def memory_iso(fraction: float, total: int = 80 * 2**30) -> dict:
 
 def test_batch_size_fires_when_step_bound_and_memory_mostly_unused():
     r = make_report(MODEL_BOUND | {"host": 40.1}, device="cuda:0", isolated=memory_iso(0.1))
-    assert advice.input_bound_class(r) == "not"
+    assert context.input_bound_class(r) == "not"
     f = finding(r, "batch_size")
     assert f.numbers["batch_size_fits_about"] == 80  # 16 * 0.5 / 0.1
     assert "8.00 GB of 80 GB" in f.message and "from 16" in f.message
@@ -623,33 +622,22 @@ def test_syncs_silent_without_syncs(syncs):
     assert "syncs" not in kinds(make_report(MODEL_BOUND, syncs=syncs))
 
 
-# --- headroom and the input-bound class ----------------------------------------------------------
+# --- headroom and the typed document ---------------------------------------------------------------
 
 
 def test_headroom_if_a_stage_were_free():
     r = make_report(AUGMENT_BOUND)
     # full 61 ms, augment costs 49 ms: free -> 12 ms per batch -> 16 / 0.012 samples/s
-    h = advice.headroom(r, "augment")
+    h = context.headroom(r, "augment")
     assert h["samples_per_sec_if_free"] == pytest.approx(BS / 0.012, rel=1e-3)
     assert h["gain_if_free"] == pytest.approx(61 / 12 - 1, rel=1e-3)
     full = r.points[0].throughput.samples_per_sec
     d = stage_dict(r.stage("augment"), full)
     assert d["samples_per_sec_if_free"] == pytest.approx(BS / 0.012, rel=1e-3)
     assert d["gain_if_free"] == pytest.approx(61 / 12 - 1, rel=1e-3)
-    assert advice.headroom(r, "transfer") == {}  # skipped on CPU: no headroom to claim
+    assert context.headroom(r, "transfer") == {}  # skipped on CPU: no headroom to claim
     said = " ".join(str(r).split())
     assert "without it, 1,333 samples/s instead of 262 (+408%)" in said and said.count("1,333 samples/s") == 1
-
-
-@pytest.mark.parametrize("fraction,bottleneck,expected", [
-    (0.0, "none", "not"), (0.30, "none", "not"),  # within noise: not input-bound whatever the estimate
-    (0.049, "augment", "not"), (0.05, "augment", "moderately"), (0.199, "load", "moderately"),
-    (0.20, "load", "highly"), (0.9, "inconclusive", "highly"), (None, None, None)])
-def test_input_bound_class_thresholds(fraction, bottleneck, expected):
-    v = Verdict(bottleneck, (), input_bound_fraction=fraction)
-    r = Report(Measurements("cpu", BS, ()), verdict=v, points=())
-    assert advice.input_bound_class(r) == expected
-    assert (advice.INPUT_BOUND_MODERATE, advice.INPUT_BOUND_HIGH) == (0.05, 0.20)
 
 
 def test_advice_is_typed_data_in_the_json():
@@ -682,10 +670,10 @@ def test_end_to_end_augment_bound_at_zero_workers_advises_workers(planted_run):
     # a planted sleep waits (CPU next to none of its time alone): its workers overlap their
     # waits past the cores
     assert waits(r.isolated)
-    most = iso.cores * advice.WAITING_CORES_FACTOR
+    most = iso.cores * rules_workers.WAITING_CORES_FACTOR
     assert f.numbers["recommended"]["num_workers"] == max(1, min(iso.needed, most))
     assert f.numbers["num_workers"] == 0 and "num_workers=0" in f.message
-    assert advice.input_bound_class(r) == "highly"
+    assert context.input_bound_class(r) == "highly"
 
 
 @pytest.mark.e2e
@@ -786,9 +774,9 @@ def test_a_node_graphs_stage_in_a_mapper_of_its_own_is_told_to_run_it_in_paralle
     loader = {"kind": "torchdata.nodes", "num_workers": 2, "main_mapper": mappers[0]["node"], "mappers": mappers}
     r = make_report(AUGMENT_BOUND, loader=loader, isolated=iso_workers(needed=5, cores=8))
     f = finding(r, "num_workers")
-    assert advice.headline(f) == "Run Mapper(augment) as a ParallelMapper."
+    assert wording.headline(f) == "Run Mapper(augment) as a ParallelMapper."
     assert "in one thread" in f.message and "about 5 workers would feed the step" in f.message  # 49 ms / 10 ms
     assert not f.numbers.get("recommended")  # nothing the check would set: not checked
     main = dict(loader, mappers=[dict(mappers[0], stage="augment", main=True)])
-    assert advice.headline(finding(make_report(AUGMENT_BOUND, loader=main, isolated=iso_workers(5, 8)),
+    assert wording.headline(finding(make_report(AUGMENT_BOUND, loader=main, isolated=iso_workers(5, 8)),
                                    "num_workers")).startswith("Set ParallelMapper(num_workers=5)")

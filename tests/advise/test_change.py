@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from bisect_pipeline.advise import change, patch, tune
+from bisect_pipeline.advise import change, edits, patch, tune
 from bisect_pipeline.report import text as text_mod
 from bisect_pipeline.measure import plan
 from bisect_pipeline.core.results import AllocatorTiming, Isolated, Measurements, Trial, Tuning
@@ -62,7 +62,7 @@ def test_the_best_is_written_against_the_line_that_created_the_loader(script):
     assert p["path"] == "train.py" and p["line"] == line_of_loader() and p["flags"] == ["-j", "1"]
     assert p["command"] == "python train.py --epochs 3 -j 1"
     assert "+    torch.set_num_threads(1)\n" in p["diff"] and "num_workers=args.workers, persistent_workers=True)" in p["diff"]
-    assert patch.applied(SCRIPT, p["diff"]).count("persistent_workers=True") == 1
+    assert edits.applied(SCRIPT, p["diff"]).count("persistent_workers=True") == 1
     assert open(script).read() == SCRIPT  # the user's file as it was
 
 
@@ -165,7 +165,7 @@ def test_a_patched_script_whose_loader_is_not_the_change_fails_the_check(script)
 
 def test_the_patched_side_runs_with_the_flags_and_the_variables(script):
     command, env = change._command(change.Target("train.py", None, ("-j", "4", "--epochs", "3")),
-                                   patch.Patch(flags=("-j", "1"), env={"X_": "1"}, changes=(patch.Change(
+                                   patch.Patch(flags=("-j", "1"), env={"X_": "1"}, changes=(edits.Change(
                                        "num_workers", 1, "flag", tokens=("-j", "1"), aliases=("-j", "--workers")),)),
                                    "/d/train_bisect_tuned_x.py", 5.0)
     assert command[-5:] == ["/d/train_bisect_tuned_x.py", "--epochs", "3", "-j", "1"] and env["X_"] == "1"

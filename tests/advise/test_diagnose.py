@@ -9,7 +9,7 @@ from bisect_pipeline.advise.diagnose import derived_notes, diagnose, points_note
 from bisect_pipeline.core.results import (AllocatorHold, CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo,
                                           Verification, Workers)
 from bisect_pipeline.core.stats import Throughput, Window
-from bisect_pipeline.derive.verdict import POINTS
+from bisect_pipeline.derive.drops import POINTS
 
 BS = 8
 AUGMENT = {"device": 10, "collated": 10.1, "augmented": 10.2, "raw": 60, "full": 61}

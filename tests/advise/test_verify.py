@@ -24,7 +24,7 @@ from bisect_pipeline.core.results import Measured
 from bisect_pipeline.report import PointResult, Report, build
 from bisect_pipeline.core.stats import Throughput, Window
 from bisect_pipeline.testing import CLASSES, FEATURES, PlantedDataset, Spin, make_loader, tiny_model
-from bisect_pipeline.derive.verdict import POINTS
+from bisect_pipeline.derive.drops import POINTS
 from conftest import FAST_PLAN, FakeClock, Sleep
 from test_outcome import BS, item, outcome_of, verified  # the advice items and how their trials read
 
@@ -49,7 +49,7 @@ def test_candidates_start_with_the_recommendation_then_vary_the_threads_and_the_
     # workers started again every epoch: persistent ones, alone
     restart = item({"persistent_workers": True}, kind="persistent_workers")
     assert verify.candidates(restart, threads=2, cores=2, on_cpu=True) == [{"persistent_workers": True}]
-    # workers recommended persistent (advice._workers, for a loader whose workers are not) stay
+    # workers recommended persistent (rules_workers.workers, for a loader whose workers are not) stay
     # persistent in every candidate: the measured loop ends its epochs and would fork them again
     kept = item({"num_workers": 2, "torch_num_threads": 2, "persistent_workers": True})
     assert verify.candidates(kept, threads=4, cores=4, on_cpu=True) == [
@@ -323,12 +323,12 @@ def test_a_candidate_whose_fresh_pool_takes_3_s_to_its_first_batch_still_gets_it
     # (persistent workers) now starts once, in a visit whose share counts from its first
     # batch, and is parked between its visits: real visits on a fake clock, the user's
     # side 50 ms a batch (no workers), the candidate's 10 ms after a 3-s start, a 5-ms step
-    from bisect_pipeline.measure import experiment as experiment_mod
+    from bisect_pipeline.measure import point_sources
     from bisect_pipeline.measure.plan import Plan
     from bisect_pipeline.pipeline.loader import describe
 
     clock = FakeClock(1000.0)
-    monkeypatch.setattr(experiment_mod, "room_for_a_pool", lambda: True)
+    monkeypatch.setattr(point_sources, "room_for_a_pool", lambda: True)
     FakePool.starts = 0
     spec = describe(make_loader(PlantedDataset(n=64), batch_size=BS))
     exp = Experiment(spec, torch.device("cpu"), Plan(), clock, lambda e: None, None, start=1000.0, end=1100.0,

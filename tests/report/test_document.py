@@ -10,7 +10,7 @@ from bisect_pipeline import Report
 from bisect_pipeline.report import build, measurements_of
 from bisect_pipeline.core.results import Note, PointResult
 from bisect_pipeline.core.stats import Throughput, Window
-from bisect_pipeline.derive.verdict import POINTS
+from bisect_pipeline.derive.drops import POINTS
 
 DEMO = pathlib.Path(__file__).resolve().parents[2] / "docs" / "demo-report.json"
 BS = 8

@@ -225,7 +225,7 @@ WORKERS = {"status": "ok", "workers": {"status": "ok", "needed": 3, "cores": 8, 
 
 
 def test_advice_items_lead_with_the_action_their_reasoning_folded():
-    from bisect_pipeline.advise.advice import headline, reasoning
+    from bisect_pipeline.advise.wording import headline, reasoning
     r = planted_report(AUGMENT, isolated=WORKERS)
     p = parse(to_html(r))
     items = [a for t, a in p.elements if t == "li"]
@@ -357,7 +357,7 @@ def section(markup: str) -> str:
 
 
 def test_inside_the_stage_draws_one_bar_per_part_proportional_to_its_cost():
-    from bisect_pipeline.report import html as html_mod
+    from bisect_pipeline.report import html_parts
     from bisect_pipeline.report import plot as plot_mod
     r = parts_report()
     markup = to_html(r)
@@ -368,10 +368,10 @@ def test_inside_the_stage_draws_one_bar_per_part_proportional_to_its_cost():
     assert list(bars) == ["RandomResizedCrop", "ToTensor", "sum of the parts", "the stage replayed whole"]
     widths = {k: v[0] for k, v in bars.items()}
     # one scale: the longest (the stage replayed whole, 26.0) spans PART_BAR_W
-    assert widths["the stage replayed whole"] == pytest.approx(html_mod.PART_BAR_W)
-    assert widths["ToTensor"] == pytest.approx(html_mod.PART_BAR_W * 20 / 26, abs=0.1)
+    assert widths["the stage replayed whole"] == pytest.approx(html_parts.PART_BAR_W)
+    assert widths["ToTensor"] == pytest.approx(html_parts.PART_BAR_W * 20 / 26, abs=0.1)
     assert widths["RandomResizedCrop"] / widths["ToTensor"] == pytest.approx(5 / 20, rel=0.01)
-    assert widths["sum of the parts"] == pytest.approx(html_mod.PART_BAR_W * 25 / 26, abs=0.1)
+    assert widths["sum of the parts"] == pytest.approx(html_parts.PART_BAR_W * 25 / 26, abs=0.1)
     # the costliest part of the bottleneck stage in the bottleneck's colour
     assert bars["ToTensor"][1] == plot_mod.BOTTLENECK_COLOR and "top" in bars["ToTensor"][2]
     assert bars["RandomResizedCrop"][1] == plot_mod.BAR_COLOR
