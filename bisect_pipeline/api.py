@@ -76,7 +76,8 @@ def bisect(
             coord.watch(wl.model)
         exp = start(describe(wl.loader), dev, options, coord=coord, clock=clock, progress=progress)
         held = allocator.Held(hold_allocator)
-        _rescuable(exp, options, coord, held)
+        rescue_with(exp, coord, lambda: Report.of(exp.measurements(options.points, held=held.record(),
+                                                                    interrupted=True)))
         stop = _measure(exp, wl, options, coord=coord, held=held)
         if faults.RESCUE[0] is not None:
             faults.RESCUE[0].final()  # the rescue of a stuck main thread stands aside (or holds it here)
@@ -93,15 +94,16 @@ def bisect(
     return report
 
 
-def _rescuable(exp: Experiment, options: Options, coord: Any, held: allocator.Held) -> None:
-    """Under torchrun with the command line's rescue armed (faults.Rescue): what it
-    writes when the main thread is stuck, and the run's hard end it watches."""
+def rescue_with(exp: Experiment, coord: Any, local: Callable[[], Report]) -> None:
+    """Under torchrun with the command line's rescue armed (faults.Rescue): what it writes
+    when the main thread is stuck (this rank's report so far, `local()`, with every rank's
+    through the board), and the run's hard end it watches."""
     rescue = faults.RESCUE[0]
     if rescue is None or coord is None:
         return
 
     def partial(signum: int) -> Report:
-        report = Report.of(exp.measurements(options.points, held=held.record(), interrupted=True))
+        report = local()
         stop = distributed.Stopped({coord.rank: board.signal_name(signum)} if signum else {}, in_step=False,
                                    how=distributed.Stopped.STUCK)
         return combine(report, distributed.gather_reports(report, coord, exp.waits, stop), coord.rank)

@@ -63,7 +63,9 @@ def run_options(f: Callable) -> Callable:
         click.option("--brief", is_flag=True,
                      help="Print only the report's summary (at most 6 lines: the verdict, how firm it is, the first "
                           "change with its measured figure, what to measure next): for logs and CI."),
-        click.option("--debug", is_flag=True, help="Show tracebacks of errors."),
+        click.option("--debug", is_flag=True,
+                     help="Show tracebacks of errors, and each failed point's original error beside the cause the "
+                          "report tells."),
         click.option("--tune", is_flag=True,
                      help="After the bisection and the check, search the loader's settings (num_workers, "
                           "persistent_workers, prefetch_factor, pin_memory on an accelerator, the step's threads on a "
@@ -272,6 +274,8 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
         if _writes(report):  # only rank 0 (or the lowest surviving rank) writes files and prints the report
             _write_outputs(report, json_path, html_path, breakdown)
             click.echo(_shown(report, quiet, brief, breakdown))
+            if debug:
+                _show_errors(report)
         if code == EXIT_OK and _signals_seen:  # interrupted, though the run got to its end
             code = _interrupt_code()
         if code == EXIT_OK and report.bottleneck is None:
@@ -279,9 +283,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
     finally:
         if progress:
             progress.done()  # gives the cursor back on every path (done twice is a no-op)
-        if faults.RESCUE[0] is not None:
-            faults.RESCUE[0].disarm()
-            faults.RESCUE[0] = None
+        _disarm_rescue()
         try:
             distributed.shutdown(started)
         finally:  # a signal during the shutdown still takes the handler's path
@@ -311,13 +313,20 @@ def _arm_rescue(step_timeout: Optional[float], **outputs: Any) -> None:
             report = rescue.report(signum) if rescue is not None and rescue.report is not None else None
             if report is not None and _writes(report):
                 _write_outputs(report, outputs["json_path"], outputs["html_path"], outputs["breakdown"])
-                click.echo(_shown(report, outputs["quiet"], outputs["brief"], outputs["breakdown"]))
+                click.echo(_shown(report, outputs["quiet"], outputs["brief"], outputs["breakdown"]),
+                           err=outputs.get("err", False))
         finally:
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
             os._exit(code)
 
     faults.RESCUE[0] = faults.Rescue(act, RESCUE_GRACE_S, late=step_timeout or 0.0).arm()
+
+
+def _disarm_rescue() -> None:
+    if faults.RESCUE[0] is not None:
+        faults.RESCUE[0].disarm()
+        faults.RESCUE[0] = None
 
 
 def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_path, max_seconds, device, points,
@@ -332,16 +341,21 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
 
     def on_report(report: Report) -> None:  # once: at the verdict, or partial at the end
         made.append(report)
-        if rank0:
+        if _writes(report):  # rank 0, or under torchrun the lowest surviving rank
             _write_outputs(report, json_path, html_path, breakdown)
             if (report.measurements.source or {}).get("ended", {}).get("no_loader"):
                 return  # nothing measured: the one paragraph that says why is script.run's
             if not patch_path:  # with --patch: printed once the change is checked
                 click.echo(_shown(report, quiet, brief, breakdown), err=True)
+            if debug:
+                _show_errors(report)
 
     _signals_seen.clear()
     faults.INTERRUPT_REQUESTED[0] = False
     put_back = _handle_signals(signal.SIGTERM)
+    if distributed.env_world_size() > 1:
+        _arm_rescue(step_timeout, json_path=json_path, html_path=html_path, breakdown=breakdown, quiet=quiet,
+                    brief=brief, err=True)  # under run, the report goes to stderr
     code = EXIT_OK
     try:
         point_list = [p.strip() for p in points.split(",") if p.strip()] if points else None
@@ -370,6 +384,7 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
             if interrupted and code == EXIT_OK:
                 code = _interrupt_code()
     finally:
+        _disarm_rescue()
         put_back()
         faults.INTERRUPT_REQUESTED[0] = False
     if code == EXIT_OK and _signals_seen:
@@ -426,6 +441,13 @@ def _write_outputs(report: Report, json_path: Optional[str], html_path: Optional
         from .report.html import to_document
 
         write_atomic(html_path, to_document(report, breakdown=breakdown))
+
+
+def _show_errors(report: Report) -> None:
+    """--debug: each failed point's original error (the report tells its cause)."""
+    for p in report.points:
+        if p.status == "failed" and p.error:
+            click.echo(f"bisect-pipeline: {p.point} failed; the original error:\n{p.error}", err=True)
 
 
 def _fail(message: str, code: int) -> None:

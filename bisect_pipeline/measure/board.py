@@ -36,6 +36,9 @@ from ..core import causes
 # How long the surviving ranks wait for one another's documents (torchrun kills a rank 30
 # s after its SIGTERM: the documents, the writing and the exit fit in that).
 COLLECT_S = 10.0
+# How long a rank that leaves on its own (its script ended) waits for the others' documents:
+# the others are measuring, and learn of its leaving only once its process has ended.
+LEAVE_S = 2.0
 # How long a lost rank's supervisor is waited for, once its process is gone.
 RECORD_S = 1.0
 _POLL_S = 0.05
@@ -117,7 +120,7 @@ class Board:
         end = self.clock() + grace
         while True:
             docs = {r: d for r in range(self.world_size) if (d := self._get(f"doc/{r}")) is not None}
-            waiting = [r for r in range(self.world_size) if r not in docs and not self._gone(r)]
+            waiting = [r for r in range(self.world_size) if r not in docs and not self.gone(r)]
             if not waiting or self.clock() >= end:
                 return docs
             time.sleep(_POLL_S)
@@ -137,7 +140,7 @@ class Board:
         out = []
         for r in ranks:
             hello = self._get(f"hello/{r}") or {}
-            record = self._record(r, wait=RECORD_S if self._gone(r) else 0.0)
+            record = self._record(r, wait=RECORD_S if self.gone(r) else 0.0)
             entry = {"rank": r, "host": hello.get("host"), "pid": hello.get("pid"), "exit_code": None,
                      "signal": None}
             if record is not None:
@@ -154,7 +157,7 @@ class Board:
                 return record
             time.sleep(_POLL_S)
 
-    def _gone(self, rank: int) -> bool:
+    def gone(self, rank: int) -> bool:
         """Known to have ended: its supervisor recorded it, or its process is gone here."""
         if self._get(f"{_base()}/proc/{rank}") is not None:
             return True

@@ -59,7 +59,7 @@ class Stopped(KeyboardInterrupt):
     AGREED = "every rank stopped at the next agreement"
     STUCK = ("the rank's main thread was stuck (in a collective or a device sync): what was measured was written "
              "from another thread")
-    LEFT = "an interrupt outside the ranks' agreements: this rank left the lockstep"
+    LEFT = "a rank left the lockstep (its script ended, or an interrupt came outside the ranks' agreements)"
 
     def __init__(self, signals: dict, in_step: bool = True, how: str = AGREED) -> None:
         super().__init__("stopped")
@@ -67,6 +67,7 @@ class Stopped(KeyboardInterrupt):
         self.in_step = in_step
         self.how = how
         self.error: Optional[BaseException] = None
+        self.left: Optional[str] = None  # this rank leaves on its own (how, in words): it posts, the others write
 
 
 class RankLost(Stopped):
@@ -76,6 +77,17 @@ class RankLost(Stopped):
     def __init__(self, error: BaseException) -> None:
         super().__init__({}, in_step=False, how="a rank was lost")
         self.error = error
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether `exc` (raised in a user's own DDP step) is a collective that failed because
+    another rank is gone: gloo's "Connection closed by peer", NCCL's errors."""
+    backend_error = getattr(dist, "DistBackendError", None)
+    if backend_error is not None and isinstance(exc, backend_error):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("gloo/transport" in text or "Connection closed by peer" in text
+                                              or "Connection reset by peer" in text)
 
 
 def _pending_signal() -> int:
@@ -344,7 +356,7 @@ def after_loss(mine: dict, coord: Coordinator, lost: Stopped) -> Gathered:
     lowest that posted writes. Without a store, this rank's own, written by rank 0."""
     error = f"{type(lost.error).__name__}: {str(lost.error).strip().splitlines()[0][:300]}" if lost.error else None
     pending = _pending_signal()
-    mine = dict(mine, signal=board_mod.signal_name(pending) if pending else None)
+    mine = dict(mine, signal=board_mod.signal_name(pending) if pending else None, left=lost.left)
     board = coord.board
     others = [r for r in range(coord.world_size) if r != coord.rank]
     if board is None:
@@ -352,9 +364,18 @@ def after_loss(mine: dict, coord: Coordinator, lost: Stopped) -> Gathered:
                     "how": "unknown (no store to ask which rank was lost)"} for r in others]
         return Gathered([mine], coord.world_size, 0, unknown, lost.signals, error, lost.how)
     board.post(mine)
-    docs = board.collect()
+    docs = board.collect(board_mod.LEAVE_S if lost.left else board_mod.COLLECT_S)
     docs[coord.rank] = mine
-    writer = board.writer(docs)
+    waiting = [r for r in range(coord.world_size) if r not in docs and not board.gone(r)]
+    # a rank that leaves while others still measure writes nothing: they write, its result with theirs
+    staying = [r for r, d in docs.items() if not d.get("left")]  # a rank that left may be gone by now
+    writer = -1 if lost.left and waiting else board.writer(staying or docs)
     signals = {**{r: d["signal"] for r, d in docs.items() if d.get("signal")}, **lost.signals}
-    return Gathered([docs[r] for r in sorted(docs)], coord.world_size, writer,
-                    board.lost(r for r in range(coord.world_size) if r not in docs), signals, error, lost.how)
+    # the ranks that left count as lost to the ranks still measuring (not when every rank's script ended)
+    gone = board.lost(r for r in range(coord.world_size)
+                      if r not in docs or (docs[r].get("left") and not lost.left))
+    for entry in gone:  # a rank that left said how; its process's record, where there is one, says more
+        said = (docs.get(entry["rank"]) or {}).get("left")
+        if said and entry["exit_code"] is None and entry["signal"] is None:
+            entry["how"] = said
+    return Gathered([docs[r] for r in sorted(docs)], coord.world_size, writer, gone, signals, error, lost.how)

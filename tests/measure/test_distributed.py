@@ -275,6 +275,7 @@ def test_closing_the_coordinator_destroys_its_side_group_and_leaves_the_users():
         dist.destroy_process_group()
 
 SCRIPT = PLANTED_DATA + textwrap.dedent('''
+    import os
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -290,10 +291,15 @@ SCRIPT = PLANTED_DATA + textwrap.dedent('''
         ds = Data(1024, 5.0 if dist.get_rank() == 1 else 0.0)  # rank 1: 5 ms per sample of augmentation
         sampler = DistributedSampler(ds, seed=0)
         loader = DataLoader(ds, batch_size=8, sampler=sampler)
+        lose, after = os.environ.get("LOSE", "-1:0").split(":")  # that rank's script exits, after that many s
+        started = []
         try:
             for epoch in range(100):
                 sampler.set_epoch(epoch)
                 for x, y in loader:
+                    started.append(time.monotonic()) if not started else None
+                    if dist.get_rank() == int(lose) and time.monotonic() - started[0] > float(after):
+                        os._exit(3)
                     opt.zero_grad(set_to_none=True)
                     nn.functional.cross_entropy(model(x), y).backward()
                     opt.step()
@@ -305,16 +311,22 @@ SCRIPT = PLANTED_DATA + textwrap.dedent('''
 ''')
 
 
-@pytest.mark.alone  # two ranks in lockstep on the 2 cores, named on the rounds alone: under pytest -n
-# 3 beside other tests' runs both read inconclusive once (2026-11-29 10:38), and pass alone
-def test_under_torchrun_every_rank_bisects_the_scripts_own_loop_in_lockstep(tmp_path):
+def torchrun_script(tmp_path, **env):
+    """torchrun's 2 ranks running SCRIPT under `bisect-pipeline run`, to the end."""
     (tmp_path / "ddp_train.py").write_text(SCRIPT)
     out = tmp_path / "out.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "bisect_pipeline", "run", "--device", "cpu", "--max-seconds", "30", "--json", str(out),
            "ddp_train.py"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path, start_new_session=True,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+                          env=dict(os.environ, OMP_NUM_THREADS="1", **env))
+    return proc, out
+
+
+@pytest.mark.alone  # two ranks in lockstep on the 2 cores, named on the rounds alone: under pytest -n
+# 3 beside other tests' runs both read inconclusive once (2026-11-29 10:38), and pass alone
+def test_under_torchrun_every_rank_bisects_the_scripts_own_loop_in_lockstep(tmp_path):
+    proc, out = torchrun_script(tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["world_size"] == 2 and doc["mode"] == "loop"
@@ -324,4 +336,20 @@ def test_under_torchrun_every_rank_bisects_the_scripts_own_loop_in_lockstep(tmp_
     for p0, p1 in zip(r0["points"], r1["points"]):  # lockstep: the same steps at every point
         assert [w["steps"] for w in p0["windows"]] == [w["steps"] for w in p1["windows"]]
     assert proc.stderr.count("torch.distributed: world size 2") == 1  # only rank 0 prints the report
+    _no_children_left()
+
+
+@pytest.mark.alone  # two ranks in lockstep on the 2 cores (as the tests above)
+@pytest.mark.parametrize("lost", [1, 0])
+def test_under_run_a_rank_whose_script_exits_mid_run_is_named_by_the_other(tmp_path, lost):
+    proc, out = torchrun_script(tmp_path, LOSE=f"{lost}:1.5")
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    dist_ = doc["distributed"]
+    assert dist_["written_by"] == 1 - lost
+    (entry,) = dist_["lost_ranks"]
+    assert entry["rank"] == lost and entry["how"] == "its process exited with code 3"
+    assert sorted(r["rank"] for r in doc["ranks"]) == [0, 1]  # the leaving rank posted what it measured
+    assert proc.stderr.count("torch.distributed: world size 2") == 1
+    assert _exit_codes(proc)[lost] == 3
     _no_children_left()
