@@ -31,6 +31,7 @@ def test_a_lost_rank_is_named_and_the_survivors_report_follows():
     assert "rank 0 was lost mid-run: its process was killed by SIGKILL" in text
     assert "written by rank 1" in text and "rank 1's report follows" in text
     assert "lost: rank 0 on node-a (pid 4242)" in text
+    assert "Next: run it again to its end: it was interrupted before a verdict." in text  # not "raise --max-seconds"
     assert job.writer == job.rank  # the command line: this rank writes
 
 
