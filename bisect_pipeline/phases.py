@@ -123,9 +123,9 @@ def _spent(exp: Experiment, part: str, since: float) -> float:
 
 def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float], tuning: bool = False):
     """The check: when augment is in question (named, or tied for the lead:
-    verdict.in_question), its costliest transform measured in
-    the pipeline first (confirm.Confirm, CONFIRM_SHARE of the budget); then the advice's
-    recommended settings measured against the user's (verify.Trials) in the rest.
+    verdict.in_question), its costliest transform measured in the pipeline first
+    (confirm.Confirm, CONFIRM_SHARE of the budget); then the advice's recommended
+    settings measured against the user's (verify.Trials) in the rest.
     verify_seconds None: in what the bisection leaves of max_seconds (the rounds that
     only settle a verdict already made stop VERIFY_SHARE of it early; an undecided
     verdict may use it all); 0: off; a number: a budget of its own, on top of max_seconds.
@@ -265,9 +265,8 @@ def epoch_plan(plan: Plan, batches_per_epoch: int) -> Plan:
     (one, or what min_window_steps asks), each kept. The steady pair (plan.visit_state)
     keeps the windows from the first two that agree: there a slow epoch (a fork
     descheduled, the machine busy a moment) is the pause's own cost, which a loop over the
-    same epochs pays, and dropping the windows before the pair read the pause low (one
-    visit on a busy 2-core machine: 1.120 of a hand loop by the pair, 1.027 by all its
-    windows)."""
+    same epochs pays, and dropping the windows before the pair read the pause low
+    (docs/benchmarks.md, issue 44)."""
     return dataclasses.replace(plan.for_epochs(batches_per_epoch), max_warmup_windows=0,
                                max_window_steps=batches_per_epoch)
 

@@ -59,12 +59,11 @@ class PointSources:
         pool forked from this process shares its memory copy-on-write, so the step after
         the fork copies every page it writes (docs/benchmarks.md, issue 30), time a long
         step's visit has no warm-up for, and a few seconds of every round with steps of
-        a second. A loader parked between
-        visits (`parks`) does no work meanwhile; one that cannot be parked is kept open
-        only where your workers are persistent (it finishes the batches in flight, a
-        batch or two per worker, while the next point starts, as at the end of a visit
-        of your loop's own pool). A pool is kept only while the machine has the memory
-        for it (room_for_a_pool)."""
+        a second. A loader parked between visits (`parks`) does no work meanwhile; one
+        that cannot be parked is kept open only where your workers are persistent (it
+        finishes the batches in flight, a batch or two per worker, while the next point
+        starts, as at the end of a visit of your loop's own pool). A pool is kept only
+        while the machine has the memory for it (room_for_a_pool)."""
         if name in self.kept:
             return True
         if name in ("host", "device") or self.spec.num_workers == 0:
