@@ -53,8 +53,10 @@ from .visit import Pace, Visit
 class Stopped(KeyboardInterrupt):
     """The lockstep stops: a signal reached `signals` ({rank: signal name}). Taken as
     Ctrl-C is (the partial result written). `in_step`: every rank stopped at the same
-    agreement, so they can still gather; else this rank left alone (an interrupt raised
-    outside the agreements: bisect() called without the command line's handler)."""
+    agreement, so they can still gather; else the ranks meet on the board (board.py):
+    a rank was lost, this rank's main thread was stuck (the rescue), or this rank left
+    alone (`left`: its script ended; an interrupt raised outside the agreements, as in
+    bisect() called without the command line's handler). `how` says which, in words."""
 
     AGREED = "every rank stopped at the next agreement"
     STUCK = ("the rank's main thread was stuck (in a collective or a device sync): what was measured was written "
