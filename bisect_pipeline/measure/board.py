@@ -97,7 +97,10 @@ class Board:
         return key if key.startswith("bisect-pipeline/") else f"{self.run}/{key}"
 
     def _set(self, key: str, value: Any) -> None:
-        self.store.set(self._key(key), json.dumps(value))
+        try:
+            self.store.set(self._key(key), json.dumps(value))
+        except Exception:  # the store is gone (its host, node 0, lost): each rank keeps its own document
+            pass
 
     def _get(self, key: str) -> Any:
         """The value, or None when the key is not there (never waits)."""

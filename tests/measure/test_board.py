@@ -82,3 +82,17 @@ def test_only_a_torchrun_rank_is_supervised(monkeypatch):
     assert board.supervisable() == hasattr(os, "fork")
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert not board.supervisable()
+
+
+def test_a_store_that_is_gone_leaves_each_rank_its_own_document(monkeypatch):
+    class Gone:
+        def __getattr__(self, name):
+            def fails(*args, **kwargs):
+                raise RuntimeError("Connection refused")
+            return fails
+
+    clock = FakeClock()
+    monkeypatch.setattr(board.time, "sleep", lambda s: setattr(clock, "t", clock.t + s))
+    b = board.Board(Gone(), 1, 2, "bisect-pipeline/test/run1", clock=clock)
+    b.post({"rank": 1})  # nowhere to post: no error
+    assert b.collect(grace=1) == {} and b.writer([1]) == 1
