@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from ..core import faults
+from ..core import causes, faults
 from ..core.fixes import Variant
 from ..core.results import (NOT_SELECTED, AllocatorHold, AllocatorTiming, CacheInfo, Isolated, Measurements,
                             PointResult, RunInfo, Syncs, Tuning, Verification)
@@ -282,12 +282,16 @@ class Experiment(PointSources):
                 what = (f"no batch in {self.step_timeout:g} s" if batch
                         else f"the training step did not finish in {self.step_timeout:g} s") + " (--step-timeout)"
             return PointResult(name, "failed", reason=f"{what}; its workers were terminated", failed_stage="hang")
-        stage, reason = faults.classify(exc)
+        where = causes.Where(batch_bytes=self.caches.batch_bytes if self.caches is not None else None,
+                             num_workers=getattr(self.spec, "num_workers", 0) or 0,
+                             prefetch_factor=getattr(self.spec, "prefetch_factor", None))
+        stage, reason = faults.classify(exc, where)
         if stage is None:
             stage = _stage_from_traceback(exc, name, self.step, self.move)
             if stage is not None:
-                reason = f"{stage} raised {reason}"
-        return PointResult(name, "failed", reason=reason, failed_stage=stage)
+                known = causes.explain(causes.texts(exc), where) is not None
+                reason = f"{stage} failed: {reason}" if known else f"{stage} raised {reason}"
+        return PointResult(name, "failed", reason=reason, failed_stage=stage, error=faults.raw(exc))
 
     # -- what it measured ---------------------------------------------------------------
 

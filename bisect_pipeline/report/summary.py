@@ -105,7 +105,10 @@ def next_step(r: "Diagnosis") -> str:
     if ended is not None and ended[1]:
         return f"{ended[1][:1].lower()}{ended[1][1:]}"
     if v.bottleneck is None:
-        return "" if r.complete else "raise --max-seconds: the run ended before a verdict."
+        if r.complete:
+            return ""
+        return ("run it again to its end: it was interrupted before a verdict." if r.interrupted else
+                "raise --max-seconds: the run ended before a verdict.")
     need, what = None, ""
     if v.bottleneck == "inconclusive" and v.witness == "disagree" and steady_disagreement(v):
         return ("more rounds would not tell: they read the same in each; the stages timed alone miss what your loop "
