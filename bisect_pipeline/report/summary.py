@@ -59,11 +59,14 @@ def summarize(r: "Diagnosis") -> Summary:
 
 def first_item(r: "Diagnosis") -> Optional["Finding"]:
     """The advice item to make first: the first whose check measured a gain, else the
-    first not shown to be no fix by its check; None without one."""
-    helps = [f for f in r.advice if f.verified is not None and f.verified.status == "helps"]
+    first not shown to be no fix by its check; None without one. Never a fix its check
+    refused, nor one that changes the augmentation (random transforms moved to the device:
+    one draw per batch), which the user decides on."""
+    offered = [f for f in r.advice if not f.numbers.get("refused") and not f.numbers.get("changes_augmentation")]
+    helps = [f for f in offered if f.verified is not None and f.verified.status == "helps"]
     if helps:
         return helps[0]
-    return next((f for f in r.advice if f.verified is None or f.verified.status not in _NOT_A_FIX), None)
+    return next((f for f in offered if f.verified is None or f.verified.status not in _NOT_A_FIX), None)
 
 
 def _first_change(r: "Diagnosis") -> tuple:

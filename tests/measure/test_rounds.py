@@ -325,7 +325,7 @@ def heavy_run(monkeypatch, ms: dict, max_seconds: float):
     steps = {"n": 0}
 
     @contextlib.contextmanager
-    def source(name, spec=None, epochs=False, threads=None, calls=None, keep=False):
+    def source(name, spec=None, epochs=False, threads=None, calls=None, keep=False, variant=None):
         opened.append(name)
 
         def next_batch():
@@ -403,7 +403,7 @@ def kept_run(monkeypatch, ms: dict, max_seconds: float, fail_at: Optional[tuple]
             raise
         events.append(("close", name, None))
 
-    monkeypatch.setattr(exp, "_source", lambda name, spec, epochs, calls=None, park=False: (counted(name), None))
+    monkeypatch.setattr(exp, "_source", lambda name, spec, epochs, calls=None, park=False, variant=None: (counted(name), None))
     monkeypatch.setattr(point_sources, "room_for_a_pool", lambda: True)
     schedule = rounds.Rounds(exp, ("device", "augmented", "raw", "full"))
     for v in schedule:
@@ -442,7 +442,7 @@ def fast_script_run(monkeypatch, ms: dict, batches: int, max_seconds: float = 30
     exp.batches_left = lambda: batches - handed["n"]
 
     @contextlib.contextmanager
-    def source(name, spec=None, epochs=False, threads=None, calls=None, keep=False):
+    def source(name, spec=None, epochs=False, threads=None, calls=None, keep=False, variant=None):
         def next_batch():
             handed["n"] += 1
             clock.t += (ms[name] - 2.0) / 1e3
