@@ -30,10 +30,10 @@ ENTRY = PLANTED_DATA + textwrap.dedent('''
     from torch.utils.data.distributed import DistributedSampler
     from bisect_pipeline import Workload
 
-    def _parts(slow_ms):
+    def _parts(slow_ms, data=Data):
         torch.manual_seed(0)
         model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
-        ds = Data(512, slow_ms if dist.get_rank() == 1 else 0.0)
+        ds = data(512, slow_ms if dist.get_rank() == 1 else 0.0)
         return model, DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds, seed=0))
 
     def straggler():
@@ -54,22 +54,33 @@ ENTRY = PLANTED_DATA + textwrap.dedent('''
         return Workload(model=model, loader=loader, step=step)
 
     def losing():
-        # LOSE=rank:how:seconds: that rank's process ends (how: exit, kill), or a SIGTERM
-        # comes (term: to that rank, which then steps 2 s late while the other waits in
-        # DDP's all-reduce; term-peer: that rank sends it to rank 0, so it lands while rank
-        # 0 waits in the all-reduce), or it hangs in its step (hang: the test sends the
-        # signals), that many seconds after its first step
+        # LOSE=rank:how: that rank's process ends (how: exit, kill), or a SIGTERM comes
+        # (term: to that rank, which then steps 2 s late while the other waits in DDP's
+        # all-reduce; term-peer: that rank sends it to rank 0, so it lands while rank 0
+        # waits in the all-reduce), or it hangs in its step (hang: the test sends the
+        # signals), at its first step of a point that loads (full) after a point that
+        # replays what the caches hold (device): by the run's progress, not the clock (a
+        # fast machine ended the whole run 2.5 s after its first step)
         import os, signal, time
-        model, loader = _parts(0.0)
+        loads = [0]
+        class Counted(Data):
+            def __getitem__(self, i):
+                loads[0] += 1
+                return super().__getitem__(i)
+        model, loader = _parts(0.0, Counted)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        rank, how, after = os.environ["LOSE"].split(":")
+        rank, how = os.environ["LOSE"].split(":")
         open(f"rank{dist.get_rank()}.pid", "w").write(str(os.getpid()))
-        started = []
+        seen = {"loads": None, "replayed": False, "fired": False}
         def step(batch):
-            now = time.monotonic()
-            started.append(now) if not started else None
-            if dist.get_rank() == int(rank) and len(started) == 1 and now - started[0] > float(after):
-                started.append(now)
+            loaded = seen["loads"] is not None and loads[0] != seen["loads"]
+            if seen["loads"] is not None and not loaded:
+                seen["replayed"] = True  # no sample loaded since the last step: a cached point
+            seen["loads"] = loads[0]
+            if os.environ.get("LOSE_LOG"):
+                open(f"steps{dist.get_rank()}.log", "a").write(f"{time.monotonic():.3f} {loads[0]}\\n")
+            if dist.get_rank() == int(rank) and loaded and seen["replayed"] and not seen["fired"]:
+                seen["fired"] = True
                 if how == "exit":
                     os._exit(3)
                 if how == "kill":
@@ -77,8 +88,9 @@ ENTRY = PLANTED_DATA + textwrap.dedent('''
                 if how == "hang":
                     open("hung", "w").close()
                     time.sleep(3600)
-                os.kill(os.getpid() if how == "term" else int(open("rank0.pid").read()), signal.SIGTERM)
-                time.sleep(2)
+                if how in ("term", "term-peer"):
+                    os.kill(os.getpid() if how == "term" else int(open("rank0.pid").read()), signal.SIGTERM)
+                    time.sleep(2)
             x, y = batch
             opt.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(model(x), y).backward()
@@ -188,7 +200,7 @@ def _lost_run(tmp_path, lose, then=None, within=12):
     (0, "kill", -9, "its process was killed by SIGKILL, usually by the out-of-memory killer"),
 ])
 def test_a_rank_whose_process_ends_mid_run_is_named_and_the_others_results_kept(tmp_path, lost, how, code, words):
-    proc, doc = _lost_run(tmp_path, f"{lost}:{how}:2.5")
+    proc, doc = _lost_run(tmp_path, f"{lost}:{how}")
     survivor = 1 - lost
     dist_ = doc["distributed"]
     assert [r["rank"] for r in doc["ranks"]] == [survivor]  # what the surviving rank measured
@@ -213,7 +225,7 @@ def test_a_rank_whose_process_ends_mid_run_is_named_and_the_others_results_kept(
 def test_sigterm_to_one_rank_while_the_other_waits_in_a_collective_stops_both(tmp_path, how, signalled):
     # term: rank 1 is signalled, then steps 2 s late while rank 0 waits in DDP's all-reduce;
     # term-peer: rank 0 is signalled while it waits there
-    proc, doc = _lost_run(tmp_path, f"1:{how}:2.5")
+    proc, doc = _lost_run(tmp_path, f"1:{how}")
     dist_ = doc["distributed"]
     assert dist_["stopped_by"] == [{"rank": signalled, "signal": "SIGTERM"}]
     assert dist_["lost_ranks"] == [] and dist_["written_by"] == 0
@@ -239,8 +251,8 @@ def test_a_rank_stuck_in_a_collective_at_a_sigterm_is_rescued_in_time(tmp_path):
     # a preempted job: rank 1 hangs in its step, rank 0 waits for it in DDP's all-reduce
     # (native code: its handler cannot run); the SIGTERM to both, and each rank's rescue
     # writes what it measured within its grace, rank 0 the job's document
-    # measuring from 0 s, the hang at 2.5, the signal about 1 s later, the rescue 10 s after
-    proc, doc = _lost_run(tmp_path, "1:hang:2.5", then=_signal_both_once_rank_1_hangs, within=20)
+    # the hang at the first step of full, the signal about 1 s later, the rescue 10 s after
+    proc, doc = _lost_run(tmp_path, "1:hang", then=_signal_both_once_rank_1_hangs, within=20)
     dist_ = doc["distributed"]
     assert dist_["stopped_by"] == [{"rank": 0, "signal": "SIGTERM"}, {"rank": 1, "signal": "SIGTERM"}]
     assert "stuck" in dist_["stopped_how"] and dist_["written_by"] == 0 and dist_["lost_ranks"] == []
