@@ -92,55 +92,201 @@ def candidates(finding: Finding, *, threads: int, cores: int, on_cpu: bool) -> l
 class Trials:
     """The candidates of every advice item that recommends applicable settings, measured
     within `budget_s` seconds of the experiment's clock. `result` is the report's
-    `verification` (results.Verification: raw windows; outcome.verified derives the rest)."""
+    `verification` (results.Verification: raw windows; outcome.verified derives the rest).
+
+    The items take turns (`Lane`, in `order`): each item's first candidate gets up to
+    FIRST_BLOCKS blocks before any item gets more, then each undecided one a block more a
+    turn, up to MAX_BLOCKS; an item whose candidate is done without helping goes on with
+    its next candidate at its next turn. A turn ends at its share of the time left (`turn_end`:
+    its visits' part of all those still planned, and at least what one block took so far),
+    so the first item (the workers, say) cannot spend the check on the precision of its
+    own figure while the fix of the stage in question waits (the demo at its default 30 s:
+    the workers item took all 10 s, 12 visits, and the fixes read "not measured"). A
+    first turn that cannot hold a block is not started (two pairs are the least figure);
+    an item the budget did not reach says so, and which items took the time (`unreached`)."""
 
     def __init__(self, exp: Experiment, advice: list, *, budget_s: float, threads: int, cores: int) -> None:
         self.exp = exp
         self.budget_s = budget_s
         on_cpu = exp.device.type == "cpu"
         items = [(f, candidates(f, threads=threads, cores=cores, on_cpu=on_cpu)) for f in advice]
-        self.items = [(f, c) for f, c in items if c]
+        self.items = order([(f, c) for f, c in items if c])
         self.result = Verification(status="not run")
+        self.spent = 0.0  # the time of the turns' visits (turn_end: what a block takes)
 
     def __iter__(self) -> Iterator[Visit]:
         exp = self.exp
         start = exp.clock()
         deadline = start + self.budget_s
-        trials: list = []
+        lanes = [Lane(f, c) for f, c in self.items]
         try:
-            for i, (finding, cands) in enumerate(self.items):
-                for k, settings in enumerate(cands):
+            moved = True
+            while moved and any(not lane.done for lane in lanes):
+                moved = False  # a pass in which no visit fitted ends the check
+                for lane in lanes:
+                    if lane.done:
+                        continue
                     if not self._fits(deadline):
-                        break
-                    exp.emit({"event": "verify", "item": finding.kind, "settings": settings})
-                    # the candidates after this one are each owed MIN_BLOCKS blocks
-                    later = len(cands) - k - 1 + sum(len(c) for _, c in self.items[i + 1:])
-                    trial = yield from self._trial(finding.kind, settings, deadline,
-                                                   owed=len(BLOCK) * MIN_BLOCKS * later)
-                    trials.append(trial)
-                    if outcome(trial, exp.batch_size).status == "helps":
-                        break  # the first candidate that helps is the one to print
+                        return
+                    settings, resume = lane.next()
+                    before = visits(resume) if resume is not None else 0
+                    target = min(MAX_BLOCKS, before // len(BLOCK) + (FIRST_BLOCKS if resume is None else 1))
+                    ahead = len(BLOCK) * target - before  # this turn's visits, in its own time
+                    end = turn_end(self, lanes, lane, ahead, deadline)
+                    if end is None:
+                        continue
+                    exp.emit({"event": "verify", "item": lane.item, "settings": settings})
+                    began = exp.clock()
+                    # each visit's share counts every visit planned after it, the other lanes' too
+                    owed = max(0, sum(x.owed() for x in lanes) - ahead)
+                    t = yield from trial(exp, lane.item, settings, deadline, owed=owed, until=end, resume=resume,
+                                         blocks=target, leads=lane.leads,
+                                         spare=[x.open_settings() for x in lanes if x is not lane])
+                    self.spent += exp.clock() - began
+                    if visits(t) > before or t.error:  # a turn that held no visit leaves the lane as it was
+                        moved = True
+                        lane.record(t, exp.batch_size)
         finally:
+            trials = tuple(t for lane in lanes for t in lane.trials)
             status = "ok" if trials else ("skipped" if not self.items else "out of time")
             self.result = Verification(status=status, budget_s=round(self.budget_s, 3),
-                                       elapsed_s=round(exp.clock() - start, 3), trials=tuple(trials))
+                                       elapsed_s=round(exp.clock() - start, 3), trials=trials,
+                                       reason=unreached(lanes, self.budget_s))
 
     def _fits(self, deadline: float) -> bool:
         return fits(self.exp, "full", deadline)
 
-    def _trial(self, item: str, settings: dict, deadline: float, owed: int = 0):
-        return (yield from trial(self.exp, item, settings, deadline, owed=owed))
+
+def turn_end(check: Trials, lanes: list, lane: "Lane", ahead: int, deadline: float) -> Optional[float]:
+    """When `lane`'s turn of `ahead` visits ends (no block starts after it: alternate's
+    `until`): at its visits' part of the time left, all lanes' planned visits counted
+    (Lane.owed), and at least what one block of visits took so far in the check (before
+    any, what the bisection's visits of the full pipeline took: Lead.of_point), within the
+    check's deadline. None where the lane's first turn cannot hold that block while
+    another lane is under way: the time left goes to that one's figure, where a block cut
+    short would give this one none (two pairs are the least figure)."""
+    exp = check.exp
+    now = exp.clock()
+    done = sum(visits(t) for x in lanes for t in x.trials)
+    per_visit = check.spent / done if done else Lead.of_point(exp.results.get("full")).least(2)
+    block = len(BLOCK) * per_visit
+    if not lane.trials and now + block > deadline and any(x.trials and not x.done for x in lanes):
+        return None
+    planned = sum(x.owed() for x in lanes)
+    return min(deadline, now + max((deadline - now) * ahead / max(planned, ahead, 1), block))
+
+
+# Blocks a candidate's first turn plans (Trials), before any item gets more: one block's
+# two pairs leave one degree of freedom, a figure only where they agree within a few %;
+# two blocks' four pairs tell 10-30% on visits a few % apart. A turn whose part of the
+# time is spent ends at its block's end (turn_end): a short check's first turns hold
+# one block each, and the time left goes to more blocks of the items under way.
+FIRST_BLOCKS = 2
+# Which stage each fix moves the work of (rules_fixes): where that stage is the one in
+# question, the fix of the stage itself, measured before the fixes that move less of it.
+FIX_STAGES = {"decode": ("load",), "device_augment": ("augment",), "device_tail": ("collate", "handoff", "transfer")}
+
+
+def order(items: list) -> list:
+    """The advice's items as the check takes them: in the report's order, but the fixes of
+    the pipeline (their places in it kept) first the one whose own stage is in question
+    (FIX_STAGES: decode for load, the random transforms batched for augment), then the
+    others: the device tail moves the conversions at the end of the transforms, a small
+    part of an augment or load stage's work (the demo's ToDtype and Normalize: 8% of its
+    augment), where the random candidate moves all of it."""
+    def fix_of(f: Finding) -> Optional[str]:
+        return (f.numbers.get("recommended") or {}).get(FIX)
+    fixes = [(f, c) for f, c in items if fix_of(f)]
+    own = sorted(fixes, key=lambda fc: 0 if fc[0].stage in FIX_STAGES.get(fix_of(fc[0]), ()) else 1)
+    it = iter(own)
+    return [next(it) if fix_of(f) else (f, c) for f, c in items]
+
+
+class Lane:
+    """One advice item's candidates as the check measures them, turn by turn (Trials):
+    the trial of each candidate tried, the last one cut at its turn's end where it is
+    undecided (resumed at the next turn, its pool kept). Done once a candidate helps
+    (decided, or MAX_BLOCKS measured), or every candidate was measured without helping."""
+
+    def __init__(self, finding: Finding, cands: list) -> None:
+        self.finding, self.cands = finding, list(cands)
+        self.trials: list = []
+        self.open = False  # the last trial is undecided and continues at the next turn
+        self.leads: dict = {}  # its trial's sides' Leads (alternate), kept between its turns
+        self.done = False
+
+    @property
+    def item(self) -> str:
+        return self.finding.kind
+
+    def next(self) -> tuple[dict, Optional[Trial]]:
+        """The candidate to measure at this turn, and its trial so far (None: a new one)."""
+        if self.open:
+            return self.cands[len(self.trials) - 1], self.trials[-1]
+        return self.cands[len(self.trials)], None
+
+    def open_settings(self) -> Optional[dict]:
+        """The settings of a trial cut at its turn's end: its pool is kept for the next."""
+        return self.cands[len(self.trials) - 1] if self.open and not self.done else None
+
+    def owed(self) -> int:
+        """The visits still planned for this item: its trial to MAX_BLOCKS, MIN_BLOCKS
+        blocks of each candidate after it (the share of each visit counts them)."""
+        if self.done:
+            return 0
+        started = len(self.trials) - (1 if self.open else 0)
+        later = len(self.cands) - started - 1
+        mine = visits(self.trials[-1]) if self.open else 0
+        return len(BLOCK) * (MAX_BLOCKS + MIN_BLOCKS * later) - mine
+
+    def record(self, t: Trial, batch_size: float) -> None:
+        """The trial of this turn: the lane goes on with it, with the next candidate, or is done."""
+        if self.open:
+            self.trials[-1] = t
+        else:
+            self.trials.append(t)
+        o = outcome(t, batch_size)
+        full = visits(t) >= len(BLOCK) * MAX_BLOCKS
+        decided = o.status == "slower" or (o.status == "helps" and (o.spread or float("inf")) <= TARGET_SPREAD)
+        self.open = not (t.error or full or decided)
+        if not self.open:
+            self.leads.pop(True, None)  # the next candidate's visits are not this one's
+        if o.status == "helps" and not self.open:
+            self.done = True  # the first candidate that helps is the one to print
+        elif not self.open and len(self.trials) >= len(self.cands):
+            self.done = True
+
+
+def visits(t: Trial) -> int:
+    """The visits a trial took (a visit that kept no window counted in its place)."""
+    sides = resumed(t)
+    return len(sides[False]) + len(sides[True])
+
+
+def unreached(lanes: list, budget_s: float) -> Optional[str]:
+    """Why an item the check did not reach was not measured: the time went to the items
+    before it (which), or there was none; None where every item was reached."""
+    if all(lane.trials for lane in lanes):
+        return None
+    took = [lane.item for lane in lanes if lane.trials]
+    if not took:
+        return f"out of time: the check's {budget_s:.3g} s did not hold a visit of your pipeline"
+    return (f"out of time: the check's {budget_s:.3g} s went to the items measured before it ("
+            + ", ".join(took) + ")")
 
 
 def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: int = 0,
-          resume: Optional[Trial] = None):
+          resume: Optional[Trial] = None, blocks: int = MAX_BLOCKS, spare: list = (), until: Optional[float] = None,
+          leads: Optional[dict] = None):
     """The user's settings and the candidate `settings` in A B B A blocks of full-pipeline
     visits (`alternate`), until a block ends with the candidate decided slower, or decided
     helping within TARGET_SPREAD: a Trial. The advice's check (Trials) and the search of
     --tune (tune.Search) measure each candidate so. `resume`: a trial of the same settings
     cut short by an earlier deadline (the check's, for the search), continued where it
     stopped: its visits kept, its pool (kept open when it was cut) resumed, not started
-    again (a GPU machine's or a loaded 2-core machine's pool: seconds, paid once)."""
+    again (a GPU machine's or a loaded 2-core machine's pool: seconds, paid once).
+    `until`, `leads`: the end of the check's turn and what its visits showed (alternate),
+    the trial cut there is resumed at the next."""
 
     def decided(sides: dict) -> bool:
         o = outcome(Trial(item, dict(settings), dump(sides[False]), dump(sides[True])), exp.batch_size)
@@ -152,11 +298,12 @@ def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: 
         if candidate and not firsts:
             firsts.append(v)
         return v
-    close_sides(exp, keep=settings)  # a pool kept from a trial cut short, but this one's
+    close_sides(exp, keep=settings, spare=spare)  # a pool kept from a trial cut short, but this one's
     sides = resumed(resume) if resume is not None else None
     cut = False
     try:
-        sides, error = yield from alternate(exp, "full", visit_of, deadline, owed=owed, decided=decided, sides=sides)
+        sides, error = yield from alternate(exp, "full", visit_of, deadline, owed=owed, decided=decided, sides=sides,
+                                            blocks=blocks, until=until, leads=leads)
         cut = error is None and len(sides[False]) + len(sides[True]) < len(BLOCK) * MAX_BLOCKS and not decided(sides)
     finally:
         if not cut:  # the candidate's pool; the user's serves the next trial (a cut one's, its continuation)
@@ -181,11 +328,11 @@ def _visits(windows: tuple) -> list:
     return [[w for w in windows if w.visit == v] for v in range(1 + max((w.visit for w in windows), default=-1))]
 
 
-def close_sides(exp: Experiment, keep: Optional[dict] = None) -> None:
+def close_sides(exp: Experiment, keep: Optional[dict] = None, spare: list = ()) -> None:
     """Close the candidates' pools kept open (a trial cut short keeps its own for its
-    continuation), but the user's side's and `keep`'s."""
-    spare = {side_key({})} | ({side_key(keep)} if keep is not None else set())
-    exp.close_kept(only=[k for k in exp.kept if isinstance(k, str) and k.startswith("full ") and k not in spare])
+    continuation), but the user's side's, `keep`'s and those of the settings in `spare`."""
+    kept = {side_key(s) for s in [{}, keep, *spare] if s is not None}
+    exp.close_kept(only=[k for k in exp.kept if isinstance(k, str) and k.startswith("full ") and k not in kept])
 
 
 def pool_start(m: Optional[Measured]) -> Optional[float]:
@@ -253,7 +400,7 @@ class Lead:
 
 def alternate(exp: Experiment, point: str, visit_of: Callable[[bool, float], Visit], deadline: float, *,
               owed: int = 0, decided: Callable[[dict], bool] = lambda sides: False, blocks: int = MAX_BLOCKS,
-              sides: Optional[dict] = None):
+              sides: Optional[dict] = None, until: Optional[float] = None, leads: Optional[dict] = None):
     """Two sides of a comparison in A B B A blocks of visits of `point` (a machine drifting
     over them weighs on both alike): `visit_of(side, visit_deadline)` builds a side's visit
     (False: the reference, True: the other). Until a block ends, from MIN_BLOCKS on, with
@@ -262,16 +409,27 @@ def alternate(exp: Experiment, point: str, visit_of: Callable[[bool, float], Vis
     least what the side's last visit showed two windows take (`Lead`; before its first,
     what the bisection's visits of the point took: Lead.of_point). Returns
     (the windows of each side, one list per visit; the error, or None). `sides`: the
-    visits of a comparison cut short before, continued. The advice's check (Trials) and
+    visits of a comparison cut short before, continued. `until`: the end of a turn of the
+    check (Trials): no block starts after it, the one under way ends (a turn always holds
+    one block: its two pairs), within `deadline`; `leads`: each side's Lead, kept from the
+    turn before (updated in place). The advice's check (Trials) and
     the confirmation in the pipeline (confirm.py) are its two users."""
     sides = {False: list(sides[False]), True: list(sides[True])} if sides else {False: [], True: []}
-    leads = {side: Lead.of_point(exp.results.get(point)) for side in (False, True)}
+    if leads is None:
+        leads = {}
+    for side in (False, True):
+        leads.setdefault(side, Lead.of_point(exp.results.get(point)))
     total = len(BLOCK) * blocks
-    for i in range(len(sides[False]) + len(sides[True]), total):
+    first, began = len(sides[False]) + len(sides[True]), exp.clock()
+    for i in range(first, total):
         side = BLOCK[i % len(BLOCK)]
         now = exp.clock()
         if not fits(exp, point, deadline, leads[side].least(1)):
             break
+        if until is not None and i % len(BLOCK) == 0:
+            if i > first and now + (now - began) > until:
+                break  # the turn is over: a block as long as the last one would end after it
+            began = now
         share = (deadline - now) / (total - i + owed)
         visit = visit_of(side, exp.visit_deadline(point, share, deadline, least=leads[side].least(2)))
         yield visit

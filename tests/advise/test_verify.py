@@ -239,6 +239,69 @@ def test_no_visit_starts_where_a_window_of_the_step_would_not_fit(monkeypatch):
     assert len(calls) == 1 and calls[0][2] == 1006.0  # 7 s: one visit fits, given its least time, and no second
 
 
+def fix_item(kind: str, stage: str):
+    from bisect_pipeline.derive.findings import Finding
+    return Finding(kind, stage, "Fix it.", {"recommended": {"fix": kind}, "headroom": {}})
+
+
+WORKERS = {"num_workers": 1, "persistent_workers": True, "torch_num_threads": 1}
+TAIL, AUGMENT = (("fix", "device_tail"),), (("fix", "device_augment"),)
+
+
+def demo_like(monkeypatch, budget: float) -> tuple:
+    """The demo's check on a fake clock: its items in the report's order (the workers,
+    the device tail, the random transforms batched: the fix of augment, the stage in
+    question), visits of at least 0.8 s (the bisection's full: 0.4 s windows) that
+    disagree by a few %, the rates the demo measured (1.27x, 0.98x, 1.84x)."""
+    clock = FakeClock(1000.0)
+    rates = {USER: 30.0, tuple(sorted(WORKERS.items())): 38.1, TAIL: 29.4, AUGMENT: 55.2}
+    calls = plant_visits(monkeypatch, clock, rates, visit_s=1e9, between=0.02, jitter=0.02)
+    run = FakeRun(clock)
+    run.results = {"full": PointResult("full", "ok", Throughput((Window(5, 0.4, 0), Window(5, 0.4, 0)), BS),
+                                       first_batch_seconds=0.0, warmup_steps=0)}
+    advice = [item(WORKERS), fix_item("device_tail", "augment"), fix_item("device_augment", "augment")]
+    return advice, run_trials(run, advice, budget_s=budget, threads=2, cores=2), calls, clock
+
+
+def test_the_fix_of_the_stage_in_question_gets_its_pairs_beside_the_workers_in_a_short_check(monkeypatch):
+    # 7.5 s (the demo's default check): the workers item took it all, the fixes "not
+    # measured". Turns: each item's first turn ends at a block's end once its part of
+    # the time is spent; the fix of augment goes before the tail, which the time left
+    # cannot hold a block of: not started, and said why
+    advice, out, calls, clock = demo_like(monkeypatch, 7.5)
+    assert clock.t - 1000.0 <= 7.5 + 1e-9
+    by_item = {t["item"]: t for t in out["trials"]}
+    assert set(by_item) == {"num_workers", "device_augment"}
+    assert [c[0] for c in calls[:8]] == [{}, WORKERS, WORKERS, {}, {}, {"fix": "device_augment"},
+                                         {"fix": "device_augment"}, {}]  # a block each, the fix of augment next
+    workers, tail, augment = (verified(a, out) for a in advice)
+    assert workers.status == "helps" and workers.speedup == pytest.approx(1.27, rel=0.05)
+    assert augment.status == "helps" and augment.speedup == pytest.approx(1.84, rel=0.05)
+    assert tail.status == "not measured" and tail.reason == (
+        "out of time: the check's 7.5 s went to the items measured before it (num_workers, device_augment)")
+    assert len(by_item["num_workers"]["user_windows"]) > 3 * 2  # the time left: more pairs of an item under way
+
+
+def test_with_time_for_every_item_each_gets_its_first_turn_before_any_gets_more(monkeypatch):
+    advice, out, calls, clock = demo_like(monkeypatch, 10.0)
+    assert [t["item"] for t in out["trials"]] == ["num_workers", "device_augment", "device_tail"]
+    firsts = [next(i for i, c in enumerate(calls) if c[0] == s) for s in (WORKERS, {"fix": "device_augment"},
+                                                                           {"fix": "device_tail"})]
+    assert firsts == [1, 5, 9]  # a block each before any item's second block
+    workers, tail, augment = (verified(a, out) for a in advice)
+    assert tail.status == "no gain" and {workers.status, augment.status} == {"helps"}
+    assert out.get("reason") is None
+
+
+def test_the_check_s_order_puts_the_fix_of_the_stage_in_question_first_among_the_fixes():
+    w, tail, aug = item(WORKERS), fix_item("device_tail", "augment"), fix_item("device_augment", "augment")
+    load_tail, decode = fix_item("device_tail", "load"), fix_item("decode", "load")
+    assert [f for f, _ in verify.order([(w, [1]), (tail, [2]), (aug, [3])])] == [w, aug, tail]
+    assert [f for f, _ in verify.order([(load_tail, [1]), (w, [2]), (decode, [3])])] == [decode, w, load_tail]
+    handoff = fix_item("device_tail", "handoff")
+    assert [f for f, _ in verify.order([(w, [1]), (handoff, [2]), (aug, [3])])] == [w, handoff, aug]
+
+
 class SlowStartVisit:
     """A visit that spends `lead` seconds before its first window (workers forked, first
     batch, warm-up) and then times windows of `window` seconds until its deadline (3 at
