@@ -136,14 +136,14 @@ class Trials:
                     if end is None:
                         continue
                     exp.emit({"event": "verify", "item": lane.item, "settings": settings})
-                    began = exp.clock()
+                    began, made = exp.clock(), []
                     # each visit's share counts every visit planned after it, the other lanes' too
                     owed = max(0, sum(x.owed() for x in lanes) - ahead)
                     t = yield from trial(exp, lane.item, settings, deadline, owed=owed, until=end, resume=resume,
-                                         blocks=target, leads=lane.leads,
+                                         blocks=target, leads=lane.leads, made=made,
                                          spare=[x.open_settings() for x in lanes if x is not lane])
                     self.spent += exp.clock() - began
-                    if visits(t) > before or t.error:  # a turn that held no visit leaves the lane as it was
+                    if made or t.error:  # a turn that started no visit leaves the lane as it was
                         moved = True
                         lane.record(t, exp.batch_size)
         finally:
@@ -277,7 +277,7 @@ def unreached(lanes: list, budget_s: float) -> Optional[str]:
 
 def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: int = 0,
           resume: Optional[Trial] = None, blocks: int = MAX_BLOCKS, spare: list = (), until: Optional[float] = None,
-          leads: Optional[dict] = None):
+          leads: Optional[dict] = None, made: Optional[list] = None):
     """The user's settings and the candidate `settings` in A B B A blocks of full-pipeline
     visits (`alternate`), until a block ends with the candidate decided slower, or decided
     helping within TARGET_SPREAD: a Trial. The advice's check (Trials) and the search of
@@ -286,7 +286,7 @@ def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: 
     stopped: its visits kept, its pool (kept open when it was cut) resumed, not started
     again (a GPU machine's or a loaded 2-core machine's pool: seconds, paid once).
     `until`, `leads`: the end of the check's turn and what its visits showed (alternate),
-    the trial cut there is resumed at the next."""
+    the trial cut there is resumed at the next; `made`: each visit started is added to it."""
 
     def decided(sides: dict) -> bool:
         o = outcome(Trial(item, dict(settings), dump(sides[False]), dump(sides[True])), exp.batch_size)
@@ -295,6 +295,8 @@ def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: 
 
     def visit_of(candidate: bool, visit_deadline: float) -> Visit:
         v = _visit(exp, settings if candidate else {}, visit_deadline, deadline)
+        if made is not None:
+            made.append(v)
         if candidate and not firsts:
             firsts.append(v)
         return v
