@@ -55,7 +55,8 @@ MEASURING_AND_DERIVING = ("bisect_pipeline.measure.plan", "bisect_pipeline.measu
                           # the stage's own fixes (issue 58)
                           "bisect_pipeline.measure.tail", "bisect_pipeline.measure.decode",
                           "bisect_pipeline.core.fixes", "bisect_pipeline.advise.fixes",
-                          "bisect_pipeline.advise.rules_fixes")
+                          "bisect_pipeline.advise.rules_fixes", "bisect_pipeline.advise.turns",
+                          "bisect_pipeline.advise.patch_tail")
 
 
 def modules() -> dict:
