@@ -33,9 +33,11 @@ class Trials:
     its visits' part of all those still planned, and at least what one block took so far),
     so the first item (the workers, say) cannot spend the check on the precision of its
     own figure while the fix of the stage in question waits (the demo at its default 30 s:
-    the workers item took all 10 s, 12 visits, and the fixes read "not measured"). A
-    first turn that cannot hold a block is not started (two pairs are the least figure);
-    an item the budget did not reach says so, and which items took the time (`unreached`)."""
+    the workers item took the whole check, and the fixes read "not measured"). A first
+    turn that cannot hold a block is not started while another item is under way (two
+    pairs are the least figure); an item the budget did not reach says so, and which
+    items took the time (`unreached`). Where the first item (the workers) helps, each fix
+    gets one candidate more: on top of its settings, against them (`add_on_top`)."""
 
     def __init__(self, exp: Experiment, advice: list, *, budget_s: float, threads: int, cores: int) -> None:
         self.exp = exp
