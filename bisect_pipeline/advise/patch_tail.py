@@ -16,8 +16,9 @@ user's own, as written.
 Written only where the script's shape makes it safe, else "not applied" with why (the
 report then shows the change as code, measure/tail.Split.code): exactly one
 `Compose([...])` list in the script whose transforms are the user's, by name and order
-(measure/tail's Fix: `kept` and `moved`); the moved transforms' arguments constants (the
-tail is built at the top of the module, where no other name is known); the transforms'
+(measure/tail's Fix: `kept` and `moved`); the moved transforms' arguments constants or
+names the module's imports bind (`torch.float32`: the tail is built at the top of the
+module, where no other name is known); the transforms'
 module and `torch` imported at the top; the batch a tuple whose first part the tail acts
 on (`[0]`); and at least one loop `for x, y in LOADER` (or `enumerate(LOADER)`) that
 moves `x` with `x.to(...)`. Every such loop gets the tail: the split list feeds each
@@ -113,9 +114,8 @@ def _tail(s: Script, fix: dict, moved: list, prefix: str) -> tuple[str, Optional
     if not root or root not in top:
         return "", f"the transforms are not called through a module imported at the top ({prefix or 'bare names'})"
     for e in moved:
-        try:
-            [ast.literal_eval(a) for a in e.args] + [ast.literal_eval(k.value) for k in e.keywords]
-        except ValueError:
+        names = {n.id for a in [*e.args, *(k.value for k in e.keywords)] for n in ast.walk(a) if isinstance(n, ast.Name)}
+        if not names <= top:
             return "", f"{s.text(e)} takes names the top of the module does not know"
     ops = [s.text(e) for e in moved]
     if SCALING in fix.get("moved", ()):

@@ -138,6 +138,18 @@ def test_shapes_it_cannot_rewrite_safely_say_why_and_write_nothing():
     assert p.diff == "" and "only a batch's first part" in p.reason
 
 
+def test_a_v2_tail_keeps_its_dtype_from_the_imports(tmp_path):
+    v2 = MNIST.replace("from torchvision import datasets, transforms",
+                       "from torchvision import datasets\nfrom torchvision.transforms import v2 as transforms")
+    v2 = v2.replace("transforms.ToTensor(),", "transforms.ToImage(),\n        transforms.ToDtype(torch.float32, scale=True),")
+    p = make(v2, fix={"moved": ("ToDtype", "Normalize"), "kept": ("ToImage",), "path": "[0]"})
+    after = apply(tmp_path, v2, p, name="main.py")
+    assert ("device_tail = transforms.Compose([transforms.ToDtype(torch.float32, scale=True), "
+            "transforms.Normalize((0.1307,), (0.3081,))])") in after
+    assert "transforms.ToImage()\n        ])" in after  # kept as written: no PILToTensor where ToTensor was not split
+    assert run(tmp_path, "patched.py", after) == run(tmp_path, "original.py", v2)
+
+
 def test_the_user_s_transforms_are_read_back_from_the_fix():
     assert patch_tail.originals(FIX) == ["ToTensor", "Normalize"]
     assert patch_tail.originals({"moved": ("ToDtype", "Normalize"), "kept": ("ToImage", "RandomResizedCrop")}) == [
