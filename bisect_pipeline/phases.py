@@ -7,7 +7,7 @@
     the points: rounds.Rounds (one process) or distributed.LockstepPoints (torchrun)
     a user's loop on CUDA: its syncs counted
     the check: the costliest transform in the pipeline (confirm.Confirm, when augment is
-        the bottleneck); verify.Trials of the advice as it stands (diagnosis.to_check)
+        the bottleneck); turns.Trials of the advice as it stands (diagnosis.to_check)
 
 `measure` yields visits: visit.Visit, and in a user's loop two small ones of the same
 shape (a context manager handing out batches: the probe and the sync count). The tool's
@@ -28,7 +28,7 @@ import torch
 
 from .advise import confirm, fixes, tune
 from .advise.diagnose import judged, to_check
-from .advise.verify import Trials
+from .advise.turns import Trials
 from .core import stats, tree
 from .core.results import AllocatorTiming, Isolated, Syncs, Verification
 from .derive.verdict import in_question
@@ -128,7 +128,7 @@ def _verify(exp: Experiment, draft: Any, verify_seconds: Optional[float], tuning
     the budget); then, where a stage is in question, the pipeline's own fixes built and
     checked against the user's batches (_fixes: the advice then speaks of them); then the
     advice's recommended settings and usable fixes measured against the user's
-    (verify.Trials) in the rest.
+    (turns.Trials) in the rest.
     verify_seconds None: in what the bisection leaves of max_seconds (the rounds that
     only settle a verdict already made stop VERIFY_SHARE of it early; an undecided
     verdict may use it all); 0: off; a number: a budget of its own, on top of max_seconds.

@@ -51,7 +51,12 @@ MEASURING_AND_DERIVING = ("bisect_pipeline.measure.plan", "bisect_pipeline.measu
                           "bisect_pipeline.measure.point_sources", "bisect_pipeline.core.record",
                           "bisect_pipeline.core.isolated", "bisect_pipeline.core.trials",
                           "bisect_pipeline.measure.worker_stages", "bisect_pipeline.measure.device_alone",
-                          "bisect_pipeline.measure.timed")
+                          "bisect_pipeline.measure.timed",
+                          # the stage's own fixes (issue 58)
+                          "bisect_pipeline.measure.tail", "bisect_pipeline.measure.decode",
+                          "bisect_pipeline.core.fixes", "bisect_pipeline.advise.fixes",
+                          "bisect_pipeline.advise.rules_fixes", "bisect_pipeline.advise.turns",
+                          "bisect_pipeline.advise.patch_tail")
 
 
 def modules() -> dict:

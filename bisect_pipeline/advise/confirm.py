@@ -134,7 +134,7 @@ def _around(call: Call, k: int) -> tuple[Call, Call]:
 
 
 class Confirm:
-    """A schedule (as verify.Trials): yields the visits of the two sides within `budget_s`
+    """A schedule (as turns.Trials): yields the visits of the two sides within `budget_s`
     seconds; `result` is the Confirmation, or None when augment is not the bottleneck."""
 
     def __init__(self, exp: Experiment, *, budget_s: float) -> None:

@@ -9,7 +9,7 @@
         summary  = the verdict in one sentence
         tune     = what the search of --tune found (tune.summarize), when it ran
 
-`to_check(measurements)` is the advice before it is checked: what verify.Trials measures
+`to_check(measurements)` is the advice before it is checked: what turns.Trials measures
 (the draft); `diagnose` of the measurements with the trials' windows is the final report.
 A report loaded from JSON is diagnosed again from its measurements, so it says exactly
 what the run said.
@@ -40,7 +40,7 @@ def diagnose(m: Measurements) -> Diagnosis:
 
 
 def to_check(m: Measurements) -> tuple[Finding, ...]:
-    """The advice as it stands before its check (verify.Trials measures its settings)."""
+    """The advice as it stands before its check (turns.Trials measures its settings)."""
     return tuple(advice_mod.findings(judged(m)))
 
 

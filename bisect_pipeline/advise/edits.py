@@ -43,6 +43,10 @@ class Edits:
     def replace(self, node: ast.AST, text: str) -> None:
         self.spans.append((self.s.start(node), self.s.end(node), text))
 
+    def cut(self, start: tuple, end: tuple) -> None:
+        """Remove the text from `start` to `end` ((line, col), as Script.start and .end)."""
+        self.spans.append((start, end, ""))
+
     def insert_lines(self, line: int, lines: list) -> None:
         nl = self.s.newline
         self.spans.append(((line, 0), (line, 0), "".join(x + nl for x in lines)))

@@ -11,6 +11,7 @@ what the run said; `sentence` is the line the advice's message gets.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Optional
 
@@ -33,14 +34,15 @@ ALLOCATOR_SOURCE = "the training step alone, paired: this process's malloc setti
 
 
 def outcome(trial: Trial, batch_size: float) -> Outcome:
-    """What one trial's windows say (see Outcome)."""
+    """What one trial's windows say (see Outcome); against its `base` where it has one."""
     if trial.error:
-        return Outcome(trial.settings, "failed", reason=trial.error)
-    c = compared(trial)
-    if c is None:
-        return Outcome(trial.settings, "not measured",
-                       reason="out of time before two pairs of visits (one with your settings, one with these)")
-    return read(trial.settings, c, per_batch(trial))
+        o = Outcome(trial.settings, "failed", reason=trial.error)
+    elif (c := compared(trial)) is None:
+        o = Outcome(trial.settings, "not measured",
+                    reason="out of time before two pairs of visits (one with your settings, one with these)")
+    else:
+        o = read(trial.settings, c, per_batch(trial))
+    return dataclasses.replace(o, base=dict(trial.base)) if trial.base else o
 
 
 def read(settings: dict, c: Contrast, ms_per_batch: Optional[tuple]) -> Outcome:
@@ -105,8 +107,10 @@ def verified(finding: "Finding", verification: Optional[Verification], isolated:
              batch_size: float) -> Optional[Checked]:
     """The advice item's `verified` block, or None when nothing was measured for it. The
     status is the best candidate's: helps (the first that helped), else that of the last
-    one measured (no gain, slower), else that of the last one tried. The allocator item
-    is verified by the step timed alone with the default and the held allocator."""
+    one measured (no gain, slower), else that of the last one tried; a fix measured on top
+    of the workers item's settings (`base`) is in `tried`, said apart (`on_top`), never
+    the item's own figure. The allocator item is verified by the step timed alone with
+    the default and the held allocator."""
     if finding.kind == "allocator":
         return _allocator_verified(isolated.allocator if isolated is not None else None)
     trials = verification.trials if verification is not None else ()
@@ -120,8 +124,9 @@ def verified(finding: "Finding", verification: Optional[Verification], isolated:
         if not any(k in APPLICABLE for k in recommended):
             reason = "not a setting this tool can apply to your loop; check it with compare (before/after runs)"
         return Checked("not measured", predicted=predicted(finding), reason=reason)
-    measured = [t for t in tried if t.status in ("no gain", "slower")]
-    best = next((t for t in tried if t.status == "helps"), measured[-1] if measured else tried[-1])
+    alone = [t for t in tried if not t.base] or list(tried)
+    measured = [t for t in alone if t.status in ("no gain", "slower")]
+    best = next((t for t in alone if t.status == "helps"), measured[-1] if measured else alone[-1])
     return Checked(best.status, best.speedup, best.spread, best.settings, predicted(finding), tried,
                    "the full pipeline with your settings and with these, in alternating visits", best.reason,
                    best.ms_per_batch, best.low, best.high)
@@ -152,17 +157,17 @@ def sentence(v: Checked, graph: bool = False) -> str:
     if v.status == "helps":
         pred = f", predicted up to {v.predicted:.2f}\u00d7" if v.predicted else ""
         text = f" Measured before printing: {_fig(v)} with {settings_text(v.settings, graph)}{_ms(v)}{pred}."
-        others = [t for t in v.tried if t.settings != v.settings]
+        others = [t for t in _alone(v) if t.settings != v.settings]
         if others:
             text += " Tried first: " + "; ".join(_tried_text(t, graph) for t in others) + "."
-        return text
+        return text + on_top(v, graph)
     if v.status == "slower":
         return (" Measured before printing, and not a fix on this machine as it is: "
-                + "; ".join(_tried_text(t, graph) for t in v.tried) + ".")
+                + "; ".join(_tried_text(t, graph) for t in _alone(v)) + "." + on_top(v, graph))
     if v.status == "no gain":
         return (" Measured before printing, and no gain beyond the noise on this machine as it is, so not "
-                "presented as a fix: " + "; ".join(_tried_text(t, graph) for t in v.tried) + ".")
-    return " Not measured before printing: " + "; ".join(_tried_text(t, graph) for t in v.tried) + "."
+                "presented as a fix: " + "; ".join(_tried_text(t, graph) for t in _alone(v)) + "." + on_top(v, graph))
+    return " Not measured before printing: " + "; ".join(_tried_text(t, graph) for t in _alone(v)) + "." + on_top(v, graph)
 
 
 def figure(v: Checked) -> Optional[str]:
@@ -189,13 +194,30 @@ def detail(v: Checked, graph: bool = False) -> str:
     if v.status == "helps":
         text = (f" Measured before printing in alternating visits of the full pipeline, yours against "
                 f"{settings_text(v.settings, graph)}{_ms(v)}.")
-        others = [t for t in v.tried if t.settings != v.settings]
+        others = [t for t in _alone(v) if t.settings != v.settings]
         if others:
             text += " Tried first: " + "; ".join(_tried_text(t, graph) for t in others) + "."
-        return text
+        return text + on_top(v, graph)
     measured = v.status in ("no gain", "slower")
     return f" {'Measured' if measured else 'Not measured'} before printing: " + "; ".join(
-        _tried_text(t, graph) for t in v.tried) + "."
+        _tried_text(t, graph) for t in _alone(v)) + "." + on_top(v, graph)
+
+
+def _alone(v: Checked) -> list:
+    """The candidates measured against the user's own settings."""
+    return [t for t in v.tried if not t.base]
+
+
+def on_top(v: Checked, graph: bool = False) -> str:
+    """The fix measured on top of the workers item's settings (`base`), against them: the
+    gain it adds where the user applies both ("" where it was not)."""
+    top = [t for t in v.tried if t.base]
+    if not top:
+        return ""
+    t = top[-1]
+    alone = dataclasses.replace(t, settings={k: x for k, x in t.settings.items() if k not in t.base})
+    return (f" On top of {settings_text(t.base, graph)} (the workers item's settings, which you would apply with "
+            f"it), against those settings: {_tried_text(alone, graph)}.")
 
 
 def _ms(t: Any) -> str:

@@ -31,7 +31,8 @@ from typing import Any, ClassVar, Optional
 
 from ..core.results import Record
 from .edits import Change, Edits
-from .outcome import THREADS
+from . import patch_tail
+from .outcome import FIX, THREADS
 from .script_ast import LOADER_KEYS, Script, accepts_loader_keywords, find_call, name_of, uses
 
 ENV = "env"
@@ -82,10 +83,11 @@ class _Setting:
 
 
 def make(source: str, *, path: str, line: Optional[int], settings: dict, current: Optional[dict] = None,
-         display: Optional[str] = None) -> Patch:
-    """The Patch that gives the script `settings` (LOADER_KEYS, THREADS, ENV). `current`:
+         display: Optional[str] = None, fix: Optional[dict] = None) -> Patch:
+    """The Patch that gives the script `settings` (LOADER_KEYS, THREADS, ENV, FIX). `current`:
     the settings the loader has as the script ran (a constant that disagrees is not where
-    the value comes from); `display`: the path written in the diff (default `path`)."""
+    the value comes from); `display`: the path written in the diff (default `path`); `fix`:
+    the Fix (its JSON form) of settings' FIX, as the check built it (patch_tail.py)."""
     name = display or path
     base = Patch(path=name, line=line)
     try:
@@ -105,6 +107,8 @@ def make(source: str, *, path: str, line: Optional[int], settings: dict, current
             changes += _loader_changes(s, call, loader, current or {}, edits)
     if THREADS in settings:
         changes.append(_threads(s, int(settings[THREADS]), edits))
+    if settings.get(FIX):
+        changes.append(patch_tail.rewrite(s, dict(fix or {}, kind=settings[FIX]), edits))
     env = dict(settings[ENV]) if settings.get(ENV) else None
     if env:
         changes.append(Change(ENV, env, "env", None, "start it with " + " ".join(f"{k}={v}" for k, v in env.items())))

@@ -26,7 +26,7 @@ under spawn, pin_memory without an accelerator) is kept as failed, with its erro
 the search goes on.
 
 `propose` (what to measure next) and `summarize` (what the trials say) are pure; Search
-is the schedule that yields the visits (as rounds.Rounds and verify.Trials do).
+is the schedule that yields the visits (as rounds.Rounds and turns.Trials do).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ stats.compare on stats.paired). A candidate that does not help
 is said so, and the next one is tried while the budget lasts (the workers with fewer
 torch threads, the workers alone, one worker fewer).
 
-`Trials` is a schedule (as rounds.Rounds): it yields the visits of the full pipeline to
-drive and keeps their raw windows in the report's `verification`; outcome.py derives
-each advice item's `verified` block from those windows.
+The check's schedule of every item's candidates is turns.py (`Trials`): it yields the
+visits of the full pipeline to drive and keeps their raw windows in the report's
+`verification`; outcome.py derives each advice item's `verified` block from those windows.
 
 The user's objects are never changed: every visit builds its loader from a modified
 copy of the LoaderSpec, and the thread count is set for the candidate's visits only
@@ -21,9 +21,9 @@ copy of the LoaderSpec, and the thread count is set for the candidate's visits o
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
-from ..core.results import Measured, Trial, Verification, VisitWindow
+from ..core.results import Measured, Trial, VisitWindow
 from ..derive.findings import Finding
 from ..measure.experiment import Experiment
 from ..measure.visit import Visit
@@ -84,63 +84,19 @@ def candidates(finding: Finding, *, threads: int, cores: int, on_cpu: bool) -> l
     return unique[:MAX_CANDIDATES]
 
 
-# --------------------------------------------------------------------------------------
-# The schedule
-# --------------------------------------------------------------------------------------
-
-
-class Trials:
-    """The candidates of every advice item that recommends applicable settings, measured
-    within `budget_s` seconds of the experiment's clock. `result` is the report's
-    `verification` (results.Verification: raw windows; outcome.verified derives the rest)."""
-
-    def __init__(self, exp: Experiment, advice: list, *, budget_s: float, threads: int, cores: int) -> None:
-        self.exp = exp
-        self.budget_s = budget_s
-        on_cpu = exp.device.type == "cpu"
-        items = [(f, candidates(f, threads=threads, cores=cores, on_cpu=on_cpu)) for f in advice]
-        self.items = [(f, c) for f, c in items if c]
-        self.result = Verification(status="not run")
-
-    def __iter__(self) -> Iterator[Visit]:
-        exp = self.exp
-        start = exp.clock()
-        deadline = start + self.budget_s
-        trials: list = []
-        try:
-            for i, (finding, cands) in enumerate(self.items):
-                for k, settings in enumerate(cands):
-                    if not self._fits(deadline):
-                        break
-                    exp.emit({"event": "verify", "item": finding.kind, "settings": settings})
-                    # the candidates after this one are each owed MIN_BLOCKS blocks
-                    later = len(cands) - k - 1 + sum(len(c) for _, c in self.items[i + 1:])
-                    trial = yield from self._trial(finding.kind, settings, deadline,
-                                                   owed=len(BLOCK) * MIN_BLOCKS * later)
-                    trials.append(trial)
-                    if outcome(trial, exp.batch_size).status == "helps":
-                        break  # the first candidate that helps is the one to print
-        finally:
-            status = "ok" if trials else ("skipped" if not self.items else "out of time")
-            self.result = Verification(status=status, budget_s=round(self.budget_s, 3),
-                                       elapsed_s=round(exp.clock() - start, 3), trials=tuple(trials))
-
-    def _fits(self, deadline: float) -> bool:
-        return fits(self.exp, "full", deadline)
-
-    def _trial(self, item: str, settings: dict, deadline: float, owed: int = 0):
-        return (yield from trial(self.exp, item, settings, deadline, owed=owed))
-
-
 def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: int = 0,
-          resume: Optional[Trial] = None):
+          resume: Optional[Trial] = None, blocks: int = MAX_BLOCKS, spare: list = (), until: Optional[float] = None,
+          leads: Optional[dict] = None, made: Optional[list] = None, base: Optional[dict] = None):
     """The user's settings and the candidate `settings` in A B B A blocks of full-pipeline
     visits (`alternate`), until a block ends with the candidate decided slower, or decided
     helping within TARGET_SPREAD: a Trial. The advice's check (Trials) and the search of
     --tune (tune.Search) measure each candidate so. `resume`: a trial of the same settings
     cut short by an earlier deadline (the check's, for the search), continued where it
     stopped: its visits kept, its pool (kept open when it was cut) resumed, not started
-    again (a GPU machine's or a loaded 2-core machine's pool: seconds, paid once)."""
+    again (a GPU machine's or a loaded 2-core machine's pool: seconds, paid once).
+    `until`, `leads`: the end of the check's turn and what its visits showed (alternate),
+    the trial cut there is resumed at the next; `made`: each visit started is added to it;
+    `base`: the reference side's settings, where not the user's own (Trial.base)."""
 
     def decided(sides: dict) -> bool:
         o = outcome(Trial(item, dict(settings), dump(sides[False]), dump(sides[True])), exp.batch_size)
@@ -148,22 +104,26 @@ def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: 
     firsts: list = []
 
     def visit_of(candidate: bool, visit_deadline: float) -> Visit:
-        v = _visit(exp, settings if candidate else {}, visit_deadline, deadline)
+        v = _visit(exp, settings if candidate else (base or {}), visit_deadline, deadline)
+        if made is not None:
+            made.append(v)
         if candidate and not firsts:
             firsts.append(v)
         return v
-    close_sides(exp, keep=settings)  # a pool kept from a trial cut short, but this one's
+    close_sides(exp, keep=settings, spare=[*spare, base])  # a pool kept from a trial cut short, but this one's
     sides = resumed(resume) if resume is not None else None
     cut = False
     try:
-        sides, error = yield from alternate(exp, "full", visit_of, deadline, owed=owed, decided=decided, sides=sides)
+        sides, error = yield from alternate(exp, "full", visit_of, deadline, owed=owed, decided=decided, sides=sides,
+                                            blocks=blocks, until=until, leads=leads)
         cut = error is None and len(sides[False]) + len(sides[True]) < len(BLOCK) * MAX_BLOCKS and not decided(sides)
     finally:
         if not cut:  # the candidate's pool; the user's serves the next trial (a cut one's, its continuation)
             exp.close_kept(only=(side_key(settings),))
     started = resume.candidate_start_s if resume is not None and resume.candidate_start_s is not None else \
         pool_start(firsts[0].measured if firsts else None)
-    return Trial(item, dict(settings), dump(sides[False]), dump(sides[True]), error, candidate_start_s=started)
+    return Trial(item, dict(settings), dump(sides[False]), dump(sides[True]), error, candidate_start_s=started,
+                 base=dict(base) if base else None)
 
 
 def resumed(t: Trial) -> dict:
@@ -181,11 +141,11 @@ def _visits(windows: tuple) -> list:
     return [[w for w in windows if w.visit == v] for v in range(1 + max((w.visit for w in windows), default=-1))]
 
 
-def close_sides(exp: Experiment, keep: Optional[dict] = None) -> None:
+def close_sides(exp: Experiment, keep: Optional[dict] = None, spare: list = ()) -> None:
     """Close the candidates' pools kept open (a trial cut short keeps its own for its
-    continuation), but the user's side's and `keep`'s."""
-    spare = {side_key({})} | ({side_key(keep)} if keep is not None else set())
-    exp.close_kept(only=[k for k in exp.kept if isinstance(k, str) and k.startswith("full ") and k not in spare])
+    continuation), but the user's side's, `keep`'s and those of the settings in `spare`."""
+    kept = {side_key(s) for s in [{}, keep, *spare] if s is not None}
+    exp.close_kept(only=[k for k in exp.kept if isinstance(k, str) and k.startswith("full ") and k not in kept])
 
 
 def pool_start(m: Optional[Measured]) -> Optional[float]:
@@ -253,7 +213,7 @@ class Lead:
 
 def alternate(exp: Experiment, point: str, visit_of: Callable[[bool, float], Visit], deadline: float, *,
               owed: int = 0, decided: Callable[[dict], bool] = lambda sides: False, blocks: int = MAX_BLOCKS,
-              sides: Optional[dict] = None):
+              sides: Optional[dict] = None, until: Optional[float] = None, leads: Optional[dict] = None):
     """Two sides of a comparison in A B B A blocks of visits of `point` (a machine drifting
     over them weighs on both alike): `visit_of(side, visit_deadline)` builds a side's visit
     (False: the reference, True: the other). Until a block ends, from MIN_BLOCKS on, with
@@ -262,16 +222,27 @@ def alternate(exp: Experiment, point: str, visit_of: Callable[[bool, float], Vis
     least what the side's last visit showed two windows take (`Lead`; before its first,
     what the bisection's visits of the point took: Lead.of_point). Returns
     (the windows of each side, one list per visit; the error, or None). `sides`: the
-    visits of a comparison cut short before, continued. The advice's check (Trials) and
+    visits of a comparison cut short before, continued. `until`: the end of a turn of the
+    check (Trials): no block starts after it, the one under way ends (a turn always holds
+    one block: its two pairs), within `deadline`; `leads`: each side's Lead, kept from the
+    turn before (updated in place). The advice's check (Trials) and
     the confirmation in the pipeline (confirm.py) are its two users."""
     sides = {False: list(sides[False]), True: list(sides[True])} if sides else {False: [], True: []}
-    leads = {side: Lead.of_point(exp.results.get(point)) for side in (False, True)}
+    if leads is None:
+        leads = {}
+    for side in (False, True):
+        leads.setdefault(side, Lead.of_point(exp.results.get(point)))
     total = len(BLOCK) * blocks
-    for i in range(len(sides[False]) + len(sides[True]), total):
+    first, began = len(sides[False]) + len(sides[True]), exp.clock()
+    for i in range(first, total):
         side = BLOCK[i % len(BLOCK)]
         now = exp.clock()
         if not fits(exp, point, deadline, leads[side].least(1)):
             break
+        if until is not None and i % len(BLOCK) == 0:
+            if i > first and now + (now - began) > until:
+                break  # the turn is over: a block as long as the last one would end after it
+            began = now
         share = (deadline - now) / (total - i + owed)
         visit = visit_of(side, exp.visit_deadline(point, share, deadline, least=leads[side].least(2)))
         yield visit

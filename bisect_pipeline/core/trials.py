@@ -42,6 +42,9 @@ class Trial(Record):
     # the patched script's run (change.check): the pause at each epoch's start its windows
     # leave out, per batch, as that run estimated it (run.epoch_start.ms_per_batch)
     epoch_ms_per_batch: Optional[float] = None
+    # the reference side's settings where they are not the user's own: a fix measured on
+    # top of the workers item's settings (turns.Trials), against those settings
+    base: Optional[dict] = None
 
 
 

@@ -37,6 +37,7 @@ class Outcome(Record):
     low: Optional[float] = None
     high: Optional[float] = None
     pairs: Optional[int] = None
+    base: Optional[dict] = None  # measured against these settings, not the user's (core.trials.Trial.base)
 
 
 @dataclasses.dataclass(frozen=True)

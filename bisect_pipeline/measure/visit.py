@@ -387,7 +387,7 @@ def drive(visit: Visit, step: Callable[[Any], Any]) -> Measured:
 
 
 def drive_all(schedule: Iterable[Visit], step: Callable[[Any], Any]) -> None:
-    """Every visit of a schedule (rounds.Rounds, verify.Trials, ...), driven by `step`."""
+    """Every visit of a schedule (rounds.Rounds, turns.Trials, ...), driven by `step`."""
     for visit in schedule:
         drive(visit, step)
 

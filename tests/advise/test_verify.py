@@ -1,4 +1,4 @@
-"""Every recommended setting measured before it is printed (verify.py).
+"""Every recommended setting measured before it is printed (verify.py, the check's turns: turns.py).
 
 The schedule, the budget and the candidates are tested on a fake clock with planted
 rates; the report's `verified` blocks from planted windows; end to end, a planted
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bisect_pipeline import BisectError, bisect
-from bisect_pipeline.advise import outcome, verify
+from bisect_pipeline.advise import outcome, turns, verify
 from bisect_pipeline.measure import sources
 from bisect_pipeline.measure.experiment import Experiment
 from bisect_pipeline.measure.visit import drive
@@ -65,7 +65,7 @@ def test_candidates_start_with_the_recommendation_then_vary_the_threads_and_the_
 
 
 class FakeRun:
-    """What verify.Trials reads of an Experiment."""
+    """What turns.Trials reads of an Experiment."""
 
     def __init__(self, clock: FakeClock) -> None:
         self.clock, self.device, self.batch_size = clock, torch.device("cpu"), BS
@@ -101,8 +101,8 @@ class PlantedVisit:
 
 
 def run_trials(run, advice, **kw) -> dict:
-    """verify.Trials driven: each planted visit's time passes when it is driven."""
-    trials = verify.Trials(run, advice, **kw)
+    """turns.Trials driven: each planted visit's time passes when it is driven."""
+    trials = turns.Trials(run, advice, **kw)
     for visit in trials:
         visit.drive()
     return trials.result.to_dict()  # the document's form
@@ -237,6 +237,103 @@ def test_no_visit_starts_where_a_window_of_the_step_would_not_fit(monkeypatch):
     assert calls == [] and out["status"] == "out of time" and clock.t == 1000.0
     run_trials(run, [item({"num_workers": 1})], budget_s=7.0, threads=2, cores=2)
     assert len(calls) == 1 and calls[0][2] == 1006.0  # 7 s: one visit fits, given its least time, and no second
+
+
+def fix_item(kind: str, stage: str):
+    from bisect_pipeline.derive.findings import Finding
+    return Finding(kind, stage, "Fix it.", {"recommended": {"fix": kind}, "headroom": {}})
+
+
+WORKERS = {"num_workers": 1, "persistent_workers": True, "torch_num_threads": 1}
+TAIL, AUGMENT = (("fix", "device_tail"),), (("fix", "device_augment"),)
+
+
+def demo_like(monkeypatch, budget: float) -> tuple:
+    """The demo's check on a fake clock: its items in the report's order (the workers,
+    the device tail, the random transforms batched: the fix of augment, the stage in
+    question), visits of at least 0.8 s (the bisection's full: 0.4 s windows) that
+    disagree by a few %, the rates the demo measured (1.27x, 0.98x, 1.84x)."""
+    clock = FakeClock(1000.0)
+    rates = {USER: 30.0, tuple(sorted(WORKERS.items())): 38.1, TAIL: 29.4, AUGMENT: 55.2,
+             # on top of the workers' settings: the random transforms batched add 1.5x, the tail nothing
+             tuple(sorted({**WORKERS, "fix": "device_augment"}.items())): 57.2,
+             tuple(sorted({**WORKERS, "fix": "device_tail"}.items())): 37.7}
+    calls = plant_visits(monkeypatch, clock, rates, visit_s=1e9, between=0.02, jitter=0.02)
+    run = FakeRun(clock)
+    run.results = {"full": PointResult("full", "ok", Throughput((Window(5, 0.4, 0), Window(5, 0.4, 0)), BS),
+                                       first_batch_seconds=0.0, warmup_steps=0)}
+    advice = [item(WORKERS), fix_item("device_tail", "augment"), fix_item("device_augment", "augment")]
+    return advice, run_trials(run, advice, budget_s=budget, threads=2, cores=2), calls, clock
+
+
+def test_the_fix_of_the_stage_in_question_gets_its_pairs_beside_the_workers_in_a_short_check(monkeypatch):
+    # 7.5 s (the demo's default check): the workers item took it all, the fixes "not
+    # measured". Turns: each item's first turn ends at a block's end once its part of
+    # the time is spent; the fix of augment goes before the tail, which the time left
+    # cannot hold a block of: not started, and said why
+    advice, out, calls, clock = demo_like(monkeypatch, 7.5)
+    assert clock.t - 1000.0 <= 7.5 + 1e-9
+    by_item = {t["item"]: t for t in out["trials"]}
+    assert set(by_item) == {"num_workers", "device_augment"}
+    assert [c[0] for c in calls[:8]] == [{}, WORKERS, WORKERS, {}, {}, {"fix": "device_augment"},
+                                         {"fix": "device_augment"}, {}]  # a block each, the fix of augment next
+    workers, tail, augment = (verified(a, out) for a in advice)
+    assert workers.status == "helps" and workers.speedup == pytest.approx(1.27, rel=0.05)
+    assert augment.status == "helps" and augment.speedup == pytest.approx(1.84, rel=0.05)
+    assert tail.status == "not measured" and tail.reason == (
+        "out of time: the check's 7.5 s went to the items measured before it (num_workers, device_augment)")
+    assert len(by_item["num_workers"]["user_windows"]) > 3 * 2  # the time left: more pairs of an item under way
+
+
+def test_with_time_for_every_item_each_gets_its_first_turn_before_any_gets_more(monkeypatch):
+    advice, out, calls, clock = demo_like(monkeypatch, 10.0)
+    assert [t["item"] for t in out["trials"]] == ["num_workers", "device_augment", "device_tail"]
+    firsts = [next(i for i, c in enumerate(calls) if c[0] == s) for s in (WORKERS, {"fix": "device_augment"},
+                                                                           {"fix": "device_tail"})]
+    assert firsts == [1, 5, 9]  # a block each before any item's second block
+    workers, tail, augment = (verified(a, out) for a in advice)
+    assert tail.status == "no gain" and {workers.status, augment.status} == {"helps"}
+    assert out.get("reason") is None
+
+
+def test_where_the_workers_help_each_fix_is_measured_on_top_of_their_settings_too(monkeypatch):
+    # 30 s: every item's own figure, then each fix with the workers' settings against
+    # those settings (the user would apply both), said apart from its own figure
+    advice, out, calls, clock = demo_like(monkeypatch, 30.0)
+    top = [t for t in out["trials"] if t.get("base")]
+    assert {t["item"] for t in top} == {"device_augment", "device_tail"}
+    assert all(t["base"] == WORKERS and t["settings"] == {**WORKERS, "fix": t["item"]} for t in top)
+    reference = [c for c in calls if c[0] == WORKERS]
+    assert len(reference) > 4 * verify.MIN_BLOCKS  # the base side is visited as the reference too
+    workers, tail, augment = (verified(a, out) for a in advice)
+    assert workers.status == "helps"
+    assert augment.status == "helps" and augment.speedup == pytest.approx(1.84, rel=0.05)  # its own figure
+    (on_top,) = [t for t in augment.tried if t.base]
+    assert on_top.status == "helps" and on_top.speedup == pytest.approx(1.5, rel=0.05)
+    text = outcome.sentence(augment)
+    assert " On top of num_workers=1, persistent_workers=True" in text and "against those settings: the random " \
+        "transforms run batched on the device: 1.5" in text
+    assert [t.status for t in tail.tried if t.base] in (["no gain"], ["not measured"])
+    assert clock.t - 1000.0 <= 30.0 + 1e-9
+
+
+def test_a_fix_is_not_measured_on_top_of_workers_that_do_not_help(monkeypatch):
+    clock = FakeClock(1000.0)
+    plant_visits(monkeypatch, clock, {USER: 30.0, tuple(sorted(WORKERS.items())): 30.1, TAIL: 45.0,
+                                      tuple(sorted({"num_workers": 1, "persistent_workers": True}.items())): 30.0})
+    advice = [item(WORKERS), fix_item("device_tail", "handoff")]
+    out = run_trials(FakeRun(clock), advice, budget_s=60.0, threads=2, cores=2)
+    assert not [t for t in out["trials"] if t.get("base")]
+    assert verified(advice[1], out).status == "helps" and "On top of" not in outcome.sentence(verified(advice[1], out))
+
+
+def test_the_check_s_order_puts_the_fix_of_the_stage_in_question_first_among_the_fixes():
+    w, tail, aug = item(WORKERS), fix_item("device_tail", "augment"), fix_item("device_augment", "augment")
+    load_tail, decode = fix_item("device_tail", "load"), fix_item("decode", "load")
+    assert [f for f, _ in turns.order([(w, [1]), (tail, [2]), (aug, [3])])] == [w, aug, tail]
+    assert [f for f, _ in turns.order([(load_tail, [1]), (w, [2]), (decode, [3])])] == [decode, w, load_tail]
+    handoff = fix_item("device_tail", "handoff")
+    assert [f for f, _ in turns.order([(w, [1]), (handoff, [2]), (aug, [3])])] == [w, handoff, aug]
 
 
 class SlowStartVisit:
