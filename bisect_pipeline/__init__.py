@@ -9,7 +9,8 @@ _FIRST_CODE_AT = _time.perf_counter()
 
 from .api import Interrupted, bisect
 from .core.errors import BisectError
-from .loop import ScriptStopped, Session, watch, watching
+from .loop import Session, watch, watching
+from .loop_end import ScriptStopped
 from .measure.plan import Plan
 from .pipeline.workload import Workload
 from .report import Report

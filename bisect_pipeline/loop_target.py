@@ -1,6 +1,7 @@
 """What the user's training loop iterates, read from its frames: the `for` statement the
-optimizer step runs inside, and the objects its expression names (loop.py says it when
-no loader the tool can cache was found: never silent).
+optimizer step runs inside, and the objects its expression names (loop_end.py says it
+when no loader the tool can cache was found: never silent); and where the user's code
+created a loader (creation_site).
 
 From the frame that called the optimizer outward, the first frame of the user's code
 (not torch, the frameworks or this tool) whose current instruction lies inside a `for`
@@ -18,6 +19,9 @@ import dis
 import inspect
 import linecache
 import os
+import site
+import sys
+import sysconfig
 import types
 from typing import Any, Callable, Optional
 
@@ -28,6 +32,9 @@ from .pipeline.integrations import nodes
 _LOADS = ("LOAD_FAST", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF")
 _ATTRS = ("LOAD_ATTR", "LOAD_METHOD")
 _MISSING = object()
+# Frames of these packages are not where a loader is created: its creator is the first
+# frame outside them (the user's script).
+_FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "accelerate", "transformers", "bisect_pipeline", "runpy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +78,66 @@ def at(frame: Any, obj: Any, user_code: Callable[[Any], bool], site_of: Callable
     what, why = describe(obj, None, site_of, index)
     return Target(f"{os.path.abspath(path)}:{f.f_lineno}", linecache.getline(path, f.f_lineno).strip(), what, why,
                   obj)
+
+
+def of(frame: Any, loader: Any, index: Optional[int], sites: Any) -> Optional[Target]:
+    """What the loop around `frame` iterates (find), the user's code told from the
+    libraries' by where its files are; where it takes batches of `loader` (the `index`-th
+    loader the script iterated) without a `for` over it, that loader at the loop's line
+    (at). `sites`: loader -> where it was created. None where the frames cannot be read."""
+    user_code = _user_code()
+
+    def site_of(obj: Any) -> Optional[str]:
+        try:
+            return sites.get(obj)
+        except TypeError:  # not weakly referable: no loader of ours
+            return None
+    try:
+        target = find(frame, user_code, site_of)
+        if loader is not None and (target is None or target.obj is not loader):
+            return at(frame, loader, user_code, site_of, index)
+        if target is not None and index is not None and target.obj is loader:
+            what, why = describe(loader, None, site_of, index)
+            return dataclasses.replace(target, what=what, why=why)
+        return target
+    except Exception:  # reading the frames is best effort: the message says less
+        return None
+
+
+def creation_site(loader: DataLoader) -> Optional[str]:
+    """file:line where the user's code created the loader: the first frame outside the
+    standard library, installed packages (a library's DataLoader subclass calling
+    super().__init__), torch, the frameworks and this package, and outside the loader's
+    own __init__ chain (a subclass in the user's code: where it is instantiated)."""
+    user_code = _user_code()
+    f = sys._getframe(1)
+    while f is not None:
+        if user_code(f) and f.f_locals.get("self") is not loader:
+            return f"{os.path.abspath(f.f_code.co_filename)}:{f.f_lineno}"
+        f = f.f_back
+    return None
+
+
+def _user_code() -> Callable[[Any], bool]:
+    """Whether a frame is the user's code: not in the standard library, an installed
+    package, torch, the frameworks or this package (by where its file is)."""
+    skipped = _skipped_dirs()
+    return lambda f: (not f.f_code.co_filename.startswith("<")
+                      and not os.path.abspath(f.f_code.co_filename).startswith(skipped))
+
+
+def _skipped_dirs() -> tuple:
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}
+    try:
+        dirs.update(site.getsitepackages())
+    except AttributeError:  # an old virtualenv's site module
+        pass
+    dirs = [os.path.abspath(d) + os.sep for d in dirs]
+    for name in _FRAMEWORKS:
+        m = sys.modules.get(name)
+        dirs.extend(os.path.abspath(p) + os.sep for p in (getattr(m, "__path__", None) or ()))
+    return tuple(dirs)
 
 
 def _enclosing_for(frame: Any) -> Optional[tuple]:

@@ -32,7 +32,7 @@ from .advise.verify import Trials
 from .core import stats, tree
 from .core.results import AllocatorTiming, Isolated, Syncs, Verification
 from .derive.verdict import in_question
-from .measure import allocator, distributed, experiment, isolate, sources
+from .measure import allocator, distributed, isolate, prepare, sources
 from .measure.cache import DEFAULT_CACHE_BATCHES
 from .measure.experiment import Experiment
 from .measure.plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, EPOCH_WINDOW_S, Plan
@@ -60,16 +60,16 @@ def measure(exp: Experiment, options: Options, *, coord: Any, held: allocator.He
     """The phases of one experiment (see the module's docstring), yielding the visits to
     drive. Under torchrun only the points run (in lockstep); their waits for data are
     kept in `exp.waits`."""
-    experiment.fill(exp, options.points, cache_mb=options.cache_mb, cache_batches=options.cache_batches,
-                    max_seconds=options.max_seconds, batch_size=batch_size)
+    prepare.fill(exp, options.points, cache_mb=options.cache_mb, cache_batches=options.cache_batches,
+                 max_seconds=options.max_seconds, batch_size=batch_size)
     if exp.loop:
         if exp.caches is not None:
             yield Probe(exp)
         held.hold()
         exp.allocator_timing = AllocatorTiming.missing("skipped", "the step is your own loop: it is not timed alone")
     else:
-        experiment.probe_step(exp, coord)
-        exp.allocator_timing = experiment.hold_allocator(exp, held, coord, options.max_seconds)
+        prepare.probe_step(exp, coord)
+        exp.allocator_timing = prepare.hold_allocator(exp, held, coord, options.max_seconds)
     if coord is not None:
         schedule = distributed.LockstepPoints(exp, coord, options.points)
         yield from schedule
@@ -302,13 +302,13 @@ class Probe:
         return None
 
     def _batches(self) -> Iterator:
-        original = experiment.one_device_batch(self.exp)
+        original = prepare.one_device_batch(self.exp)
         handed = tree.clone(original)
         yield handed
         self.exp.sync()
         self.exp.fresh = not tree.same_values(handed, original)
         if self.exp.fresh:
-            self.exp.notes.append(experiment.fresh_copy_note("Your loop"))
+            self.exp.notes.append(prepare.fresh_copy_note("Your loop"))
 
 
 class SyncCount:

@@ -74,7 +74,7 @@ def describe(event: dict) -> Optional[Said]:
         return Said(f"{what}: {settings or 'your settings'}")
     if kind == "warning":
         return Said(f"warning: {event['message']}", "warning")
-    if kind == "waiting":  # a user's loop with no training loader yet (loop.Session._waiting): a line everywhere
+    if kind == "waiting":  # a user's loop with no training loader yet (loop_end.Ending._waiting): a line everywhere
         return Said(event["message"], "warning")
     return None
 

@@ -17,7 +17,8 @@ import traceback
 from typing import Any, Callable, Optional
 
 from .core.errors import BisectError
-from .loop import ScriptStopped, Session
+from .loop import Session
+from .loop_end import ScriptStopped
 from .report import Report
 
 
@@ -95,16 +96,14 @@ def _outcome(session: Session, outcome: Any, interrupt_code: Callable[[], int]) 
         _print_script_traceback(detail)
     if kind == "interrupt":
         raise Ended(interrupt_code(), "interrupted" + ("; the partial report is written" if report else ""))
-    if report is not None and report.bottleneck is not None and kind is None:
-        return report
-    if report is not None and report.bottleneck is not None and kind == "exit":
-        return report  # the script exited on its own after the verdict (keep_training)
+    if report is not None and report.bottleneck is not None and kind in (None, "exit"):
+        return report  # (exit: the script exited on its own after the verdict, keep_training)
     raise Ended(1, _no_verdict(session, report, kind, detail))
 
 
 def _no_verdict(session: Session, report: Optional[Report], kind: Optional[str], detail: Any) -> str:
     gave_up = getattr(session, "gave_up", None)
-    if gave_up:  # the loop ran its --max-seconds with no loader the tool can cache (loop.Session._waiting)
+    if gave_up:  # the loop ran its --max-seconds with no loader the tool can cache (loop_end.Ending._waiting)
         return gave_up
     if kind == "raised":
         why = f"your script raised {type(detail).__name__}: {detail}"

@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from bisect_pipeline import script as script_mod
-from bisect_pipeline import loop as loop_mod
+from bisect_pipeline import loop_loaders, loop_patches
 from bisect_pipeline.core.errors import BisectError
-from bisect_pipeline.loop import ScriptStopped, Session, watching
+from bisect_pipeline.loop import Session, watching
+from bisect_pipeline.loop_end import ScriptStopped
 from conftest import FAST_PLAN, PLANTED_DATA, PlantedDataset, Sleep, assert_names, make_loader, tiny_model
 
 
@@ -206,7 +207,7 @@ def test_the_patches_come_off_when_the_session_closes():
     before = (DataLoader.__init__, DataLoader.__iter__)
     with Stubbed():
         assert DataLoader.__iter__ is not before[1]
-    assert (DataLoader.__init__, DataLoader.__iter__) == before and not loop_mod._SESSIONS
+    assert (DataLoader.__init__, DataLoader.__iter__) == before and not loop_patches.SESSIONS
 
 
 # --- end to end: planted scripts ----------------------------------------------------------------
@@ -375,7 +376,7 @@ def test_watching_in_python_keeps_training_on_the_real_loader_after_the_verdict(
     assert s.report.measurements.mode == "loop"
     assert s.report.verification.status in ("ok", "out of time")  # the advice's check, in the loop too
     assert len(after) > 2 * len(loader)  # the loop went on, with real batches
-    assert not loop_mod._SESSIONS
+    assert not loop_patches.SESSIONS
 
 
 @pytest.mark.e2e
@@ -413,7 +414,7 @@ def test_created_at_is_the_user_s_line_for_a_library_subclass_and_a_subclass_of_
 
 
 def test_a_loop_that_evaluates_every_k_steps_gets_windows_that_end_before_it():
-    c = loop_mod.Cadence()
+    c = loop_loaders.Cadence()
     for _ in range(7):
         c.handed()
     c.paused()  # the experiment started mid-way: a first gap of 7

@@ -15,7 +15,7 @@ from bisect_pipeline.advise import change, tune
 from bisect_pipeline.advise.diagnose import judged
 from bisect_pipeline.core.results import AllocatorHold, Isolated
 from bisect_pipeline.core.stats import Throughput, Window
-from bisect_pipeline.measure import experiment as experiment_mod, isolate
+from bisect_pipeline.measure import isolate, point_sources
 from bisect_pipeline.measure.visit import drive_all
 from bisect_pipeline.pipeline.loader import describe
 from bisect_pipeline.report import PointResult
@@ -52,7 +52,7 @@ def test_a_60_s_run_on_a_heavy_start_pipeline_ends_with_a_verdict_a_measured_bes
     clock = FakeClock(1000.0)
     monkeypatch.setattr(api, "startup_s", lambda *a: STARTUP_S)
     monkeypatch.setattr(isolate, "cores", lambda: CORES)
-    monkeypatch.setattr(experiment_mod, "room_for_a_pool", lambda: True)
+    monkeypatch.setattr(point_sources, "room_for_a_pool", lambda: True)
     spec = describe(make_loader(PlantedDataset(n=64), batch_size=BS))
     points = ("full", "raw", "device")
     options = phases.Options(points, 60.0, tune=True, patch=True)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from bisect_pipeline import loop_target
-from bisect_pipeline.loop import ScriptStopped, Session
+from bisect_pipeline.loop import Session
+from bisect_pipeline.loop_end import ScriptStopped
 from conftest import FakeClock
 
 

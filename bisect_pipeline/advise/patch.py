@@ -1,7 +1,7 @@
 """The change itself: loader settings written against the user's script (`--patch`).
 
 Given the script's source and the line where its training loader was created
-(loop.Seen.created_at), `make` finds the call there (script_ast.py) and says, setting by
+(loop_loaders.Seen.created_at), `make` finds the call there (script_ast.py) and says, setting by
 setting, how to get the new value:
 
 - a keyword of the call, changed or added (`num_workers=2` -> `num_workers=1`), or the

@@ -53,8 +53,8 @@ def stage_error(stage: str, exc: BaseException) -> StageError:
 INTERRUPT_REQUESTED = [False]
 
 
-# What the tool installs in its own process while it runs (loop.Session's patches of
-# DataLoader and os._exit, the CLI's signal handlers) must not act in a process forked
+# What the tool installs in its own process while it runs (loop_patches.py's patches of
+# DataLoader, loop.Session's of os._exit, the CLI's signal handlers) must not act in a process forked
 # from it: DataLoader workers started with fork inherit all of it, and a worker that
 # exits would otherwise run the tool's os._exit (its report, its --json) in the worker.
 # Each installer registers its undo here while installed; a forked child runs them all

@@ -1,43 +1,36 @@
-"""One experiment: what a bisection carries from phase to phase (Experiment), the phases
-before any point is measured (fill the caches, probe the step, hold the allocator), and
-the visits of its points, which every schedule asks for here: rounds.py (one process),
-distributed.py (torchrun), verify.py (the advice's check) and sweep.py.
-
-Why one module: what one bisection carries (the caches, the batch sources, the visits
-and their results) and the measurements it returns; every phase (phases.py) reads and
-writes this one object.
+"""One experiment: what a bisection carries from phase to phase (Experiment: the caches,
+the points' sources, the visits and their results) and the measurements it returns. Every
+phase (phases.py, prepare.py) reads and writes this one object, and every schedule asks
+it for the visits of its points: rounds.py (one process), distributed.py (torchrun),
+verify.py (the advice's check) and sweep.py. The points' sources: point_sources.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
-from torch.utils.data import DataLoader
 
-from ..core import faults, tree
-from ..core.results import (NOT_SELECTED, AllocatorHold, AllocatorTiming, CacheInfo, Isolated, Measurements, Note,
+from ..core import faults
+from ..core.results import (NOT_SELECTED, AllocatorHold, AllocatorTiming, CacheInfo, Isolated, Measurements,
                             PointResult, RunInfo, Syncs, Tuning, Verification)
 from ..core.stats import Throughput
 from ..derive import drops, witness
 from ..derive.verdict import Verdict, decide
-from ..pipeline import split
-from ..pipeline.integrations import nodes, timm
+from ..pipeline.integrations import nodes
 from ..pipeline.loader import LoaderSpec
 from ..pipeline.step import make_step, to_device as default_to_device
-from . import allocator, cache, devices, graph, sources
+from . import cache, devices
 from .plan import Budget, Plan
+from .point_sources import PointSources
 from .visit import LOCAL, Pace, Visit
 
 # Measured from the ceiling down, so the most trustworthy numbers come first and a
 # run cut short by --max-seconds still has a ceiling to compare with.
 MEASURE_ORDER = tuple(reversed(drops.POINTS))
-# Share of --max-seconds the cache fill may take before it settles for fewer batches.
-CACHE_TIME_SHARE = 0.2
 # A hang is cut at the latest this long after --max-seconds (or after the fill's own
 # time budget, once a batch is cached): a run ends within --max-seconds plus this plus
 # the shutdown of its workers.
@@ -47,17 +40,10 @@ HANG_GRACE_S = 5.0
 # checkpoint, an epoch's end the loader could not see; its window is discarded. Periodic
 # work shorter than that (a log line every N steps) is part of the loop and stays in.
 LOOP_GAP_FACTOR = 20.0
-# The step timed alone before and after the allocator is held still (the `allocator`
-# advice): this share of --max-seconds, at most ALLOCATOR_SECONDS.
-ALLOCATOR_SHARE = 0.02
-ALLOCATOR_SECONDS = 1.0
-# It takes at least allocator.LEAST_STEPS steps: where those would take more than this
-# share of --max-seconds (a step of a second or more), the step is not timed alone.
-ALLOCATOR_MAX_SHARE = 0.1
 
 
 @dataclasses.dataclass
-class Experiment:
+class Experiment(PointSources):
     """One bisection: the pipeline, the device, the plan and clock, the step and transfer,
     the caches once filled, and the points' results as they come."""
 
@@ -224,7 +210,7 @@ class Experiment:
     def not_applicable(self, name: str) -> Optional[PointResult]:
         if name == "host" and self.device.type == "cpu":
             return PointResult(name, "skipped", reason="no accelerator: host and device coincide")
-        if isinstance(self.spec, nodes.NodeSpec):  # a node graph's cuts (nodes.cuts_of)
+        if isinstance(self.spec, nodes.NodeSpec):  # a node graph's cuts (node_chain.cuts_of)
             why = self.spec.cuts.why.get(name)
             return None if why is None else PointResult(name, "skipped" if name == "collated" else "unavailable",
                                                         reason=why)
@@ -235,193 +221,17 @@ class Experiment:
             return PointResult(name, "unavailable", reason=self.caches.raw_reason)
         return None
 
-    # -- the points' sources and visits ---------------------------------------------
-
-    @contextlib.contextmanager
-    def open(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False,
-             threads: Optional[int] = None, calls: Optional[list] = None, *,
-             keep: Union[bool, str] = False) -> Iterator[tuple]:
-        """The point's batch source, open: (next_batch, the transfer applied to each batch
-        or None when the batches are already on the device). `spec`: other loader settings
-        for `full` (verify.py, sweep.py); the user's own by default. `epochs`: `full` ends
-        its epochs as the user's loop does (sources.full_loader). `threads`: the step's
-        intra-op threads while the source is open, restored after. `calls`: the transform
-        calls `raw` replays, one list per cached sample (the recorded ones by default;
-        confirm.py replays part of a Compose from a cached intermediate). `keep`: left open
-        after the visit for the next one (close_kept), kept as the point's (True) or under
-        this key (a trial's side: its settings, verify._visit)."""
-        before = torch.get_num_threads()
-        if threads:
-            torch.set_num_threads(int(threads))
-        try:
-            if keep:
-                yield from self._kept(name if keep is True else keep, name, spec, epochs)
-            else:
-                source, move = self._source(name, spec or self.spec, epochs, calls)
-                with source as next_batch:
-                    yield next_batch, move
-        finally:
-            if threads:
-                torch.set_num_threads(before)
-
-    def keeps(self, name: str) -> bool:
-        """Whether point `name`'s replay loader stays open from one visit to the next
-        (`open`, keep): its workers started once. Each visit of a loader started anew
-        pays for the start in its first steps, beyond the untimed first batch: a worker
-        pool forked from this process shares its memory copy-on-write, so the step after
-        the fork copies every page it writes (a MobileNet step on 2 cores: 1.9 s instead
-        of 0.85, the next one 1.0), time a long step's visit has no warm-up for, and a
-        few seconds of every round with steps of a second. A loader parked between
-        visits (`parks`) does no work meanwhile; one that cannot be parked is kept open
-        only where your workers are persistent (it finishes the batches in flight, a
-        batch or two per worker, while the next point starts, as at the end of a visit
-        of your loop's own pool). A pool is kept only while the machine has the memory
-        for it (room_for_a_pool)."""
-        if name in self.kept:
-            return True
-        if name in ("host", "device") or self.spec.num_workers == 0:
-            return False
-        return (self.parks(name) or bool(getattr(self.spec, "persistent_workers", False))) and room_for_a_pool()
-
-    def keeps_side(self, spec: LoaderSpec) -> bool:
-        """Whether the full pipeline with `spec`'s settings, its epochs ending as the
-        user's loop ends them (a side of a trial: verify._visit), is kept from one visit
-        to the next, parked between them (`parks`): where its workers are persistent, so
-        that they start once, as they do in the user's loop with those settings, and a
-        pool that takes seconds to start pays them in its first visit's first batch
-        (untimed) and in none of its windows. A pool is kept only while the machine has
-        the memory for it (room_for_a_pool)."""
-        return self.parks("full", spec, epochs=True) and room_for_a_pool()
-
-    def parks(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False) -> bool:
-        """Whether point `name`'s replay loader can be parked between visits (sources.
-        LoaderSource.park): a DataLoader over a map-style dataset (the cached points,
-        and `full` but for an IterableDataset), not behind a loader wrapper, with
-        workers. Its workers are then persistent, a setting that differs from yours only
-        at an epoch's end, which no window holds (the advice's check measures that end
-        with your setting). `spec`: other settings of `full`; `epochs`: its epochs end as
-        in the user's loop, where only persistent workers can be parked (sources.
-        full_loader)."""
-        spec = spec or self.spec
-        return (name not in ("host", "device") and spec.num_workers > 0 and self.wrapper is None
-                and self.loop_stages is None and spec.loader_cls is DataLoader and not (name == "full" and spec.iterable)
-                and not (name in ("raw", "augmented") and self.caches is not None and self.caches.stages is not None)
-                and (not epochs or bool(spec.persistent_workers)))
-
-    def resumes(self, name: str) -> bool:
-        """Whether the next visit of point `name` (or of the kept source of that key)
-        resumes its parked replay loader: its
-        queue was emptied at the park and its workers idle since, so at the resume they
-        start together on an empty queue, as in their steady state after a batch each:
-        no batch is ready ahead of the step but where the step is the slower side, which
-        is that steady state too. Its warm-up is then the plan's alone, without the
-        prefetch that a start (the first steps slow after the fork, the workers filling
-        the queue meanwhile) or a pause (the queue filled) holds. Measured (scripts/
-        bench_resume_steps.py; DCGAN example,
-        2 workers, 6 resumes, median ms by step after the resume): 1193, 677, 614, 572,
-        580, 568 ... (steps 2-3 slower, within the plan's 2 warm-up steps, none faster);
-        ImageNet example (a long step, no warm-up step): 1699, 1086, 1108, 1096, 1135.
-        (A pool kept open without parking made its batches in flight meanwhile.)"""
-        source = self.kept[name][3] if name in self.kept else None
-        return isinstance(source, sources.LoaderSource) and source.parked
-
-    def start_prefetch(self, name: str, prefetch: int, kept: bool, lockstep: bool = False) -> int:
-        """The batches a visit of `name` may find ready at its start (its warm-up steps
-        through them): `prefetch`, or none where it resumes a parked pool (`kept`: it uses
-        the kept source; resumes). Under torchrun every rank warms up alike, whether its
-        own pool was kept (room_for_a_pool) or not: the whole prefetch."""
-        return 0 if kept and not lockstep and self.resumes(name) else prefetch
-
-    def _kept(self, key: str, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False) -> Iterator[tuple]:
-        """The point's source as `open` gives it (`spec`, `epochs`: see `open`), kept as
-        `key`, opened at its first visit and kept after it: parked (its epoch ended after
-        the batches in flight, its workers idle) and resumed at the next visit, whose
-        first batch and warm-up then go as at a first visit without the workers' start;
-        or, where it cannot be parked, left open. A visit that fails closes it (its
-        workers terminated, as `open` does)."""
-        if key not in self.kept:
-            stack = contextlib.ExitStack()
-            source, move = self._source(name, spec or self.spec, epochs, park=self.parks(name, spec, epochs))
-            self.kept[key] = (stack, stack.enter_context(source), move, source)
-        stack, next_batch, move, source = self.kept[key]
-        gated = isinstance(source, sources.LoaderSource) and source.gate is not None
-        if gated:
-            source.resume()  # (nothing to resume at the first visit)
-        try:
-            yield next_batch, move
-            parked = not gated or source.park()  # (not parkable: left open, its workers persistent)
-        except BaseException as exc:
-            del self.kept[key]
-            stack.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        if not parked:  # its epoch did not end: not left running beside the next point
-            del self.kept[key]
-            stack.close()
-
-    def close_kept(self, keep: Iterable = (), only: Optional[Iterable] = None) -> None:
-        """Close the sources kept open between visits (their workers shut down), but those
-        of the points (or keys) in `keep`; `only`: those of these keys alone."""
-        for name in [n for n in self.kept if n not in keep and (only is None or n in only)]:
-            stack = self.kept.pop(name)[0]
-            stack.close()
-
-    def _source(self, name: str, spec: LoaderSpec, epochs: bool, calls: Optional[list] = None,
-                park: bool = False) -> tuple:
-        """The point's batch source and transfer; with a WebLoader's stages under --entry,
-        every point's batches go through them, the device point's too, as in the user's
-        loop (under `run` the loop runs them itself)."""
-        source, move = self._point_source(name, spec, epochs, calls, park)
-        if self.loop_stages is not None and not self.loop:
-            source = self.loop_stages.through(source)
-        return source, move
-
-    def _point_source(self, name: str, spec: LoaderSpec, epochs: bool, calls: Optional[list] = None,
-                      park: bool = False) -> tuple:
-        caches = self.caches
-        if name == "device":
-            host = sources.host_batches(caches, spec, self.device)
-            return sources.cached_source(sources.device_batches(host, self.move, self.device), self.fresh), None
-        if isinstance(spec, nodes.NodeSpec) and name != "host":  # a node graph's own sources
-            source = graph.source(spec, name, caches, epochs=epochs, calls=calls,
-                                  fresh=self.fresh and self.device.type == "cpu")
-        elif name == "full":
-            source = sources.full_loader(spec, caches.dataset if caches else _tagged_copy(spec), epochs, park)
-        elif name in ("raw", "augmented") and caches.stages is not None:  # a pipeline cut into its stages
-            source = sources.stream_loader(spec, caches.stages.replay(name))
-        elif name == "raw":
-            source = sources.sample_loader(spec, sources.RawReplay(caches.samples, calls or caches.raw_calls),
-                                           caches.groups, park)
-        elif name == "augmented":
-            source = sources.sample_loader(spec, sources.SampleCache(caches.samples), caches.groups, park)
-        elif name == "collated":
-            source = sources.batch_loader(spec, caches.batches, self.fresh and self.device.type == "cpu", park)
-        else:  # host
-            source = sources.cached_source(sources.host_batches(caches, spec, self.device))
-        if self.loop:  # the user's loop moves its batches itself
-            return source, None
-        if self.wrapper is not None:  # the user's wrapper moves the batches, overlapping the step
-            return timm.through(self.wrapper, source), None
-        if self.fresh and self.device.type != "cpu":
-            # A step that changes its batch gets a copy made on the device after the
-            # transfer, as the device point makes one: the host batch stays pinned, and
-            # both sides of `transfer` pay the same copy.
-            return source, self._move_then_copy
-        return source, self.move
-
-    def _move_then_copy(self, batch: Any) -> Any:
-        return tree.clone(self.move(batch))
-
     def visit(self, name: str, deadline: float, *, spec: Optional[LoaderSpec] = None, epochs: bool = False,
               threads: Optional[int] = None, keep: Optional[int] = None, pace: Pace = LOCAL,
               end: Optional[float] = None, skip: bool = False, calls: Optional[list] = None,
               keep_open: Union[bool, str] = False, max_steps: Optional[int] = None) -> Visit:
         """One visit of point `name` until `deadline`, for a schedule to hand to its driver
-        (visit.drive, or a user's loop). `spec`, `epochs`, `threads`, `calls`: see `open`; `keep`:
-        windows to keep (plan.windows_per_visit); `end`: the watchdog's hard end (the
-        run's by default); `skip`: take part in a lockstep point without steps;
-        `keep_open`: the source stays open for the next visit (`open`, keep: True, or
-        the key it is kept under); `max_steps`:
-        the most batches it may take (Plan.for_steps: a script's batches shared out)."""
+        (visit.drive, or a user's loop). `spec`, `epochs`, `threads`, `calls`: see `open`;
+        `keep`: windows to keep (plan.windows_per_visit); `end`: the watchdog's hard end
+        (the run's by default); `skip`: take part in a lockstep point without steps;
+        `keep_open`: the source stays open for the next visit (`open`, keep: True, or the
+        key it is kept under); `max_steps`: the most batches it may take (Plan.for_steps:
+        a script's batches shared out)."""
         spec = spec or self.spec
         plan, prefetch = self.visit_plan(name, spec, epochs, fit=not pace.lockstep)
         key = name if keep_open is True else keep_open
@@ -430,9 +240,8 @@ class Experiment:
         self.visits += 1
         return Visit(
             name, None if skip else (lambda: self.open(name, spec, epochs, threads, calls, keep=keep_open)),
-            batch_size=self.batch_size, plan=plan, deadline=deadline,
-            clock=self.clock, sync=self.sync, keep=keep, pace=pace, prefetch_depth=prefetch,
-            first_prefetch=first_prefetch,
+            batch_size=self.batch_size, plan=plan, deadline=deadline, clock=self.clock, sync=self.sync, keep=keep,
+            pace=pace, prefetch_depth=prefetch, first_prefetch=first_prefetch,
             watchdog=lambda: self.watchdog(lambda: f"point {name}", end),
             on_window=lambda i, w: self.emit({"event": "window", "point": name, "window": i,
                                               "max_windows": keep or self.plan.windows_per_visit}),
@@ -476,7 +285,6 @@ class Experiment:
                 reason = f"{stage} raised {reason}"
         return PointResult(name, "failed", reason=reason, failed_stage=stage)
 
-
     # -- what it measured ---------------------------------------------------------------
 
     def measurements(self, selected: tuple, *, held: AllocatorHold, interrupted: bool, mode: str = "entry",
@@ -510,8 +318,7 @@ class Experiment:
                             batch_size_source=self._size_source(), loader=self.spec.settings(),
                             cache=self._cache_info(), run=run, isolated=isolated, syncs=self.syncs,
                             verification=self.verification, tune=self.tuning, notes=tuple(self.notes),
-                            complete=complete,
-                            interrupted=interrupted, mode=mode, source=source)
+                            complete=complete, interrupted=interrupted, mode=mode, source=source)
 
     def _size_source(self) -> str:
         if self.caches is not None:
@@ -534,149 +341,6 @@ def _versions() -> dict:
 
     return {"torch": torch.__version__, "torchvision": torchvision.__version__, "python": platform.python_version(),
             "platform": platform.platform(), "cpu_count": os.cpu_count()}
-
-
-# --------------------------------------------------------------------------------------
-# Before the points
-# --------------------------------------------------------------------------------------
-
-
-def fill(exp: Experiment, selected: tuple, *, cache_mb: float, cache_batches: int, max_seconds: float,
-         batch_size: Any = None) -> None:
-    """Fill the caches under the watchdog: a hang before the first batch is cut at the
-    hard end, one after it at the end of the fill's own time budget. When not even one
-    batch can be built, every cached point fails with the reason. First, the class the
-    replay loaders are built through (sources.loader_class)."""
-    exp.emit({"event": "cache", "message": "filling the caches"})
-    fill_caches = cache.fill
-    if isinstance(exp.spec, nodes.NodeSpec):  # a node graph: its own fill, its own notes
-        fill_caches = graph.fill
-        exp.notes.extend(nodes.notes(exp.spec))
-    else:
-        cls = exp.spec.loader_cls
-        exp.spec, why = sources.loader_class(exp.spec)
-        if why:
-            exp.notes.append(loader_note(cls, why))
-    budget = max(1.0, CACHE_TIME_SHARE * max_seconds)
-    t0 = exp.clock()
-    try:
-        with exp.watchdog(lambda: "building the caches") as dog:
-            def on_batch(n: int) -> None:
-                if n == 1:
-                    dog.end_in(max(0.0, budget - (exp.clock() - t0)) + 1.0, label="the fill's time budget")
-            exp.caches = fill_caches(exp.spec, cache_mb=cache_mb, max_batches=cache_batches, time_budget=budget,
-                                     clock=exp.clock, on_batch=on_batch, batch_size=batch_size)
-    except cache.FillError as exc:
-        for name in MEASURE_ORDER[:-1]:
-            if name in selected:
-                exp.results[name] = PointResult(name, "failed", reason=f"filling the cache failed: {exc.reason}",
-                                                failed_stage="hang" if exc.hang else exc.stage)
-        return
-    caches = exp.caches
-    exp.notes.extend(caches.warnings)  # pipeline problems seen while filling (a non-sharding IterableDataset)
-    shm = faults.shm_problem(exp.spec.num_workers, exp.spec.prefetch_depth, caches.batch_bytes, faults.shm_free_bytes())
-    if shm:
-        exp.notes.append(shm)
-    if caches.stopped_by:
-        exp.notes.append(fill_failed_note(caches.n_batches, caches.stopped_by))
-    for n in exp.notes:
-        exp.emit({"event": "warning", "message": n.message})
-
-
-def loader_note(cls: type, why: str) -> Note:
-    """The user's DataLoader subclass could not be rebuilt (sources.loader_class says why)."""
-    return Note("loader", f"{cls.__qualname__} could not be rebuilt: let it take DataLoader's arguments.", detail=why)
-
-
-def fill_failed_note(kept: int, reason: str) -> Note:
-    """Filling the caches stopped on an error after `kept` batches (kept and measured)."""
-    return Note("cache", f"Filling the caches failed after {kept} batch{'es' if kept != 1 else ''}: fix the error "
-                         "for more batches.", detail=reason)
-
-
-def fresh_copy_note(who: str = "The step") -> Note:
-    """`who` (the step, or the user's loop: phases.Probe) changes its input batch in place."""
-    return Note("step", f"{who} changes its input batch in place: leave the batch as it is given.",
-                detail="the cached points hand the step a fresh copy each step, and the copy is in their time, "
-                       "not in the full pipeline's")
-
-
-def probe_step(exp: Experiment, coord: Any) -> None:
-    """One step on a copy of a cached batch: does the step change its input in place?
-    (It also makes the step's first, slow calls before anything is timed.) Under
-    torchrun every rank steps once, or the others would wait in DDP's all-reduce."""
-    if coord is None:
-        exp.fresh = exp.caches is not None and _step_mutates(exp)
-    else:
-        probe: list = []
-        coord.unit(lambda: probe.append(_step_mutates(exp)), exp.caches is None)
-        exp.fresh = bool(probe and probe[0])
-    if exp.fresh:
-        exp.notes.append(fresh_copy_note())
-
-
-def one_device_batch(exp: Experiment) -> Any:
-    """A cached batch on the device, as the `device` point hands it out."""
-    return sources.device_batches(sources.host_batches(exp.caches, exp.spec, exp.device, 1), exp.move, exp.device)[0]
-
-
-def _step_mutates(exp: Experiment) -> bool:
-    batch = one_device_batch(exp)
-    reference = tree.clone(batch)
-    try:
-        exp.step(batch)
-    except Exception:  # the points will fail with this error themselves
-        return False
-    exp.sync()
-    return not tree.same_values(batch, reference)
-
-
-def hold_allocator(exp: Experiment, held: allocator.Held, coord: Any, max_seconds: float) -> AllocatorTiming:
-    """Hold the allocator still for the rest of the run, timing the step alone just
-    before and after (allocator.Held.time_step) when that can be done here: on the CPU,
-    with a cached batch, in one process (under torchrun a step on one rank alone would
-    wait for the others in DDP's all-reduce)."""
-    why = ("the step runs on an accelerator" if exp.device.type != "cpu" else
-           "not timed under torch.distributed" if coord is not None else
-           "the caches could not be filled" if exp.caches is None else None)
-    if why is not None:
-        held.hold()
-        return AllocatorTiming.missing("skipped", why)
-    batch = one_device_batch(exp)
-    try:
-        with exp.watchdog(lambda: "the step timed alone (allocator)"):
-            t0 = exp.clock()
-            exp.step(batch)  # the first of the timing's warm-up steps, timed: is the step long?
-            exp.step_alone = exp.clock() - t0
-            least = exp.step_alone * allocator.LEAST_STEPS
-            if least > ALLOCATOR_MAX_SHARE * max_seconds and exp.step_alone <= ALLOCATOR_SHARE * max_seconds:
-                # a fresh step's first call pays its lazy initialisation (a 3-ms step's
-                # first took 0.3 s): where it cost no more than this timing's own share,
-                # a second call says whether the step is long
-                t0 = exp.clock()
-                exp.step(batch)
-                exp.step_alone = exp.clock() - t0
-                least = exp.step_alone * allocator.LEAST_STEPS
-            if least > ALLOCATOR_MAX_SHARE * max_seconds:
-                return AllocatorTiming.missing(
-                    "skipped", f"one step takes {exp.step_alone:.2g} s: timing it before and after would take "
-                               f"{least:.0f} s, more than {ALLOCATOR_MAX_SHARE:.0%} of --max-seconds")
-            timing = held.time_step(lambda: exp.step(batch), min(ALLOCATOR_SECONDS, ALLOCATOR_SHARE * max_seconds),
-                                    exp.clock)
-            if timing.held_ms_per_batch:
-                exp.step_alone = timing.held_ms_per_batch / 1e3
-            return timing
-    except KeyboardInterrupt:
-        raise
-    except Exception as exc:  # the points will fail with this error themselves
-        return AllocatorTiming.missing("failed", f"{type(exc).__name__}: {exc}"[:300])
-    finally:
-        held.hold()
-
-
-# --------------------------------------------------------------------------------------
-# Which stage raised
-# --------------------------------------------------------------------------------------
 
 
 def _stage_from_traceback(exc: BaseException, point: str, train_step: Any, move: Any) -> Optional[str]:
@@ -702,33 +366,6 @@ def _code_of(fn: Any) -> Any:
     if code is None:
         code = getattr(getattr(type(fn), "__call__", None), "__code__", None)
     return code
-
-
-def room_for_a_pool() -> bool:
-    """Whether the machine has the memory for one more worker pool kept open: more
-    available than twice this process's resident size. A pool forked from this process
-    shares its pages copy-on-write and comes to hold the old copy of every page the step
-    writes afterwards (the ImageNet example's MobileNet on 2 cores: 0.6 GB a pool, 2.5 GB
-    for four). True where /proc cannot tell."""
-    try:
-        with open("/proc/meminfo") as f:
-            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-        with open("/proc/self/statm") as f:
-            resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, StopIteration, ValueError, IndexError):
-        return True
-    return available > 2 * resident
-
-
-def _tagged_copy(spec: LoaderSpec) -> Any:
-    """A copy of the dataset whose transforms name the augment stage when they raise
-    (not recording): for the full point when the caches could not be filled."""
-    if spec.iterable:
-        return None
-    try:
-        return split.instrument(spec.dataset).dataset
-    except Exception:  # cannot be copied: the full point runs over a plain copy
-        return None
 
 
 def no_window(p: Optional[PointResult]) -> bool:

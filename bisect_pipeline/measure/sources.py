@@ -339,7 +339,7 @@ def _shutdown(it: Any) -> None:
 
 def shutdown(it: Any) -> None:
     """Shut a DataLoader iterator's workers down (an iterator of the user's, which the
-    experiment takes over: loop.py)."""
+    experiment takes over: loop_loaders.py)."""
     _shutdown(it)
 
 

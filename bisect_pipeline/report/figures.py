@@ -31,7 +31,7 @@ def batch_size_text(batch_size: float, source: str) -> str:
 
 def ended_parts(source: Optional[dict], bottleneck: Optional[str]) -> Optional[tuple]:
     """Where the user's script ended on its own before the experiment did
-    (loop.Session._shortfall): (what happened: the batches it gave and the fewest the
+    (loop_end.Ending._shortfall): (what happened: the batches it gave and the fewest the
     measurement needs; what to run instead, or ""). None otherwise."""
     e = (source or {}).get("ended")
     if not e:

@@ -323,12 +323,12 @@ def test_a_candidate_whose_fresh_pool_takes_3_s_to_its_first_batch_still_gets_it
     # (persistent workers) now starts once, in a visit whose share counts from its first
     # batch, and is parked between its visits: real visits on a fake clock, the user's
     # side 50 ms a batch (no workers), the candidate's 10 ms after a 3-s start, a 5-ms step
-    from bisect_pipeline.measure import experiment as experiment_mod
+    from bisect_pipeline.measure import point_sources
     from bisect_pipeline.measure.plan import Plan
     from bisect_pipeline.pipeline.loader import describe
 
     clock = FakeClock(1000.0)
-    monkeypatch.setattr(experiment_mod, "room_for_a_pool", lambda: True)
+    monkeypatch.setattr(point_sources, "room_for_a_pool", lambda: True)
     FakePool.starts = 0
     spec = describe(make_loader(PlantedDataset(n=64), batch_size=BS))
     exp = Experiment(spec, torch.device("cpu"), Plan(), clock, lambda e: None, None, start=1000.0, end=1100.0,

@@ -1,21 +1,21 @@
 """One experiment (experiment.py): which points apply, a visit's result, the stage that
-raised, the measurements it assembles, and its sources in a user's loop."""
+raised, the measurements it assembles, and its sources in a user's loop (a pool kept
+between visits: test_point_sources.py; the phases before the points: test_prepare.py)."""
 
 import time
 
 import pytest
 import torch
 
-from bisect_pipeline.measure import allocator, cache
+from bisect_pipeline.measure import cache
 from bisect_pipeline.core import faults
-from bisect_pipeline.measure import experiment as experiment_mod
-from bisect_pipeline.measure.experiment import Experiment, probe_step
+from bisect_pipeline.measure.experiment import Experiment
 from bisect_pipeline.pipeline.loader import describe
 from bisect_pipeline.measure.plan import Plan
-from bisect_pipeline.core.results import AllocatorHold, AllocatorTiming, Measured, PointResult
+from bisect_pipeline.core.results import AllocatorHold, Measured, PointResult
 from bisect_pipeline.core.stats import Throughput, Window
 from bisect_pipeline.pipeline.step import make_step, to_device
-from conftest import FakeClock, PlantedDataset, Sleep, make_loader, tiny_model
+from conftest import PlantedDataset, Sleep, make_loader, tiny_model
 
 CPU = torch.device("cpu")
 
@@ -72,17 +72,6 @@ def test_a_hang_and_an_untagged_error_name_their_stage():
         assert exp.failed("device", exc).failed_stage == "step"
 
 
-def test_a_step_that_changes_its_batch_is_found_before_anything_is_timed():
-    exp = experiment()
-    exp.step = lambda batch: batch[0].mul_(2)
-    probe_step(exp, None)
-    assert exp.fresh and any(n.kind == "step" for n in exp.notes)
-    calm = experiment()
-    calm.step = lambda batch: None
-    probe_step(calm, None)
-    assert not calm.fresh
-
-
 def test_the_measurements_mark_what_was_not_selected_or_not_run():
     exp = experiment()
     exp.results["full"] = PointResult("full", "ok", None)
@@ -133,23 +122,6 @@ def test_a_visit_is_planned_for_the_loaders_workers_and_prefetch():
         assert kept.visit_plan("full", epochs=True)[0] == kept.plan.for_workers(kw["num_workers"])
 
 
-
-def test_a_long_step_is_not_timed_alone_for_the_allocator_but_its_time_is_kept():
-    # the allocator's timing takes allocator.LEAST_STEPS steps at least: 28 s of a 2 s
-    # step; past a tenth of --max-seconds it is skipped, said, and the one step timed
-    clock = FakeClock()
-    exp = experiment(clock=clock)
-    exp.step = lambda batch: setattr(clock, "t", clock.t + 2.0)
-    held = allocator.Held(True)
-    try:
-        timing = experiment_mod.hold_allocator(exp, held, None, max_seconds=60.0)
-    finally:
-        held.release()
-    assert timing.status == "skipped" and "one step takes 2 s" in timing.reason and "28 s" in timing.reason
-    assert exp.step_alone == pytest.approx(2.0) and clock.t == pytest.approx(2.0)  # one step, no more
-    assert exp.visit_plan("device")[0] == exp.plan.for_step(2.0)  # and the visits are fitted to it
-
-
 def test_behind_a_long_step_cached_points_get_one_step_windows_and_workers_points_one_batch_each():
     loader = make_loader(PlantedDataset(n=32), batch_size=8, num_workers=2)
     exp = experiment(loader, step_alone=2.0)
@@ -157,101 +129,3 @@ def test_behind_a_long_step_cached_points_get_one_step_windows_and_workers_point
     assert device[0].min_window_steps == 1 and device[1] == 0
     assert full[0].min_window_steps == 2 and full[1] == 2  # the two workers' first batches, not the whole prefetch
     assert exp.least_visit_seconds("device") == pytest.approx(2 * 2.0)  # first batch + one one-step window
-
-
-class Pids(torch.utils.data.Dataset):
-    """Each sample: the pid of the process that made it."""
-
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, i: int):
-        import os
-
-        return torch.tensor([float(os.getpid())]), 0
-
-
-def test_a_worker_points_loader_is_started_once_and_parked_between_its_visits(no_leftover_workers):
-    # Workers that your loop starts every epoch were started at every visit of the
-    # rounds: the step after a fork pays for copy-on-write, about a step more on a
-    # MobileNet, in every visit of every worker point. They are now started once and
-    # parked between visits (idle: sources.LoaderSource.park).
-    exp = experiment(torch.utils.data.DataLoader(Pids(), batch_size=4, num_workers=2,
-                                                 multiprocessing_context="fork"))
-    assert all(exp.parks(n) and exp.keeps(n) for n in ("full", "raw", "augmented", "collated"))
-    assert not exp.keeps("device")
-    pids = []
-    for _ in range(2):
-        with exp.open("full", keep=True) as (next_batch, move):
-            pids.append({int(p) for _ in range(4) for p in next_batch()[0].flatten()})
-        assert exp.kept["full"][3].gate is not None
-    assert len(pids[0]) == 2 and pids[0] == pids[1]
-    exp.close_kept()
-    assert exp.kept == {}
-
-
-def test_a_loader_that_cannot_be_parked_is_kept_only_where_its_workers_are_persistent(monkeypatch):
-    monkeypatch.setattr(experiment_mod, "room_for_a_pool", lambda: True)
-    # behind a loader wrapper (timm's) the replay loader is not ours to end: kept open as
-    # your persistent workers are, or started at every visit as yours are every epoch
-    for persistent in (False, True):
-        exp = experiment(make_loader(PlantedDataset(n=32), batch_size=8, num_workers=2,
-                                     persistent_workers=persistent))
-        exp.wrapper = object()
-        assert not exp.parks("full") and exp.keeps("full") == persistent
-    no_workers = experiment(make_loader(PlantedDataset(n=32), batch_size=8))
-    assert not no_workers.keeps("full") and not no_workers.parks("collated")
-
-
-def test_a_pool_is_kept_only_while_the_machine_has_the_memory_for_it(monkeypatch):
-    # each kept pool comes to hold the old copy of every page the step writes after its
-    # fork (copy-on-write): without the room, a point's workers start at every visit
-    exp = experiment(make_loader(PlantedDataset(n=32), batch_size=8, num_workers=2))
-    assert isinstance(experiment_mod.room_for_a_pool(), bool)
-    monkeypatch.setattr(experiment_mod, "room_for_a_pool", lambda: False)
-    assert exp.parks("full") and not exp.keeps("full")
-    exp.kept["raw"] = ("already open",)
-    assert exp.keeps("raw")  # a pool already kept stays so
-    exp.kept.clear()
-
-
-def test_a_resumed_pool_warms_up_without_the_prefetch(no_leftover_workers):
-    # At a start the workers may fill the whole prefetch while the first steps run slow
-    # (the fork's copy-on-write): the warm-up steps through it. A parked pool's queue was
-    # emptied at the park and its workers sat idle: resumed, no batch is ready ahead of
-    # the step (Experiment.resumes), and the plan's own warm-up steps are enough.
-    loader = torch.utils.data.DataLoader(Pids(), batch_size=4, num_workers=2, prefetch_factor=3,
-                                         multiprocessing_context="fork")
-    exp = experiment(loader)
-    warm = []
-    for _ in range(2):
-        visit = exp.visit("full", 1e9, keep=1, keep_open=exp.keeps("full"))
-        assert visit.prefetch_depth == 6  # a pause inside a visit still warms up through all of it
-        warm.append(visit.first_prefetch)
-        with visit as batches:
-            for _, batch in zip(range(12), batches):
-                pass
-    assert warm == [6, 0] and exp.resumes("full")
-    exp.close_kept()
-    assert not exp.resumes("full")
-
-
-def test_a_first_step_slowed_by_its_lazy_start_is_timed_again_before_the_step_is_called_long():
-    # a 3-ms step whose first call took 0.3 s (its lazy initialisation): 14 steps of that
-    # would pass a tenth of 30 s, but it cost no more than the timing's own 2%: the second
-    # call says the step is short, and the allocator is timed
-    clock = FakeClock()
-    exp = experiment(clock=clock)
-    calls = []
-
-    def step(batch):
-        clock.t += 0.3 if not calls else 0.003
-        calls.append(1)
-    exp.step = step
-    held = allocator.Held(True)
-    try:
-        timing = experiment_mod.hold_allocator(exp, held, None, max_seconds=30.0)
-    finally:
-        held.release()
-    assert timing.status == "ok" and len(calls) > 2
-    assert exp.step_alone == pytest.approx(0.003)

@@ -17,7 +17,7 @@ tn = pytest.importorskip("torchdata.nodes")
 from bisect_pipeline.core import faults, tree  # noqa: E402
 from bisect_pipeline.measure import cache, graph  # noqa: E402
 from bisect_pipeline.pipeline import recording  # noqa: E402
-from bisect_pipeline.pipeline.integrations import nodes  # noqa: E402
+from bisect_pipeline.pipeline.integrations import node_chain, nodes  # noqa: E402
 
 
 class AddOne:
@@ -170,7 +170,7 @@ def test_a_graph_that_pins_keeps_its_pin_memory_and_is_filled_without_it(monkeyp
     assert kinds.index("pin") > spec.cuts.collated  # the pinning is past the collated cut: handoff's side
     caches = graph.fill(spec, cache_mb=64, max_batches=3, time_budget=1e9)  # inline: no PinMemory run
     assert len(caches.batches) == 3 and caches.batches[0].shape == (4, 3)
-    built = spec.build(spec.cuts.collated, nodes.tagged_source(tn.IterableWrapper(caches.collated)))
+    built = spec.build(spec.cuts.collated, node_chain.tagged_source(tn.IterableWrapper(caches.collated)))
     chain = []
     while built is not None:
         chain.append(type(built).__name__)

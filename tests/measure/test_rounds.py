@@ -11,7 +11,7 @@ from typing import Optional
 import pytest
 import torch
 
-from bisect_pipeline.measure import experiment, rounds
+from bisect_pipeline.measure import point_sources, rounds
 from bisect_pipeline.measure.experiment import Experiment
 from bisect_pipeline.measure.plan import Plan
 from bisect_pipeline.core.results import PointResult
@@ -404,7 +404,7 @@ def kept_run(monkeypatch, ms: dict, max_seconds: float, fail_at: Optional[tuple]
         events.append(("close", name, None))
 
     monkeypatch.setattr(exp, "_source", lambda name, spec, epochs, calls=None, park=False: (counted(name), None))
-    monkeypatch.setattr(experiment, "room_for_a_pool", lambda: True)
+    monkeypatch.setattr(point_sources, "room_for_a_pool", lambda: True)
     schedule = rounds.Rounds(exp, ("device", "augmented", "raw", "full"))
     for v in schedule:
         drive(v, lambda batch: None)

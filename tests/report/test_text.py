@@ -549,7 +549,7 @@ def warned_report() -> Report:
     its batch, the two budget notes and the batches note, a rule broken) and those its numbers call for
     (device slower than collated, two noisy points, a pause, a point cut short, one not
     steady, a cache at its memory budget, more workers than cores, an allocator not held)."""
-    from bisect_pipeline.measure import experiment, rounds
+    from bisect_pipeline.measure import prepare, rounds
     from bisect_pipeline.core import faults
     from bisect_pipeline.pipeline.integrations.iterable import duplicates
     from bisect_pipeline.report import PointResult, build
@@ -563,9 +563,9 @@ def warned_report() -> Report:
     one = {"device": Throughput((Window(10, 0.1),) * 3, 8), "collated": Throughput((Window(10, 0.12),) * 3, 8)}
     broken = self_check({"device": 80.0, "collated": 100.0}, decide(one, 8), 0, False)
     measured = [faults.shm_problem(4, 2, 10**8, 64 * 2**20), duplicates(_Unsharded(), 2),
-                experiment.loader_note(_OwnLoader, "the loader is a _OwnLoader, which could not be rebuilt from the "
-                                                   "DataLoader arguments (TypeError: x)"),
-                experiment.fill_failed_note(6, "sample 50 hung in load: no batch in 120 s"), experiment.fresh_copy_note(),
+                prepare.loader_note(_OwnLoader, "the loader is a _OwnLoader, which could not be rebuilt from the "
+                                                "DataLoader arguments (TypeError: x)"),
+                prepare.fill_failed_note(6, "sample 50 hung in load: no batch in 120 s"), prepare.fresh_copy_note(),
                 rounds.no_window_note("augmented"), rounds.step_budget_note(2.1, 90, 3, 5, 30.0),
                 rounds.batches_note(120, 400, 3, 5)] + [Note("rules", w) for w in broken]
     held = {"controlled": False, "reason": "the C library is musl: only glibc's malloc can be held still"}
