@@ -13,7 +13,7 @@ import math
 from typing import Any, Mapping, Optional
 
 from ..core.noise import Noise
-from ..core.stats import FEW_ROUNDS, MIN_REL_DROP, Z_NOISE, Contrast, Throughput, compare, is_real
+from ..core.stats import FEW_ROUNDS, MIN_REL_DROP, NOISY_REL_IQR, Z_NOISE, Contrast, Throughput, compare, is_real
 from . import drops, reasons, witness
 from .drops import MOST_ROUNDS, POINTS, STAGES, Inconsistency, Lead, StageCost
 
@@ -333,7 +333,8 @@ def _none_alone(v: Verdict, pred: witness.Prediction, base_point: str, gap: Opti
                 noise_scale: float) -> Verdict:
     """An inconclusive run whose worker stages, by their costs alone, cost the loop less
     than NONE_MAX_LOSS with the rest of the gap (the rounds' drop from base_point to the
-    ceiling, its bound), the rounds' own loss to them agreeing: `none`."""
+    ceiling, its bound), the rounds' own loss to them agreeing: `none`. Where the rounds
+    are too few to bound anything (fewer than CHECKED_ROUNDS), _none_unchecked's rule."""
     up = pred.gap_upper(Z_UPPER * noise_scale)
     if up is None or gap is None:
         return v
@@ -350,8 +351,47 @@ def _none_alone(v: Verdict, pred: witness.Prediction, base_point: str, gap: Opti
     loss = up + rest
     if low <= 0 or loss > NONE_MAX_LOSS * (low + loss) or (
             excess.estimate > 0 and compare(excess, t_full, scale=noise_scale, z=Z_NOISE).real):
+        if (gap.rounds or 0) < CHECKED_ROUNDS:
+            return _none_unchecked(v, pred, base_point, up)
         return v
     reason = reasons.none_alone(pred.alone, up=up, rest=rest, low=low, read=gap.estimate)
+    return dataclasses.replace(v, bottleneck="none", witness="isolated costs", reason=reason)
+
+
+# The rounds' spread estimates a difference's noise from this many per-round values on
+# (plan.Plan.min_rounds): with fewer, their bound on the loss is no check of the costs
+# alone (a step of seconds: one round of the points in --max-seconds).
+CHECKED_ROUNDS = 3
+# Two readings of one step agree within this share of the larger: the test a visit's two
+# windows pass to be warm (plan.Plan.steady_tolerance, stats.NOISY_REL_IQR).
+STEP_AGREE = NOISY_REL_IQR
+
+
+def _none_unchecked(v: Verdict, pred: witness.Prediction, base_point: str, up: float) -> Verdict:
+    """`none` on the costs alone where the rounds cannot check them (fewer than
+    CHECKED_ROUNDS, _none_alone), if three things hold:
+        the step the costs alone were compared with (timed alone before the points,
+            witness.Alone.step) and the ceiling as the rounds read it, one window or more,
+            agree within STEP_AGREE: both saw the same step;
+        the worker stages' costs alone with their error (`up`, Z_UPPER standard errors up),
+            and the rounds' reading from base_point to the ceiling (handoff, transfer),
+            are at most MIN_REL_DROP of the batch: far below NONE_MAX_LOSS, under the
+            floor below which no stage's cost is real however many rounds came
+            (stats.is_real), so more rounds could only confirm it or show the witnesses
+            disagree;
+        the rounds' reading of `full` agrees with the ceiling plus that loss within
+            STEP_AGREE (one reading of each, no noise of their own yet).
+    With the costs at 8% of the step, no `none` here: the rounds must bound it."""
+    step, ceiling = pred.alone.step, v.fitted[v.ceiling]
+    if step is None or step <= 0 or ceiling <= 0 or abs(ceiling - step) > STEP_AGREE * max(ceiling, step):
+        return v
+    rest = max(0.0, v.fitted[base_point] - ceiling)
+    loss, low = up + rest, min(step, ceiling)
+    full = v.fitted["full"]
+    if loss > MIN_REL_DROP * (low + loss) or full > (ceiling + loss) * (1 + STEP_AGREE):
+        return v
+    reason = reasons.none_unchecked(pred.alone, up=up, rest=rest, ceiling=ceiling, full=full,
+                                    rounds=v.gap_rounds or 1)
     return dataclasses.replace(v, bottleneck="none", witness="isolated costs", reason=reason)
 
 

@@ -70,6 +70,10 @@ class Alone:
     merged: bool = False  # load's work holds augment's
     samples: int = 0  # the fewest items any stage was timed over
     in_loop: bool = False  # load and collate timed between steps, in the loop's conditions (serial)
+    # the training step timed alone before the points (seconds per batch): the step the
+    # costs alone were compared with (isolate: workers_needed), a reading of the step
+    # apart from the rounds' (verdict._none_unchecked); None where it was not timed so
+    step: Optional[float] = None
 
     def at(self, point: str) -> Optional[tuple]:
         """(work per batch still to do at `point`, its standard error), or None where

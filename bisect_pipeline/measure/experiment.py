@@ -194,9 +194,13 @@ class Experiment(PointSources):
         ok = {n: p.throughput for n, p in self.results.items() if p.status == "ok"}
         skipped = {n: p.reason or "" for n, p in self.results.items()
                    if p.status == "skipped" and p.reason != NOT_SELECTED}
-        alone = witness.alone(self.isolated, {"num_workers": getattr(self.spec, "num_workers", 0)},
-                              str(self.device)) if nodes.witnessed(self.spec) else None  # the second witness
-        return decide(ok, self.batch_size, skipped, noise_scale=noise_scale, alone=alone)
+        return decide(ok, self.batch_size, skipped, noise_scale=noise_scale, alone=self.alone())
+
+    def alone(self) -> Optional[witness.Alone]:
+        """The stages' costs alone as the verdict reads them (witness.alone): the second witness."""
+        if not nodes.witnessed(self.spec):
+            return None
+        return witness.alone(self.isolated, {"num_workers": getattr(self.spec, "num_workers", 0)}, str(self.device))
 
     def use(self, wl: Any) -> None:
         """The workload's step (the default one built now: inside the run, whose state is

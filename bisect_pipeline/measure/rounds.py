@@ -27,9 +27,10 @@ from typing import Iterator, Optional
 
 from ..core.results import Note, PointResult
 from ..core.stats import Throughput
-from ..derive.drops import STAGES
+from ..derive.drops import POINTS, STAGES
 from ..derive.verdict import SETTLE_NOISE_SCALE, deciding_points, settled
 from .experiment import MEASURE_ORDER, Experiment, no_window
+from .plan import tight_order
 from .visit import Visit
 
 # `full` may take this many times the time of another point per visit: without it there
@@ -117,13 +118,12 @@ class Rounds:
             self.info["visits"] = exp.visits
 
     def _tight_order(self, order: list, ceiling: str) -> list:
-        """The first round's visits still to make, `full` right after the ceiling when the
-        minimum rounds do not fit: those two bound the gap, and with them a verdict (even
-        `none`) is possible before the stages in between are measured."""
+        """The first round's visits still to make, planned where the minimum rounds do not
+        fit (plan.tight_order): the ceiling and `full` first, then the points around the
+        stage the costs alone put first."""
         if not self.tight or "full" not in order:
             return order
-        head = [n for n in order if n == ceiling]
-        return head + ["full"] + [n for n in order if n not in head and n != "full"]
+        return tight_order(order, ceiling, alone_first(self.exp.alone()))
 
     def _consistent(self):
         """The verdict after each point found inconsistent for the first time is measured
@@ -272,6 +272,16 @@ def witnessed(v) -> bool:
     change's check). A GPU machine's torchvision reference spent 62 s of 180 on rounds
     past the minimum of a load verdict both witnesses named."""
     return v.bottleneck in STAGES and v.witness == "both" and not v.disagree
+
+
+def alone_first(a) -> tuple:
+    """The points around the worker stage that costs the most alone (witness.Alone), the
+    drop that would name it: () without the costs alone, or where none costs anything."""
+    if a is None or not a.work or max(a.work.values()) <= 0:
+        return ()
+    stage = max(a.work, key=a.work.get)
+    i = STAGES.index(stage)
+    return POINTS[i], POINTS[i + 1]
 
 
 def in_round(result: PointResult, r: int) -> PointResult:

@@ -17,6 +17,7 @@ from bisect_pipeline.measure.plan import Plan
 from bisect_pipeline.core.results import PointResult
 from bisect_pipeline.derive.verdict import rounds_to_decide
 from bisect_pipeline.core.stats import Throughput, Window
+from bisect_pipeline.derive import witness
 from bisect_pipeline.derive.drops import POINTS
 from bisect_pipeline.measure.visit import drive
 from conftest import FakeClock
@@ -313,13 +314,17 @@ def test_a_light_step_in_the_default_budget_gets_no_budget_note(monkeypatch):
     assert budget_notes(run) == []
 
 
-def heavy_run(monkeypatch, ms: dict, max_seconds: float):
-    """Real visits (Experiment.visit, visit.drive) on a fake clock: a 2 s step (a 1% wobble
-    every other step) behind sources whose batches cost what `ms` plants beyond it."""
+def heavy_run(monkeypatch, ms: dict, max_seconds: float, alone: Optional[witness.Alone] = None,
+              wobble: tuple = (0.01, 0.0)):
+    """Real visits (Experiment.visit, visit.drive) on a fake clock: a 2 s step (by default
+    a 1% wobble every other step; `wobble`: each step's share more, in turn) behind
+    sources whose batches cost what `ms` plants beyond it; `alone`: the stages' costs
+    alone the verdict and the plan read."""
     clock = FakeClock()
     spec = type("Spec", (), {"batch_size": BS, "num_workers": 0, "pin_memory": False, "prefetch_depth": 0})()
     exp = Experiment(spec, torch.device("cpu"), Plan(), clock, lambda e: None, None, start=0.0, end=max_seconds,
                      deadline=max_seconds)
+    monkeypatch.setattr(exp, "alone", lambda: alone)
     exp.step_alone = 2.0  # the step timed alone (hold_allocator)
     opened: list = []
     steps = {"n": 0}
@@ -335,7 +340,7 @@ def heavy_run(monkeypatch, ms: dict, max_seconds: float):
 
     def step(batch):
         steps["n"] += 1
-        clock.t += 2.0 * (1.01 if steps["n"] % 2 else 1.0)
+        clock.t += 2.0 * (1 + wobble[(steps["n"] - 1) % len(wobble)])
 
     monkeypatch.setattr(exp, "open", source)
     schedule = rounds.Rounds(exp, ("device", "augmented", "raw", "full"))
@@ -356,6 +361,38 @@ def test_a_two_second_step_in_thirty_seconds_says_the_budget_first_and_names_no_
     assert all(exp.results[n].ok for n in ("device", "full"))
     v = exp.decide()
     assert v.bottleneck == "load" or (v.bottleneck == "tie" and v.tied[0] == "load"), (v.bottleneck, v.reason)
+
+
+def test_a_heavy_step_s_first_round_is_planned_from_the_costs_alone(monkeypatch):
+    # 2-s steps in 30 s: the ceiling and full first, then where the costs alone put the
+    # most work: augment's points (raw, augmented), or load's (raw, before augmented)
+    ms = {"device": 2000, "augmented": 2000, "raw": 3000, "full": 3000}
+    by_augment = witness.Alone({"load": 0.01, "augment": 0.9, "collate": 0.001}, {"load": 0.001, "augment": 0.01,
+                                                                                  "collate": 0.0001}, "serial", 0, 2)
+    exp, opened, clock, _ = heavy_run(monkeypatch, ms, 30.0, alone=by_augment)
+    assert opened[:4] == ["device", "full", "raw", "augmented"] and clock.t <= 30.0
+    by_load = dataclasses.replace(by_augment, work={"load": 0.9, "augment": 0.01, "collate": 0.001})
+    _, opened, _, _ = heavy_run(monkeypatch, {**ms, "raw": 2000}, 30.0, alone=by_load)
+    assert opened[:3] == ["device", "full", "raw"]
+    # without the costs alone: the points in their order after the two
+    _, opened, _, _ = heavy_run(monkeypatch, ms, 30.0)
+    assert opened[:4] == ["device", "full", "augmented", "raw"]
+
+
+def test_a_heavy_step_with_little_input_is_none_in_one_round_of_thirty_seconds(monkeypatch):
+    # the detection reference: 2-s steps, 25 ms of input a batch alone, the step timed
+    # alone before the points; 30 s hold one round: none on the costs alone, the rounds agreeing
+    ms = {"device": 2000, "augmented": 2000, "raw": 2020, "full": 2025}
+    a = witness.Alone({"load": 0.005, "augment": 0.0195, "collate": 0.0005},
+                      {"load": 0.0005, "augment": 0.002, "collate": 0.00005}, "serial", 0, 2, step=2.0)
+    # each step off by up to 7%, so that the rounds alone cannot bound the loss
+    exp, opened, clock, info = heavy_run(monkeypatch, ms, 30.0, alone=a, wobble=(0.05, -0.03, 0.07, -0.04, 0.0))
+    assert opened[:2] == ["device", "full"] and clock.t <= 30.0
+    v = exp.decide()
+    assert v.bottleneck == "none" and v.witness == "isolated costs", (v.bottleneck, v.reason)
+    assert v.gap_rounds < 3
+    monkeypatch.setattr(exp, "alone", lambda: None)
+    assert exp.decide().bottleneck == "inconclusive"  # the rounds alone
 
 
 def test_a_two_second_step_in_sixty_seconds_gets_three_rounds_and_a_verdict(monkeypatch):
