@@ -32,7 +32,7 @@ from .advise.verify import Trials
 from .core import stats, tree
 from .core.results import AllocatorTiming, Isolated, Syncs, Verification
 from .derive.verdict import in_question
-from .measure import allocator, distributed, isolate, prepare, sources
+from .measure import allocator, device_alone, distributed, isolate, prepare, sources
 from .measure.cache import DEFAULT_CACHE_BATCHES
 from .measure.experiment import Experiment
 from .measure.plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, EPOCH_WINDOW_S, Plan
@@ -312,13 +312,13 @@ class Probe:
 
 
 class SyncCount:
-    """On CUDA, the host-device synchronizations of the loop over isolate.SYNC_STEPS
-    steps on cached device batches (isolate.SyncCounter): a loop that syncs every step,
-    for a metric or a log line, pays for it at every point."""
+    """On CUDA, the host-device synchronizations of the loop over device_alone.SYNC_STEPS
+    steps on cached device batches (device_alone.SyncCounter): a loop that syncs every
+    step, for a metric or a log line, pays for it at every point."""
 
     def __init__(self, exp: Experiment) -> None:
         self.exp = exp
-        self.syncs: Optional[Syncs] = isolate.no_syncs_counted(exp.device)
+        self.syncs: Optional[Syncs] = device_alone.no_syncs_counted(exp.device)
         self.measured = None
         self._stack = contextlib.ExitStack()
 
@@ -327,12 +327,12 @@ class SyncCount:
             return iter(())
         host = sources.host_batches(self.exp.caches, self.exp.spec, self.exp.device)
         batches = sources.device_batches(host, self.exp.move, self.exp.device)
-        counter = self._stack.enter_context(isolate.SyncCounter(self.exp.device))
+        counter = self._stack.enter_context(device_alone.SyncCounter(self.exp.device))
         return self._batches(batches, counter)
 
     def _batches(self, batches: list, counter: Any) -> Iterator:
         n = 0
-        for b in itertools.islice(itertools.cycle(batches), isolate.SYNC_STEPS):
+        for b in itertools.islice(itertools.cycle(batches), device_alone.SYNC_STEPS):
             yield tree.clone(b) if self.exp.fresh else b
             n += 1
         self.syncs = counter.syncs(n)

@@ -25,6 +25,7 @@ from .core.stats import Throughput, compare, unpaired
 from .measure import devices
 from .measure.experiment import Experiment
 from .measure.plan import DEFAULT_MAX_SECONDS, Plan
+from .measure.timed import reason_of
 from .measure.visit import Visit, drive
 from .pipeline import state
 from .pipeline import loader as loader_mod
@@ -243,11 +244,6 @@ class SweepResult:
         return "\n".join([head, "", text, "", self.summary()])
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
-
-
 def _fmt_value(v: Any) -> str:
     return "-" if v is None else str(v)
 
@@ -324,7 +320,7 @@ class Rows:
         if m.error is not None:
             if isinstance(m.error, BisectError):
                 raise m.error
-            return Row(settings, "failed", reason=_reason(m.error))
+            return Row(settings, "failed", reason=reason_of(m.error))
         if not m.windows:
             return Row(settings, "failed", reason="out of time before one window was measured (raise --max-seconds)",
                        first_batch_seconds=first)

@@ -110,7 +110,7 @@ TOLERANCE = 0.25  # each stage's cost alone within 25% of the hand's
 # The intra-op threads the hand probe runs its stages on: those of the workers that run
 # them in every case here (a DataLoader sets one in each worker process; torchdata.nodes'
 # thread workers set one, process-wide), as the tool times its costs alone
-# (isolate.worker_threads). On the process's default (2 on 2 cores), default_collate of
+# (timed.worker_threads). On the process's default (2 on 2 cores), default_collate of
 # 16 uint8 images took 120-320 ms a call beside a neighbour's work, against 0.06 ms on one.
 WORKER_THREADS = 1
 

@@ -66,7 +66,7 @@ def collate(c: Context):
 
 
 def _structure_causes(st: SampleStructure) -> list:
-    """What in one sample makes default_collate slow (isolate.sample_structure)."""
+    """What in one sample makes default_collate slow (worker_stages.sample_structure)."""
     causes = []
     if st.numbers >= MANY_NUMBERS or st.longest_list >= MANY_NUMBERS:
         causes.append(f"each sample carries {st.numbers} Python numbers (longest list {st.longest_list}): "

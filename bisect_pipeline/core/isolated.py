@@ -127,7 +127,7 @@ class PerSample(Part):
     cpu_ms_per_sample: Optional[float] = None
     # augment: the stage replayed whole on the cached inputs (what its breakdown adds up
     # to), where ms_per_sample is its transforms timed where the dataset calls them, in
-    # the load's __getitem__ calls (isolate._load); None where it is the replay itself
+    # the load's __getitem__ calls (worker_stages.time_load); None where it is the replay itself
     alone_ms_per_sample: Optional[float] = None
 
 
@@ -297,7 +297,7 @@ class SyncSite(Record):
 
 @dataclasses.dataclass(frozen=True)
 class Syncs(Part):
-    """Host-device synchronizations per step, counted on CUDA (isolate.count_syncs)."""
+    """Host-device synchronizations per step, counted on CUDA (device_alone.count_syncs)."""
 
     _nested: ClassVar[dict] = {"sites": SyncSite}
     steps: Optional[int] = None

@@ -1,7 +1,7 @@
 """The augment stage transform by transform: the children of a torchvision Compose (v1
 or v2, nested Composes flattened) timed one after the other on the cached inputs of the
 `raw` point, each fed what the one before returned, and their sum held against the
-stage timed whole on the same samples (isolate.py).
+stage timed whole on the same samples (worker_stages.py).
 
 torchvision's RandomApply, RandomChoice and RandomOrder (v1 and v2) are walked as they
 run: a draw like theirs decides which children run for each sample (the children of a

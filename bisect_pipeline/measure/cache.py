@@ -56,7 +56,7 @@ class Caches:
     # at its cuts, and its `raw` and `augmented` replays; None for the others.
     stages: Any = None
     # The proxies' recorder on `dataset` where the transforms were split (raw_calls):
-    # isolate.py times them where the dataset calls them (recording.Recorder.timing).
+    # worker_stages.py times them where the dataset calls them (recording.Recorder.timing).
     recorder: Any = None
 
     @property

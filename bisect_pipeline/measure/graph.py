@@ -4,7 +4,7 @@ interface (Experiment dispatches to them where it builds caches and sources).
 
 The fill runs a copy of the graph in this thread (every Mapper inline, no Prefetcher
 or PinMemory) with a tap at each cut, and records each per-sample Mapper's calls (their
-input and function: `raw_calls`, what isolate.py replays alone). Each point's source is
+input and function: `raw_calls`, what worker_stages.py replays alone). Each point's source is
 the graph downstream of its cut rebuilt with the user's settings over a node that
 cycles over the cached items (Cycle), or, at `full`, over a copy of its source started
 again at its end (Endless): no epoch ends inside a window. Leaving a source stops its
@@ -138,7 +138,7 @@ class Replay:
 
 class _Recorded:
     """A per-sample Mapper's function that records each call (its input, copied) for
-    isolate.py's replay, and whether it changes its input in place."""
+    worker_stages.py's replay, and whether it changes its input in place."""
 
     def __init__(self, fn: Callable, name: str, calls: list, changes: set) -> None:
         self.fn, self.name, self.calls, self.changes = fn, name, calls, changes
@@ -228,7 +228,7 @@ def _fn_name(fn: Any) -> str:
 
 
 def _raw_calls(spec: nodes.NodeSpec, per_fn: dict, n_samples: int, changes: set) -> tuple:
-    """Per sample, the per-sample Mappers' calls in order (isolate.py replays them
+    """Per sample, the per-sample Mappers' calls in order (worker_stages.py replays them
     alone), or None with the reason."""
     c = spec.cuts
     if not c.augment:

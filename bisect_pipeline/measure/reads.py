@@ -1,6 +1,6 @@
 """File reads timed while the tool builds samples: load split into *read* (bytes from
 storage) and *decode* (everything else the dataset does), on the same samples
-(isolate.py's load timing runs inside `Reads`).
+(worker_stages.py's load timing runs inside `Reads`).
 
 While a `Reads` is open, in the thread that opened it:
 

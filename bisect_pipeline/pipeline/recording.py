@@ -40,7 +40,7 @@ class Recorder:
     """What the proxies of one dataset copy share: the calls of the sample being recorded
     (`calls`, while record_sample runs), and, while `timing`, the wall time of their
     outermost calls in the thread that started it (`seconds`): the transforms timed where
-    the dataset runs them (isolate._load), a transform nested in another counted once."""
+    the dataset runs them (worker_stages.time_load), a transform nested in another counted once."""
 
     def __init__(self) -> None:
         self.calls: Optional[list[Call]] = None

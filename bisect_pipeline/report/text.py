@@ -458,7 +458,7 @@ def _isolated_lines(r: "Diagnosis") -> list:
 
 
 def _no_cuda_syncs(r: "Diagnosis") -> bool:
-    """The step's syncs were not counted because there is no CUDA device (isolate.no_syncs_counted)."""
+    """The step's syncs were not counted because there is no CUDA device (device_alone.no_syncs_counted)."""
     s = r.syncs
     return s is not None and s.status == "skipped" and not str(r.device).startswith("cuda")
 

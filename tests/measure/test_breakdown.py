@@ -3,6 +3,8 @@ come back exact, in order, with their shares and sizes; nested Composes are flat
 what cannot be seen into is one row with its reason; the budget cut keeps the rows
 measured; real torchvision transforms add up to the stage timed whole."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ from PIL import Image
 from torchvision import transforms as v1
 from torchvision.transforms import v2
 
-from bisect_pipeline.measure import breakdown, cache, isolate
+from bisect_pipeline.measure import breakdown, cache, worker_stages
 from bisect_pipeline.pipeline import loader as loader_mod
 from bisect_pipeline.pipeline.recording import Call
 from bisect_pipeline.core.results import Isolated, PerSample
@@ -126,7 +128,7 @@ def test_real_torchvision_transforms_give_their_sizes_and_add_up_to_the_whole(tm
                             v1.Normalize([0.5] * 3, [0.25] * 3)])
     spec = loader_mod.describe(make_loader(PILImages(paths, transform), batch_size=4))
     caches = cache.fill(spec, cache_mb=64, max_batches=3, time_budget=10)
-    aug = isolate._augment(caches, 2.0, isolate.time.perf_counter)
+    aug = worker_stages.time_augment(caches, 2.0, time.perf_counter)
     rows = aug.breakdown.rows
     assert [r.name for r in rows] == ["RandomResizedCrop", "RandomHorizontalFlip", "ToTensor", "Normalize"]
     assert [(r.input, r.output) for r in rows] == [("500x375 RGB", "224x224 RGB"), ("224x224 RGB", "224x224 RGB"),
@@ -229,7 +231,7 @@ def test_a_transform_that_fails_alone_leaves_the_stage_timed_whole(tmp_path):
     real = rec.replay_sample
     try:
         rec.replay_sample = lambda template, calls: template  # the whole replays fine
-        aug = isolate._augment(caches, 0.05, isolate.time.perf_counter)
+        aug = worker_stages.time_augment(caches, 0.05, time.perf_counter)
     finally:
         rec.replay_sample = real
     assert aug.ok and aug.samples >= 1 and aug.breakdown.status == "failed"

@@ -1,18 +1,13 @@
 """Isolated stage costs (isolate.py): planted costs come back roughly right, the
 workers-needed arithmetic is exact, and syncs are counted on CUDA only."""
 
-import os
-import sys
 import threading
 import time
-import warnings
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-from bisect_pipeline.measure import cache, isolate
+from bisect_pipeline.measure import cache, device_alone, isolate, worker_stages
 from bisect_pipeline.core import faults
 from bisect_pipeline.pipeline import loader as loader_mod
 from bisect_pipeline.measure.experiment import Experiment
@@ -136,13 +131,6 @@ def test_workers_needed_unavailable_without_its_inputs(missing):
     assert workers_needed(iso, 8, 4)["worker_ms_per_batch"] == 20.0
 
 
-def test_syncs_skipped_on_cpu_with_reason():
-    calls = []
-    s = isolate.count_syncs(lambda b: calls.append(b), torch.zeros(2), CPU).to_dict()
-    assert s["status"] == "skipped" and "no CUDA device" in s["reason"] and "cpu" in s["reason"]
-    assert calls == []  # nothing run for nothing
-
-
 def test_unfilled_caches_skip_isolation():
     iso, syncs = isolate.time_stages(None, None, CPU, None, None, step_sec_per_batch=None, budget_s=1.0)
     assert iso.status == syncs.status == "unavailable"
@@ -171,7 +159,7 @@ def test_the_step_alone_is_skipped_where_it_would_run_past_the_end():
     assert iso.collate.ok and iso.load.ok  # the rest is still timed
     iso, _, steps = heavy_stages(2.0, end_in=60.0, estimate=2.0)  # with room it runs
     assert iso.step.ok and iso.step.ms_per_batch == pytest.approx(2000.0)
-    assert len(steps) == isolate.STEP_WARMUP + 1  # at least one timed step, past the 0.4 s share
+    assert len(steps) == device_alone.STEP_WARMUP + 1  # at least one timed step, past the 0.4 s share
 
 
 def experiment_at(clock, end, results=None, step=None):
@@ -215,187 +203,6 @@ def test_isolation_cut_by_the_watchdog_still_says_syncs_are_not_counted_on_cpu()
 def test_budget_is_a_small_bounded_share_of_the_run():
     assert isolate.budget(10) == pytest.approx(0.5)
     assert isolate.budget(600) == isolate.ISOLATE_MAX_SECONDS
-
-
-def describe_batch(batch) -> dict:
-    return isolate.describe_batch(batch).to_dict()
-
-
-def test_describe_batch_flags_float_images_only():
-    d = describe_batch((torch.zeros(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)))
-    assert d["n_tensors"] == 2 and d["bytes"] == 4 * 3 * 32 * 32 * 4 + 4 * 8
-    assert [t["image"] for t in d["tensors"]] == [True, False]
-    assert d["tensors"][0]["path"] == "batch[0]" and d["tensors"][0]["shape"] == [4, 3, 32, 32]
-    assert not describe_batch({"x": torch.zeros(4, 3, 32, 32, dtype=torch.uint8)})["tensors"][0]["image"]
-    assert not describe_batch(torch.zeros(4, 16))["tensors"][0]["image"]
-    assert describe_batch(torch.zeros(4, 32, 32, 3))["tensors"][0]["image"]  # channels last
-
-
-def test_sample_structure_counts_what_default_collate_turns_into_tensors():
-    sample = {"img": Image.new("RGB", (8, 8)), "feats": [0.5] * 20, "arr": np.zeros(3), "name": "a",
-              "t": torch.zeros(2), "label": 3}
-    st = isolate.sample_structure(sample).to_dict()
-    assert st["images"] == 1 and st["numbers"] == 21 and st["longest_list"] == 20
-    assert st["ndarrays"] == 1 and st["strings"] == 1 and st["tensors"] == 1
-    assert st["leaves"] == 25
-
-
-SYNC_MESSAGE = "called a synchronizing CUDA operation"  # what torch warns in sync debug mode
-
-
-def _defined_in(path, body: str):
-    """A function `f` whose code says it lives in `path` (a frame of that file)."""
-    ns = {"warnings": warnings, "SYNC_MESSAGE": SYNC_MESSAGE}
-    exec(compile(body, path, "exec"), ns)
-    return ns["f"]
-
-
-def test_a_sync_is_attributed_to_the_users_line_that_asked_for_it_through_torch():
-    # torch's sync is reported inside torch (torch/cuda/__init__.py): the site is the caller
-    inside_torch = _defined_in(os.path.join(os.path.dirname(torch.__file__), "cuda", "fake.py"),
-                               "def f():\n    warnings.warn(SYNC_MESSAGE)\n")
-    with isolate.SyncRecorder() as rec:
-        for _ in range(2):
-            inside_torch(); line = sys._getframe().f_lineno  # noqa: E702
-        warnings.warn("an unrelated warning")  # swallowed, not counted
-    s = rec.syncs(2)
-    assert s.total == 2 and s.per_step == 1.0
-    assert [(x.where, x.count) for x in s.sites] == [(f"{__file__}:{line}", 2)]
-
-
-def test_the_tools_own_syncs_and_other_threads_syncs_are_not_the_steps():
-    own = _defined_in(os.path.join(os.path.dirname(isolate.__file__), "visit.py"),
-                      "def f():\n    warnings.warn(SYNC_MESSAGE)\n")  # a window edge's sync
-    workload = _defined_in(os.path.join(os.path.dirname(os.path.dirname(isolate.__file__)), "testing.py"),
-                           "def f():\n    warnings.warn(SYNC_MESSAGE)\n")  # a planted step: user code
-    with isolate.SyncRecorder() as rec:
-        own()
-        t = threading.Thread(target=lambda: warnings.warn(SYNC_MESSAGE))
-        t.start(); t.join()  # noqa: E702
-        workload()
-    s = rec.syncs(1)
-    assert s.total == 1 and s.sites[0].where.endswith("testing.py:2")
-
-
-def test_warnings_are_as_they_were_after_recording():
-    before = (warnings.showwarning, list(warnings.filters))
-    with isolate.SyncRecorder():
-        warnings.warn(SYNC_MESSAGE)
-    assert (warnings.showwarning, list(warnings.filters)) == before
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="counting host-device syncs needs CUDA")
-def test_cuda_counts_a_planted_item_sync_per_step():
-    dev = torch.device("cuda")
-    batch = torch.randn(64, 64, device=dev)
-    w = torch.randn(64, 64, device=dev)
-
-    def syncing(b):
-        return (b @ w).sum().item()  # one device-to-host copy: a sync per step
-
-    def clean(b):
-        return (b @ w).sum()
-
-    s = isolate.count_syncs(syncing, batch, dev, steps=3).to_dict()
-    assert s["status"] == "ok" and s["steps"] == 3 and s["per_step"] >= 1, s
-    assert s["sites"] and "test_isolate.py" in s["sites"][0]["where"]
-    assert isolate.count_syncs(clean, batch, dev, steps=3).per_step == 0
-    assert torch.cuda.get_sync_debug_mode() == 0  # restored
-
-
-def test_default_collate_runs_beside_a_custom_collate_on_the_same_batches(monkeypatch):
-    from types import SimpleNamespace
-    clock, seen = FakeClock(), []
-
-    def mixup(samples):  # 10 ms a batch on the fake clock
-        clock.t += 0.010
-        return torch.stack([s * 0.5 for s in samples])
-
-    def stacking(samples):  # torch's default_collate, recorded
-        seen.append(len(samples))
-        return torch.stack(samples)
-    monkeypatch.setattr(isolate, "default_collate", stacking)
-    samples = [torch.full((2,), float(i)) for i in range(16)]
-    spec = SimpleNamespace(auto_collation=True, collate_fn=mixup)
-    caches = SimpleNamespace(samples=samples, groups=[list(range(i, i + 2)) for i in range(0, 16, 2)])
-    col = isolate._collate(spec, caches, 0.06, clock)  # 30 ms for mixup: 3 timed batches after the warm-up
-    assert col.batches == 3 and col.ms_per_batch == 10.0 and col.collate_fn == "test_default_collate_runs_" \
-        "beside_a_custom_collate_on_the_same_batches.<locals>.mixup"
-    assert seen == [2] * 4  # the warm-up and the 3 batches mixup was timed on, not the 8 cached
-    assert col.default_collate_ms_per_batch == 0.0
-
-
-def test_a_collate_of_microseconds_is_timed_warm_over_the_cached_batches_again():
-    """The caches hold a few batches; the first calls of a collate run colder than a
-    worker's batch after batch. On a fake clock the collate_fn takes 10 ms on each of its
-    first three calls (the first untimed), 1 ms after: one pass over 8 batches reads
-    (2 x 10 + 5) / 7 = 3.6 ms; timed again over the same batches up to COLLATE_CALLS, the
-    figure comes near the 1 ms a worker pays batch after batch. A collate_fn that cannot
-    run twice on its batches (it pops their keys) keeps the first pass's figure."""
-    from types import SimpleNamespace
-    clock, calls = FakeClock(), []
-
-    def warming(samples):
-        calls.append(len(samples))
-        clock.t += 0.010 if len(calls) <= 3 else 0.001
-        return torch.stack(samples)
-    samples = [torch.full((2,), float(i)) for i in range(16)]
-    caches = SimpleNamespace(samples=samples, groups=[list(range(i, i + 2)) for i in range(0, 16, 2)])
-    col = isolate._collate(SimpleNamespace(auto_collation=True, collate_fn=warming), caches, 10.0, clock)
-    assert col.batches >= isolate.COLLATE_CALLS
-    assert 1.0 < col.ms_per_batch < 1.5
-
-    def popping(samples):
-        clock.t += 0.002
-        return torch.stack([s.pop("x") for s in samples])
-    dicts = [{"x": torch.full((2,), float(i))} for i in range(16)]
-    caches = SimpleNamespace(samples=dicts, groups=[list(range(i, i + 2)) for i in range(0, 16, 2)])
-    col = isolate._collate(SimpleNamespace(auto_collation=True, collate_fn=popping), caches, 10.0, clock)
-    assert col.ok and col.batches == 7 and col.ms_per_batch == pytest.approx(2.0)
-
-
-def test_the_workers_work_is_timed_on_one_thread_as_a_worker_has_and_the_threads_are_restored():
-    from types import SimpleNamespace
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        seen = []
-        with isolate.worker_threads(SimpleNamespace(num_workers=2)):
-            seen.append(torch.get_num_threads())
-        with isolate.worker_threads(SimpleNamespace(num_workers=0)):  # in this process: its own threads
-            seen.append(torch.get_num_threads())
-        with pytest.raises(RuntimeError):
-            with isolate.worker_threads(SimpleNamespace(num_workers=1)):
-                raise RuntimeError("a transform failed")
-        assert seen == [1, 2] and torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
-
-
-def test_batch_mixers_are_found_where_a_collate_fn_keeps_them():
-    import functools
-    from torch.utils.data import default_collate
-    from torchvision.transforms import v2
-    mixup, cutmix = v2.MixUp(num_classes=4), v2.CutMix(num_classes=4)
-    choice = v2.RandomChoice([mixup, cutmix])
-
-    def reference(batch):  # the torchvision reference's collate_fn: a closure over RandomChoice
-        return choice(*default_collate(batch))
-
-    class Holder:
-        def __init__(self):
-            self.mix = mixup
-
-        def __call__(self, batch):
-            return self.mix(*default_collate(batch))
-
-    def mixes(fn, batch, m):
-        return m(*default_collate(batch))
-    assert isolate.batch_mixers(reference) == ("MixUp", "CutMix")
-    assert isolate.batch_mixers(Holder()) == ("MixUp",)
-    assert isolate.batch_mixers(functools.partial(mixes, m=cutmix)) == ("CutMix",)
-    assert isolate.batch_mixers(mixup) == ("MixUp",)
-    assert isolate.batch_mixers(default_collate) == () and isolate.batch_mixers(lambda b: b) == ()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="counting host-device syncs needs CUDA")
@@ -513,37 +320,6 @@ def test_the_input_work_between_steps_is_sized_without_the_stages_alone_where_th
                                  clock=FakeClock(), fits=lambda n: True) is None
 
 
-def test_a_streaming_datasets_load_is_timed_across_its_chunks_through_its_iterator(tmp_path):
-    """litdata reads a chunk of 50 samples at once: its opening (20 ms planted on the fake
-    clock) is paid once a chunk, so a sample costs 0.4 ms in a worker; the 8 cached
-    samples lie inside the first chunk, whose opening is the untimed warm-up."""
-    ld = pytest.importorskip("litdata", reason="litdata is not installed: pip install 'bisect-pipeline[litdata]'")
-    from types import SimpleNamespace
-    from litdata.streaming.cache import Cache
-    from litdata.streaming.sampler import ChunkedIndex
-    from bisect_pipeline.core.results import PerSample
-    writer = Cache(str(tmp_path), chunk_size=50)
-    for i in range(200):
-        writer[i] = {"x": float(i), "y": i % 3}
-    writer.done()
-    writer.merge()
-    clock, opened, seen = FakeClock(), [], []
-
-    class ChunkOpening(ld.StreamingDataset):
-        def __getitem__(self, index):
-            i = int(index.index if isinstance(index, ChunkedIndex) else index)
-            seen.append(isinstance(index, ChunkedIndex))
-            if not opened or opened[-1] != i // 50:
-                opened.append(i // 50)
-                clock.t += 0.020
-            return super().__getitem__(index)
-    spec = SimpleNamespace(iterable=True, dataset=ChunkOpening(str(tmp_path)), batch_sampler=None)
-    caches = SimpleNamespace(samples=[None] * 8, stages=None)
-    load = isolate._load(spec, caches, PerSample.missing("unavailable", "no transform"), 1.0, clock)
-    assert all(seen) and opened == [0, 1, 2, 3]  # its iterator, one epoch: every chunk
-    assert load.samples == 199 and load.ms_per_sample == pytest.approx(60 / 199, abs=1e-3)
-
-
 def test_the_stages_alone_run_on_the_workers_thread_and_the_callers_threads_come_back():
     """With workers (each runs one intra-op thread, as DataLoader sets it), load, augment
     and collate are timed on one thread; the step's threads are the caller's, restored."""
@@ -658,20 +434,20 @@ def test_each_batch_is_collated_right_after_its_samples_were_built_as_a_worker_d
         tick(3e-3 if ds.fresh.get("sample") is samples[-1] else 1e-3)
         return torch.utils.data.default_collate(samples)
 
-    def stacking(samples):  # default_collate, as isolate calls it beside: 0.5 ms
+    def stacking(samples):  # default_collate, as worker_stages calls it beside: 0.5 ms
         tick(0.5e-3)
         return torch.utils.data.default_collate(samples)
     loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate)
     spec = loader_mod.describe(loader)
     caches = cache.fill(spec, cache_mb=64, max_batches=4, time_budget=10)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(isolate, "default_collate", stacking)
+        mp.setattr(worker_stages, "default_collate", stacking)
         iso, _ = isolate.time_stages(spec, caches, CPU, lambda b: to_device(b, CPU), None, step_sec_per_batch=0.01,
                                      budget_s=5.0, clock=clock, end=clock.t + 60)
     col = iso.collate
-    assert col.in_place and col.batches >= isolate.COLLATE_IN_PLACE
+    assert col.in_place and col.batches >= worker_stages.COLLATE_IN_PLACE
     assert col.ms_per_batch == pytest.approx(3.0) and col.default_collate_ms_per_batch == pytest.approx(0.5)
     assert iso.load.ms_per_sample == pytest.approx(3.0) and iso.load.getitem_ms_per_sample == pytest.approx(5.0)
     # over the cached batches alone (no load timed before it), the same collate reads warm
-    warm = isolate._collate(spec, caches, 1.0, clock)
+    warm = worker_stages.time_collate(spec, caches, 1.0, clock)
     assert not warm.in_place and warm.ms_per_batch == pytest.approx(1.0)

@@ -1,4 +1,4 @@
-"""Load split into read and decode (reads.py, isolate._load): reads timed through open()
+"""Load split into read and decode (reads.py, worker_stages.time_load): reads timed through open()
 and torchvision.io.read_file on a fake clock, the proxy behaves as a file, everything is
 restored, no split where no read was seen; end to end, an ImageFolder over large JPEGs
 is told read-bound on a planted slow file system and decode-bound on plain disk."""
@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from bisect_pipeline.measure import cache, isolate, reads
+from bisect_pipeline.measure import cache, reads, worker_stages
 from bisect_pipeline.pipeline import loader as loader_mod
 from bisect_pipeline.core.results import Isolated, LoadSplit, PerSample
 from bisect_pipeline.testing import SlowFiles
@@ -223,8 +223,8 @@ def test_no_read_seen_is_no_split_with_its_reason():
 def test_an_in_memory_dataset_gets_no_split():
     spec = loader_mod.describe(make_loader(PlantedDataset(n=16), batch_size=4))
     caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
-    aug = isolate._augment(caches, 0.05, time.perf_counter)
-    load = isolate._load(spec, caches, aug, 0.05, time.perf_counter)
+    aug = worker_stages.time_augment(caches, 0.05, time.perf_counter)
+    load = worker_stages.time_load(spec, caches, aug, 0.05, time.perf_counter)
     assert load.ok and load.split.status == "unavailable" and "already in memory" in load.split.reason
 
 
@@ -255,7 +255,7 @@ def test_load_is_split_on_the_same_timed_calls(tmp_path, read_ms, decode_ms, bou
     caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
     aug = PerSample.missing("unavailable", "no transform")
     with ClockedOpen(clock, ms=read_ms):
-        load = isolate._load(spec, caches, aug, 10.0, clock)
+        load = worker_stages.time_load(spec, caches, aug, 10.0, clock)
     s = load.split
     assert load.ms_per_sample == pytest.approx(read_ms + decode_ms)
     assert s.ok and s.bound == bound and s.samples == load.samples == len(caches.samples)  # the warm-up untimed
@@ -302,11 +302,11 @@ def test_an_image_folder_is_read_bound_on_a_slow_file_system_and_decode_bound_on
     caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
 
     def split(slow):
-        aug = isolate._augment(caches, 0.3, time.perf_counter)
+        aug = worker_stages.time_augment(caches, 0.3, time.perf_counter)
         if slow is None:
-            return isolate._load(spec, caches, aug, 1.0, time.perf_counter).split
+            return worker_stages.time_load(spec, caches, aug, 1.0, time.perf_counter).split
         with slow:
-            return isolate._load(spec, caches, aug, 1.0, time.perf_counter).split
+            return worker_stages.time_load(spec, caches, aug, 1.0, time.perf_counter).split
     # 1500x1500 noise JPEGs: ~2 MB each, decoding tens of ms; the planted file system
     # costs 400 ms a file, several times the decode even on a busy machine
     on_disk, slow = split(None), split(SlowFiles(tmp_path, ms_per_file=400.0))
@@ -338,7 +338,7 @@ def test_a_webdataset_shard_read_while_timed_is_split_into_read_and_decode(tmp_p
     ds = wds.WebDataset(str(tmp_path / "shard-0.tar"), shardshuffle=False).decode("torchrgb").to_tuple("jpg", "cls")
     spec = loader_mod.describe(torch.utils.data.DataLoader(ds, batch_size=4))
     caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
-    load = isolate._load(spec, caches, PerSample.missing("unavailable", "iterable"), 0.5, time.perf_counter)
+    load = worker_stages.time_load(spec, caches, PerSample.missing("unavailable", "iterable"), 0.5, time.perf_counter)
     s = load.split
     assert caches.stages is not None and caches.has_raw
     assert s.ok and s.bytes_per_sample > 1000 and "the transforms" not in s.how  # the shard, read through open()
@@ -355,5 +355,5 @@ def test_hugging_face_images_decoded_from_arrow_bytes_get_no_split():
                                 "label": b["label"]})
     spec = loader_mod.describe(torch.utils.data.DataLoader(hf, batch_size=2))
     caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
-    load = isolate._load(spec, caches, PerSample.missing("unavailable", "x"), 0.2, time.perf_counter)
+    load = worker_stages.time_load(spec, caches, PerSample.missing("unavailable", "x"), 0.2, time.perf_counter)
     assert load.ok and load.split.status == "unavailable" and "already in memory" in load.split.reason

@@ -3,6 +3,8 @@ torchvision transforms (v1 and v2, PIL images and tensors); planted costs on a f
 give the exact saving and say whether it is real; the real transforms of the slides'
 "blur then crop" come out faster reordered, through the isolated augment stage."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ from PIL import Image
 from torchvision import transforms as v1
 from torchvision.transforms import v2
 
-from bisect_pipeline.measure import cache, isolate, reorder
+from bisect_pipeline.measure import cache, reorder, worker_stages
 from bisect_pipeline.pipeline import loader as loader_mod
 from bisect_pipeline.pipeline.recording import Call
 from bisect_pipeline.core.results import Breakdown, Isolated, PerSample, Reorder
@@ -193,7 +195,7 @@ def _augment_of(tmp_path, transform):
         Image.fromarray(rng.integers(0, 256, (512, 512, 3), dtype=np.uint8)).save(paths[-1])
     spec = loader_mod.describe(make_loader(PILImages(paths, transform), batch_size=4))
     caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
-    return isolate._augment(caches, 3.0, isolate.time.perf_counter)
+    return worker_stages.time_augment(caches, 3.0, time.perf_counter)
 
 
 @pytest.mark.e2e

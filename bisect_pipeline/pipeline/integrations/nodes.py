@@ -90,7 +90,7 @@ class NodeSpec:
         return bool(self.overrides.get("pin_memory", any(n.kind == "pin" for n in self.chain)))
 
     persistent_workers = False  # every epoch's reset starts the graph's threads again
-    iterable = False  # (its source is read through SourceView, an indexed stand-in: isolate.py's load)
+    iterable = False  # (its source is read through SourceView, an indexed stand-in: worker_stages.py's load)
 
     @property
     def batcher(self) -> Optional[Node]:
@@ -291,7 +291,7 @@ class NodeSpec:
 
 
 class Collate:
-    """The batch side of the graph on one group of samples (isolate.py's collate): the
+    """The batch side of the graph on one group of samples (worker_stages.py's collate): the
     Batcher's list through the Mappers after it."""
 
     def __init__(self, fns: tuple) -> None:
@@ -307,7 +307,7 @@ class Collate:
 
 class SourceView:
     """The graph's source side read in this process, one item per key (keys ignored:
-    the source's own order), through the per-sample Mappers: what isolate.py times as a
+    the source's own order), through the per-sample Mappers: what worker_stages.py times as a
     dataset's __getitem__ (load and the transforms), from a copy of the source started
     afresh for each copy of the view. A graph that batches its keys (NodeSpec.
     batched_keys): one item per batch, through the Mapper that reads and builds it."""

@@ -9,7 +9,7 @@ and `collated` is the loader's output as everywhere. The fill runs a copy of the
 pipeline with a tap at each cut (`Cuts.tapped`), which keeps the items passing there; a
 cut's replay is the same pipeline class over those items, cycled, followed by the very
 stage objects after the cut (`Cuts.replay`), in the user's DataLoader settings: every
-worker cycles over the cached items. The stages alone (isolate.py) are the same
+worker cycles over the cached items. The stages alone (worker_stages.py) are the same
 segments run on cached items (`Cuts.loading`, `augmenting`, `collating`).
 
 A `WebLoader` is a DataPipeline whose first stage is a DataLoader: the stages after it
@@ -235,7 +235,7 @@ class Cuts:
         return [f"dataset.pipeline[{i}] {stage_name(s)}" for i, s in enumerate(self.stages)
                 if self.raw <= i < self.augmented and kind(s) == "map"]
 
-    # -- the segments timed alone (isolate.py) -----------------------------------------
+    # -- the segments timed alone (worker_stages.py) -----------------------------------
 
     def loading(self) -> Any:
         """A pipeline of the stages up to `raw`: iterating it reads and decodes samples."""
