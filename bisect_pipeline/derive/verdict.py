@@ -358,37 +358,27 @@ def _none_alone(v: Verdict, pred: witness.Prediction, base_point: str, gap: Opti
     return dataclasses.replace(v, bottleneck="none", witness="isolated costs", reason=reason)
 
 
-# The rounds' spread estimates a difference's noise from this many per-round values on
-# (plan.Plan.min_rounds): with fewer, their bound on the loss is no check of the costs
-# alone (a step of seconds: one round of the points in --max-seconds).
+# With fewer rounds than plan.Plan.min_rounds, the rounds' bound on the loss is no check
+# of the costs alone (a step of seconds: one round in --max-seconds). Two readings of one
+# step agree within STEP_AGREE of the larger: a warm visit's two windows' test.
 CHECKED_ROUNDS = 3
-# Two readings of one step agree within this share of the larger: the test a visit's two
-# windows pass to be warm (plan.Plan.steady_tolerance, stats.NOISY_REL_IQR).
 STEP_AGREE = NOISY_REL_IQR
 
 
 def _none_unchecked(v: Verdict, pred: witness.Prediction, base_point: str, up: float) -> Verdict:
-    """`none` on the costs alone where the rounds cannot check them (fewer than
-    CHECKED_ROUNDS, _none_alone), if three things hold:
-        the step the costs alone were compared with (timed alone before the points,
-            witness.Alone.step) and the ceiling as the rounds read it, one window or more,
-            agree within STEP_AGREE: both saw the same step;
-        the worker stages' costs alone with their error (`up`, Z_UPPER standard errors up),
-            and the rounds' reading from base_point to the ceiling (handoff, transfer),
-            are at most MIN_REL_DROP of the batch: far below NONE_MAX_LOSS, under the
-            floor below which no stage's cost is real however many rounds came
-            (stats.is_real), so more rounds could only confirm it or show the witnesses
-            disagree;
-        the rounds' reading of `full` agrees with the ceiling plus that loss within
-            STEP_AGREE (one reading of each, no noise of their own yet).
-    With the costs at 8% of the step, no `none` here: the rounds must bound it."""
+    """`none` on the costs alone where the rounds are too few to check them (_none_alone):
+    the step they were compared with (timed alone: witness.Alone.step) and the ceiling as
+    the rounds read it (one window will do) agree within STEP_AGREE; the costs alone with
+    their error (`up`) and the rounds' reading from base_point to the ceiling add at most
+    MIN_REL_DROP of the batch (far under NONE_MAX_LOSS: no stage could be real below it,
+    so more rounds could only confirm it or show the witnesses disagree); and the rounds'
+    reading of `full` is within STEP_AGREE of the ceiling plus that loss."""
     step, ceiling = pred.alone.step, v.fitted[v.ceiling]
     if step is None or step <= 0 or ceiling <= 0 or abs(ceiling - step) > STEP_AGREE * max(ceiling, step):
         return v
     rest = max(0.0, v.fitted[base_point] - ceiling)
-    loss, low = up + rest, min(step, ceiling)
-    full = v.fitted["full"]
-    if loss > MIN_REL_DROP * (low + loss) or full > (ceiling + loss) * (1 + STEP_AGREE):
+    loss, full = up + rest, v.fitted["full"]
+    if loss > MIN_REL_DROP * (min(step, ceiling) + loss) or full > (ceiling + loss) * (1 + STEP_AGREE):
         return v
     reason = reasons.none_unchecked(pred.alone, up=up, rest=rest, ceiling=ceiling, full=full,
                                     rounds=v.gap_rounds or 1)
@@ -420,9 +410,11 @@ def settled(v: Verdict, more_noise: Verdict, less_noise: Verdict) -> bool:
     pipeline is input-bound: like a named stage, that must stand with the margin). Never
     an inconclusive verdict, nor one whose two witnesses disagree (`disagree`: a reading
     beyond both noises from its cost alone, or the two ordering stages the other way
-    round): its rounds are suspect, and more of them may show it. (An inconsistent point
-    has been measured again once by the scheduler before this is asked, then left out.)"""
-    if v.bottleneck in (None, "inconclusive") or v.disagree:
+    round): its rounds are suspect, and more of them may show it; nor one that names a stage
+    merged with the next because the point between them was left out (left_out_in_question:
+    more rounds measure it again). (An inconsistent point has been measured again once by
+    the scheduler before this is asked.)"""
+    if v.bottleneck in (None, "inconclusive") or v.disagree or left_out_in_question(v):
         return False
     if v.bottleneck == "none":
         return less_noise.bottleneck == "none"
@@ -442,11 +434,32 @@ def in_question(v: Verdict) -> tuple:
     return tuple(v.tied) if v.bottleneck == "tie" else ()
 
 
+def left_out_in_question(v: Verdict) -> set:
+    """Points left out as inconsistent whose absence merges a stage in question with the
+    next (raw left out: load with augment), with the points read faster than them: measured
+    again while the run has time, the verdict unsettled till then (settled): two stages
+    are merged only for a point the run could not measure again."""
+    asked, left = set(in_question(v)), {i.slower: i.faster for i in v.inconsistent}
+    out: set = set()
+    for s in v.stages:
+        if s.status != "ok" or s.stage not in asked or len(s.includes) < 2 or not s.lower or not s.upper:
+            continue
+        for p in POINTS[POINTS.index(s.lower) + 1:POINTS.index(s.upper)]:
+            if p in left:
+                out |= {p, left[p]}
+    return out
+
+
 def deciding_points(v: Verdict) -> set:
     """The points whose measurement can still change verdict `v`: around the stages of a
     tie; around the named stage and its runner-up; `full` and the ceiling when the
     question is the gap (none, or inconclusive after FEW_ROUNDS rounds); every costed
-    point without a verdict or in an inconclusive one of fewer rounds."""
+    point without a verdict or in an inconclusive one of fewer rounds; a point left out
+    that merges a stage in question (left_out_in_question)."""
+    return _deciding(v) | left_out_in_question(v)
+
+
+def _deciding(v: Verdict) -> set:
     costed = drops.costed(v.stages)
     if v.bottleneck is None:
         return {p for s in costed for p in (s.lower, s.upper)} | {"full"}

@@ -8,7 +8,9 @@ stops once it is settled (verdict.settled); otherwise until `plan.max_rounds` or
 deadline, each further round visiting only the points that can still change the verdict
 (verdict.deciding_points: around the two costliest stages, or `full` and the ceiling
 when the question is the gap). A point found inconsistent (slower than one doing more
-work) is measured again once, next to that point, before anything is decided. Once a
+work) is measured again once, next to that point, before anything is decided, and in
+each round after while leaving it out would merge the stage in question with the next
+(verdict.left_out_in_question): the verdict does not settle before. Once a
 step's time is known, a budget too short for the minimum rounds is said (a `budget`
 note and a warning event), and what fits is measured. A point's replay loader with
 workers is kept from one visit to the next, parked between them (Experiment.keeps,
@@ -28,7 +30,7 @@ from typing import Iterator, Optional
 from ..core.results import Note, PointResult
 from ..core.stats import Throughput
 from ..derive.drops import POINTS, STAGES
-from ..derive.verdict import SETTLE_NOISE_SCALE, deciding_points, settled
+from ..derive.verdict import SETTLE_NOISE_SCALE, deciding_points, left_out_in_question, settled
 from .experiment import MEASURE_ORDER, Experiment, no_window
 from .plan import tight_order
 from .visit import Visit
@@ -94,8 +96,7 @@ class Rounds:
                     if v is None:
                         return
                     # and the points no visit has measured yet: without them there is no verdict
-                    focus = deciding_points(v) | {n for n in todo if no_window(exp.results.get(n))}
-                    exp.close_kept(keep=focus)
+                    focus = self._refocus(v, {n for n in todo if no_window(exp.results.get(n))})
                     continue
                 if r + 1 < exp.plan.min_rounds:
                     continue
@@ -110,12 +111,22 @@ class Rounds:
                 if how:
                     self.info.update(how)
                     break
-                focus = deciding_points(v)
-                exp.close_kept(keep=focus)  # the workers of points no longer visited
+                focus = self._refocus(v)
         finally:
             exp.close_kept()
             self.info["verdict_s"] = round(exp.clock() - exp.start, 3)
             self.info["visits"] = exp.visits
+
+    def _refocus(self, v, also: set = frozenset()) -> set:
+        """The points the next rounds visit: those that can change verdict `v`
+        (verdict.deciding_points) and `also`; the workers of the others are closed. Where a
+        point left out merges the stage in question with the next, measuring it again comes
+        before the check: the script's batches kept for the check are the rounds' too."""
+        focus = deciding_points(v) | set(also)
+        if left_out_in_question(v):
+            self.reserve = 0
+        self.exp.close_kept(keep=focus)
+        return focus
 
     def _tight_order(self, order: list, ceiling: str) -> list:
         """The first round's visits still to make, planned where the minimum rounds do not
@@ -271,7 +282,7 @@ def witnessed(v) -> bool:
     the time goes to what is still undecided after the verdict (the check, the search, the
     change's check). A GPU machine's torchvision reference spent 62 s of 180 on rounds
     past the minimum of a load verdict both witnesses named."""
-    return v.bottleneck in STAGES and v.witness == "both" and not v.disagree
+    return v.bottleneck in STAGES and v.witness == "both" and not v.disagree and not left_out_in_question(v)
 
 
 def alone_first(a) -> tuple:

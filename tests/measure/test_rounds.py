@@ -256,6 +256,36 @@ def test_an_inconsistent_pair_is_measured_again_once(monkeypatch):
     assert info["settled"] and len(names) == 17  # measured again once, then left out: the verdict settles
 
 
+def test_a_point_read_slow_in_its_first_rounds_is_measured_again_not_dropped(monkeypatch):
+    # raw reads 80 ms a batch in its first three visits (a burst of another program),
+    # slower than full's 61, which does all its work and more: left out, it would merge
+    # load and augment into "load (with augment)". The rounds measure it and full again
+    # while the time lasts; raw's later visits read 50, and augment is named on its own.
+    run, seen, _ = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 80, "full": 61},
+                            later={"raw": [80, 80, 50]})
+    info = measure(run, POINTS)
+    assert info["remeasured"] == [["raw", "full"]]
+    names = [n for n, _ in seen]
+    assert names.count("raw") > 4  # beyond the minimum rounds and the one remeasure
+    v = run.decide()
+    assert not v.inconsistent and v.bottleneck == "augment", (v.bottleneck, v.reason)
+    assert next(s for s in v.stages if s.stage == "augment").includes == ("augment",)
+    assert info["settled"]
+
+
+def test_a_point_left_out_merges_the_stage_in_question_only_when_out_of_time(monkeypatch):
+    # raw reads slow at every visit (a replay that costs more than it saves): measured
+    # again in every round until the rounds that settle a verdict end, then left out, and
+    # load is named with augment in it
+    run, seen, clock = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 80, "full": 61},
+                                settle_deadline=45.0)
+    info = measure(run, POINTS)
+    v = run.decide()
+    assert [(i.slower, i.faster) for i in v.inconsistent] == [("raw", "full")]
+    assert v.bottleneck == "load" and next(s for s in v.stages if s.stage == "load").includes == ("load", "augment")
+    assert not info["settled"] and clock.t > 44.0 and [n for n, _ in seen].count("raw") > 10
+
+
 def test_pool_keeps_earlier_windows_on_a_failure_and_on_running_out():
     before = PointResult("device", "ok", Throughput(windows(10), BS))
     out_of_time = PointResult("device", "failed", reason="out of time", stopped_by_deadline=True)
