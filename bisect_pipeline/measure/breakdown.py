@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -132,11 +131,6 @@ def call_inputs(call: Any, steps: list) -> tuple[tuple, dict]:
     if steps and isinstance(steps[0].fn, _AlbumentationsPre):
         return (tree.clone(dict(call.kwargs)),), {}
     return tree.clone(call.args), tree.clone(call.kwargs)
-
-
-def leaves_of(call: Any) -> list:
-    """The rows of one recorded call, in order."""
-    return [leaf for step in parts_of(call)[0] for leaf in step.leaves()]
 
 
 def describe(x: Any) -> str:

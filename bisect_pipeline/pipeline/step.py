@@ -89,18 +89,3 @@ def _move(x: Any, device: torch.device) -> Any:
                 pass
         return x.to(device)
     return x
-
-
-class Lazy:
-    """The default step over `model`, built on its first call: inside the run, whose state
-    (the train flag included) is restored afterwards. For adapters that wrap the step
-    before the run starts (integrations.timm)."""
-
-    def __init__(self, model: Any, optimizer: Any = None, loss_fn: Any = None) -> None:
-        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
-        self._step = None
-
-    def __call__(self, batch: Any) -> Any:
-        if self._step is None:
-            self._step = make_step(self.model, self.optimizer, self.loss_fn)
-        return self._step(batch)

@@ -22,45 +22,10 @@ from . import summary as summary_mod
 from .figures import finite, gain_if_free, ms
 
 
-# Version history of the JSON document:
-#   1 - first release: schema_version, device, batch_size, bottleneck, points, stages,
-#       verdict, loader, cache, advice, warnings, run, complete, interrupted. Later,
-#       added keys only: isolated, syncs, verification; mode and source (who drove the
-#       loop); notes (the warnings with their kind, measured or derived); per point
-#       wait_seconds, input_wait_ms_per_batch, and in a user's loop discarded_windows,
-#       pauses and paused_seconds; cache.held and cache.budget_bytes (what --cache-mb
-#       counted); isolated.items_per_batch, and batch_size_source "counted in the
-#       collated batch: ..." (items that become several samples); loader.batches_per_epoch,
-#       the advice kind persistent_workers (numbers.not_checked in a user's loop), and
-#       ms_per_batch in each verified block and its tried entries; isolated.augment.breakdown
-#       (the transforms one by one, their sum against the whole; RandomApply/RandomChoice/
-#       RandomOrder children with `ran`; `reorders`, a photometric
-#       transform moved after a smaller crop, timed both ways (reorder.py), with the advice
-#       kind reorder; `confirmed`, the costliest transform
-#       measured in the pipeline with its raw windows); in the advice's numbers, augment's
-#       parts (the costliest transforms, each with its remedy) and collate's
-#       own_work_ms_per_batch and stacking_ms_per_batch; isolated.load.split (load split
-#       into reading files and decoding on the same samples, reads.py).
-#   2 - the noise from the paired rounds (issue 30): each window's `round`; the verdict
-#       `tie` with verdict.tied (the stages in question, costliest first) and
-#       verdict.leads (the costliest stage's lead over each other stage, its noise, the
-#       least lead that is real, real or not; since 2026-11-26 (night) real at 97.7%
-#       one-sided from 4 rounds on and noise_ms widened at that level, where it was
-#       99.865%: a document is decided again as it is read, by the rule of the version
-#       reading it; since 2026-11-27 each lead within its noise with rounds_to_tell, the
-#       rounds after which it would be real at its spread; since 2026-11-27 (day) the
-#       second witness: verdict.witness, verdict.model, verdict.disagree, per stage
-#       alone_ms_per_batch and alone_se_ms, from isolated se_ms_per_sample/se_ms_per_batch
-#       and cpu_ms_per_sample/cpu_ms_per_batch; a verified block's low, high and pairs,
-#       its speed-up from the pairs of visits); verdict.gap_upper_ms and
-#       gap_rounds; per stage `rounds` (the rounds its noise was paired over). A document
-#       of schema 1 is still read: its windows have no round, so its noise is the
-#       windows', as it was decided. The `tune` section (--tune: the search of the
-#       loader's settings, the patch, the patched script's check) is versioned on its
-#       own, TUNE_SCHEMA_VERSION. Since 2026-11-27 (afternoon) each note's message is
-#       one line with its next step, its why (where it has one) in notes[].detail; the
-#       verdict's reason says why, verdict.next what to measure next (an inconclusive
-#       reason said both before).
+# The document's version: docs/json-schema.md says what each added (new keys may come
+# within a version). A document of version 1 is still read: its windows have no round,
+# so its noise is the windows', as it was decided. The `tune` section is versioned on
+# its own (TUNE_SCHEMA_VERSION).
 SCHEMA_VERSION = 2
 READS = (1, 2)
 
