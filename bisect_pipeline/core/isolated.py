@@ -221,6 +221,10 @@ class StepTime(Part):
     ms_per_batch: Optional[float] = None
     steps: Optional[int] = None
     source: Optional[str] = None
+    # the step timed alone before the points, kept where ms_per_batch became the device
+    # point's once it was measured (isolate.with_ceiling): the step the costs alone were
+    # compared with, a reading of it apart from the rounds' (verdict._none_unchecked)
+    alone_ms_per_batch: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)

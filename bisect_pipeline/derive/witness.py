@@ -129,6 +129,8 @@ def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
         mode = "parallel"  # cores of their own, or work that waits and needs none
     else:
         mode = "shared"
+    timed = isolated.part("step")
+    step = timed.alone_ms_per_batch / 1e3 if timed is not None and timed.alone_ms_per_batch else None
     in_loop = isolated.part("in_loop")
     if mode == "serial" and in_loop is not None and in_loop.fetch_se_ms is not None and in_loop.collate_se_ms is not None:
         # the loop's own conditions (isolate._in_loop): what the loop pays for the same
@@ -139,8 +141,8 @@ def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
         work["collate"] = in_loop.collate_ms_per_batch / 1e3
         se["collate"] = _noise(work["collate"], in_loop.collate_se_ms / 1e3)
         samples = [in_loop.batches or 0] + samples[2:]
-        return Alone(work, se, mode, workers, cores, merged, min(samples), in_loop=True)
-    return Alone(work, se, mode, workers, cores, merged, min(samples))
+        return Alone(work, se, mode, workers, cores, merged, min(samples), in_loop=True, step=step)
+    return Alone(work, se, mode, workers, cores, merged, min(samples), step=step)
 
 
 def _noise(cost: float, se: float) -> float:

@@ -91,11 +91,15 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
     except Exception as exc:
         syncs = Syncs.missing("failed", reason_of(exc))
     if step_sec_per_batch is not None:
-        parts["step"] = StepTime(ms_per_batch=round(step_sec_per_batch * 1e3, 3), source=step_source)
+        ms = round(step_sec_per_batch * 1e3, 3)
+        parts["step"] = StepTime(ms_per_batch=ms, source=step_source,
+                                 alone_ms_per_batch=ms if step_source == STEP_ALONE else None)
     elif device_batch is not None and train_step is not None and not fits(STEP_WARMUP + 1):
         parts["step"] = StepTime.missing("skipped", out_of_time(STEP_WARMUP + 1))
     elif device_batch is not None and train_step is not None:
         parts["step"] = guard(StepTime, lambda: time_step(train_step, device_batch, device, share, clock))
+        if parts["step"].ok:
+            parts["step"] = dataclasses.replace(parts["step"], alone_ms_per_batch=parts["step"].ms_per_batch)
     else:
         parts["step"] = StepTime.missing("unavailable", "no batch on the device to step on")
     parts["in_loop"] = _in_loop_part(spec, caches, train_step, device_batch, device, parts=parts, fits=fits,
@@ -255,7 +259,9 @@ def with_ceiling(iso: Optional[Isolated], results: dict) -> Optional[Isolated]:
     dp = results.get("device")
     if iso is None or not iso.ok or dp is None or not dp.ok:
         return iso
-    step = StepTime(ms_per_batch=round(dp.throughput.sec_per_batch * 1e3, 3), source=STEP_CEILING)
+    alone = iso.step.alone_ms_per_batch if iso.step is not None else None  # the step alone, kept beside it
+    step = StepTime(ms_per_batch=round(dp.throughput.sec_per_batch * 1e3, 3), source=STEP_CEILING,
+                    alone_ms_per_batch=alone)
     out = dataclasses.replace(iso, step=step)
     w = iso.workers
     threads = w.step_threads if w is not None and w.step_threads is not None else 0

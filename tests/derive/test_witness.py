@@ -4,7 +4,7 @@ drops held against each worker stage's cost alone, exact values on a fake table.
 import pytest
 
 from bisect_pipeline.derive import witness
-from bisect_pipeline.core.results import Collate, InLoop, Isolated, PerSample, Workers
+from bisect_pipeline.core.results import Collate, InLoop, Isolated, PerSample, StepTime, Workers
 from bisect_pipeline.derive.verdict import SETTLE_NOISE_SCALE, decide, self_check, settled
 from test_verdict import BS, NO_HANDOFF, by_round
 
@@ -200,6 +200,10 @@ def test_the_costs_alone_come_from_the_isolated_record_and_say_which_model_holds
                         "augment": PerSample(ms_per_sample=2.52, se_ms_per_sample=0.1, cpu_ms_per_sample=2.56,
                                              samples=80)})
     assert witness.waits(monai) == "" and witness.alone(monai, {"num_workers": 2}, "cpu").mode == "shared"
+    # the step timed alone before the points, kept beside the device point's figure
+    timed = Isolated(**{**iso.__dict__, "step": StepTime(ms_per_batch=2500.0, alone_ms_per_batch=2400.0)})
+    assert witness.alone(timed, {"num_workers": 0}, "cpu").step == pytest.approx(2.4)
+    assert witness.alone(iso, {"num_workers": 0}, "cpu").step is None
     # a document written before the standard errors were kept: no second witness
     old = Isolated(items_per_batch=10, load=PerSample(ms_per_sample=2.0), collate=Collate(ms_per_batch=1.0))
     assert witness.alone(old, {"num_workers": 0}, "cpu") is None

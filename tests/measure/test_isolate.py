@@ -158,7 +158,7 @@ def test_the_step_alone_is_skipped_where_it_would_run_past_the_end():
     assert steps == []
     assert iso.collate.ok and iso.load.ok  # the rest is still timed
     iso, _, steps = heavy_stages(2.0, end_in=60.0, estimate=2.0)  # with room it runs
-    assert iso.step.ok and iso.step.ms_per_batch == pytest.approx(2000.0)
+    assert iso.step.ok and iso.step.ms_per_batch == pytest.approx(2000.0) == iso.step.alone_ms_per_batch
     assert len(steps) == device_alone.STEP_WARMUP + 1  # at least one timed step, past the 0.4 s share
 
 
@@ -186,6 +186,7 @@ def test_the_step_comes_from_the_device_point_once_measured():
     device = PointResult("device", "ok", Throughput((Window(10, 0.2), Window(10, 0.2)), 4))
     iso = isolate.with_ceiling(iso, {"device": device})
     assert iso.step.ms_per_batch == 20.0 and iso.step.source == isolate.STEP_CEILING
+    assert iso.step.alone_ms_per_batch == 500.0  # the step the costs alone were compared with, kept beside it
     assert iso.workers.step_ms_per_batch == 20.0  # the workers that feed it, from the ceiling's step
     assert isolate.with_ceiling(iso, {}) is iso
 
