@@ -428,7 +428,9 @@ def _isolated_lines(r: "Diagnosis") -> list:
             val = None if d is None else d.ms_per_sample if unit == "ms/sample" else d.ms_per_batch
             if d is not None and d.ok and val is not None:
                 gbs = getattr(d, "gb_per_s", None)
-                parts.append(f"{key} {val:.2f} {unit}" + (f" at {gbs:.1f} GB/s" if gbs else "") + _stacking(d))
+                alone = getattr(d, "alone_ms_per_batch", None)  # the step timed alone, beside the ceiling's
+                parts.append(f"{key} {val:.2f} {unit}" + (f" at {gbs:.1f} GB/s" if gbs else "") + _stacking(d)
+                             + (f" ({alone:.2f} timed alone)" if alone and f"{alone:.2f}" != f"{val:.2f}" else ""))
             elif d is not None:
                 parts.append(f"{key} {d.status}")
         il = iso.part("in_loop")
