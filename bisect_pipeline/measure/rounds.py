@@ -163,6 +163,7 @@ class Rounds:
         share = _weight(name) / (sum(_weight(n) for n in planned) + later)
         cap = self._batch_share(name, share)
         if cap == 0:  # the script's batches for the rounds are used: what was measured is the measurement
+            self.info["limited_by"] = "batches"
             return False
         exp.emit({"event": "point", "point": name, "index": exp.visits, "total": exp.visits + len(planned) + later})
         visit = exp.visit(name, exp.visit_deadline(name, left * share, limit), keep_open=exp.keeps(name),

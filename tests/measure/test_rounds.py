@@ -499,7 +499,8 @@ def test_a_kept_loader_that_fails_is_closed_with_its_error_and_the_point_fails(m
 def fast_script_run(monkeypatch, ms: dict, batches: int, max_seconds: float = 30.0):
     """Real visits on a fake clock for a user's script of `batches` batches (Experiment.
     batches_left counts them down as the visits hand them out): a 2 ms step that does
-    not use the CPU (a GPU's) behind one worker whose sources add what `ms` plants beyond it."""
+    not use the CPU (a GPU's) behind one worker whose sources add what `ms` plants beyond it
+    (a list: visit by visit, cycled)."""
     clock = FakeClock()
     spec = type("Spec", (), {"batch_size": BS, "num_workers": 1, "pin_memory": False, "prefetch_depth": 2,
                              "persistent_workers": False, "loader_cls": None, "iterable": False})()
@@ -508,11 +509,16 @@ def fast_script_run(monkeypatch, ms: dict, batches: int, max_seconds: float = 30
     handed = {"n": 0}
     exp.batches_left = lambda: batches - handed["n"]
 
+    opened: dict = {}
+
     @contextlib.contextmanager
     def source(name, spec=None, epochs=False, threads=None, calls=None, keep=False):
+        opened[name] = opened.get(name, 0) + 1
+        value = ms[name] if not isinstance(ms[name], list) else ms[name][(opened[name] - 1) % len(ms[name])]
+
         def next_batch():
             handed["n"] += 1
-            clock.t += (ms[name] - 2.0) / 1e3
+            clock.t += (value - 2.0) / 1e3
             return name
         yield next_batch, None
 
@@ -545,6 +551,18 @@ def test_a_script_too_short_for_three_rounds_says_so_before_they_start(monkeypat
     assert len(notes) == 1 and re.fullmatch(r"Your script has about 120 batches left, \d+ needed: run more epochs\.",
                                             notes[0]), notes
     assert used <= 120 and schedule.reserve == 0
+
+
+def test_rounds_ended_by_the_script_s_batches_say_so(monkeypatch):
+    # load and augment alike (a tie the rounds cannot tell apart): the rounds go on until
+    # the script's batches for them are used, and say that it was the batches, not the time
+    ms = {"device": 2.0, "collated": 2.05, "augmented": 2.1, "raw": [3.4, 4.8, 3.0, 4.6], "full": 6.0}
+    exp, used, schedule = fast_script_run(monkeypatch, ms, batches=1316, max_seconds=60.0)
+    assert exp.decide().bottleneck == "tie"
+    assert used <= 1316 - schedule.reserve and schedule.info["limited_by"] == "batches"
+    assert not schedule.info["settled"] and exp.clock() < 30.0
+    light = {"device": 2.0, "collated": 2.05, "augmented": 2.1, "raw": 4.0, "full": 4.1}
+    assert "limited_by" not in fast_script_run(monkeypatch, light, batches=1316)[2].info  # settled first
 
 
 @pytest.mark.parametrize("witness", ["both", "rounds"])

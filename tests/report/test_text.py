@@ -815,6 +815,23 @@ def test_a_tie_more_rounds_would_tell_apart_says_how_many_once():
 
 
 
+def test_rounds_the_script_s_batches_ended_ask_for_more_epochs_not_more_seconds():
+    # issue 59: a 1,316-batch script at --max-seconds 60 whose rounds used their share of
+    # its batches in 12 s: a larger --max-seconds would buy nothing
+    from bisect_pipeline.report.summary import summarize
+    r = rounds_report({"device": 20.0, "augmented": 21.0, "raw": 41.0, "full": 66.0}, 4, {"full": 0.1, "raw": 0.1})
+    (lead,) = [lead for lead in r.verdict.leads if lead.rounds_to_tell]
+    assert "--max-seconds" in summarize(r).next  # by the time
+    run = dataclasses.replace(r.measurements.run, limited_by="batches")
+    ended = Report.of(dataclasses.replace(r.measurements, run=run))
+    need = -(-lead.rounds_to_tell // 4)
+    assert summarize(ended).next == (
+        f"Next: about {lead.rounds_to_tell} rounds would tell load and augment apart (4 so far): run your script for "
+        f"more epochs or steps (its batches ended the rounds, not --max-seconds; about {need}x as many), or close "
+        "other work on this machine.")
+    assert ended.to_dict()["run"]["limited_by"] == "batches"
+
+
 def fast_step_report(in_loop: bool) -> Report:
     """A 3-ms CPU step over token sequences at num_workers=0, six steady rounds: load reads
     0.6 ms a batch; alone, one item after another, its 64 items cost 0.05 ms, and between
