@@ -129,6 +129,9 @@ class PerSample(Part):
     # to), where ms_per_sample is its transforms timed where the dataset calls them, in
     # the load's __getitem__ calls (worker_stages.time_load); None where it is the replay itself
     alone_ms_per_sample: Optional[float] = None
+    # load of a streaming dataset timed through its iterator in a worker (ms_per_sample):
+    # the same load timed by index in this process (get_item), kept beside it
+    index_ms_per_sample: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -261,7 +261,7 @@ def _disagreement(v: Verdict, cost: Mapping, predicted: Mapping, disagree: tuple
         return dataclasses.replace(v, witness="both", disagree=disagree)
     tied = tuple(sorted({top_alone, *asked}, key=lambda n: -cost[n].sec_per_batch))
     return dataclasses.replace(v, bottleneck="tie", tied=tied, witness="disagree", disagree=disagree,
-                               reason=reasons.disagreement(tied, cost, predicted, disagree))
+                               reason=reasons.disagreement(tied, cost, predicted, disagree, v.prediction.alone))
 
 
 def steady(v: Verdict, s: StageCost) -> Optional[Contrast]:

@@ -74,6 +74,9 @@ class Alone:
     # costs alone were compared with (isolate: workers_needed), a reading of the step
     # apart from the rounds' (verdict._none_unchecked); None where it was not timed so
     step: Optional[float] = None
+    # a streaming dataset's load timed through its iterator in a worker (`work`): the same
+    # load timed by index in this process (get_item), per batch, where it was
+    index_load: Optional[float] = None
 
     def at(self, point: str) -> Optional[tuple]:
         """(work per batch still to do at `point`, its standard error), or None where
@@ -131,6 +134,7 @@ def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
         mode = "shared"
     timed = isolated.part("step")
     step = timed.alone_ms_per_batch / 1e3 if timed is not None and timed.alone_ms_per_batch else None
+    index_load = load.index_ms_per_sample * items / 1e3 if load.index_ms_per_sample is not None else None
     in_loop = isolated.part("in_loop")
     if mode == "serial" and in_loop is not None and in_loop.fetch_se_ms is not None and in_loop.collate_se_ms is not None:
         # the loop's own conditions (isolate._in_loop): what the loop pays for the same
@@ -142,7 +146,7 @@ def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
         se["collate"] = _noise(work["collate"], in_loop.collate_se_ms / 1e3)
         samples = [in_loop.batches or 0] + samples[2:]
         return Alone(work, se, mode, workers, cores, merged, min(samples), in_loop=True, step=step)
-    return Alone(work, se, mode, workers, cores, merged, min(samples), step=step)
+    return Alone(work, se, mode, workers, cores, merged, min(samples), step=step, index_load=index_load)
 
 
 def _noise(cost: float, se: float) -> float:
