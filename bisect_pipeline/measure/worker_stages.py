@@ -58,19 +58,17 @@ def time_load(spec, caches, augment: PerSample, share, clock, *, in_place: Optio
     collated in the loader's groups as they fill (`in_place["collate"]`, CollateInPlace),
     their time taken out of the load's.
 
-    A streaming dataset (cache.by_index) reads its samples in chunks or shards of many
-    samples, and a worker pays a chunk's opening once for all of them: it is timed over
-    as many of its samples as the share allows (one epoch of this process's partition at
-    most), not only as many as the caches hold, which a first chunk holds whole. Through
-    its iterator, as the workers read it, where it can be iterated here
-    (integrations.streaming.iterates_here), else by index in its order."""
+    A streaming dataset (cache.by_index) reads its samples in chunks of many, a chunk's
+    opening paid once for all: it is timed over as many samples as the share allows (one
+    epoch of this process's partition at most). Through its iterator where it can be
+    iterated here (integrations.streaming.iterates_here), else by index and, with the
+    loader's workers, through its iterator in a worker (_through_iterator), half each."""
     # a pipeline cut into its stages loads in the stages up to `raw` (integrations.webdataset)
     stages = getattr(caches, "stages", None)
     recorder = getattr(caches, "recorder", None) if stages is None and augment.ok else None
     dataset = (stages.loading() if stages is not None else caches.dataset if recorder is not None
                else copy_or_same(spec.dataset))
     streaming, sizes = by_index(spec), []
-    # where it partitions itself among the user's workers, it is also timed as they get it
     iterated = streaming and not integrations.streaming.iterates_here(spec.dataset) and spec.num_workers > 0
     transforms: list = []  # per item built, the seconds of its transforms where they are timed in place
     collating = (CollateInPlace(spec, sizes, clock)
@@ -104,13 +102,13 @@ def time_load(spec, caches, augment: PerSample, share, clock, *, in_place: Optio
         in_place["collate"] = collating
     load = _load_figure(spec, caches, augment, timed, transforms=transforms[-timed.n:] if any(transforms) else None,
                         in_place=in_place)
-    if iterated:
-        load = _through_iterator(spec, caches, augment, dataset, recorder, load, share / 2, in_place)
-    n = timed.n
-    return dataclasses.replace(load, split=guard(LoadSplit, lambda: reads.split(seen, n, load)))
+    if iterated:  # partitioned among the user's workers: also timed as they get it
+        load = _through_iterator(spec, caches, augment, load, dataset=dataset, recorder=recorder, share=share / 2,
+                                 in_place=in_place)
+    return dataclasses.replace(load, split=guard(LoadSplit, lambda: reads.split(seen, timed.n, load)))
 
 
-def _through_iterator(spec, caches, augment: PerSample, dataset, recorder, by_index: PerSample, share: float,
+def _through_iterator(spec, caches, augment: PerSample, by_index: PerSample, *, dataset, recorder, share: float,
                       in_place: Optional[dict]) -> PerSample:
     """A streaming dataset's load as its loader gets the samples: through its iterator,
     in a worker of its own (iterator_alone.in_a_worker), less the transforms the dataset
