@@ -675,7 +675,7 @@ def tool(name: str, runs: int, max_seconds: Optional[float], expected: list, out
         path = os.path.join(out, f"{name}-{k + 1}.json")
         with open(path, "w") as f:
             json.dump(doc, f)
-        verdict = doc["bottleneck"] + (f" ({', '.join(doc['verdict']['tied'])})" if doc["bottleneck"] == "tie" else "")
+        verdict = str(doc["bottleneck"]) + (f" ({', '.join(doc['verdict']['tied'])})" if doc["bottleneck"] == "tie" else "")
         costs = ", ".join(f"{s['stage']} {s['ms_per_batch']:.1f}" for s in doc["stages"] if s["status"] == "ok")
         rows.append({"case": name, "run": k + 1, "verdict": verdict, "expected": "/".join(expected),
                      "judged": right(doc, expected), "lenient": lenient(doc, expected),
