@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Iterator, Optional
 
 from ..core.results import Note, PointResult
@@ -116,6 +117,22 @@ class Rounds:
             exp.close_kept()
             self.info["verdict_s"] = round(exp.clock() - exp.start, 3)
             self.info["visits"] = exp.visits
+            if sys.exc_info()[0] is None:  # not interrupted
+                self._unplanned(todo)
+
+    def _unplanned(self, todo: list) -> None:
+        """Where the minimum rounds did not fit, the points no visit reached say what the
+        time held (instead of a bare "out of time"): the ceiling and `full` came first."""
+        exp, step = self.exp, self.exp.step_estimate()
+        if not self.tight or step is None:
+            return
+        held = sum(1 for n in todo if exp.results.get(n) is not None)
+        budget = exp.budget.max_seconds if exp.budget is not None else exp.end - exp.start
+        for name in todo:
+            if name not in exp.results:
+                exp.results[name] = PointResult(name, "not run", reason=(
+                    f"out of time: --max-seconds {budget:g} held {held} of the {len(todo)} points at steps of "
+                    f"{step:.2g} s, the ceiling and full first"))
 
     def _refocus(self, v, also: set = frozenset()) -> set:
         """The points the next rounds visit: those that can change verdict `v`

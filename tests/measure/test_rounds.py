@@ -407,6 +407,11 @@ def test_a_heavy_step_s_first_round_is_planned_from_the_costs_alone(monkeypatch)
     # without the costs alone: the points in their order after the two
     _, opened, _, _ = heavy_run(monkeypatch, ms, 30.0)
     assert opened[:4] == ["device", "full", "augmented", "raw"]
+    # in 12 s, the ceiling and full only: the others say what the time held
+    exp, opened, _, _ = heavy_run(monkeypatch, ms, 12.0, alone=by_augment)
+    assert opened == ["device", "full"]
+    assert exp.results["raw"].status == "not run" and exp.results["raw"].reason == (
+        "out of time: --max-seconds 12 held 2 of the 4 points at steps of 2 s, the ceiling and full first")
 
 
 def test_a_heavy_step_with_little_input_is_none_in_one_round_of_thirty_seconds(monkeypatch):
