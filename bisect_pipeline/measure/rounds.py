@@ -58,6 +58,7 @@ class Rounds:
         self.round = 0  # the round under way: each window is tagged with it (noise.Noise pairs by round)
         self.tight = False  # the minimum rounds do not fit in --max-seconds (_budget_check)
         self.reserve = 0  # batches of the user's script kept for the check (_batches_check)
+        self._visited: Optional[int] = None  # the last round a visit measured a window in
 
     def __iter__(self) -> Iterator[Visit]:
         exp = self.exp
@@ -117,6 +118,8 @@ class Rounds:
             exp.close_kept()
             self.info["verdict_s"] = round(exp.clock() - exp.start, 3)
             self.info["visits"] = exp.visits
+            if self._visited == self.round:  # a round cut short by the time still measured its points
+                self.info["rounds"] = max(self.info["rounds"], self.round + 1)
             if sys.exc_info()[0] is None:  # not interrupted
                 self._unplanned(todo)
 
@@ -187,6 +190,8 @@ class Rounds:
                           max_steps=cap)
         yield visit
         exp.results[name] = pool(exp.results.get(name), in_round(exp.result(visit), self.round), exp.batch_size)
+        if exp.results[name].ok and exp.results[name].throughput.windows[-1].round == self.round:
+            self._visited = self.round
         if exp.results[name].ok:
             self._budget_check(planned, visited=(name,))
         elif no_window(exp.results[name]) and not self.tight:

@@ -408,8 +408,8 @@ def test_a_heavy_step_s_first_round_is_planned_from_the_costs_alone(monkeypatch)
     _, opened, _, _ = heavy_run(monkeypatch, ms, 30.0)
     assert opened[:4] == ["device", "full", "augmented", "raw"]
     # in 12 s, the ceiling and full only: the others say what the time held
-    exp, opened, _, _ = heavy_run(monkeypatch, ms, 12.0, alone=by_augment)
-    assert opened == ["device", "full"]
+    exp, opened, _, info = heavy_run(monkeypatch, ms, 12.0, alone=by_augment)
+    assert opened == ["device", "full"] and info["rounds"] == 1  # a round cut short still counts
     assert exp.results["raw"].status == "not run" and exp.results["raw"].reason == (
         "out of time: --max-seconds 12 held 2 of the 4 points at steps of 2 s, the ceiling and full first")
 
