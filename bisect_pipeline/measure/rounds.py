@@ -115,19 +115,21 @@ class Rounds:
                     break
                 focus = self._refocus(v)
         finally:
-            exp.close_kept()
-            self.info["verdict_s"] = round(exp.clock() - exp.start, 3)
-            self.info["visits"] = exp.visits
-            if self._visited == self.round:  # a round cut short by the time still measured its points
-                self.info["rounds"] = max(self.info["rounds"], self.round + 1)
-            if sys.exc_info()[0] is None:  # not interrupted
-                self._unplanned(todo)
+            self._end(todo)
 
-    def _unplanned(self, todo: list) -> None:
-        """Where the minimum rounds did not fit, the points no visit reached say what the
-        time held (instead of a bare "out of time"): the ceiling and `full` came first."""
-        exp, step = self.exp, self.exp.step_estimate()
-        if not self.tight or step is None:
+    def _end(self, todo: list) -> None:
+        """The rounds' end, however they end: the kept loaders closed, the schedule's info
+        (a round cut short by the time counts where it measured a point); where the minimum
+        rounds did not fit and nothing interrupted them, the points no visit reached say
+        what the time held (instead of a bare "out of time"): the ceiling and `full` first."""
+        exp = self.exp
+        exp.close_kept()
+        self.info["verdict_s"] = round(exp.clock() - exp.start, 3)
+        self.info["visits"] = exp.visits
+        if self._visited == self.round:
+            self.info["rounds"] = max(self.info["rounds"], self.round + 1)
+        step = exp.step_estimate()
+        if not self.tight or step is None or sys.exc_info()[0] is not None:
             return
         held = sum(1 for n in todo if exp.results.get(n) is not None)
         budget = exp.budget.max_seconds if exp.budget is not None else exp.end - exp.start
