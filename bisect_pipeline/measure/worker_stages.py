@@ -103,24 +103,23 @@ def time_load(spec, caches, augment: PerSample, share, clock, *, in_place: Optio
     load = _load_figure(spec, caches, augment, timed, transforms=transforms[-timed.n:] if any(transforms) else None,
                         in_place=in_place)
     if iterated:  # partitioned among the user's workers: also timed as they get it
-        load = _through_iterator(spec, caches, augment, load, dataset=dataset, recorder=recorder, share=share / 2,
-                                 in_place=in_place)
+        load = _through_iterator(spec, caches, augment, load, dataset=dataset, share=share / 2, in_place=in_place)
     return dataclasses.replace(load, split=guard(LoadSplit, lambda: reads.split(seen, timed.n, load)))
 
 
-def _through_iterator(spec, caches, augment: PerSample, by_index: PerSample, *, dataset, recorder, share: float,
+def _through_iterator(spec, caches, augment: PerSample, by_index: PerSample, *, dataset, share: float,
                       in_place: Optional[dict]) -> PerSample:
     """A streaming dataset's load as its loader gets the samples: through its iterator,
-    in a worker of its own (iterator_alone.in_a_worker), less the transforms the dataset
-    called there; the figure by index kept beside it (`index_ms_per_sample`). By index
-    alone, with the reason, where the worker timed none or failed."""
-    got = attempt(lambda: iterator_alone.in_a_worker(spec, dataset, recorder, share), lambda exc: exc)
+    in a worker of its own (iterator_alone.in_a_worker), less the transforms as timed
+    without it (by index, where the dataset calls them: as the raw point replays them, so
+    that what the iterator adds is load's, as in the rounds); the figure by index kept
+    beside it (`index_ms_per_sample`). By index alone, with the reason, where the worker
+    timed none or failed."""
+    got = attempt(lambda: iterator_alone.in_a_worker(spec, dataset, share), lambda exc: exc)
     if got is None or isinstance(got, Exception):
         why = "it gave no sample in its share" if got is None else reason_of(got)
         return dataclasses.replace(by_index, note=f"{BY_INDEX}; through its iterator in a worker: {why}")
-    timed, transforms = got
-    load = _load_figure(spec, caches, augment, timed, transforms=transforms if recorder is not None else None,
-                        in_place=in_place)
+    load = _load_figure(spec, caches, (in_place or {}).get("augment", augment), got, transforms=None, in_place=None)
     note = "; ".join(x for x in (load.note, THROUGH_ITERATOR) if x)
     return dataclasses.replace(load, index_ms_per_sample=by_index.ms_per_sample, note=note)
 
