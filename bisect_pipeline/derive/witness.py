@@ -121,7 +121,7 @@ def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
         work["augment"] = aug.ms_per_sample * items / 1e3
         se["augment"] = _noise(aug.ms_per_sample, aug.se_ms_per_sample) * items / 1e3
         samples.append(aug.samples or 0)
-    w = isolated.part("workers")
+    w = isolated.workers  # its cores and the step's threads, also before the step's time is known
     cores = int(w.cores) if w is not None and w.cores else 1
     threads = int(w.step_threads or 0) if w is not None else 0
     workers = int(loader.get("num_workers") or 0)

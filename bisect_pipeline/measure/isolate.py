@@ -217,7 +217,10 @@ def workers_needed(iso: Isolated, items_per_batch: float, n_cores: int, step_thr
     """
     step, load, aug, col = iso.part("step"), iso.part("load"), iso.part("augment"), iso.part("collate")
     if step is None or load is None or col is None:
-        return Workers.missing("unavailable", "the step, load or collate cost was not measured")
+        # the cores and the step's threads are still known: the second witness's model reads
+        # them before the step is (a user's loop: its step comes from the device point)
+        return dataclasses.replace(Workers.missing("unavailable", "the step, load or collate cost was not measured"),
+                                   cores=n_cores, step_threads=step_threads)
     # When the transforms could not be split from loading, load's time already holds them.
     merged = "augment" in (load.includes or ())
     per_sample = load.ms_per_sample + (aug.ms_per_sample if aug is not None and not merged else 0.0)
