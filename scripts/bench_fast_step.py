@@ -4,8 +4,9 @@ default 14 epochs: 1,316 batches; a 2-ms step that does not use the CPU) under
 `bisect-pipeline run`, --runs times, each holding /tmp/cpu.lock. Per run: the exit
 status, the verdict, whether the script ended first (source.ended), the batches the
 experiment used of those the script gives, the rounds and the wall time; with
-`--expect STAGE`, whether the verdict names it alone (issue 59: its costliest stage named,
-never merged with another for a point left out); `--out DIR` keeps each run's JSON.
+`--expect STAGE`, whether the verdict names it, not merged with another stage (issue 59:
+its costliest stage named, never merged with another for a point left out; stages merged
+elsewhere are listed); `--out DIR` keeps each run's JSON.
 
     python scripts/bench_fast_step.py [--runs 3] [--max-seconds 30] [--epochs 14] [--expect augment] [--out DIR]
 """
@@ -53,7 +54,8 @@ def main() -> None:
             verdict = d.get("verdict") or {}
             stages = {s["stage"]: s for s in d.get("stages") or []}
             merged = [s for s in stages.values() if s.get("status") == "ok" and len(s.get("includes") or ()) > 1]
-            hit = args.expect is not None and d.get("bottleneck") == args.expect and not merged
+            named_alone = stages.get(args.expect, {}).get("includes") in ([args.expect], None)
+            hit = args.expect is not None and d.get("bottleneck") == args.expect and named_alone
             named += hit
             left_out = [p["point"] for p in d.get("points") or [] if p.get("failed_stage") == "inconsistent"]
             print(f"run {r + 1}: exit {p.returncode}; verdict {d.get('bottleneck')}"
@@ -66,7 +68,7 @@ def main() -> None:
                   f"{(d.get('verification') or {}).get('status')}; wall {wall:.1f} s (lock wait included)", flush=True)
     print(f"{ok} of {args.runs} runs: a verdict before the script ended")
     if args.expect:
-        print(f"{named} of {args.runs} runs: {args.expect} named, no stages merged")
+        print(f"{named} of {args.runs} runs: {args.expect} named, not merged with another stage")
 
 
 if __name__ == "__main__":
