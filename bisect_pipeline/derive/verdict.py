@@ -359,7 +359,7 @@ def _none_alone(v: Verdict, pred: witness.Prediction, base_point: str, gap: Opti
 
 
 # With fewer rounds than plan.Plan.min_rounds, the rounds' bound on the loss is no check of
-# the costs alone (a step of seconds). Two readings of one step agree within STEP_AGREE.
+# the costs alone (a step of seconds). Two readings agree within STEP_AGREE of the larger.
 CHECKED_ROUNDS = 3
 STEP_AGREE = NOISY_REL_IQR
 
@@ -374,11 +374,11 @@ def _none_unchecked(v: Verdict, pred: witness.Prediction, base_point: str, up: f
     however many rounds come: they could only confirm it or find the witnesses disagree);
     the rounds' reading of `full` within STEP_AGREE of the ceiling plus that loss."""
     step, ceiling = pred.alone.step, v.fitted[v.ceiling]
-    if step is None or step <= 0 or ceiling <= 0 or ceiling > step * (1 + STEP_AGREE):
+    if step is None or step <= 0 or ceiling <= 0 or ceiling - step > STEP_AGREE * ceiling:
         return v
     rest = max(0.0, v.fitted[base_point] - ceiling)
     loss, full = up + rest, v.fitted["full"]
-    if loss > MIN_REL_DROP * (min(step, ceiling) + loss) or full > (ceiling + loss) * (1 + STEP_AGREE):
+    if loss > MIN_REL_DROP * (min(step, ceiling) + loss) or full - ceiling - loss > STEP_AGREE * full:
         return v
     reason = reasons.none_unchecked(pred.alone, up=up, rest=rest, ceiling=ceiling, full=full,
                                     rounds=v.gap_rounds or 1)
