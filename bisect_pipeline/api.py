@@ -15,7 +15,7 @@ from .advise.verify import VERIFY_SHARE
 from .core import faults
 from .core.errors import BisectError
 from .derive.drops import POINTS
-from .measure import allocator, devices, distributed
+from .measure import allocator, board, devices, distributed
 from .measure.cache import DEFAULT_CACHE_BATCHES
 from .measure.experiment import Experiment
 from .measure.plan import DEFAULT_CACHE_MB, DEFAULT_MAX_SECONDS, Budget, Plan, plan_budget
@@ -71,34 +71,66 @@ def bisect(
                                     step_timeout=step_timeout, verify_seconds=verify_seconds),
                       max_seconds, cache_mb, cache_batches, step_timeout, verify_seconds, plan, hold_allocator, tune)
     coord = distributed.Coordinator.current()  # None unless a process group of 2+ ranks is up
-    if coord is not None:
-        coord.watch(wl.model)
-    exp = start(describe(wl.loader), dev, options, coord=coord, clock=clock, progress=progress)
-    held = allocator.Held(hold_allocator)
-    interrupted = _measure(exp, wl, options, coord=coord, held=held)
-    report = Report.of(exp.measurements(options.points, held=held.record(), interrupted=interrupted))
-    if interrupted:
+    try:
+        if coord is not None:
+            coord.watch(wl.model)
+        exp = start(describe(wl.loader), dev, options, coord=coord, clock=clock, progress=progress)
+        held = allocator.Held(hold_allocator)
+        rescue_with(exp, coord, lambda: Report.of(exp.measurements(options.points, held=held.record(),
+                                                                    interrupted=True)))
+        stop = _measure(exp, wl, options, coord=coord, held=held)
+        if faults.RESCUE[0] is not None:
+            faults.RESCUE[0].final()  # the rescue of a stuck main thread stands aside (or holds it here)
+        report = Report.of(exp.measurements(options.points, held=held.record(), interrupted=stop is not None))
+        if coord is not None:  # every surviving rank's result, also when stopped (distributed.gather_reports)
+            report = combine(report, distributed.gather_reports(report, coord, exp.waits, stop), coord.rank)
+    finally:
+        if coord is not None:
+            coord.release()
+            if faults.RESCUE[0] is not None:
+                faults.RESCUE[0].report = None
+    if stop is not None:
         raise Interrupted(report)
-    if coord is None:
-        return report
-    return combine(report, distributed.gather_reports(report, coord, exp.waits), coord.rank)
+    return report
 
 
-def _measure(exp: Experiment, wl: Workload, options: Options, *, coord: Any, held: allocator.Held) -> bool:
+def rescue_with(exp: Experiment, coord: Any, local: Callable[[], Report]) -> None:
+    """Under torchrun with the command line's rescue armed (faults.Rescue): what it writes
+    when the main thread is stuck (this rank's report so far, `local()`, with every rank's
+    through the board), and the run's hard end it watches."""
+    rescue = faults.RESCUE[0]
+    if rescue is None or coord is None:
+        return
+
+    def partial(signum: int) -> Report:
+        report = local()
+        stop = distributed.Stopped({coord.rank: board.signal_name(signum)} if signum else {}, in_step=False,
+                                   how=distributed.Stopped.STUCK)
+        return combine(report, distributed.gather_reports(report, coord, exp.waits, stop), coord.rank)
+
+    rescue.report = partial
+    rescue.watch(time.monotonic() + max(0.0, exp.end - exp.clock()))
+
+
+def _measure(exp: Experiment, wl: Workload, options: Options, *, coord: Any,
+             held: allocator.Held) -> Optional[KeyboardInterrupt]:
     """Every phase (phases.measure) driven by the workload's step, inside the user's
-    preserved state. True when interrupted (Ctrl-C)."""
+    preserved state. The interruption (Ctrl-C, SIGTERM; under torchrun every rank stopped
+    together, or a rank lost: distributed.Stopped), or None."""
     try:
         with state.preserved(wl.model, wl.optimizer, exp.device):
             exp.use(wl)
             drive_all(phases.measure(exp, options, coord=coord, held=held, batch_size=wl.batch_size), exp.step)
-    except KeyboardInterrupt:
-        return True
+    except KeyboardInterrupt as stop:
+        if coord is None or isinstance(stop, distributed.Stopped):
+            return stop
+        return distributed.Stopped({coord.rank: "SIGINT"}, in_step=False, how=distributed.Stopped.LEFT)
     finally:
         exp.close_kept()  # a replay loader the rounds kept open, if they were cut short
         held.release()
         if exp.isolated is None:
             exp.isolated, exp.syncs = phases.not_isolated()
-    return False
+    return None
 
 
 def start(spec: loader_mod.LoaderSpec, dev: torch.device, options: Options, *, coord: Any,

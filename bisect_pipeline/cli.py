@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import sys
 import traceback
@@ -14,7 +15,7 @@ from . import api
 from .core import faults
 from .core.errors import BisectError
 from .derive.drops import POINTS
-from .measure import distributed
+from .measure import board, distributed
 from .pipeline import entry
 from .progress import make_progress
 from .report import Report
@@ -62,7 +63,9 @@ def run_options(f: Callable) -> Callable:
         click.option("--brief", is_flag=True,
                      help="Print only the report's summary (at most 6 lines: the verdict, how firm it is, the first "
                           "change with its measured figure, what to measure next): for logs and CI."),
-        click.option("--debug", is_flag=True, help="Show tracebacks of errors."),
+        click.option("--debug", is_flag=True,
+                     help="Show tracebacks of errors, and each failed point's original error beside the cause the "
+                          "report tells."),
         click.option("--tune", is_flag=True,
                      help="After the bisection and the check, search the loader's settings (num_workers, "
                           "persistent_workers, prefetch_factor, pin_memory on an accelerator, the step's threads on a "
@@ -100,6 +103,7 @@ def main(ctx: click.Context, entry_spec: Optional[str], **opts: Any) -> None:
       bisect-pipeline demo
     """
     api.mark_process_start()  # the start-up before the run (imports, the entry or the script) is reported
+    board.supervise()  # under torchrun: this process becomes the rank's supervisor, its child the rank
     if ctx.invoked_subcommand is not None:
         return
     if not entry_spec:
@@ -171,9 +175,11 @@ _signals_seen: list = []
 def _on_sigterm(signum, frame) -> None:
     # SIGTERM takes the Ctrl-C path (partial result written, workers shut down), exit 143;
     # SIGINT comes here too, so that both are remembered if their exception is swallowed.
+    # Under a torchrun lockstep it is only noted: the next agreement stops every rank.
     _signals_seen.append(signum)
-    faults.INTERRUPT_REQUESTED[0] = True
-    raise KeyboardInterrupt()
+    faults.INTERRUPT_REQUESTED[0] = signum
+    if not faults.DEFER_INTERRUPTS[0]:
+        raise KeyboardInterrupt()
 
 
 def _handle_signals(*signums: int) -> Callable[[], None]:
@@ -190,13 +196,32 @@ def _handle_signals(*signums: int) -> Callable[[], None]:
 
     def put_back() -> None:
         faults.forget_in_child(undo)
-        restore()
+        if board.supervised():  # a torchrun rank, about to exit: the launcher's late SIGTERM must not kill it
+            for signum in previous:  # with the code it is about to exit with written and said
+                signal.signal(signum, signal.SIG_IGN)
+        else:
+            restore()
 
     return put_back
 
 
-def _interrupt_code() -> int:
-    return EXIT_SIGTERM if signal.SIGTERM in _signals_seen else EXIT_SIGINT
+def _interrupt_code(report: Optional[Report] = None) -> int:
+    """130/143 for the signal this process got; under torchrun, a rank no signal reached
+    exits as the signal that stopped the job did, or 1 when a rank was lost."""
+    if _signals_seen:
+        return EXIT_SIGTERM if signal.SIGTERM in _signals_seen else EXIT_SIGINT
+    if getattr(report, "lost_ranks", None):
+        return EXIT_FAILED
+    if any(sig == "SIGTERM" for _, sig in getattr(report, "stopped_by", ())):
+        return EXIT_SIGTERM
+    return EXIT_SIGINT
+
+
+def _writes(report: Report) -> bool:
+    """Whether this process prints and writes the report: rank 0, or under torchrun the
+    rank the job's report names (the lowest surviving one when rank 0 was lost)."""
+    writer = getattr(report, "writer", None)
+    return distributed.rank() == 0 if writer is None else writer == report.rank
 
 
 def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, points, cache_mb, quiet, debug,
@@ -212,6 +237,9 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
     _signals_seen.clear()
     faults.INTERRUPT_REQUESTED[0] = False
     put_back = _handle_signals(signal.SIGTERM, signal.SIGINT)
+    if distributed.env_world_size() > 1:
+        _arm_rescue(step_timeout, json_path=json_path, html_path=html_path, breakdown=breakdown, quiet=quiet,
+                    brief=brief)
     code = EXIT_OK
     try:
         try:
@@ -232,7 +260,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
                     progress.done()  # a clean line for the report, or for the error that follows
         except api.Interrupted as exc:
             report = exc.report
-            code = _interrupt_code()
+            code = _interrupt_code(report)
         except KeyboardInterrupt:
             _fail("interrupted before anything was measured", _interrupt_code())
         except BisectError as exc:
@@ -243,9 +271,11 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
             if debug:
                 traceback.print_exc()
             _fail(f"the run failed: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", EXIT_FAILED)
-        if rank0:  # only rank 0 writes files and prints the report
+        if _writes(report):  # only rank 0 (or the lowest surviving rank) writes files and prints the report
             _write_outputs(report, json_path, html_path, breakdown)
             click.echo(_shown(report, quiet, brief, breakdown))
+            if debug:
+                _show_errors(report)
         if code == EXIT_OK and _signals_seen:  # interrupted, though the run got to its end
             code = _interrupt_code()
         if code == EXIT_OK and report.bottleneck is None:
@@ -253,10 +283,50 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
     finally:
         if progress:
             progress.done()  # gives the cursor back on every path (done twice is a no-op)
-        put_back()
-        faults.INTERRUPT_REQUESTED[0] = False
-        distributed.shutdown(started)
+        _disarm_rescue()
+        try:
+            distributed.shutdown(started)
+        finally:  # a signal during the shutdown still takes the handler's path
+            put_back()
+            faults.INTERRUPT_REQUESTED[0] = False
     sys.exit(code)
+
+
+# Under torchrun, how long a rank's main thread has to answer a SIGTERM before the rescue
+# writes what was measured from another thread (the launcher kills it 30 s after).
+RESCUE_GRACE_S = 10.0
+
+
+def _arm_rescue(step_timeout: Optional[float], **outputs: Any) -> None:
+    """Under torchrun: the last resort (faults.Rescue) of a rank whose main thread is stuck
+    in native code when a SIGTERM comes, or long past the run's end: what was measured is
+    written (by the writer rank), and the process exits from the rescue's thread."""
+
+    def act(signum: int) -> None:
+        code = (EXIT_SIGTERM if signum == signal.SIGTERM else EXIT_SIGINT) if signum else EXIT_FAILED
+        why = (f"{board.signal_name(signum)} came {RESCUE_GRACE_S:g} s ago" if signum else
+               "the run is long past its end")
+        try:
+            click.echo(f"bisect-pipeline: rank {distributed.rank()}: {why} and the run has not stopped (stuck in "
+                       "native code: a collective or a device sync): writing what was measured", err=True)
+            rescue = faults.RESCUE[0]
+            report = rescue.report(signum) if rescue is not None and rescue.report is not None else None
+            if report is not None and _writes(report):
+                _write_outputs(report, outputs["json_path"], outputs["html_path"], outputs["breakdown"])
+                click.echo(_shown(report, outputs["quiet"], outputs["brief"], outputs["breakdown"]),
+                           err=outputs.get("err", False))
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os._exit(code)
+
+    faults.RESCUE[0] = faults.Rescue(act, RESCUE_GRACE_S, late=step_timeout or 0.0).arm()
+
+
+def _disarm_rescue() -> None:
+    if faults.RESCUE[0] is not None:
+        faults.RESCUE[0].disarm()
+        faults.RESCUE[0] = None
 
 
 def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_path, max_seconds, device, points,
@@ -271,16 +341,21 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
 
     def on_report(report: Report) -> None:  # once: at the verdict, or partial at the end
         made.append(report)
-        if rank0:
+        if _writes(report):  # rank 0, or under torchrun the lowest surviving rank
             _write_outputs(report, json_path, html_path, breakdown)
             if (report.measurements.source or {}).get("ended", {}).get("no_loader"):
                 return  # nothing measured: the one paragraph that says why is script.run's
             if not patch_path:  # with --patch: printed once the change is checked
                 click.echo(_shown(report, quiet, brief, breakdown), err=True)
+            if debug:
+                _show_errors(report)
 
     _signals_seen.clear()
     faults.INTERRUPT_REQUESTED[0] = False
     put_back = _handle_signals(signal.SIGTERM)
+    if distributed.env_world_size() > 1:
+        _arm_rescue(step_timeout, json_path=json_path, html_path=html_path, breakdown=breakdown, quiet=quiet,
+                    brief=brief, err=True)  # under run, the report goes to stderr
     code = EXIT_OK
     try:
         point_list = [p.strip() for p in points.split(",") if p.strip()] if points else None
@@ -309,6 +384,7 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
             if interrupted and code == EXIT_OK:
                 code = _interrupt_code()
     finally:
+        _disarm_rescue()
         put_back()
         faults.INTERRUPT_REQUESTED[0] = False
     if code == EXIT_OK and _signals_seen:
@@ -365,6 +441,13 @@ def _write_outputs(report: Report, json_path: Optional[str], html_path: Optional
         from .report.html import to_document
 
         write_atomic(html_path, to_document(report, breakdown=breakdown))
+
+
+def _show_errors(report: Report) -> None:
+    """--debug: each failed point's original error (the report tells its cause)."""
+    for p in report.points:
+        if p.status == "failed" and p.error:
+            click.echo(f"bisect-pipeline: {p.point} failed; the original error:\n{p.error}", err=True)
 
 
 def _fail(message: str, code: int) -> None:

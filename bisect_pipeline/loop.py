@@ -138,6 +138,7 @@ class Session(Ending):
         self._exit: Any = None
         self.pid = os.getpid()
         self._coord: Any = None
+        self.stopped: Optional[BaseException] = None  # under torchrun: the lockstep stopped (distributed.Stopped)
         self.argv: Optional[list] = None  # the script's command line, under `run` (the tune section's command)
         self.first_step: Optional[float] = None  # (clock) the loop's first step or batch with no loader chosen
         self.first_by = "optimizer step"
@@ -158,6 +159,8 @@ class Session(Ending):
         try:
             self.close(interrupted=isinstance(exc, KeyboardInterrupt))
         finally:
+            if self._coord is not None:
+                self._coord.release()
             if self in loop_patches.SESSIONS:
                 loop_patches.SESSIONS.remove(self)
             loop_patches.uninstall()
@@ -298,6 +301,8 @@ class Session(Ending):
             return next(self._gen)
         except StopIteration:
             pass
+        except distributed.Stopped as stop:  # a signal, or a rank lost: every rank's result gathered, the loop stopped
+            self.stopped = stop
         except (KeyboardInterrupt, ScriptStopped):
             raise
         except Exception as exc:  # the tool's own failure, not the loop's: said, and the loop stopped
@@ -305,8 +310,8 @@ class Session(Ending):
         finally:
             self.busy = False
         if self.report is None:
-            self._report(interrupted=False)
-        if self.keep_training and self.error is None:
+            self._report(interrupted=self.stopped is not None)
+        if self.keep_training and self.error is None and self.stopped is None:
             raise Passthrough()
         self._stop_graphs()
         raise ScriptStopped(self.report, self.error)
@@ -329,6 +334,7 @@ class Session(Ending):
         exp.batches_left = self._batches_left
         self.held = allocator.Held(self.options.hold_allocator)
         self.state = "measuring"
+        api.rescue_with(exp, coord, lambda: self._measured(interrupted=True))
         try:
             for visit in phases.measure(exp, self.options, coord=coord, held=self.held):
                 self.visit = visit

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from . import loop_target
 from .advise import change
+from .core import faults
 from .core.results import Measurements, PointResult
 from .derive.drops import POINTS
 from .loop_loaders import Seen, epoch_length
@@ -39,6 +40,16 @@ class ScriptStopped(BaseException):
         super().__init__("bisect-pipeline has its verdict: the script is stopped")
         self.report = report
         self.error = error
+
+
+def _left(ended: tuple) -> str:
+    """How the script ended on this rank, in words (a rank that left the lockstep)."""
+    how, detail = ended
+    if how == "exit":
+        return f"its script exited (code {detail})"
+    if how == "raised":
+        return f"its script raised {type(detail).__name__}: {str(detail)[:200]}"
+    return "its script ended"
 
 
 class Ending:
@@ -78,6 +89,7 @@ class Ending:
         if os.getpid() != self.pid:
             real(code)
         try:
+            self.script_ended("exit", code)
             self.close()
         finally:
             real(code)
@@ -150,17 +162,33 @@ class Ending:
         if self.progress is not None:
             self.progress({"event": "waiting", "message": message})
 
-    def _report(self, interrupted: bool) -> None:
+    def _measured(self, interrupted: bool) -> Report:
+        """This rank's report of what the experiment measured so far."""
         early = self.ended is not None and not interrupted  # the script ended before the experiment did
         m = self.exp.measurements(self.options.points, held=self.held.record(), interrupted=interrupted, mode="loop",
                                   source=self.source(self._shortfall() if early else None),
                                   unreached="your script ended first" if early else None)
         if m.tune is not None:  # --tune: the best settings written against the script (change.py)
             m = change.patched(m, self.argv)
-        report = Report.of(m)
+        return Report.of(m)
+
+    def _report(self, interrupted: bool) -> None:
         coord = self._coord
-        if coord is not None and not interrupted:
-            report = combine(report, distributed.gather_reports(report, coord, self.exp.waits), coord.rank)
+        if coord is not None and self.stopped is None and self.ended is not None and self.ended[0] == "raised" \
+                and distributed.peer_lost(self.ended[1]):  # the script's own all-reduce failed: a rank is lost
+            self.stopped, self.ended = distributed.RankLost(self.ended[1]), None
+        report = self._measured(interrupted or self.stopped is not None)
+        if coord is not None:  # every surviving rank's result (distributed.gather_reports), also when stopped
+            stop = self.stopped
+            if stop is None and (interrupted or self.ended is not None):
+                # the script ended, or was interrupted, on this rank, outside the ranks' agreements: it leaves
+                # its result on the board for the others (distributed.leave)
+                stop = distributed.Stopped({coord.rank: "SIGINT"} if interrupted else {}, in_step=False,
+                                           how=distributed.Stopped.LEFT)
+                stop.left = _left(self.ended) if self.ended is not None else "interrupted"
+            if faults.RESCUE[0] is not None:
+                faults.RESCUE[0].final()
+            report = combine(report, distributed.gather_reports(report, coord, self.exp.waits, stop), coord.rank)
         self.report, self.state = report, "done"
         if self.on_report is not None:
             self.on_report(report)

@@ -26,7 +26,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from .advise import confirm, tune
+from .advise import confirm, fixes, tune
 from .advise.diagnose import judged, to_check
 from .advise.verify import Trials
 from .core import stats, tree
@@ -103,7 +103,7 @@ def advise(exp: Experiment, draft: Any, options: Options):
     (_verify), then --tune's search (_tune), each noted in the budget's `spent`."""
     t = _spent(exp, "bisecting", exp.start)
     try:
-        exp.verification = yield from _verify(exp, to_check(draft), options.verify_seconds, tuning=options.tune)
+        exp.verification = yield from _verify(exp, draft, options.verify_seconds, tuning=options.tune)
         t = _spent(exp, "checking", t)
         if options.tune:
             exp.tuning = yield from _tune(exp, draft, options.verify_seconds)
@@ -121,11 +121,14 @@ def _spent(exp: Experiment, part: str, since: float) -> float:
     return now
 
 
-def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float], tuning: bool = False):
-    """The check: when augment is in question (named, or tied for the lead:
-    verdict.in_question), its costliest transform measured in
-    the pipeline first (confirm.Confirm, CONFIRM_SHARE of the budget); then the advice's
-    recommended settings measured against the user's (verify.Trials) in the rest.
+def _verify(exp: Experiment, draft: Any, verify_seconds: Optional[float], tuning: bool = False):
+    """The check of the advice as it stands on the bisection's measurements (`draft`):
+    when augment is in question (named, or tied for the lead: verdict.in_question), its
+    costliest transform measured in the pipeline first (confirm.Confirm, CONFIRM_SHARE of
+    the budget); then, where a stage is in question, the pipeline's own fixes built and
+    checked against the user's batches (_fixes: the advice then speaks of them); then the
+    advice's recommended settings and usable fixes measured against the user's
+    (verify.Trials) in the rest.
     verify_seconds None: in what the bisection leaves of max_seconds (the rounds that
     only settle a verdict already made stop VERIFY_SHARE of it early; an undecided
     verdict may use it all); 0: off; a number: a budget of its own, on top of max_seconds.
@@ -152,11 +155,26 @@ def _verify(exp: Experiment, advice: tuple, verify_seconds: Optional[float], tun
         yield from confirming
         exp.isolated = confirm.with_confirmation(exp.isolated, confirming.result)
         budget = max(0.0, budget - (exp.clock() - start))
+    mark = exp.clock()
+    built = _fixes(exp, questioned)
+    budget = max(0.0, budget - (exp.clock() - mark))
+    advice = to_check(dataclasses.replace(draft, verification=Verification(status="not run", fixes=built)))
     if tuning:
         budget *= tune.CHECK_SHARE
     trials = Trials(exp, list(advice), budget_s=budget, threads=torch.get_num_threads(), cores=isolate.cores())
     yield from trials
-    return trials.result
+    return dataclasses.replace(trials.result, fixes=built or None)
+
+
+def _fixes(exp: Experiment, questioned: tuple) -> tuple:
+    """The pipeline's own fixes, built and checked (fixes.build), where a stage is in
+    question; their usable Variants kept for the trials (exp.variants). On CUDA the
+    syncs each tail adds are counted on a cached device batch, as the step's are."""
+    if not questioned:
+        return ()
+    count = None if exp.device.type != "cuda" else (lambda fn, batch: device_alone.count_syncs(fn, batch, exp.device))
+    built, exp.variants = fixes.build(exp, count)
+    return built
 
 
 def _tune(exp: Experiment, draft: Any, verify_seconds: Optional[float]):
@@ -265,9 +283,8 @@ def epoch_plan(plan: Plan, batches_per_epoch: int) -> Plan:
     (one, or what min_window_steps asks), each kept. The steady pair (plan.visit_state)
     keeps the windows from the first two that agree: there a slow epoch (a fork
     descheduled, the machine busy a moment) is the pause's own cost, which a loop over the
-    same epochs pays, and dropping the windows before the pair read the pause low (one
-    visit on a busy 2-core machine: 1.120 of a hand loop by the pair, 1.027 by all its
-    windows)."""
+    same epochs pays, and dropping the windows before the pair read the pause low
+    (docs/benchmarks.md, issue 44)."""
     return dataclasses.replace(plan.for_epochs(batches_per_epoch), max_warmup_windows=0,
                                max_window_steps=batches_per_epoch)
 

@@ -96,6 +96,8 @@ def _outcome(session: Session, outcome: Any, interrupt_code: Callable[[], int]) 
         _print_script_traceback(detail)
     if kind == "interrupt":
         raise Ended(interrupt_code(), "interrupted" + ("; the partial report is written" if report else ""))
+    if getattr(session, "stopped", None) is not None:  # under torchrun: a signal, or a rank lost, stopped every rank
+        raise Ended(interrupt_code(report), "stopped; the partial report is written")
     if report is not None and report.bottleneck is not None and kind in (None, "exit"):
         return report  # (exit: the script exited on its own after the verdict, keep_training)
     raise Ended(1, _no_verdict(session, report, kind, detail))

@@ -153,3 +153,37 @@ def test_breakdown_all_shows_the_augment_table_whatever_the_bottleneck(tmp_path,
     default = cli_in_process("demo", cwd=tmp_path)
     assert default.returncode == 0 and "transform by transform" not in default.stdout
     assert "Bottleneck: load" in default.stdout
+
+
+MISSING_FILE = textwrap.dedent("""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
+
+    class Files(Dataset):  # the first 40 samples are there; then a file the list names is missing
+        def __len__(self):
+            return 256
+        def __getitem__(self, i):
+            if i >= 40:
+                open(f"data/{i:05d}.bin", "rb")
+            return torch.zeros(16), i % 4
+
+    def make():
+        return nn.Linear(16, 4), DataLoader(Files(), batch_size=8)
+""")
+
+
+def test_a_known_failure_is_told_as_cause_and_fix_and_debug_shows_the_original(tmp_path):
+    (tmp_path / "files_entry.py").write_text(MISSING_FILE)
+    out = tmp_path / "r.json"
+    args = ("--entry", "files_entry:make", "--json", str(out), "--max-seconds", "10", "--verify-seconds", "0",
+            "--cache-mb", "1")
+    r = cli_in_process(*args, cwd=tmp_path)
+    full = next(p for p in json.loads(out.read_text())["points"] if p["point"] == "full")
+    assert full["status"] == "failed" and full["failed_stage"] == "load"
+    assert f"file data/00040.bin (relative to {tmp_path}) does not exist" in full["reason"]
+    assert "Check the data path" in full["reason"]
+    assert "FileNotFoundError" in full["error"]  # the original, in the document
+    assert "the original error" not in r.stderr
+    debug = cli_in_process(*args, "--debug", cwd=tmp_path)
+    assert "full failed; the original error:" in debug.stderr and "No such file or directory" in debug.stderr

@@ -86,7 +86,7 @@ def planted_epochs(monkeypatch, max_seconds: float = 30.0):
     handed: list = []
 
     @contextlib.contextmanager
-    def source(name, spec=None, epochs=False, threads=None, calls=None, keep=False):
+    def source(name, spec=None, epochs=False, threads=None, calls=None, keep=False, variant=None):
         assert name == "full" and epochs
 
         def next_batch():

@@ -73,7 +73,7 @@ def test_a_60_s_run_on_a_heavy_start_pipeline_ends_with_a_verdict_a_measured_bes
     clock.t = 1000.0 + BISECTED
     end = exp.end
 
-    def source(name, spec, epochs, calls=None, park=False):
+    def source(name, spec, epochs, calls=None, park=False, variant=None):
         w = spec.num_workers
         return FakePool(clock, POOL_START_S if w else 0.0, ms_per_batch(w) - STEP_MS), None
     monkeypatch.setattr(exp, "_source", source)

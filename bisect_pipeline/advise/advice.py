@@ -10,17 +10,18 @@ rules_*.py module of what it speaks for; `RULES` lists them all in the report's 
 from __future__ import annotations
 
 from ..derive.findings import Diagnosis as Report, Finding
-from . import rules_augment, rules_batch, rules_load, rules_step, rules_workers
+from . import rules_augment, rules_batch, rules_fixes, rules_load, rules_step, rules_workers
 from .context import Context
 from .outcome import predicted
 
 
 RULES = (rules_workers.workers, rules_workers.graph_mappers, rules_batch.pin_memory, rules_workers.restart,
-         rules_batch.uint8_payload, rules_batch.collate, rules_load.storage, rules_augment.augment,
-         rules_augment.reorder, rules_batch.handoff, rules_step.batch_size, rules_step.syncs, rules_step.allocator)
+         rules_batch.uint8_payload, rules_fixes.device_tail, rules_batch.collate, rules_load.storage,
+         rules_fixes.decode, rules_augment.augment, rules_fixes.device_augment, rules_augment.reorder,
+         rules_batch.handoff, rules_step.batch_size, rules_step.syncs, rules_step.allocator)
 # Items that blame the batch's payload for a cost of moving it (the restart item ranks
 # before them when its measured gain is the bigger: ranked).
-PAYLOAD_KINDS = ("uint8_payload", "handoff")
+PAYLOAD_KINDS = ("uint8_payload", "device_tail", "handoff")
 
 
 def findings(r: "Report") -> list:
@@ -31,6 +32,8 @@ def findings(r: "Report") -> list:
         found = rule(ctx)
         if found:
             out.extend(found if isinstance(found, list) else [found])
+    if any(f.kind == "device_tail" and not f.numbers.get("refused") for f in out):  # the same move, built and checked
+        out = [f for f in out if f.kind != "uint8_payload"]
     return out
 
 

@@ -21,7 +21,13 @@ from ..derive.findings import Checked, Finding, Outcome
 
 LOADER_SETTINGS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 THREADS = "torch_num_threads"
-APPLICABLE = LOADER_SETTINGS + (THREADS,)
+# A fix of the pipeline itself (fixes.py) is tried as the settings {"fix": kind}.
+FIX = "fix"
+APPLICABLE = LOADER_SETTINGS + (THREADS, FIX)
+# What each fix is, as the check's sentences name it.
+FIX_WORDS = {"device_tail": "the transforms' tail run batched on the device",
+             "decode": "the images decoded by torchvision",
+             "device_augment": "the random transforms run batched on the device"}
 # The allocator item is checked by the step timed alone (allocator.Held.time_step).
 ALLOCATOR_SOURCE = "the training step alone, paired: this process's malloc settings vs held"
 
@@ -235,6 +241,9 @@ def settings_text(settings: dict, graph: bool = False) -> str:
     torchdata.nodes graph (`graph`), on the nodes that hold them: 'ParallelMapper(num_workers=4),
     torch.set_num_threads(1)' (persistent_workers means nothing there: a graph starts its
     threads again at every reset)."""
+    if FIX in settings:
+        rest = {k: v for k, v in settings.items() if k != FIX}
+        return FIX_WORDS.get(settings[FIX], settings[FIX]) + (f" with {settings_text(rest, graph)}" if rest else "")
     if not graph:
         return ", ".join(f"{k}={v}" for k, v in settings.items())
     return ", ".join(NODE_SETTING[k].format(v) if k in NODE_SETTING else

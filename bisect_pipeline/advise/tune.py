@@ -43,7 +43,7 @@ from ..derive.witness import waits
 from ..measure.experiment import Experiment
 from ..measure.visit import Visit
 from .context import is_graph
-from .outcome import THREADS, compared, interval, outcome, per_batch, read, settings_text, visit_times
+from .outcome import FIX, THREADS, compared, interval, outcome, per_batch, read, settings_text, visit_times
 from .rules_workers import WAITING_CORES_FACTOR, WORKER_STAGES
 from .verify import BLOCK, MIN_BLOCKS, fits, trial
 
@@ -309,7 +309,7 @@ class Search:
         self.space = space
         self.budget_s = budget_s
         self.reach_s = max(budget_s, reach_s)
-        self.trials: list = [t for t in seeds if t.settings]
+        self.trials: list = [t for t in seeds if t.settings and FIX not in t.settings]  # (a fix: not a setting)
         self.result = self._record("not run", None, 0.0)
 
     def __iter__(self) -> Iterator[Visit]:

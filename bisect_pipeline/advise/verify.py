@@ -27,7 +27,7 @@ from ..core.results import Measured, Trial, Verification, VisitWindow
 from ..derive.findings import Finding
 from ..measure.experiment import Experiment
 from ..measure.visit import Visit
-from .outcome import APPLICABLE, THREADS, outcome
+from .outcome import APPLICABLE, FIX, THREADS, outcome
 
 
 # Share of --max-seconds kept for verification by default, from the rounds that only
@@ -64,6 +64,8 @@ def candidates(finding: Finding, *, threads: int, cores: int, on_cpu: bool) -> l
     first = {k: v for k, v in rec.items() if k in APPLICABLE}
     if not first or finding.numbers.get("not_checked"):  # an item this check cannot measure says why itself
         return []
+    if FIX in first:  # a fix of the pipeline (fixes.py): the fix alone, on the user's settings
+        return [first]
     out = [first]
     workers = first.get("num_workers")
     if workers:
@@ -297,7 +299,7 @@ def _visit(exp: Experiment, settings: dict, deadline: float, end: float) -> Visi
     spec = exp.spec.with_settings(settings)
     key = side_key(settings) if exp.keeps_side(spec) else False
     visit = exp.visit("full", deadline, spec=spec, epochs=True, threads=settings.get(THREADS), end=end,
-                      keep_open=key)
+                      keep_open=key, variant=exp.variants.get(settings.get(FIX)))
     if key and key not in exp.kept:
         visit.first_free = end
     return visit

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from . import causes
 from .results import Note
 
 # Default --step-timeout: generous, so a slow but healthy first batch (a large model's
@@ -19,18 +20,6 @@ from .results import Note
 DEFAULT_STEP_TIMEOUT = 120.0
 # How often the watchdog looks; a hang is reported at most this much late.
 _WATCH_INTERVAL = 0.2
-
-# What a worker killed by a signal usually means (PEERS.md "Failure modes seen in the wild").
-SIGNAL_MEANING = {
-    "Killed": "killed (SIGKILL): usually the out-of-memory killer; the workers used too much host memory. "
-              "Use fewer workers, a smaller prefetch_factor or smaller batches",
-    "Bus error": "bus error (SIGBUS): usually /dev/shm is too small for the batches in flight. Give the container "
-                 "more shared memory (docker run --shm-size=...), or use fewer workers or smaller batches",
-    "Segmentation fault": "segmentation fault (SIGSEGV): a native crash in a library the dataset or transforms call "
-                          "(an image decoder, OpenCV with threads, ...). Rerun with num_workers=0 to get its traceback",
-    "Aborted": "aborted (SIGABRT): a native library aborted inside the worker",
-}
-
 
 class StageError(Exception):
     """Raised by our wrappers around user code, naming the stage it belongs to.
@@ -51,6 +40,10 @@ def stage_error(stage: str, exc: BaseException) -> StageError:
 # signal lands in code whose exceptions Python ignores (an at-fork hook while workers
 # start, a __del__): the next watchdog beat, every step, raises it again.
 INTERRUPT_REQUESTED = [False]
+# While above 0 (a torchrun lockstep is open: measure/distributed.py), a signal is only
+# noted in INTERRUPT_REQUESTED (its number): raised in the middle of a collective it
+# would leave the other ranks waiting there; the next agreement stops every rank.
+DEFER_INTERRUPTS = [0]
 
 
 # What the tool installs in its own process while it runs (loop_patches.py's patches of
@@ -78,6 +71,7 @@ def _after_fork_in_child() -> None:
     undos = _UNDO_IN_CHILD[::-1]
     _UNDO_IN_CHILD.clear()
     INTERRUPT_REQUESTED[0] = False
+    DEFER_INTERRUPTS[0] = 0
     for undo in undos:
         try:
             undo()
@@ -102,36 +96,45 @@ class StepTimeout(Exception):
 _STAGE_LINE = re.compile(r"StageError: (\S+) failed: (.*)")
 
 
-def classify(exc: BaseException) -> tuple[Optional[str], str]:
-    """(failed stage or None, one-paragraph reason) for an exception raised at a point."""
-    chain = []
-    e: Optional[BaseException] = exc
-    while e is not None and len(chain) < 10:
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    for e in chain:
-        text = str(e)
-        m = re.search(r"is killed by signal: ([A-Za-z ]+)\.", text)
-        if m:
-            sig = m.group(1).strip()
-            meaning = SIGNAL_MEANING.get(sig, f"killed by signal {sig}")
-            return "worker", f"a DataLoader worker died: {meaning}."
+def classify(exc: BaseException, where: Optional[causes.Where] = None) -> tuple[Optional[str], str]:
+    """(failed stage or None, one-paragraph reason) for an exception raised at a point: a
+    known failure (causes.explain: /dev/shm full, a worker killed, a broken shard, the
+    descriptor limit, a missing file) told as its cause and fix, else the original error's
+    headline. The original text is `raw(exc)`."""
+    text = causes.texts(exc)
+    known = causes.explain(text, where)
+    if known is not None and known.kind == "worker killed":
+        return "worker", known.text() + "."
     if isinstance(exc, StepTimeout):
         return None, str(exc)
     text = str(exc)
     if isinstance(exc, StageError) and not text.startswith("Caught"):
         stage, _, rest = text.partition(" failed: ")
-        return stage, f"{stage} raised {rest}"
+        return stage, f"{stage} failed: {known.text()}." if known else f"{stage} raised {rest}"
     hits = _STAGE_LINE.findall(text)
     if hits:  # re-raised from a worker: "Caught StageError in DataLoader worker process N ..."
         stage, rest = hits[-1]
         worker = re.search(r"worker process (\d+)", text)
-        where = f" (in DataLoader worker {worker.group(1)})" if worker else ""
-        return stage, f"{stage} raised {rest.strip()}{where}"
+        where_ = f" (in DataLoader worker {worker.group(1)})" if worker else ""
+        if known:
+            return stage, f"{stage} failed{where_}: {known.text()}."
+        return stage, f"{stage} raised {rest.strip()}{where_}"
+    if known:
+        return None, known.text() + "."
     if "out of memory" in text.lower() or type(exc).__name__ == "OutOfMemoryError":
         return "step", (f"{type(exc).__name__}: {_headline(text)}. Lower --cache-mb (the caches hold batches on the "
                         "device too) or the batch size.")
     return None, f"{type(exc).__name__}: {_headline(text)}"
+
+
+RAW_CHARS = 4000  # of the original text kept beside a known cause
+
+
+def raw(exc: BaseException) -> str:
+    """The original text of a failure (its messages and those it was raised from; a
+    worker's traceback), what --debug shows beside the cause classify told."""
+    text = causes.texts(exc)
+    return text if len(text) <= RAW_CHARS else text[:RAW_CHARS // 2] + "\n...\n" + text[-RAW_CHARS // 2:]
 
 
 def _headline(text: str) -> str:
@@ -201,7 +204,7 @@ class Watchdog:
 
     def beat(self) -> None:
         self.count += 1
-        if INTERRUPT_REQUESTED[0]:  # a signal whose KeyboardInterrupt Python swallowed
+        if INTERRUPT_REQUESTED[0] and not DEFER_INTERRUPTS[0]:  # a signal whose KeyboardInterrupt Python swallowed
             raise KeyboardInterrupt()
 
     def pause(self) -> None:
@@ -263,6 +266,103 @@ class Watchdog:
             raise StepTimeout(f"{self.what()} was still running at the end of {self._end_label}", stalled,
                               past_end=True)
         raise StepTimeout(f"{self.what()} made no progress in {self.timeout:g} s (--step-timeout)", stalled)
+
+
+class Rescue:
+    """The last resort under torchrun, when the main thread cannot answer a signal.
+
+    Python runs a signal's handler in the main thread, between two bytecodes; a main
+    thread blocked in native code (a CUDA synchronize behind an NCCL all-reduce whose peer
+    is gone, a gloo collective whose peer hangs) never gets there, and the launcher kills
+    the rank 30 s after its SIGTERM, with nothing written. The C-level handler still
+    writes the signal's number to the wakeup fd (signal.set_wakeup_fd): a thread reads it
+    and, when the run has not ended `grace` seconds after a SIGTERM or SIGINT, or `grace`
+    plus `late` seconds after the run's hard end (`watch`), calls `act(signal number, or
+    0 for the end)`: the command line writes what was measured (`report`, set by the run
+    in progress) and exits from that thread. A main thread that got to the end of the run
+    (`final`: gathering the ranks' results, writing them) is let finish it, and one that
+    gets there once the rescue acts waits there for the exit: the two never both write."""
+
+    def __init__(self, act: Callable[[int], None], grace: float = 10.0, late: float = 0.0) -> None:
+        self.act = act
+        self.grace = grace
+        self.late = late
+        self.report: Optional[Callable[[int], Any]] = None  # the run in progress: its partial report
+        self._end: Optional[float] = None
+        self._done = threading.Event()
+        self._final = threading.Lock()
+        self._final_held = False
+        self._fds: Optional[tuple] = None
+        self._previous_fd = -1
+
+    def arm(self) -> "Rescue":
+        """In the main thread: the wakeup fd and the thread that reads it."""
+        if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "set_wakeup_fd"):
+            return self
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            self._previous_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except ValueError:
+            os.close(r)
+            os.close(w)
+            return self
+        self._fds = (r, w)
+        threading.Thread(target=self._watch, name="bisect-pipeline-rescue", daemon=True).start()
+        return self
+
+    def watch(self, end: float) -> None:
+        """The run's hard end (time.monotonic)."""
+        self._end = end
+
+    def final(self) -> None:
+        """In the main thread, at the run's end: from here on the main thread writes, the
+        rescue only if this never ends (it then waits here for the rescue's exit)."""
+        if not self._final_held:
+            self._final.acquire()
+            self._final_held = True
+
+    def disarm(self) -> None:
+        """The run ended: nothing to rescue (the wakeup fd as it was)."""
+        self._done.set()
+        if self._final_held:
+            self._final_held = False
+            self._final.release()
+        if self._fds is not None and threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(self._previous_fd)
+            os.close(self._fds[1])
+
+    def _watch(self) -> None:
+        import select
+
+        r = self._fds[0]
+        since: Optional[float] = None  # when the first SIGTERM or SIGINT came
+        signum = 0
+        try:
+            while not self._done.is_set():
+                now = time.monotonic()
+                if since is not None and now >= since + self.grace:
+                    return self._act(signum)
+                if self._end is not None and now >= self._end + self.grace + self.late:
+                    return self._act(0)
+                if select.select([r], [], [], 0.2)[0]:
+                    data = os.read(r, 64)
+                    if not data:  # the write end closed: disarmed
+                        return None
+                    if since is None and (signal.SIGTERM in data or signal.SIGINT in data):
+                        since, signum = now, (signal.SIGTERM if signal.SIGTERM in data else signal.SIGINT)
+        finally:
+            os.close(r)
+        return None
+
+
+    def _act(self, signum: int) -> None:
+        self._final.acquire(timeout=2 * self.grace)  # a main thread writing is let finish
+        if not self._done.is_set():
+            self.act(signum)
+
+
+RESCUE: list = [None]  # the command line's Rescue while a torchrun run is armed
 
 
 def stage_in_traceback(exc: BaseException) -> Optional[str]:

@@ -85,8 +85,8 @@ class Noise:
         n = len(values)
         # never below what the order of its per-round values says (order_se): a median
         # polish's estimate sits on one cluster of two-cluster values, and the IQR-based
-        # error would take it as known to within that cluster's spread (a step alternating
-        # +-10 ms round by round was read as a real 9 ms gap after 60 rounds)
+        # error would take it as known to within that cluster's spread (docs/benchmarks.md,
+        # issue 30, later the same day)
         floor = order_se(values)
         own_se = max(median_se(values) / small_sample_factor(n), floor) if n >= 2 else math.inf
         own = Contrast(estimate, own_se, n - 1 if n >= 2 else 0, n, own_se)
@@ -117,14 +117,11 @@ def residual_noise(residuals: Sequence[float], df: int) -> float:
     residuals, a noise of 0, every cost real, a wrong stage named). So the spread is
     taken over all residuals scaled by sqrt(cells / df), and over those not fitted
     exactly scaled by sqrt(their number / df), and the larger kept: the first reads low
-    where zeros are many, the second where they are few. Simulated with Gaussian noise
-    on tables of the rounds' shapes (tests/core/test_stats.py), its median is 0.67-1.04 of
-    the true sigma, under 0.2 sigma in 7% of sparse tables; the first alone gave
-    0.42-0.70, under 0.2 sigma in 26%. Still low on small tables (the polish's medians
-    fit part of the noise): the root mean square over df is calibrated (0.96-1.13) but
-    takes a burst in full, and on the demo's rounds it read 12% where the IQR read 3.5%,
-    making augment at 59.5 ms a tie with load at 1.3. A table fitted exactly in all but
-    one cell has no second spread: its times agree, and the first is what they show.
+    where zeros are many, the second where they are few. Still low on small tables (the
+    polish's medians fit part of the noise), but the root mean square over df, though
+    calibrated, takes a burst in full (simulated and re-decided: docs/benchmarks.md,
+    issue 30, worker pools kept between visits). A table fitted exactly in all but one
+    cell has no second spread: its times agree, and the first is what they show.
     inf without a degree of freedom."""
     if df < 1:
         return math.inf

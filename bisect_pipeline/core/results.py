@@ -64,6 +64,7 @@ class PointResult:
     discarded: int = 0  # windows discarded because the loop paused (a user's loop)
     pauses: int = 0  # the loop's pauses, left out of every window (epoch ends, evaluations, other loaders)
     paused_seconds: float = 0.0
+    error: Optional[str] = None  # for a failed point: the original error's text (`reason` tells its cause)
 
     def __post_init__(self) -> None:
         # Kept at the precision of the JSON document (0.1 ms), as windows are: a report

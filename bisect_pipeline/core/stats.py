@@ -129,11 +129,10 @@ def _betainc(a: float, b: float, x: float) -> float:
 Z_LEAD = 2.0
 # A difference whose noise leans on the noise pooled over other points of a table (a
 # Noise of many points) and comes from fewer rounds than this is asked at Z_NOISE instead:
-# that pooled noise reads low on small tables (residual_noise), and the ImageNet example at
-# 3 rounds (a `raw` visit 13% under the ceiling's, the pooled noise 3.3% a cell where its
-# 2-step windows spread 6-12%) named load, 162 ms, over an augment of 0 that the hand puts
-# at 106 ms. A difference whose noise is its own paired values' (the two sides of a trial,
-# Student's t at their degrees of freedom) needs no such margin: t is the margin.
+# that pooled noise reads low on small tables (residual_noise), and at 3 rounds it named a
+# wrong stage (docs/benchmarks.md, issue 30: which stage leads, at 97.7%). A difference
+# whose noise is its own paired values' (the two sides of a trial, Student's t at their
+# degrees of freedom) needs no such margin: t is the margin.
 FEW_ROUNDS = 4
 
 
@@ -257,24 +256,15 @@ def is_real(diff: float, sigma: float, reference: float, scale: float = 1.0) -> 
     return diff > noise_threshold(sigma, reference, scale)
 
 
-def decreasing_fit(values: Sequence[float], weights: Sequence[float]) -> list:
-    """The weighted least-squares fit of `values` that never increases (pool adjacent
-    violators). For times per batch listed from the point that does the most work to the
-    one that does the least, it is the estimate that respects the physics: a point never
-    costs more than one that does all of its work and more. Points that violate the
-    order within the noise are pooled to their weighted mean."""
-    out: list = []
-    for block in decreasing_blocks(values, weights):
-        w = sum(weights[i] for i in block)
-        out.extend([sum(values[i] * weights[i] for i in block) / w] * len(block))
-    return out
-
-
 def decreasing_blocks(values: Sequence[float], weights: Sequence[float]) -> list:
-    """The blocks of decreasing_fit: lists of consecutive indices whose values are pooled
-    to their weighted mean (one index where a value keeps its own). Each fitted value is
-    thus a linear combination of the values, and a difference of fitted values a
-    contrast whose noise can be estimated like any other (drops.fit)."""
+    """The weighted least-squares fit of `values` that never increases (pool adjacent
+    violators), as its blocks: lists of consecutive indices whose values are pooled to
+    their weighted mean (one index where a value keeps its own). For times per batch
+    listed from the point that does the most work to the one that does the least, it is
+    the estimate that respects the physics: a point never costs more than one that does
+    all of its work and more. Each fitted value is thus a linear combination of the
+    values, and a difference of fitted values a contrast whose noise can be estimated
+    like any other (drops.fit)."""
     blocks: list = []  # [mean, weight, indices]
     for i, (v, w) in enumerate(zip(values, weights)):
         blocks.append([float(v), float(w), [i]])
@@ -485,11 +475,6 @@ class Throughput:
     @property
     def seconds(self) -> float:
         return sum(w.seconds for w in self.windows)
-
-
-# --------------------------------------------------------------------------------------
-# Noise from the paired rounds
-# --------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,22 +24,14 @@ Path = tuple
 
 
 def is_batch_object(obj: Any) -> bool:
-    """A custom batch class: plain attributes and a `to()` or `pin_memory()` method."""
-    return (hasattr(obj, "__dict__") and not isinstance(obj, type) and not _is_module(obj)
-            and (callable(getattr(obj, "pin_memory", None)) or callable(getattr(obj, "to", None)))
-            and not _is_tensor_like(obj))
-
-
-def _is_module(obj: Any) -> bool:
+    """A custom batch class: plain attributes and a `to()` or `pin_memory()` method (not
+    a module or a tensor, which have them too)."""
+    if not hasattr(obj, "__dict__") or isinstance(obj, type):
+        return False
     import torch
 
-    return isinstance(obj, torch.nn.Module)
-
-
-def _is_tensor_like(obj: Any) -> bool:
-    import torch
-
-    return isinstance(obj, torch.Tensor)
+    return (not isinstance(obj, (torch.nn.Module, torch.Tensor))
+            and (callable(getattr(obj, "pin_memory", None)) or callable(getattr(obj, "to", None))))
 
 
 def children(obj: Any) -> list:

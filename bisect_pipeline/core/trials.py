@@ -1,6 +1,8 @@
 """The records of the advice's check (verify.py) and --tune's search (tune.py): the raw
 windows of the user's settings and a candidate's in alternating visits (Trial), apart
-from the points' records: a trial measures a change, not the pipeline as it is.
+from the points' records: a trial measures a change, not the pipeline as it is. The
+check's record (Verification) also keeps the pipeline's own fixes as it built them
+(fixes.Fix).
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Optional
 
+from .fixes import Fix
 from .record import Part, Record
 
 
@@ -44,10 +47,11 @@ class Trial(Record):
 
 @dataclasses.dataclass(frozen=True)
 class Verification(Part):
-    _nested: ClassVar[dict] = {"trials": Trial}
+    _nested: ClassVar[dict] = {"trials": Trial, "fixes": Fix}
     budget_s: Optional[float] = None
     elapsed_s: Optional[float] = None
     trials: tuple = ()
+    fixes: Optional[tuple] = None  # the pipeline's own fixes as built and checked before timing (advise/fixes.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,16 @@ only progress when every rank steps, so the ranks run in lockstep:
 Coordination runs on a gloo group of its own (CPU tensors), whatever the training
 backend: NCCL on CUDA, gloo on CPU.
 
+A signal (SIGTERM from a launcher, Ctrl-C) is not raised in the middle of a collective:
+while a Coordinator is open, the command line's handler only notes it
+(faults.DEFER_INTERRUPTS), and the next agreement carries every rank's pending signal:
+when any rank has one, every rank stops there together (`Stopped`), and the ranks gather
+what they measured as at the end. A collective that fails (a rank's process died: gloo's
+"Connection closed by peer") ends the lockstep on the rank that sees it (`RankLost`):
+its document goes to the launcher's store instead (board.py), where the lowest surviving
+rank collects them all and writes the job's document, naming the lost ranks and how
+they ended.
+
 Under lockstep every rank sees the pace of the slowest one, so the throughput alone
 cannot name the straggler. Each visit also records how long its loop waits for its next
 batch: the rank that waits at `full` is the one whose input pipeline sets the pace, and
@@ -34,8 +44,77 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from ..core import faults
+from . import board as board_mod
 from .experiment import MEASURE_ORDER
 from .visit import Pace, Visit
+
+
+class Stopped(KeyboardInterrupt):
+    """The lockstep stops: a signal reached `signals` ({rank: signal name}). Taken as
+    Ctrl-C is (the partial result written). `in_step`: every rank stopped at the same
+    agreement, so they can still gather; else the ranks meet on the board (board.py):
+    a rank was lost, this rank's main thread was stuck (the rescue), or this rank left
+    alone (`left`: its script ended; an interrupt raised outside the agreements, as in
+    bisect() called without the command line's handler). `how` says which, in words."""
+
+    AGREED = "every rank stopped at the next agreement"
+    STUCK = ("the rank's main thread was stuck (in a collective or a device sync): what was measured was written "
+             "from another thread")
+    LEFT = "a rank left the lockstep (its script ended, or an interrupt came outside the ranks' agreements)"
+
+    def __init__(self, signals: dict, in_step: bool = True, how: str = AGREED) -> None:
+        super().__init__("stopped")
+        self.signals = dict(signals)
+        self.in_step = in_step
+        self.how = how
+        self.error: Optional[BaseException] = None
+        self.left: Optional[str] = None  # this rank leaves on its own (how, in words): it posts, the others write
+
+
+class RankLost(Stopped):
+    """A collective failed on this rank: another rank's process is gone (or stuck past
+    the group's timeout). The lockstep cannot go on; what was measured is kept."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__({}, in_step=False, how="a rank was lost")
+        self.error = error
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether `exc` (raised in a user's own DDP step) is a collective that failed because
+    another rank is gone: gloo's "Connection closed by peer", NCCL's errors."""
+    backend_error = getattr(dist, "DistBackendError", None)
+    if backend_error is not None and isinstance(exc, backend_error):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("gloo/transport" in text or "Connection closed by peer" in text
+                                              or "Connection reset by peer" in text)
+
+
+def _pending_signal() -> int:
+    """The signal the command line's handler noted and deferred (0: none)."""
+    sig = faults.INTERRUPT_REQUESTED[0]
+    return int(sig) if not isinstance(sig, bool) else (2 if sig else 0)
+
+
+class _Guarded:
+    """Join over the DDP modules; a collective of its own that fails (its shadowing of a
+    rank that is gone) is RankLost."""
+
+    def __init__(self, join: Any) -> None:
+        self.join = join
+
+    def __enter__(self) -> None:
+        self.join.__enter__()
+
+    def __exit__(self, *exc: Any) -> bool:
+        try:
+            return self.join.__exit__(*exc)
+        except RuntimeError as error:
+            if exc[0] is not None:
+                return False  # the exception under way goes on
+            raise RankLost(error) from error
 
 
 def env_world_size() -> int:
@@ -70,17 +149,24 @@ def rank() -> int:
 
 def shutdown(started_here: bool) -> None:
     if started_here and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            dist.destroy_process_group()
+        except Exception:  # a rank lost: its connections are broken, and the process ends anyway
+            pass
 
 
 class Coordinator:
-    """The ranks' agreement, on a gloo side group."""
+    """The ranks' agreement, on a gloo side group; the board (board.py) for when a rank
+    is lost. While it is open, signals wait for the next agreement (module docstring)."""
 
     def __init__(self) -> None:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.group = dist.new_group(backend="gloo")
         self.joinables: list = []
+        self.board = board_mod.Board.open(self.rank, self.world_size)
+        self._deferring = True
+        faults.DEFER_INTERRUPTS[0] += 1
 
     @classmethod
     def current(cls) -> Optional["Coordinator"]:
@@ -96,23 +182,43 @@ class Coordinator:
             return
         self.joinables = [m for m in model.modules() if isinstance(m, Joinable)]
 
+    @staticmethod
+    def _collective(fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except RuntimeError as error:  # gloo's "Connection closed by peer", a timeout, ...
+            raise RankLost(error) from error
+
     def broadcast(self, values: list) -> list:
         t = torch.tensor([float(v) for v in values], dtype=torch.float64)
-        dist.broadcast(t, src=0, group=self.group)
+        self._collective(lambda: dist.broadcast(t, src=0, group=self.group))
         return t.tolist()
 
     def any(self, flag: bool) -> bool:
-        t = torch.tensor([1 if flag else 0], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(t.item())
+        """Whether any rank's flag is set; every rank's pending signal rides along, and
+        one on any rank stops them all here (Stopped)."""
+        t = torch.zeros(1 + self.world_size, dtype=torch.int64)
+        t[0] = 1 if flag else 0
+        t[1 + self.rank] = _pending_signal()
+        self._collective(lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group))
+        signals = {r: board_mod.signal_name(int(v)) for r, v in enumerate(t[1:].tolist()) if v}
+        if signals:
+            raise Stopped(signals)
+        return bool(t[0].item())
 
     def all(self, flag: bool) -> bool:
         return not self.any(not flag)
 
     def gather(self, obj: Any) -> list:
         out: list = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.group)
+        self._collective(lambda: dist.all_gather_object(out, obj, group=self.group))
         return out
+
+    def release(self) -> None:
+        """Signals raise again (once: close and a lost rank's path both call it)."""
+        if self._deferring:
+            self._deferring = False
+            faults.DEFER_INTERRUPTS[0] -= 1
 
     def close(self) -> None:
         """The last agreement: every rank reaches it before any leaves the side group,
@@ -121,16 +227,19 @@ class Coordinator:
         the script had destroyed it, and gloo could abort ("terminate called without an
         active exception")."""
         self.joinables = []
-        if dist.is_initialized():
-            dist.barrier(group=self.group)
-            dist.destroy_process_group(self.group)
+        try:
+            if dist.is_initialized():
+                self._collective(lambda: dist.barrier(group=self.group))
+                dist.destroy_process_group(self.group)
+        finally:
+            self.release()
 
     def join(self) -> contextlib.AbstractContextManager:
         if not self.joinables:
             return contextlib.nullcontext()
         from torch.distributed.algorithms.join import Join
 
-        return Join(self.joinables)
+        return _Guarded(Join(self.joinables))
 
     def unit(self, fn: Callable[[], None], skip: bool) -> tuple[Optional[BaseException], bool]:
         """Run `fn` (a fixed number of steps) on every rank that can, under Join; then
@@ -209,12 +318,66 @@ class LockstepPoints:
             exp.results[name] = result
 
 
-def gather_reports(local: Any, coord: Coordinator, waits: dict) -> list:
-    """Every rank's report document and its waits for data (one all_gather_object): the
-    ranks' last agreement, after which the coordinator is closed (both drivers: bisect()
-    and a user's loop, whose default group is the script's own)."""
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+    """What the ranks measured, at the end: each surviving rank's {"rank", "report",
+    "input_wait_ms_per_batch"}, the rank that writes the job's document, the lost ranks
+    (board.Board.lost: rank, host, pid, exit_code, signal, how) and the signals that
+    stopped the run ({rank: signal name})."""
+
+    docs: list
+    world_size: int = 0
+    writer: int = 0
+    lost: list = dataclasses.field(default_factory=list)
+    signals: dict = dataclasses.field(default_factory=dict)
+    error: Optional[str] = None  # the failed collective's message, when a rank was lost
+    how: Optional[str] = None  # how the run stopped (Stopped.how), when it did
+
+
+def gather_reports(local: Any, coord: Coordinator, waits: dict, stop: Optional[Stopped] = None) -> Gathered:
+    """Every rank's report document and its waits for data: the ranks' last agreement
+    (one all_gather_object), after which the coordinator is closed (both drivers:
+    bisect() and a user's loop, whose default group is the script's own). After a lost
+    rank (`stop` a RankLost, or the gathering fails), through the board instead."""
     mine = {"rank": coord.rank, "report": local.to_dict(),
             "input_wait_ms_per_batch": {k: round(v * 1e3, 3) for k, v in waits.items()}}
-    gathered = coord.gather(mine)
-    coord.close()
-    return gathered
+    if stop is None or stop.in_step:
+        try:
+            gathered = coord.gather(mine)
+            coord.close()
+            return Gathered(gathered, coord.world_size, 0, [], stop.signals if stop else {},
+                            how=stop.how if stop else None)
+        except RankLost as lost:
+            stop = lost
+    coord.release()
+    return after_loss(mine, coord, stop)
+
+
+def after_loss(mine: dict, coord: Coordinator, lost: Stopped) -> Gathered:
+    """The documents of the surviving ranks, through the board: each posts its own, the
+    lowest that posted writes. Without a store, this rank's own, written by rank 0."""
+    error = f"{type(lost.error).__name__}: {str(lost.error).strip().splitlines()[0][:300]}" if lost.error else None
+    pending = _pending_signal()
+    mine = dict(mine, signal=board_mod.signal_name(pending) if pending else None, left=lost.left)
+    board = coord.board
+    others = [r for r in range(coord.world_size) if r != coord.rank]
+    if board is None:
+        unknown = [{"rank": r, "host": None, "pid": None, "exit_code": None, "signal": None,
+                    "how": "unknown (no store to ask which rank was lost)"} for r in others]
+        return Gathered([mine], coord.world_size, 0, unknown, lost.signals, error, lost.how)
+    board.post(mine)
+    docs = board.collect(board_mod.LEAVE_S if lost.left else board_mod.COLLECT_S)
+    docs[coord.rank] = mine
+    waiting = [r for r in range(coord.world_size) if r not in docs and not board.gone(r)]
+    # a rank that leaves while others still measure writes nothing: they write, its result with theirs
+    staying = [r for r, d in docs.items() if not d.get("left")]  # a rank that left may be gone by now
+    writer = -1 if lost.left and waiting else board.writer(staying or docs)
+    signals = {**{r: d["signal"] for r, d in docs.items() if d.get("signal")}, **lost.signals}
+    # the ranks that left count as lost to the ranks still measuring (not when every rank's script ended)
+    gone = board.lost(r for r in range(coord.world_size)
+                      if r not in docs or (docs[r].get("left") and not lost.left))
+    for entry in gone:  # a rank that left said how; its process's record, where there is one, says more
+        said = (docs.get(entry["rank"]) or {}).get("left")
+        if said and entry["exit_code"] is None and entry["signal"] is None:
+            entry["how"] = said
+    return Gathered([docs[r] for r in sorted(docs)], coord.world_size, writer, gone, signals, error, lost.how)

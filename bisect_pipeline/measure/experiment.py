@@ -14,7 +14,8 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from ..core import faults
+from ..core import causes, faults
+from ..core.fixes import Variant
 from ..core.results import (NOT_SELECTED, AllocatorHold, AllocatorTiming, CacheInfo, Isolated, Measurements,
                             PointResult, RunInfo, Syncs, Tuning, Verification)
 from ..core.stats import MIN_REL_DROP, Throughput
@@ -96,6 +97,7 @@ class Experiment(PointSources):
     kept: dict = dataclasses.field(default_factory=dict)
     budget: Optional[Budget] = None  # --max-seconds divided up front (api.start)
     epoch_start: Optional[dict] = None  # the pause at each epoch's start (phases.epoch_start)
+    variants: dict = dataclasses.field(default_factory=dict)  # the usable fixes' Variants by kind (advise/fixes.py)
 
     def __post_init__(self) -> None:
         self.settle_deadline = min(self.settle_deadline or self.deadline, self.deadline)
@@ -241,14 +243,15 @@ class Experiment(PointSources):
     def visit(self, name: str, deadline: float, *, spec: Optional[LoaderSpec] = None, epochs: bool = False,
               threads: Optional[int] = None, keep: Optional[int] = None, pace: Pace = LOCAL,
               end: Optional[float] = None, skip: bool = False, calls: Optional[list] = None,
-              keep_open: Union[bool, str] = False, max_steps: Optional[int] = None) -> Visit:
+              keep_open: Union[bool, str] = False, max_steps: Optional[int] = None,
+              variant: Optional[Variant] = None) -> Visit:
         """One visit of point `name` until `deadline`, for a schedule to hand to its driver
         (visit.drive, or a user's loop). `spec`, `epochs`, `threads`, `calls`: see `open`;
         `keep`: windows to keep (plan.windows_per_visit); `end`: the watchdog's hard end
         (the run's by default); `skip`: take part in a lockstep point without steps;
         `keep_open`: the source stays open for the next visit (`open`, keep: True, or the
         key it is kept under); `max_steps`: the most batches it may take (Plan.for_steps:
-        a script's batches shared out)."""
+        a script's batches shared out); `variant`: a fix's (`open`)."""
         spec = spec or self.spec
         plan, prefetch = self.visit_plan(name, spec, epochs, fit=not pace.lockstep)
         key = name if keep_open is True else keep_open
@@ -256,7 +259,8 @@ class Experiment(PointSources):
         plan = plan.for_steps(max_steps, first_prefetch)
         self.visits += 1
         return Visit(
-            name, None if skip else (lambda: self.open(name, spec, epochs, threads, calls, keep=keep_open)),
+            name, None if skip else (lambda: self.open(name, spec, epochs, threads, calls, keep=keep_open,
+                                                       variant=variant)),
             batch_size=self.batch_size, plan=plan, deadline=deadline, clock=self.clock, sync=self.sync, keep=keep,
             pace=pace, prefetch_depth=prefetch, first_prefetch=first_prefetch,
             watchdog=lambda: self.watchdog(lambda: f"point {name}", end),
@@ -295,12 +299,16 @@ class Experiment(PointSources):
                 what = (f"no batch in {self.step_timeout:g} s" if batch
                         else f"the training step did not finish in {self.step_timeout:g} s") + " (--step-timeout)"
             return PointResult(name, "failed", reason=f"{what}; its workers were terminated", failed_stage="hang")
-        stage, reason = faults.classify(exc)
+        where = causes.Where(batch_bytes=self.caches.batch_bytes if self.caches is not None else None,
+                             num_workers=getattr(self.spec, "num_workers", 0) or 0,
+                             prefetch_factor=getattr(self.spec, "prefetch_factor", None))
+        stage, reason = faults.classify(exc, where)
         if stage is None:
             stage = _stage_from_traceback(exc, name, self.step, self.move)
             if stage is not None:
-                reason = f"{stage} raised {reason}"
-        return PointResult(name, "failed", reason=reason, failed_stage=stage)
+                known = causes.explain(causes.texts(exc), where) is not None
+                reason = f"{stage} failed: {reason}" if known else f"{stage} raised {reason}"
+        return PointResult(name, "failed", reason=reason, failed_stage=stage, error=faults.raw(exc))
 
     # -- what it measured ---------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..core import tree
+from ..core.fixes import Variant
 from ..pipeline import split
 from ..pipeline.integrations import nodes, timm
 from ..pipeline.loader import LoaderSpec
@@ -28,7 +29,7 @@ class PointSources:
     @contextlib.contextmanager
     def open(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False,
              threads: Optional[int] = None, calls: Optional[list] = None, *,
-             keep: Union[bool, str] = False) -> Iterator[tuple]:
+             keep: Union[bool, str] = False, variant: Optional[Variant] = None) -> Iterator[tuple]:
         """The point's batch source, open: (next_batch, the transfer applied to each batch
         or None when the batches are already on the device). `spec`: other loader settings
         for `full` (verify.py, sweep.py); the user's own by default. `epochs`: `full` ends
@@ -37,15 +38,18 @@ class PointSources:
         calls `raw` replays, one list per cached sample (the recorded ones by default;
         confirm.py replays part of a Compose from a cached intermediate). `keep`: left open
         after the visit for the next one (close_kept), kept as the point's (True) or under
-        this key (a trial's side: its settings, verify._visit)."""
+        this key (a trial's side: its settings, verify._visit). `variant`: `full` as a fix
+        of the pipeline runs it (core.fixes.Variant: its dataset copy, and its work on each
+        batch after the transfer; in a user's loop the batches are then handed over on the
+        device)."""
         before = torch.get_num_threads()
         if threads:
             torch.set_num_threads(int(threads))
         try:
             if keep:
-                yield from self._kept(name if keep is True else keep, name, spec, epochs)
+                yield from self._kept(name if keep is True else keep, name, spec, epochs, variant=variant)
             else:
-                source, move = self._source(name, spec or self.spec, epochs, calls)
+                source, move = self._source(name, spec or self.spec, epochs, calls, variant=variant)
                 with source as next_batch:
                     yield next_batch, move
         finally:
@@ -59,12 +63,11 @@ class PointSources:
         pool forked from this process shares its memory copy-on-write, so the step after
         the fork copies every page it writes (docs/benchmarks.md, issue 30), time a long
         step's visit has no warm-up for, and a few seconds of every round with steps of
-        a second. A loader parked between
-        visits (`parks`) does no work meanwhile; one that cannot be parked is kept open
-        only where your workers are persistent (it finishes the batches in flight, a
-        batch or two per worker, while the next point starts, as at the end of a visit
-        of your loop's own pool). A pool is kept only while the machine has the memory
-        for it (room_for_a_pool)."""
+        a second. A loader parked between visits (`parks`) does no work meanwhile; one
+        that cannot be parked is kept open only where your workers are persistent (it
+        finishes the batches in flight, a batch or two per worker, while the next point
+        starts, as at the end of a visit of your loop's own pool). A pool is kept only
+        while the machine has the memory for it (room_for_a_pool)."""
         if name in self.kept:
             return True
         if name in ("host", "device") or self.spec.num_workers == 0:
@@ -116,7 +119,8 @@ class PointSources:
         own pool was kept (room_for_a_pool) or not: the whole prefetch."""
         return 0 if kept and not lockstep and self.resumes(name) else prefetch
 
-    def _kept(self, key: str, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False) -> Iterator[tuple]:
+    def _kept(self, key: str, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False, *,
+              variant: Optional[Variant] = None) -> Iterator[tuple]:
         """The point's source as `open` gives it (`spec`, `epochs`: see `open`), kept as
         `key`, opened at its first visit and kept after it: parked (its epoch ended after
         the batches in flight, its workers idle) and resumed at the next visit, whose
@@ -125,7 +129,8 @@ class PointSources:
         workers terminated, as `open` does)."""
         if key not in self.kept:
             stack = contextlib.ExitStack()
-            source, move = self._source(name, spec or self.spec, epochs, park=self.parks(name, spec, epochs))
+            source, move = self._source(name, spec or self.spec, epochs, park=self.parks(name, spec, epochs),
+                                        variant=variant)
             self.kept[key] = (stack, stack.enter_context(source), move, source)
         stack, next_batch, move, source = self.kept[key]
         gated = isinstance(source, sources.LoaderSource) and source.gate is not None
@@ -150,17 +155,21 @@ class PointSources:
             stack.close()
 
     def _source(self, name: str, spec: LoaderSpec, epochs: bool, calls: Optional[list] = None,
-                park: bool = False) -> tuple:
+                park: bool = False, *, variant: Optional[Variant] = None) -> tuple:
         """The point's batch source and transfer; with a WebLoader's stages under --entry,
         every point's batches go through them, the device point's too, as in the user's
-        loop (under `run` the loop runs them itself)."""
-        source, move = self._point_source(name, spec, epochs, calls, park)
+        loop (under `run` the loop runs them itself). A fix's `variant` works on each batch
+        after its transfer (in a user's loop, which moves its batches itself, on batches
+        handed over on the device: the loop's own move then leaves them there)."""
+        source, move = self._point_source(name, spec, epochs, calls, park, variant=variant)
         if self.loop_stages is not None and not self.loop:
             source = self.loop_stages.through(source)
+        if variant is not None and variant.after is not None:
+            move = variant.through(self.move if self.loop else move)
         return source, move
 
     def _point_source(self, name: str, spec: LoaderSpec, epochs: bool, calls: Optional[list] = None,
-                      park: bool = False) -> tuple:
+                      park: bool = False, *, variant: Optional[Variant] = None) -> tuple:
         caches = self.caches
         if name == "device":
             host = sources.host_batches(caches, spec, self.device)
@@ -169,7 +178,8 @@ class PointSources:
             source = graph.source(spec, name, caches, epochs=epochs, calls=calls,
                                   fresh=self.fresh and self.device.type == "cpu")
         elif name == "full":
-            source = sources.full_loader(spec, caches.dataset if caches else _tagged_copy(spec), epochs, park)
+            dataset = variant.dataset if variant is not None else caches.dataset if caches else _tagged_copy(spec)
+            source = sources.full_loader(spec, dataset, epochs, park)
         elif name in ("raw", "augmented") and caches.stages is not None:  # a pipeline cut into its stages
             source = sources.stream_loader(spec, caches.stages.replay(name))
         elif name == "raw":

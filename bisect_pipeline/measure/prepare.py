@@ -54,7 +54,8 @@ def fill(exp: Experiment, selected: tuple, *, cache_mb: float, cache_batches: in
         for name in MEASURE_ORDER[:-1]:
             if name in selected:
                 exp.results[name] = PointResult(name, "failed", reason=f"filling the cache failed: {exc.reason}",
-                                                failed_stage="hang" if exc.hang else exc.stage)
+                                                failed_stage="hang" if exc.hang else exc.stage,
+                                                error=faults.raw(exc.__cause__) if exc.__cause__ else None)
         return
     caches = exp.caches
     exp.notes.extend(caches.warnings)  # pipeline problems seen while filling (a non-sharding IterableDataset)

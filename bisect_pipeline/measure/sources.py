@@ -20,7 +20,6 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_worker_info
 
 from ..core import faults, tree
-from ..core.faults import StageError, StepTimeout
 from ..pipeline import integrations, recording
 from ..pipeline.loader import LoaderSpec, copy_or_same, index_order, sampler_copy
 from . import devices
@@ -137,28 +136,20 @@ class RawReplay(Dataset):
     def __init__(self, templates: list, calls: list) -> None:
         self.templates = templates
         self.calls = calls
+        self._replay = faults.Tagged(recording.replay_sample, "augment")
+        self._replay_batched = faults.Tagged(integrations.hf.replay_batched, "augment")
 
     def __len__(self) -> int:
         return len(self.templates)
 
     def __getitem__(self, i: int) -> Any:
-        try:
-            return recording.replay_sample(self.templates[i], self.calls[i])
-        except (StageError, StepTimeout):
-            raise
-        except Exception as exc:
-            raise faults.stage_error("augment", exc) from exc
+        return self._replay(self.templates[i], self.calls[i])
 
     def __getitems__(self, indices: list) -> list:
         """A batch of samples, as the DataLoader's fetcher asks for them. Where the user's
         dataset fetches whole batches (a Hugging Face Dataset runs its format transform
         once on all the rows of a batch), the transform is replayed the same way."""
-        try:
-            batched = integrations.hf.replay_batched([self.templates[i] for i in indices], [self.calls[i] for i in indices])
-        except (StageError, StepTimeout):
-            raise
-        except Exception as exc:
-            raise faults.stage_error("augment", exc) from exc
+        batched = self._replay_batched([self.templates[i] for i in indices], [self.calls[i] for i in indices])
         return batched if batched is not None else [self[i] for i in indices]
 
 
@@ -182,17 +173,13 @@ class BatchCache(Dataset):
 
     def __getitem__(self, i: int) -> Any:
         if get_worker_info() is not None:
-            return _shared_copy(self.batches[i])
+            return tree.map_leaves(_shared_leaf, self.batches[i])
         return tree.clone(self.batches[i]) if self.fresh else self.batches[i]
 
 
-def _shared_copy(batch: Any) -> Any:
-    """A copy of `batch` whose tensors live in new shared memory, as a worker's collate_fn
-    makes its output."""
-    return tree.map_leaves(_shared_leaf, batch)
-
-
 def _shared_leaf(x: Any) -> Any:
+    """A copy of `x` whose tensor lives in new shared memory, as a worker's collate_fn
+    makes its output."""
     if not isinstance(x, torch.Tensor):
         return tree.clone(x)
     try:
@@ -282,7 +269,7 @@ class LoaderSource:
             if self.restarts > 1000:
                 raise RuntimeError("the dataset yields no batch")
             if not (self.loader.persistent_workers and self.loader.num_workers):
-                _shutdown(self._it)
+                shutdown(self._it)
             # With persistent workers iter() resets the same iterator and keeps its workers:
             # shutting them down first would leave it nothing to reset.
             self._it = iter(self.loader)
@@ -291,9 +278,9 @@ class LoaderSource:
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if exc_type is not None:
             _terminate(self._it)  # a hung worker would hold the shutdown for 5 s per worker
-        _shutdown(self._it)
+        shutdown(self._it)
         if self.loader is not None:
-            _shutdown(getattr(self.loader, "_iterator", None))
+            shutdown(getattr(self.loader, "_iterator", None))
         self._it = None
         self.loader = None
 
@@ -331,16 +318,12 @@ def _terminate(it: Any, grace: float = 1.0) -> None:
             w.terminate()
 
 
-def _shutdown(it: Any) -> None:
+def shutdown(it: Any) -> None:
+    """Shut a DataLoader iterator's workers down (a replay loader's, or an iterator of the
+    user's, which the experiment takes over: loop_loaders.py)."""
     stop = getattr(it, "_shutdown_workers", None)
     if stop is not None:
         stop()
-
-
-def shutdown(it: Any) -> None:
-    """Shut a DataLoader iterator's workers down (an iterator of the user's, which the
-    experiment takes over: loop_loaders.py)."""
-    _shutdown(it)
 
 
 @contextlib.contextmanager
@@ -389,7 +372,7 @@ def loader_class(spec: LoaderSpec) -> tuple[LoaderSpec, Optional[str]]:
         probe = cls(list(range(4)), batch_sampler=Groups([[0, 1], [2, 3]]), num_workers=0, collate_fn=identity)
         it = iter(probe)
         next(it), next(it)
-        _shutdown(getattr(probe, "_iterator", None))
+        shutdown(getattr(probe, "_iterator", None))
         return spec, None
     except Exception as exc:
         name = f"{cls.__module__}.{cls.__qualname__}"

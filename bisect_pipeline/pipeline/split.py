@@ -93,3 +93,35 @@ def may_transform(obj: Any) -> bool:
     loader, a sampler)."""
     return (callable(obj) and not isinstance(obj, type) and not inspect.ismethod(obj) and not inspect.isbuiltin(obj)
             and not isinstance(obj, (Dataset, DataLoader, Sampler)))
+
+
+def replaced(dataset: Any, name: str, fn: Any) -> Any:
+    """A copy of the dataset chain with the transform at `name` (a proxy's name as
+    `instrument` gives it: "dataset.transform", "dataset.dataset.transform",
+    "dataset.datasets[1].transform") replaced by `fn`: a recording proxy there keeps
+    proxying (its failures name augment), `fn` in it. The chain given is not changed:
+    every object on the way is a shallow copy. A fix of the pipeline (measure/tail.py)
+    runs the full pipeline over it."""
+    return _replaced(dataset, name.split(".", 1)[1], fn)
+
+
+def _replaced(ds: Any, rest: str, fn: Any) -> Any:
+    ds2 = copy.copy(ds)
+    head, _, tail = rest.partition(".")
+    if not tail:
+        current = getattr(ds, head)
+        if isinstance(current, RecordingTransform):
+            proxy = copy.copy(current)
+            proxy.fn = fn
+            fn = proxy
+        setattr(ds2, head, fn)
+        return ds2
+    attr, _, index = head.partition("[")
+    child = getattr(ds, attr)
+    if not index:
+        setattr(ds2, attr, _replaced(child, tail, fn))
+        return ds2
+    items = list(child)
+    items[int(index.rstrip("]"))] = _replaced(items[int(index.rstrip("]"))], tail, fn)
+    setattr(ds2, attr, items)
+    return ds2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import Any, Optional
 
 from tabulate import tabulate
 
@@ -30,21 +30,27 @@ def stragglers(waits: list) -> list:
     return [r for r, s in enumerate(shares) if s >= STRAGGLER_REL_TO_MAX * top]
 
 
-def combine(local: Report, docs: list, rank: int) -> "DistributedReport":
-    """The report of the whole job on every rank, from every rank's document (gathered
-    by distributed.gather_reports): the verdict of the rank that sets the pace. Only rank
-    0 prints or writes it (the CLI)."""
+def combine(local: Report, gathered: Any, rank: int) -> "DistributedReport":
+    """The report of the whole job on every rank, from every surviving rank's document
+    (distributed.gather_reports: a Gathered): the verdict of the rank that sets the pace.
+    Only the writer (rank 0, or the lowest surviving rank when rank 0 was lost) prints or
+    writes it (the CLI)."""
+    docs = list(gathered.docs)
     full = []
     for d in docs:
         p = next((p for p in d["report"]["points"] if p["point"] == "full"), None)
         w = d["input_wait_ms_per_batch"].get("full")
         full.append((w, p["ms_per_batch"]) if p and p["status"] == "ok" and w is not None else None)
     slow = stragglers(full)
-    pace = slow[0] if len(slow) == 1 else (max(slow, key=lambda r: full[r][0]) if slow else _slowest_full(docs))
-    base = local if pace == rank else Report.from_dict(docs[pace]["report"])
+    at = slow[0] if len(slow) == 1 else (max(slow, key=lambda i: full[i][0]) if slow else _slowest_full(docs))
+    pace = docs[at]["rank"]
+    base = local if pace == rank else Report.from_dict(docs[at]["report"])
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Report)}
-    out = DistributedReport(**fields, world_size=len(docs), rank=rank, ranks=tuple(docs),
-                            pace_rank=pace, straggler_ranks=tuple(slow))
+    out = DistributedReport(**fields, world_size=gathered.world_size or len(docs), rank=rank, ranks=tuple(docs),
+                            pace_rank=pace, straggler_ranks=tuple(docs[i]["rank"] for i in slow),
+                            writer=gathered.writer, lost_ranks=tuple(gathered.lost),
+                            stopped_by=tuple(sorted(gathered.signals.items())), lost_error=gathered.error,
+                            stopped_how=gathered.how)
     return dataclasses.replace(out, summary=f"{out.who()} {base.summary}")
 
 
@@ -83,9 +89,14 @@ class DistributedReport(Report):
 
     world_size: int = 1
     rank: int = 0
-    ranks: tuple = ()
+    ranks: tuple = ()  # the surviving ranks' documents
     pace_rank: Optional[int] = None
     straggler_ranks: tuple = ()
+    writer: int = 0  # the rank that prints and writes the job's report
+    lost_ranks: tuple = ()  # board.Board.lost's entries: rank, host, pid, exit_code, signal, how
+    stopped_by: tuple = ()  # (rank, signal name): the signals that stopped the run
+    lost_error: Optional[str] = None  # the collective that failed when a rank was lost
+    stopped_how: Optional[str] = None  # how the run stopped (distributed.Stopped.how), when it did
 
     def to_dict(self) -> dict:
         doc = Report.to_dict(self)
@@ -98,10 +109,33 @@ class DistributedReport(Report):
                                f"{STRAGGLER_MIN_WAIT_SHARE:.0%} of its time per batch, and >= "
                                f"{STRAGGLER_REL_TO_MAX:.0%} of the longest wait of any rank"),
             "points": _point_table(self.ranks),
+            "written_by": self.writer,
+            "lost_ranks": [dict(r) for r in self.lost_ranks],
+            "stopped_by": [{"rank": r, "signal": sig} for r, sig in self.stopped_by],
+            "stopped_how": self.stopped_how,
         }
+        if self.lost_error:
+            doc["distributed"]["lost_error"] = self.lost_error
         return doc
 
     def who(self) -> str:
+        return " ".join(x for x in (self._lost(), self._pace()) if x)
+
+    def _lost(self) -> str:
+        """The ranks lost and the signals that stopped the run, first."""
+        out = [f"[{self.world_size} ranks] rank {r['rank']} was lost mid-run: {r['how']}." for r in self.lost_ranks]
+        if self.stopped_by and not self.lost_ranks:  # a lost rank's launcher stops the others: the loss is the news
+            by = "; ".join(f"{sig} on rank {r}" for r, sig in self.stopped_by)
+            out.append(f"[{self.world_size} ranks] {by}: {self.stopped_how or 'stopped'}.")
+        if out:
+            alive = ", ".join(str(d["rank"]) for d in self.ranks)
+            out.append(f"What rank(s) {alive} measured until then is kept (written by rank {self.writer}); rank "
+                       f"{self.pace_rank}'s report follows.")
+        return " ".join(out)
+
+    def _pace(self) -> str:
+        if self.lost_ranks or self.stopped_by:
+            return ""  # an interrupted run: no pace to name
         if self.straggler_ranks:
             names = ", ".join(str(r) for r in self.straggler_ranks)
             return (f"[{self.world_size} ranks] straggler rank(s) {names}: its input pipeline sets the pace of "
@@ -119,10 +153,13 @@ class DistributedReport(Report):
         waits = [[d["rank"], _fmt(d["input_wait_ms_per_batch"].get("full"), 2),
                   d["report"]["bottleneck"] or "-"] for d in self.ranks]
         summary, _, rest = Report.text(self, breakdown=breakdown).partition("\n\n")
+        lost = [f"  lost: rank {r['rank']}" + (f" on {r['host']}" if r.get("host") else "")
+                + (f" (pid {r['pid']})" if r.get("pid") else "") + f": {r['how']}" for r in self.lost_ranks]
         return "\n".join([
             summary,
             "",
             f"torch.distributed: world size {self.world_size}, lockstep (rank 0 decides window lengths)",
+            *lost,
             "",
             tabulate(rows, headers=["point", "median samples/s", "slowest samples/s", "slowest rank"],
                      disable_numparse=True, colalign=("left", "right", "right", "right")),

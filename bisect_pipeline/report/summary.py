@@ -59,11 +59,14 @@ def summarize(r: "Diagnosis") -> Summary:
 
 def first_item(r: "Diagnosis") -> Optional["Finding"]:
     """The advice item to make first: the first whose check measured a gain, else the
-    first not shown to be no fix by its check; None without one."""
-    helps = [f for f in r.advice if f.verified is not None and f.verified.status == "helps"]
+    first not shown to be no fix by its check; None without one. Never a fix its check
+    refused, nor one that changes the augmentation (random transforms moved to the device:
+    one draw per batch), which the user decides on."""
+    offered = [f for f in r.advice if not f.numbers.get("refused") and not f.numbers.get("changes_augmentation")]
+    helps = [f for f in offered if f.verified is not None and f.verified.status == "helps"]
     if helps:
         return helps[0]
-    return next((f for f in r.advice if f.verified is None or f.verified.status not in _NOT_A_FIX), None)
+    return next((f for f in offered if f.verified is None or f.verified.status not in _NOT_A_FIX), None)
 
 
 def _first_change(r: "Diagnosis") -> tuple:
@@ -103,7 +106,10 @@ def next_step(r: "Diagnosis") -> str:
         return f"{ended[1][:1].lower()}{ended[1][1:]}"
     more = _more_rounds(r)
     if v.bottleneck is None:
-        return "" if r.complete else f"{more}: the run ended before a verdict."
+        if r.complete:
+            return ""
+        return ("run it again to its end: it was interrupted before a verdict." if r.interrupted else
+                f"{more}: the run ended before a verdict.")
     need, what = None, ""
     if v.bottleneck == "inconclusive" and v.witness == "disagree" and steady_disagreement(v):
         return ("more rounds would not tell: they read the same in each; the stages timed alone miss what your loop "

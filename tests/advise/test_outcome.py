@@ -117,3 +117,9 @@ def test_the_allocator_item_is_checked_by_the_step_timed_alone():
                                              real=True))
     v = outcome.verified(Finding("allocator", "step", "Hold it."), None, iso, BS)
     assert v.status == "helps" and v.speedup == pytest.approx(1.4) and outcome.sentence(v) == ""
+
+
+def test_a_fix_is_named_by_what_it_does_not_by_its_key():
+    assert outcome.settings_text({"fix": "device_tail"}) == "the transforms' tail run batched on the device"
+    assert outcome.settings_text({"fix": "decode", "num_workers": 2}) == (
+        "the images decoded by torchvision with num_workers=2")

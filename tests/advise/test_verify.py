@@ -56,6 +56,9 @@ def test_candidates_start_with_the_recommendation_then_vary_the_threads_and_the_
         {"num_workers": 2, "torch_num_threads": 2, "persistent_workers": True},
         {"num_workers": 2, "persistent_workers": True},
         {"num_workers": 1, "torch_num_threads": 2, "persistent_workers": True}]
+    # a fix of the pipeline itself (fixes.py): the fix alone, on the user's settings
+    assert verify.candidates(item({"fix": "device_tail"}, kind="device_tail"), threads=2, cores=2, on_cpu=True) == [
+        {"fix": "device_tail"}]
 
 
 # --- the schedule on a fake clock --------------------------------------------------------------
@@ -334,7 +337,7 @@ def test_a_candidate_whose_fresh_pool_takes_3_s_to_its_first_batch_still_gets_it
     exp = Experiment(spec, torch.device("cpu"), Plan(), clock, lambda e: None, None, start=1000.0, end=1100.0,
                      deadline=1100.0)
 
-    def source(name, spec, epochs, calls=None, park=False):
+    def source(name, spec, epochs, calls=None, park=False, variant=None):
         return (FakePool(clock, 3.0, 10.0) if spec.num_workers else FakePool(clock, 0.0, 50.0)), None
     monkeypatch.setattr(exp, "_source", source)
 

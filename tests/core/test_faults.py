@@ -462,3 +462,54 @@ def test_a_swallowed_interrupt_is_raised_again_at_the_next_step():
             dog.beat()
     finally:
         faults.INTERRUPT_REQUESTED[0] = False
+
+
+# ---------------------------------------------------------------- the rescue (torchrun)
+
+
+def _rescue(grace=0.3, late=0.0):
+    called = []
+    rescue = faults.Rescue(called.append, grace=grace, late=late)
+    return rescue, called
+
+
+def test_the_rescue_acts_when_a_sigterm_is_not_answered_in_time():
+    previous = signal.signal(signal.SIGTERM, lambda *a: None)  # noted, as under a lockstep
+    rescue, called = _rescue()
+    try:
+        rescue.arm()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1.0)
+        assert called == [signal.SIGTERM]
+    finally:
+        rescue.disarm()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_rescue_stands_aside_for_a_run_that_ends_or_is_writing():
+    previous = signal.signal(signal.SIGTERM, lambda *a: None)
+    rescue, called = _rescue()
+    try:
+        rescue.arm()
+        rescue.final()  # the main thread writes: the rescue waits for it...
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.6)
+        assert called == []
+    finally:
+        rescue.disarm()  # ...and the run ended: nothing to do
+        signal.signal(signal.SIGTERM, previous)
+    time.sleep(0.4)
+    assert called == []
+
+
+def test_the_rescue_acts_past_the_runs_end():
+    rescue, called = _rescue(grace=0.2, late=0.2)
+    try:
+        rescue.arm()
+        rescue.watch(time.monotonic())
+        time.sleep(0.2)
+        assert called == []
+        time.sleep(0.6)
+        assert called == [0]
+    finally:
+        rescue.disarm()

@@ -4,7 +4,7 @@ import random
 import pytest
 
 from bisect_pipeline.core import noise, stats
-from bisect_pipeline.core.stats import (MIN_REL_DROP, Z_NOISE, Throughput, Window, decreasing_fit, iqr, is_real,
+from bisect_pipeline.core.stats import (MIN_REL_DROP, Z_NOISE, Throughput, Window, decreasing_blocks, iqr, is_real,
                                         median, median_se, noise_threshold, order_se, point_sigmas, quantile,
                                         small_sample_factor, t_factor)
 
@@ -70,13 +70,22 @@ def test_is_real_needs_both_the_noise_and_the_floor():
     assert not is_real(0.0091, 0.003, 0.100, scale=1.5)
 
 
-def test_decreasing_fit_pools_violators_to_their_weighted_mean():
-    assert decreasing_fit([5.0, 4.0, 3.0], [1, 1, 1]) == [5.0, 4.0, 3.0]  # already ordered: untouched
-    assert decreasing_fit([4.0, 5.0, 1.0], [1, 1, 1]) == [4.5, 4.5, 1.0]
-    assert decreasing_fit([4.0, 5.0, 1.0], [3, 1, 1]) == [4.25, 4.25, 1.0]  # the precise one weighs more
+def _fitted(values, weights):
+    """The fitted values: each block's weighted mean, as drops.fit takes them."""
+    out = []
+    for block in decreasing_blocks(values, weights):
+        out += [sum(values[i] * weights[i] for i in block) / sum(weights[i] for i in block)] * len(block)
+    return out
+
+
+def test_decreasing_blocks_pool_violators_to_their_weighted_mean():
+    assert decreasing_blocks([5.0, 4.0, 3.0], [1, 1, 1]) == [[0], [1], [2]]  # already ordered: untouched
+    assert decreasing_blocks([4.0, 5.0, 1.0], [1, 1, 1]) == [[0, 1], [2]]
+    assert _fitted([4.0, 5.0, 1.0], [1, 1, 1]) == [4.5, 4.5, 1.0]
+    assert _fitted([4.0, 5.0, 1.0], [3, 1, 1]) == [4.25, 4.25, 1.0]  # the precise one weighs more
     # a violation further down pulls the pool along
-    assert decreasing_fit([2.0, 1.0, 3.0], [1, 1, 1]) == [2.0, 2.0, 2.0]
-    fit = decreasing_fit([9.0, 3.0, 4.0, 1.0, 2.0], [1, 2, 1, 1, 1])
+    assert _fitted([2.0, 1.0, 3.0], [1, 1, 1]) == [2.0, 2.0, 2.0]
+    fit = _fitted([9.0, 3.0, 4.0, 1.0, 2.0], [1, 2, 1, 1, 1])
     assert fit == sorted(fit, reverse=True) and fit[0] == 9.0
 
 

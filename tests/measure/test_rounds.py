@@ -360,7 +360,7 @@ def heavy_run(monkeypatch, ms: dict, max_seconds: float, alone: Optional[witness
     steps = {"n": 0}
 
     @contextlib.contextmanager
-    def source(name, spec=None, epochs=False, threads=None, calls=None, keep=False):
+    def source(name, spec=None, epochs=False, threads=None, calls=None, keep=False, variant=None):
         opened.append(name)
 
         def next_batch():
@@ -475,7 +475,7 @@ def kept_run(monkeypatch, ms: dict, max_seconds: float, fail_at: Optional[tuple]
             raise
         events.append(("close", name, None))
 
-    monkeypatch.setattr(exp, "_source", lambda name, spec, epochs, calls=None, park=False: (counted(name), None))
+    monkeypatch.setattr(exp, "_source", lambda name, spec, epochs, calls=None, park=False, variant=None: (counted(name), None))
     monkeypatch.setattr(point_sources, "room_for_a_pool", lambda: True)
     schedule = rounds.Rounds(exp, ("device", "augmented", "raw", "full"))
     for v in schedule:
@@ -517,7 +517,7 @@ def fast_script_run(monkeypatch, ms: dict, batches: int, max_seconds: float = 30
     opened: dict = {}
 
     @contextlib.contextmanager
-    def source(name, spec=None, epochs=False, threads=None, calls=None, keep=False):
+    def source(name, spec=None, epochs=False, threads=None, calls=None, keep=False, variant=None):
         opened[name] = opened.get(name, 0) + 1
         value = ms[name] if not isinstance(ms[name], list) else ms[name][(opened[name] - 1) % len(ms[name])]
 

@@ -170,3 +170,26 @@ def test_a_webloaders_loop_stages_are_their_own_row(tmp_path, no_leftover_worker
     assert ran.returncode == 0, ran.stderr[-2000:]
     loop = json.loads(out.read_text())["isolated"]["loop"]
     assert loop["status"] == "ok" and 25 < loop["ms_per_batch"] < 200, loop
+
+
+@pytest.mark.e2e
+def test_a_truncated_shard_fails_the_full_point_with_its_name_and_fix(tmp_path, no_leftover_workers):
+    # a copy cut short mid-member: what the cached points replay was read before it, and
+    # is measured; the full pipeline reads the broken shard and fails, told as such
+    import tarfile
+
+    urls = write_shards(tmp_path, shards=2, per_shard=64)
+    with tarfile.open(urls[1]) as tf:
+        member = tf.getmembers()[21]  # a sample's .npy, halfway through the shard
+    data = open(urls[1], "rb").read()
+    open(urls[1], "wb").write(data[: member.offset_data + member.size // 2])
+    ds = (wds.WebDataset(urls, shardshuffle=False).decode(SlowNpy(0.0)).to_tuple("x.npy", "cls").map(Augment(0.0))
+          .batched(8, collation_fn=Collation(0.0)))
+    loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")
+    report = bisect(tiny_model(), loader, device="cpu", max_seconds=15, plan=conftest.TINY_PLAN, verify_seconds=0,
+                    cache_batches=2)
+    full = report.point("full")
+    assert full.status == "failed" and full.failed_stage == "load", full
+    assert "shard train-0001.tar is truncated" in full.reason and "handler=wds.warn_and_continue" in full.reason
+    assert "BufferedReader" not in full.reason  # the raw repr is not the reason
+    assert report.point("raw").status == "ok" and report.point("device").status == "ok"

@@ -106,3 +106,14 @@ def test_a_schema_1_document_still_reads_and_compares_with_its_windows_noise():
     assert out["bottleneck"] == ["augment", "augment"]
     aug = next(s for s in out["stages"] if s["stage"] == "augment")
     assert aug["real"] and aug["label"].endswith("cheaper")
+
+
+def test_a_failed_points_original_error_is_kept_beside_its_cause():
+    told = PointResult("full", "failed", reason="load failed: shard a.tar is truncated ...", failed_stage="load",
+                       error="ReadError: unexpected end of data @ <_io.BufferedReader name='a.tar'>")
+    r = build([told, PointResult("device", "ok", Throughput(tuple(Window(10, 0.1) for _ in range(5)), BS))], BS, "cpu")
+    doc = json.loads(r.to_json())
+    full = next(p for p in doc["points"] if p["point"] == "full")
+    assert full["error"].startswith("ReadError: unexpected end of data")
+    assert "error" not in next(p for p in doc["points"] if p["point"] == "device")  # only where there is one
+    assert Report.from_dict(doc).point("full").error == told.error
