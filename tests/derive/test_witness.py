@@ -160,6 +160,41 @@ def test_one_round_says_none_only_where_it_agrees_with_the_costs_alone():
     assert v.bottleneck == "inconclusive"
 
 
+def test_one_round_reads_each_point_by_its_own_window_against_the_fastest_reading_of_the_step():
+    costs = dict(load=3.0, augment=4.3, collate=0.005)
+    # the detection reference (pp4, run 1): the ceiling's one step read 5.6 s, full's 3.4,
+    # the step alone 3.75: a busy machine slowed the ceiling; full agrees with the step alone
+    v = decide(by_round({"device": [5572.0], "full": [3415.0]}), BS, CPU, alone=heavy(3751.0, **costs))
+    assert v.bottleneck == "none" and v.witness == "isolated costs"
+    assert "the step read 5572.0 ms in the loop and 3751.0 alone, the full pipeline 3415.0 ms" in v.reason
+    # (run 2) raw, doing less work, read slower than full: full's own reading, not the fit pooled with raw
+    v = decide(by_round({"device": [2923.0], "raw": [3651.0], "full": [3106.0]}), BS, NO_HANDOFF,
+               alone=heavy(4016.0, **costs))
+    assert v.bottleneck == "none" and v.witness == "isolated costs"
+    # a batch sampler's 500 ms the costs alone do not see, the ceiling read slow as full:
+    # full is held against the step alone, the faster reading, and it does not agree
+    assert decide(by_round({"device": [3000.0], "full": [3000.0]}), BS, CPU,
+                  alone=heavy(2500.0, **costs)).bottleneck == "inconclusive"
+
+
+def test_costs_alone_are_held_against_the_step_timed_alone_where_the_rounds_read_it_slowed():
+    # the MNIST example at the default 30 s on a busy machine: the rounds read the step
+    # 150 ms (their bound on the loss 25%), the step alone 68.6 ms; the costs alone 8.7 ms
+    # at most: 5.5% of the rounds' step at its lower bound, 11% of the step alone
+    ms = {"device": [144.3, 153.8, 150.0], "augmented": [164.6, 177.8, 166.3], "raw": [138.8, 141.1, 154.5],
+          "full": [148.0, 158.7, 175.7]}
+    costs = dict(load=1.92, augment=5.48, collate=0.17)
+    v = decide(by_round(ms), BS, NO_HANDOFF, alone=heavy(68.6, **costs))
+    assert v.bottleneck == "inconclusive" and v.witness == "rounds"
+    # the same step timed alone at 150 ms: the costs alone put the loss at 5.5%: over the 5%
+    # at which a stage's cost can be real, so still no none on them
+    assert decide(by_round(ms), BS, NO_HANDOFF, alone=heavy(150.0, **costs)).bottleneck == "inconclusive"
+    # a loss of 2% by them, the step alone agreeing: none on the costs alone
+    small = dict(load=1.0, augment=1.5, collate=0.17)
+    v = decide(by_round(ms), BS, NO_HANDOFF, alone=heavy(150.0, **small))
+    assert v.bottleneck == "none" and v.witness == "isolated costs"
+
+
 def test_the_shared_model_divides_the_rounds_own_gap_by_the_costs_alone():
     # 2 workers and a 2-thread step on 2 cores: the loop read 166 ms of input; alone the
     # stages cost 97, 59 and 0.4 ms of work, so k = 166 / 156.4: the loop pays more than the
