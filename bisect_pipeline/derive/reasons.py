@@ -178,3 +178,13 @@ def none_unchecked(a: witness.Alone, *, up: float, rest: float, ceiling: float, 
             + f"{_model_note(a)}), under the {MIN_REL_DROP * 100:.0f}% at which no stage's cost could be real; the "
             f"rounds, too few to bound the loss ({rounds} round{'s' if rounds != 1 else ''}), agree: the step read "
             f"{_ms(ceiling)} ms in the loop and {_ms(step)} alone, the full pipeline {_ms(full)} ms")
+
+
+def unchecked_against(*, loss: float, step: float, full: float, agree: float) -> str:
+    """What kept a `none` on the costs alone from one round (verdict._none_unchecked): they
+    put the loss at `loss` of a step of `step`, but `full` read more than `agree` of itself
+    over the two."""
+    return (f"; by their costs alone the worker stages add at most {_ms(loss)} ms to a step of {_ms(step)} ms "
+            f"({loss / (step + loss) * 100:.1f}%), but the one reading of the full pipeline, {_ms(full)} ms, is "
+            f"{(full - step - loss) / full * 100:.0f}% over the two, more than the {agree * 100:.0f}% one reading "
+            "allows: the loop pays for something the costs alone do not see, or that reading was slowed")

@@ -397,8 +397,11 @@ def _none_unchecked(v: Verdict, pred: witness.Prediction, base_point: str, up: f
     step = _fastest_step(pred, ceiling)
     rest = max(0.0, v.noise.time(base_point) - ceiling)
     loss = up + rest
-    if step <= 0 or loss > NONE_ALONE_MAX_LOSS * (step + loss) or full - step - loss > STEP_AGREE * full:
+    if step <= 0 or loss > NONE_ALONE_MAX_LOSS * (step + loss):
         return v
+    if full - step - loss > STEP_AGREE * full:  # the costs alone would say none: the reason says what stood against
+        return dataclasses.replace(v, reason=v.reason + reasons.unchecked_against(loss=loss, step=step, full=full,
+                                                                                  agree=STEP_AGREE))
     reason = reasons.none_unchecked(pred.alone, up=up, rest=rest, ceiling=ceiling, full=full,
                                     rounds=v.gap_rounds or 1)
     return dataclasses.replace(v, bottleneck="none", witness="isolated costs", reason=reason)
