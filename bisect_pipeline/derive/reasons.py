@@ -169,11 +169,12 @@ def none_alone(a: witness.Alone, *, up: float, rest: float, low: float, read: fl
 def none_unchecked(a: witness.Alone, *, up: float, rest: float, ceiling: float, full: float, rounds: int) -> str:
     """`none` by the costs alone where the rounds are too few to check them
     (verdict._none_unchecked): the worker stages add at most `up`, the rest of the gap
-    `rest`, to the step; the step alone, the ceiling and `full` as the rounds read them."""
+    `rest`, to the step's faster reading; the step alone, the ceiling and `full` as the
+    rounds read them."""
     loss = up + rest
     step = a.step if a.step is not None else ceiling
     return (f"the full pipeline keeps up by its costs alone: its worker stages add at most {_ms(up)} ms to a step of "
-            f"{_ms(ceiling)} ms ({loss / (min(step, ceiling) + loss) * 100:.1f}% with "
+            f"{_ms(min(step, ceiling))} ms, its faster reading ({loss / (min(step, ceiling) + loss) * 100:.1f}% with "
             + (f"the rest of the gap, {_ms(rest)} ms" if rest > 0 else "nothing else between")
             + f"{_model_note(a)}), under the {MIN_REL_DROP * 100:.0f}% at which no stage's cost could be real; the "
             f"rounds, too few to bound the loss ({rounds} round{'s' if rounds != 1 else ''}), agree: the step read "
