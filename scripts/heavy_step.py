@@ -10,6 +10,8 @@ HEAVY_AUGMENT_MS large enough (125 ms a sample: 1 s a batch).
         # a 2 s step and a 1 s augment: `augment` in 60 s (scripts/bench_heavy_step.py)
     HEAVY_STEP_S=1.7 HEAVY_JITTER=0.3 HEAVY_LOAD_MS=1.5 bisect-pipeline --entry scripts/heavy_step.py:make --max-seconds 60
         # a bursty 1.7-s step (+-30%) behind 12 ms of input a batch: `none`, on the isolated costs
+    HEAVY_STEP_S=2 HEAVY_SAMPLER_MS=400 bisect-pipeline --entry scripts/heavy_step.py:make --device cpu
+        # 400 ms a batch in the batch sampler, which the stages timed alone do not see: never `none`
 """
 
 from __future__ import annotations
@@ -52,4 +54,25 @@ def make() -> Workload:
         model(batch[0]).sum().backward()
 
     workers = int(os.environ.get("HEAVY_WORKERS", "0"))
+    sampler_ms = float(os.environ.get("HEAVY_SAMPLER_MS", "0"))
+    if sampler_ms:  # input work the stages timed alone do not see: the loop's batch sampler
+        batches = SlowBatches(torch.utils.data.BatchSampler(range(len(data)), 8, drop_last=True), sampler_ms)
+        return Workload(model=model, loader=DataLoader(data, batch_sampler=batches, num_workers=workers), step=step)
     return Workload(model=model, loader=DataLoader(data, batch_size=8, num_workers=workers), step=step)
+
+
+class SlowBatches:
+    """A batch sampler that takes `ms` to give each batch (HEAVY_SAMPLER_MS): input work in
+    the loop at `full` that the stages' costs alone do not time (they fetch the samples
+    of batches taken before), so a run that trusts them alone would miss it."""
+
+    def __init__(self, inner, ms: float) -> None:
+        self.inner, self.ms = inner, ms
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self):
+        for b in self.inner:
+            time.sleep(self.ms / 1e3)
+            yield b

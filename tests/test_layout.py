@@ -48,6 +48,7 @@ MEASURING_AND_DERIVING = ("bisect_pipeline.measure.plan", "bisect_pipeline.measu
                           "bisect_pipeline.advise.rules_step", "bisect_pipeline.advise.script_ast",
                           "bisect_pipeline.advise.edits", "bisect_pipeline.loop_patches", "bisect_pipeline.loop_loaders",
                           "bisect_pipeline.loop_end", "bisect_pipeline.measure.prepare",
+                          "bisect_pipeline.measure.iterator_alone",  # issue 59
                           "bisect_pipeline.measure.point_sources", "bisect_pipeline.core.record",
                           "bisect_pipeline.core.isolated", "bisect_pipeline.core.trials",
                           "bisect_pipeline.measure.worker_stages", "bisect_pipeline.measure.device_alone",

@@ -151,7 +151,7 @@ class Confirm:
         predicted = _predicted(exp, t)
         deadline = exp.clock() + self.budget_s
         try:
-            too_big = _over_budget(exp.caches, t)
+            too_big = _over_budget(exp.caches, t) or _over_time(exp.caches, exp.isolated, self.budget_s)
             if too_big:
                 self.result = _missing(t, "skipped", too_big, predicted)
                 return
@@ -189,6 +189,19 @@ def _over_budget(caches: Any, t: Target) -> Optional[str]:
     return (f"its inputs and outputs for the {len(caches.raw_calls)} cached samples would hold about "
             f"{need / 2**20:.0f} MB, more than the {max(0, left) / 2**20:.0f} MB --cache-mb leaves beside the caches: "
             "raise --cache-mb")
+
+
+def _over_time(caches: Any, isolated: Optional[Isolated], budget_s: float) -> Optional[str]:
+    """Why computing the step's inputs and outputs for every cached sample (the transforms
+    up to it, at most the augment stage's cost alone a sample) would not fit in the
+    confirmation's budget, or None: a heavy step's run may leave its check a second,
+    and 48 samples of a 125-ms augment took 6 s there."""
+    aug = isolated.part("augment") if isolated is not None else None
+    need = (aug.ms_per_sample or 0.0) / 1e3 * len(caches.raw_calls) if aug is not None else 0.0
+    if need <= budget_s:
+        return None
+    return (f"out of time: its inputs and outputs for the {len(caches.raw_calls)} cached samples would take about "
+            f"{need:.1f} s to compute, more than the {budget_s:.1f} s the check gives it")
 
 
 def _predicted(exp: Experiment, t: Target) -> float:

@@ -129,6 +129,9 @@ class PerSample(Part):
     # to), where ms_per_sample is its transforms timed where the dataset calls them, in
     # the load's __getitem__ calls (worker_stages.time_load); None where it is the replay itself
     alone_ms_per_sample: Optional[float] = None
+    # load of a streaming dataset timed through its iterator in a worker (ms_per_sample):
+    # the same load timed by index in this process (get_item), kept beside it
+    index_ms_per_sample: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +224,10 @@ class StepTime(Part):
     ms_per_batch: Optional[float] = None
     steps: Optional[int] = None
     source: Optional[str] = None
+    # the step timed alone before the points, kept where ms_per_batch became the device
+    # point's once it was measured (isolate.with_ceiling): the step the costs alone were
+    # compared with, a reading of it apart from the rounds' (verdict._none_unchecked)
+    alone_ms_per_batch: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)

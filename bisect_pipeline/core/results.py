@@ -152,6 +152,9 @@ class RunInfo(Record):
     settled: Optional[bool] = None
     # what settled it beyond the stop rule's margin: "both witnesses" (rounds.witnessed)
     settled_by: Optional[str] = None
+    # what ended the rounds short of a settled verdict where it was not --max-seconds:
+    # "batches" (a user's script had no more batches for them: rounds.Rounds._visit)
+    limited_by: Optional[str] = None
     remeasured: Optional[tuple] = None
     verdict_s: Optional[float] = None
     visits: Optional[int] = None

@@ -89,16 +89,29 @@ def undecided(gap: Contrast, upper: float, t_full: float, measured: Mapping[str,
             f"that bound under {none_max_loss * 100:.0f}%")
 
 
-def _readings(cost: Mapping, predicted: Mapping, disagree: tuple) -> str:
-    """'collate reads 3.1 ms per batch in the loop where alone it costs 0.1; ...'."""
+def _readings(cost: Mapping, predicted: Mapping, disagree: tuple, a: Optional[witness.Alone] = None) -> str:
+    """'collate reads 3.1 ms per batch in the loop where alone it costs 0.1; ...', and where
+    load was timed through a streaming dataset's iterator as well as by index, what the
+    two timed differently."""
     return "; ".join(f"{n} reads {_ms(cost[n].sec_per_batch)} ms per batch in the loop where alone it costs "
-                     f"{_ms(predicted[n][0])}" for n in disagree)
+                     f"{_ms(predicted[n][0])}{_iterator_note(a) if n == 'load' else ''}" for n in disagree)
 
 
-def disagreement(tied: tuple, cost: Mapping, predicted: Mapping, disagree: tuple) -> str:
+def _iterator_note(a: Optional[witness.Alone]) -> str:
+    """' (through its iterator in a worker; by index, get_item costs 4.0 ms a batch: the
+    iterator 2.2 more)' where load was timed both ways (witness.Alone.index_load)."""
+    if a is None or a.index_load is None or "load" not in a.work:
+        return ""
+    more = a.work["load"] - a.index_load
+    return (f" (through its iterator in a worker; by index, get_item costs {_ms(a.index_load)} ms a batch: the "
+            f"iterator {_ms(abs(more))} {'more' if more >= 0 else 'less'})")
+
+
+def disagreement(tied: tuple, cost: Mapping, predicted: Mapping, disagree: tuple,
+                 a: Optional[witness.Alone] = None) -> str:
     """The tie of the stages the two witnesses name apart (verdict._disagreement)."""
     return (f"{_and(list(tied))}: the rounds and the stages' costs alone disagree "
-            f"({_readings(cost, predicted, disagree)}), so neither names a stage alone")
+            f"({_readings(cost, predicted, disagree, a)}), so neither names a stage alone")
 
 
 def not_input_bound(cost: Mapping, predicted: Mapping, disagree: tuple, up: float, a: witness.Alone, *,
@@ -112,7 +125,7 @@ def not_input_bound(cost: Mapping, predicted: Mapping, disagree: tuple, up: floa
         why = (f"{_and(list(disagree))} {'reads' if len(disagree) == 1 else 'read'} so in each of {steady_rounds} "
                "rounds, not a drift of the step: the loop pays for more than the stages' own work, and the stages "
                "timed alone miss it")
-    return (f"the rounds read input costs the stages alone do not have ({_readings(cost, predicted, disagree)}), "
+    return (f"the rounds read input costs the stages alone do not have ({_readings(cost, predicted, disagree, a)}), "
             f"and alone the worker stages add at most {_ms(up)} ms per batch, under "
             f"{MIN_REL_DROP * 100:.0f}%{_model_note(a)}: {why}")
 
@@ -151,3 +164,28 @@ def none_alone(a: witness.Alone, *, up: float, rest: float, low: float, read: fl
             f"batch of at least {_ms(low + loss)} ms ({loss / (low + loss) * 100:.1f}% with "
             + (f"the rest of the gap, at most {_ms(rest)} ms" if rest > 0 else "nothing else between")
             + f"{_model_note(a)}); the rounds, which cannot bound the loss yet, read {_ms(read)} ms and agree")
+
+
+def none_unchecked(a: witness.Alone, *, up: float, rest: float, ceiling: float, full: float, rounds: int) -> str:
+    """`none` by the costs alone where the rounds are too few to check them
+    (verdict._none_unchecked): the worker stages add at most `up`, the rest of the gap
+    `rest`, to the step's faster reading; the step alone, the ceiling and `full` as the
+    rounds read them."""
+    loss = up + rest
+    step = a.step if a.step is not None else ceiling
+    return (f"the full pipeline keeps up by its costs alone: its worker stages add at most {_ms(up)} ms to a step of "
+            f"{_ms(min(step, ceiling))} ms, its faster reading ({loss / (min(step, ceiling) + loss) * 100:.1f}% with "
+            + (f"the rest of the gap, {_ms(rest)} ms" if rest > 0 else "nothing else between")
+            + f"{_model_note(a)}), under the {MIN_REL_DROP * 100:.0f}% at which no stage's cost could be real; the "
+            f"rounds, too few to bound the loss ({rounds} round{'s' if rounds != 1 else ''}), agree: the step read "
+            f"{_ms(ceiling)} ms in the loop and {_ms(step)} alone, the full pipeline {_ms(full)} ms")
+
+
+def unchecked_against(*, loss: float, step: float, full: float, agree: float) -> str:
+    """What kept a `none` on the costs alone from one round (verdict._none_unchecked): they
+    put the loss at `loss` of a step of `step`, but `full` read more than `agree` of itself
+    over the two."""
+    return (f"; by their costs alone the worker stages add at most {_ms(loss)} ms to a step of {_ms(step)} ms "
+            f"({loss / (step + loss) * 100:.1f}%), but the one reading of the full pipeline, {_ms(full)} ms, is "
+            f"{(full - step - loss) / full * 100:.0f}% over the two, more than the {agree * 100:.0f}% one reading "
+            "allows: the loop pays for something the costs alone do not see, or that reading was slowed")

@@ -70,6 +70,13 @@ class Alone:
     merged: bool = False  # load's work holds augment's
     samples: int = 0  # the fewest items any stage was timed over
     in_loop: bool = False  # load and collate timed between steps, in the loop's conditions (serial)
+    # the training step timed alone before the points (seconds per batch): the step the
+    # costs alone were compared with (isolate: workers_needed), a reading of the step
+    # apart from the rounds' (verdict._none_unchecked); None where it was not timed so
+    step: Optional[float] = None
+    # a streaming dataset's load timed through its iterator in a worker (`work`): the same
+    # load timed by index in this process (get_item), per batch, where it was
+    index_load: Optional[float] = None
 
     def at(self, point: str) -> Optional[tuple]:
         """(work per batch still to do at `point`, its standard error), or None where
@@ -114,7 +121,7 @@ def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
         work["augment"] = aug.ms_per_sample * items / 1e3
         se["augment"] = _noise(aug.ms_per_sample, aug.se_ms_per_sample) * items / 1e3
         samples.append(aug.samples or 0)
-    w = isolated.part("workers")
+    w = isolated.workers  # its cores and the step's threads, also before the step's time is known
     cores = int(w.cores) if w is not None and w.cores else 1
     threads = int(w.step_threads or 0) if w is not None else 0
     workers = int(loader.get("num_workers") or 0)
@@ -125,6 +132,9 @@ def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
         mode = "parallel"  # cores of their own, or work that waits and needs none
     else:
         mode = "shared"
+    timed = isolated.part("step")
+    step = timed.alone_ms_per_batch / 1e3 if timed is not None and timed.alone_ms_per_batch else None
+    index_load = load.index_ms_per_sample * items / 1e3 if load.index_ms_per_sample is not None else None
     in_loop = isolated.part("in_loop")
     if mode == "serial" and in_loop is not None and in_loop.fetch_se_ms is not None and in_loop.collate_se_ms is not None:
         # the loop's own conditions (isolate._in_loop): what the loop pays for the same
@@ -135,8 +145,8 @@ def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
         work["collate"] = in_loop.collate_ms_per_batch / 1e3
         se["collate"] = _noise(work["collate"], in_loop.collate_se_ms / 1e3)
         samples = [in_loop.batches or 0] + samples[2:]
-        return Alone(work, se, mode, workers, cores, merged, min(samples), in_loop=True)
-    return Alone(work, se, mode, workers, cores, merged, min(samples))
+        return Alone(work, se, mode, workers, cores, merged, min(samples), in_loop=True, step=step)
+    return Alone(work, se, mode, workers, cores, merged, min(samples), step=step, index_load=index_load)
 
 
 def _noise(cost: float, se: float) -> float:

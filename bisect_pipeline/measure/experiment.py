@@ -18,9 +18,9 @@ from ..core import causes, faults
 from ..core.fixes import Variant
 from ..core.results import (NOT_SELECTED, AllocatorHold, AllocatorTiming, CacheInfo, Isolated, Measurements,
                             PointResult, RunInfo, Syncs, Tuning, Verification)
-from ..core.stats import Throughput
+from ..core.stats import MIN_REL_DROP, Throughput
 from ..derive import drops, witness
-from ..derive.verdict import Verdict, decide
+from ..derive.verdict import Z_UPPER, Verdict, decide
 from ..pipeline.integrations import nodes
 from ..pipeline.loader import LoaderSpec
 from ..pipeline.step import make_step, to_device as default_to_device
@@ -159,7 +159,8 @@ class Experiment(PointSources):
         known (Plan.for_step), and the batches its loader has prefetched when it starts:
         none where the batches are cached on the host or device; behind a long step, the
         first batch of each worker at most (workers start together, so only those come
-        out at once: the queue fills beyond them only when the workers outpace the step).
+        out at once: the queue fills beyond them only when the workers outpace the step),
+        none where the costs alone show them outpacing it (_outpaced).
         `fit=False`: not fitted here (under torchrun each rank knows its own step, and the
         ranks' warm-ups must be alike: the visit fits the plan to rank 0's estimate).
         With `epochs` (the loader ends its epochs: open), windows of whole epochs
@@ -175,7 +176,19 @@ class Experiment(PointSources):
             plan = plan.for_epochs(spec.batches_per_epoch)
         plan = plan.for_step(est)
         prefetch = 0 if cached else spec.prefetch_depth
-        return plan, (min(prefetch, spec.num_workers) if plan.long(est) else prefetch)
+        if not plan.long(est):
+            return plan, prefetch
+        return plan, (0 if self._outpaced(est, spec.num_workers) else min(prefetch, spec.num_workers))
+
+    def _outpaced(self, step: float, workers: int) -> bool:
+        """Whether, by the stages' costs alone, the workers' whole work a batch (at `full`,
+        over the workers) is under MIN_REL_DROP of a long step: then the batches they
+        prefetched are what their steady state gives too (the step is the slower side by
+        20 times at least), and need not be stepped through untimed. A 2.5-s step with 2
+        workers spent two of the five steps of a visit of `full` on them, 30 s too few."""
+        a = self.alone() if workers else None
+        w = a.at("full") if a is not None else None
+        return w is not None and (w[0] + Z_UPPER * w[1]) / workers <= MIN_REL_DROP * step
 
     def visit_deadline(self, name: str, share: float, limit: float, spec: Optional[LoaderSpec] = None,
                        least: float = 0.0) -> float:
@@ -196,9 +209,13 @@ class Experiment(PointSources):
         ok = {n: p.throughput for n, p in self.results.items() if p.status == "ok"}
         skipped = {n: p.reason or "" for n, p in self.results.items()
                    if p.status == "skipped" and p.reason != NOT_SELECTED}
-        alone = witness.alone(self.isolated, {"num_workers": getattr(self.spec, "num_workers", 0)},
-                              str(self.device)) if nodes.witnessed(self.spec) else None  # the second witness
-        return decide(ok, self.batch_size, skipped, noise_scale=noise_scale, alone=alone)
+        return decide(ok, self.batch_size, skipped, noise_scale=noise_scale, alone=self.alone())
+
+    def alone(self) -> Optional[witness.Alone]:
+        """The stages' costs alone as the verdict reads them (witness.alone): the second witness."""
+        if not nodes.witnessed(self.spec):
+            return None
+        return witness.alone(self.isolated, {"num_workers": getattr(self.spec, "num_workers", 0)}, str(self.device))
 
     def use(self, wl: Any) -> None:
         """The workload's step (the default one built now: inside the run, whose state is

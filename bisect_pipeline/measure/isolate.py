@@ -90,14 +90,9 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
         device_batch = sources.device_batches(sources.host_batches(caches, spec, device, 1), move, device)[0]
     except Exception as exc:
         syncs = Syncs.missing("failed", reason_of(exc))
-    if step_sec_per_batch is not None:
-        parts["step"] = StepTime(ms_per_batch=round(step_sec_per_batch * 1e3, 3), source=step_source)
-    elif device_batch is not None and train_step is not None and not fits(STEP_WARMUP + 1):
-        parts["step"] = StepTime.missing("skipped", out_of_time(STEP_WARMUP + 1))
-    elif device_batch is not None and train_step is not None:
-        parts["step"] = guard(StepTime, lambda: time_step(train_step, device_batch, device, share, clock))
-    else:
-        parts["step"] = StepTime.missing("unavailable", "no batch on the device to step on")
+    parts["step"] = _step_part(step_sec_per_batch, step_source, batch=device_batch, step=train_step, fits=fits,
+                               out_of_time=out_of_time,
+                               time_it=lambda: time_step(train_step, device_batch, device, share, clock))
     parts["in_loop"] = _in_loop_part(spec, caches, train_step, device_batch, device, parts=parts, fits=fits,
                                      clock=clock, step_s=step_estimate_s, share=min(share, budget_s - clock() + start))
     if device_batch is not None:
@@ -111,6 +106,23 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
     out = Isolated(budget_s=round(budget_s, 3), batch_size=caches.batch_size, items_per_batch=round(items, 4), **parts)
     workers = workers_needed(out, items, cores(), step_threads=torch.get_num_threads() if device.type == "cpu" else 0)
     return dataclasses.replace(out, workers=workers, elapsed_s=round(clock() - start, 4)), syncs
+
+
+def _step_part(seconds: Optional[float], source: str, *, batch: Any, step: Any, fits: Callable[[int], bool],
+               out_of_time: Callable[[int], str], time_it: Callable[[], StepTime]) -> StepTime:
+    """The step's part: the `seconds` it was given (the step timed alone while the
+    allocator was held: STEP_ALONE), else timed here (time_it) where its steps fit before
+    the end. A step timed alone is kept as `alone_ms_per_batch` too: with_ceiling puts
+    the device point's figure in ms_per_batch, and the verdict checks one against the other."""
+    if seconds is not None:
+        ms = round(seconds * 1e3, 3)
+        return StepTime(ms_per_batch=ms, source=source, alone_ms_per_batch=ms if source == STEP_ALONE else None)
+    if batch is None or step is None:
+        return StepTime.missing("unavailable", "no batch on the device to step on")
+    if not fits(STEP_WARMUP + 1):
+        return StepTime.missing("skipped", out_of_time(STEP_WARMUP + 1))
+    timed = guard(StepTime, time_it)
+    return dataclasses.replace(timed, alone_ms_per_batch=timed.ms_per_batch) if timed.ok else timed
 
 
 def _loop(stages: Any, caches: Any, share: float, clock) -> LoopStages:
@@ -205,7 +217,10 @@ def workers_needed(iso: Isolated, items_per_batch: float, n_cores: int, step_thr
     """
     step, load, aug, col = iso.part("step"), iso.part("load"), iso.part("augment"), iso.part("collate")
     if step is None or load is None or col is None:
-        return Workers.missing("unavailable", "the step, load or collate cost was not measured")
+        # the cores and the step's threads are still known: the second witness's model reads
+        # them before the step is (a user's loop: its step comes from the device point)
+        return dataclasses.replace(Workers.missing("unavailable", "the step, load or collate cost was not measured"),
+                                   cores=n_cores, step_threads=step_threads)
     # When the transforms could not be split from loading, load's time already holds them.
     merged = "augment" in (load.includes or ())
     per_sample = load.ms_per_sample + (aug.ms_per_sample if aug is not None and not merged else 0.0)
@@ -255,7 +270,9 @@ def with_ceiling(iso: Optional[Isolated], results: dict) -> Optional[Isolated]:
     dp = results.get("device")
     if iso is None or not iso.ok or dp is None or not dp.ok:
         return iso
-    step = StepTime(ms_per_batch=round(dp.throughput.sec_per_batch * 1e3, 3), source=STEP_CEILING)
+    alone = iso.step.alone_ms_per_batch if iso.step is not None else None  # the step alone, kept beside it
+    step = StepTime(ms_per_batch=round(dp.throughput.sec_per_batch * 1e3, 3), source=STEP_CEILING,
+                    alone_ms_per_batch=alone)
     out = dataclasses.replace(iso, step=step)
     w = iso.workers
     threads = w.step_threads if w is not None and w.step_threads is not None else 0

@@ -177,6 +177,18 @@ class Plan:
         return self.max_warmup_windows + 1 + (keep or self.windows_per_visit)
 
 
+def tight_order(order: list, ceiling: str, first: tuple = ()) -> list:
+    """A round's visits still to make where the minimum rounds do not fit (a step of
+    seconds): the ceiling, then `full` (the two bound the gap: even `none` can come of
+    them, or of the stages' costs alone checked against them), then the points in `first`
+    (those around the stage the costs alone put first: where a stage's drop would be
+    read), then the rest in their order. The visits the time holds are made in this
+    order; the rest are not opened."""
+    head = [n for n in (ceiling, "full", *first) if n in order]
+    head = list(dict.fromkeys(head))
+    return head + [n for n in order if n not in head]
+
+
 @dataclasses.dataclass(frozen=True)
 class VisitState:
     """Where a visit stands after its windows so far (pure: see visit_state)."""

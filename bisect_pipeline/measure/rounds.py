@@ -8,7 +8,9 @@ stops once it is settled (verdict.settled); otherwise until `plan.max_rounds` or
 deadline, each further round visiting only the points that can still change the verdict
 (verdict.deciding_points: around the two costliest stages, or `full` and the ceiling
 when the question is the gap). A point found inconsistent (slower than one doing more
-work) is measured again once, next to that point, before anything is decided. Once a
+work) is measured again once, next to that point, before anything is decided, and in
+each round after while leaving it out would merge the stage in question with the next
+(verdict.left_out_in_question): the verdict does not settle before. Once a
 step's time is known, a budget too short for the minimum rounds is said (a `budget`
 note and a warning event), and what fits is measured. A point's replay loader with
 workers is kept from one visit to the next, parked between them (Experiment.keeps,
@@ -23,13 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Iterator, Optional
 
 from ..core.results import Note, PointResult
 from ..core.stats import Throughput
-from ..derive.drops import STAGES
-from ..derive.verdict import SETTLE_NOISE_SCALE, deciding_points, settled
+from ..derive.drops import POINTS, STAGES
+from ..derive.verdict import SETTLE_NOISE_SCALE, deciding_points, left_out_in_question, settled
 from .experiment import MEASURE_ORDER, Experiment, no_window
+from .plan import tight_order
 from .visit import Visit
 
 # `full` may take this many times the time of another point per visit: without it there
@@ -54,6 +58,7 @@ class Rounds:
         self.round = 0  # the round under way: each window is tagged with it (noise.Noise pairs by round)
         self.tight = False  # the minimum rounds do not fit in --max-seconds (_budget_check)
         self.reserve = 0  # batches of the user's script kept for the check (_batches_check)
+        self._visited: Optional[int] = None  # the last round a visit measured a window in
 
     def __iter__(self) -> Iterator[Visit]:
         exp = self.exp
@@ -93,8 +98,7 @@ class Rounds:
                     if v is None:
                         return
                     # and the points no visit has measured yet: without them there is no verdict
-                    focus = deciding_points(v) | {n for n in todo if no_window(exp.results.get(n))}
-                    exp.close_kept(keep=focus)
+                    focus = self._refocus(v, {n for n in todo if no_window(exp.results.get(n))})
                     continue
                 if r + 1 < exp.plan.min_rounds:
                     continue
@@ -109,21 +113,50 @@ class Rounds:
                 if how:
                     self.info.update(how)
                     break
-                focus = deciding_points(v)
-                exp.close_kept(keep=focus)  # the workers of points no longer visited
+                focus = self._refocus(v)
         finally:
-            exp.close_kept()
-            self.info["verdict_s"] = round(exp.clock() - exp.start, 3)
-            self.info["visits"] = exp.visits
+            self._end(todo)
+
+    def _end(self, todo: list) -> None:
+        """The rounds' end, however they end: the kept loaders closed, the schedule's info
+        (a round cut short by the time counts where it measured a point); where the minimum
+        rounds did not fit and nothing interrupted them, the points no visit reached say
+        what the time held (instead of a bare "out of time"): the ceiling and `full` first."""
+        exp = self.exp
+        exp.close_kept()
+        self.info["verdict_s"] = round(exp.clock() - exp.start, 3)
+        self.info["visits"] = exp.visits
+        if self._visited == self.round:
+            self.info["rounds"] = max(self.info["rounds"], self.round + 1)
+        step = exp.step_estimate()
+        if not self.tight or step is None or sys.exc_info()[0] is not None:
+            return
+        held = sum(1 for n in todo if exp.results.get(n) is not None)
+        budget = exp.budget.max_seconds if exp.budget is not None else exp.end - exp.start
+        for name in todo:
+            if name not in exp.results:
+                exp.results[name] = PointResult(name, "not run", reason=(
+                    f"out of time: --max-seconds {budget:g} held {held} of the {len(todo)} points at steps of "
+                    f"{step:.2g} s, the ceiling and full first"))
+
+    def _refocus(self, v, also: set = frozenset()) -> set:
+        """The points the next rounds visit: those that can change verdict `v`
+        (verdict.deciding_points) and `also`; the workers of the others are closed. Where a
+        point left out merges the stage in question with the next, measuring it again comes
+        before the check: the script's batches kept for the check are the rounds' too."""
+        focus = deciding_points(v) | set(also)
+        if left_out_in_question(v):
+            self.reserve = 0
+        self.exp.close_kept(keep=focus)
+        return focus
 
     def _tight_order(self, order: list, ceiling: str) -> list:
-        """The first round's visits still to make, `full` right after the ceiling when the
-        minimum rounds do not fit: those two bound the gap, and with them a verdict (even
-        `none`) is possible before the stages in between are measured."""
+        """The first round's visits still to make, planned where the minimum rounds do not
+        fit (plan.tight_order): the ceiling and `full` first, then the points around the
+        stage the costs alone put first."""
         if not self.tight or "full" not in order:
             return order
-        head = [n for n in order if n == ceiling]
-        return head + ["full"] + [n for n in order if n not in head and n != "full"]
+        return tight_order(order, ceiling, alone_first(self.exp.alone()))
 
     def _consistent(self):
         """The verdict after each point found inconsistent for the first time is measured
@@ -152,12 +185,15 @@ class Rounds:
         share = _weight(name) / (sum(_weight(n) for n in planned) + later)
         cap = self._batch_share(name, share)
         if cap == 0:  # the script's batches for the rounds are used: what was measured is the measurement
+            self.info["limited_by"] = "batches"
             return False
         exp.emit({"event": "point", "point": name, "index": exp.visits, "total": exp.visits + len(planned) + later})
         visit = exp.visit(name, exp.visit_deadline(name, left * share, limit), keep_open=exp.keeps(name),
                           max_steps=cap)
         yield visit
         exp.results[name] = pool(exp.results.get(name), in_round(exp.result(visit), self.round), exp.batch_size)
+        if exp.results[name].ok and exp.results[name].throughput.windows[-1].round == self.round:
+            self._visited = self.round
         if exp.results[name].ok:
             self._budget_check(planned, visited=(name,))
         elif no_window(exp.results[name]) and not self.tight:
@@ -271,7 +307,17 @@ def witnessed(v) -> bool:
     the time goes to what is still undecided after the verdict (the check, the search, the
     change's check). A GPU machine's torchvision reference spent 62 s of 180 on rounds
     past the minimum of a load verdict both witnesses named."""
-    return v.bottleneck in STAGES and v.witness == "both" and not v.disagree
+    return v.bottleneck in STAGES and v.witness == "both" and not v.disagree and not left_out_in_question(v)
+
+
+def alone_first(a) -> tuple:
+    """The points around the worker stage that costs the most alone (witness.Alone), the
+    drop that would name it: () without the costs alone, or where none costs anything."""
+    if a is None or not a.work or max(a.work.values()) <= 0:
+        return ()
+    stage = max(a.work, key=a.work.get)
+    i = STAGES.index(stage)
+    return POINTS[i], POINTS[i + 1]
 
 
 def in_round(result: PointResult, r: int) -> PointResult:

@@ -19,7 +19,7 @@ from ..core import faults, tree
 from ..core.results import Breakdown, Collate, LoadSplit, PerSample, SampleStructure
 from ..pipeline import integrations, recording
 from ..pipeline.loader import LoaderSpec, copy_or_same, index_order
-from . import breakdown, reads, reorder
+from . import breakdown, iterator_alone, reads, reorder
 from .cache import by_index
 from .timed import Timed, attempt, guard, reason_of, repeated, se_ms, timed_loop
 
@@ -58,18 +58,18 @@ def time_load(spec, caches, augment: PerSample, share, clock, *, in_place: Optio
     collated in the loader's groups as they fill (`in_place["collate"]`, CollateInPlace),
     their time taken out of the load's.
 
-    A streaming dataset (cache.by_index) reads its samples in chunks or shards of many
-    samples, and a worker pays a chunk's opening once for all of them: it is timed over
-    as many of its samples as the share allows (one epoch of this process's partition at
-    most), not only as many as the caches hold, which a first chunk holds whole. Through
-    its iterator, as the workers read it, where it can be iterated here
-    (integrations.streaming.iterates_here), else by index in its order."""
+    A streaming dataset (cache.by_index) reads its samples in chunks of many, a chunk's
+    opening paid once for all: it is timed over as many samples as the share allows (one
+    epoch of this process's partition at most). Through its iterator where it can be
+    iterated here (integrations.streaming.iterates_here), else by index and, with the
+    loader's workers, through its iterator in a worker (_through_iterator), half each."""
     # a pipeline cut into its stages loads in the stages up to `raw` (integrations.webdataset)
     stages = getattr(caches, "stages", None)
     recorder = getattr(caches, "recorder", None) if stages is None and augment.ok else None
     dataset = (stages.loading() if stages is not None else caches.dataset if recorder is not None
                else copy_or_same(spec.dataset))
     streaming, sizes = by_index(spec), []
+    iterated = streaming and not integrations.streaming.iterates_here(spec.dataset) and spec.num_workers > 0
     transforms: list = []  # per item built, the seconds of its transforms where they are timed in place
     collating = (CollateInPlace(spec, sizes, clock)
                  if in_place is not None and stages is None and isinstance(spec, LoaderSpec) and spec.auto_collation
@@ -95,13 +95,38 @@ def time_load(spec, caches, augment: PerSample, share, clock, *, in_place: Optio
                 order = itertools.chain.from_iterable(_sized(order, sizes))
             n_items = len(dataset) - 1 if streaming else len(caches.samples)
             indices = list(itertools.islice(order, max(2, n_items + 1)))
-            timed = timed_loop(indices, lambda i: built(lambda: dataset[i]), share, clock, started=seen.reset)
+            timed = timed_loop(indices, lambda i: built(lambda: dataset[i]), share / 2 if iterated else share, clock,
+                               started=seen.reset)
     if collating is not None:
         timed = collating.exclude(timed)
         in_place["collate"] = collating
     load = _load_figure(spec, caches, augment, timed, transforms=transforms[-timed.n:] if any(transforms) else None,
                         in_place=in_place)
+    if iterated:  # partitioned among the user's workers: also timed as they get it
+        load = _through_iterator(spec, caches, augment, load, dataset=dataset, share=share / 2, in_place=in_place)
     return dataclasses.replace(load, split=guard(LoadSplit, lambda: reads.split(seen, timed.n, load)))
+
+
+def _through_iterator(spec, caches, augment: PerSample, by_index: PerSample, *, dataset, share: float,
+                      in_place: Optional[dict]) -> PerSample:
+    """A streaming dataset's load as its loader gets the samples: through its iterator,
+    in a worker of its own (iterator_alone.in_a_worker), less the transforms as timed
+    without it (by index, where the dataset calls them: as the raw point replays them, so
+    that what the iterator adds is load's, as in the rounds); the figure by index kept
+    beside it (`index_ms_per_sample`). By index alone, with the reason, where the worker
+    timed none or failed."""
+    got = attempt(lambda: iterator_alone.in_a_worker(spec, dataset, share), lambda exc: exc)
+    if got is None or isinstance(got, Exception):
+        why = "it gave no sample in its share" if got is None else reason_of(got)
+        return dataclasses.replace(by_index, note=f"{BY_INDEX}; through its iterator in a worker: {why}")
+    load = _load_figure(spec, caches, (in_place or {}).get("augment", augment), got, transforms=None, in_place=None)
+    note = "; ".join(x for x in (load.note, THROUGH_ITERATOR) if x)
+    return dataclasses.replace(load, index_ms_per_sample=by_index.ms_per_sample, note=note)
+
+
+BY_INDEX = "timed by index in this process (get_item and the transforms)"
+THROUGH_ITERATOR = ("timed through its iterator in a worker of its own, as the loader gets its samples; "
+                    "index_ms_per_sample: by index in this process (get_item)")
 
 
 def _load_figure(spec, caches, augment: PerSample, timed: Timed, *, transforms: Optional[list],

@@ -104,11 +104,12 @@ def next_step(r: "Diagnosis") -> str:
     ended = ended_parts(r.measurements.source, r.bottleneck)
     if ended is not None and ended[1]:
         return f"{ended[1][:1].lower()}{ended[1][1:]}"
+    more = _more_rounds(r)
     if v.bottleneck is None:
         if r.complete:
             return ""
         return ("run it again to its end: it was interrupted before a verdict." if r.interrupted else
-                "raise --max-seconds: the run ended before a verdict.")
+                f"{more}: the run ended before a verdict.")
     need, what = None, ""
     if v.bottleneck == "inconclusive" and v.witness == "disagree" and steady_disagreement(v):
         return ("more rounds would not tell: they read the same in each; the stages timed alone miss what your loop "
@@ -116,7 +117,7 @@ def next_step(r: "Diagnosis") -> str:
     if v.bottleneck == "inconclusive":
         t_full, gap = v.fitted.get("full"), v.drop("full", v.ceiling) if v.ceiling else None
         if gap is None or gap.rounds is None or not t_full:
-            return "close other work on this machine, or raise --max-seconds for more rounds."
+            return f"close other work on this machine, or {more} for more rounds."
         need = rounds_to_decide(dataclasses.replace(gap, estimate=v.gap_sec_per_batch or 0.0), t_full)
         if need is None:
             return "more rounds would not tell at this noise: close other work on this machine and rerun."
@@ -132,11 +133,21 @@ def next_step(r: "Diagnosis") -> str:
     elif run.settled or run.verdict_s is None:
         return ""
     if need is None:
-        return "raise --max-seconds for more rounds, or close other work on this machine."
+        return f"{more} for more rounds, or close other work on this machine."
     seconds = rerun_seconds(r, need)
     so_far = f" ({run.rounds} so far)" if run.rounds else ""
     rerun = f"rerun with --max-seconds {seconds} or so" if seconds else "raise --max-seconds"
+    if run.limited_by == "batches":
+        times = -(-need // run.rounds) if run.rounds else None
+        rerun = (f"{more} (its batches ended the rounds, not --max-seconds"
+                 + (f"; about {times}x as many)" if times and times > 1 else ")"))
     return f"about {need} rounds {what}{so_far}: {rerun}, or close other work on this machine."
+
+
+def _more_rounds(r: "Diagnosis") -> str:
+    """What buys more rounds: a larger --max-seconds, or, where the user's script had no
+    more batches for them (run.limited_by), more of its epochs or steps."""
+    return "run your script for more epochs or steps" if r.run.limited_by == "batches" else "raise --max-seconds"
 
 
 def rerun_seconds(r: "Diagnosis", rounds: int) -> Optional[int]:

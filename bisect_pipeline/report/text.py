@@ -418,6 +418,17 @@ def _stacking(d) -> str:
     return f" (default_collate on the same samples: {dflt:.2f})"
 
 
+def _beside(d, val: float) -> str:
+    """The figure kept beside a cost alone where it differs: the step timed alone beside the
+    ceiling's, a streaming dataset's load by index beside its load through its iterator."""
+    alone, index = getattr(d, "alone_ms_per_batch", None), getattr(d, "index_ms_per_sample", None)
+    if alone and f"{alone:.2f}" != f"{val:.2f}":
+        return f" ({alone:.2f} timed alone)"
+    if index is not None:
+        return f" (through its iterator in a worker; {index:.2f} by index)"
+    return ""
+
+
 def _isolated_lines(r: "Diagnosis") -> list:
     """One line of isolated costs (isolate.py) and one of the step's syncs, when measured."""
     iso, out = r.isolated, []
@@ -428,7 +439,8 @@ def _isolated_lines(r: "Diagnosis") -> list:
             val = None if d is None else d.ms_per_sample if unit == "ms/sample" else d.ms_per_batch
             if d is not None and d.ok and val is not None:
                 gbs = getattr(d, "gb_per_s", None)
-                parts.append(f"{key} {val:.2f} {unit}" + (f" at {gbs:.1f} GB/s" if gbs else "") + _stacking(d))
+                parts.append(f"{key} {val:.2f} {unit}" + (f" at {gbs:.1f} GB/s" if gbs else "") + _stacking(d)
+                             + _beside(d, val))
             elif d is not None:
                 parts.append(f"{key} {d.status}")
         il = iso.part("in_loop")

@@ -151,3 +151,16 @@ def test_the_intermediates_must_fit_in_what_the_cache_budget_leaves():
     why = confirm._over_budget(tight, t)
     assert why.startswith("its inputs and outputs for the 4 cached samples would hold about 0 MB") and "--cache-mb" in why
     assert confirm._over_budget(SimpleNamespace(raw_calls=calls, budget_bytes=None, held={}), t) is None
+
+
+def test_intermediates_that_would_take_longer_than_the_check_s_time_are_not_computed():
+    # a heavy step's run named augment on the costs alone in one round, leaving the check
+    # 0.9 s: 48 cached samples of a 125-ms augment would take 6 s to replay (issue 59)
+    from types import SimpleNamespace
+    caches = SimpleNamespace(raw_calls=[[None]] * 48)
+    iso = Isolated(augment=PerSample(ms_per_sample=125.0, samples=8))
+    why = confirm._over_time(caches, iso, 0.9)
+    assert why == ("out of time: its inputs and outputs for the 48 cached samples would take about 6.0 s to compute, "
+                   "more than the 0.9 s the check gives it")
+    assert confirm._over_time(caches, iso, 10.0) is None
+    assert confirm._over_time(caches, None, 0.9) is None

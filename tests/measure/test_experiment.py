@@ -2,6 +2,7 @@
 raised, the measurements it assembles, and its sources in a user's loop (a pool kept
 between visits: test_point_sources.py; the phases before the points: test_prepare.py)."""
 
+import dataclasses
 import time
 
 import pytest
@@ -129,3 +130,20 @@ def test_behind_a_long_step_cached_points_get_one_step_windows_and_workers_point
     assert device[0].min_window_steps == 1 and device[1] == 0
     assert full[0].min_window_steps == 2 and full[1] == 2  # the two workers' first batches, not the whole prefetch
     assert exp.least_visit_seconds("device") == pytest.approx(2 * 2.0)  # first batch + one one-step window
+
+
+def test_behind_a_long_step_workers_the_costs_alone_show_far_ahead_get_no_prefetch_stepped_through():
+    # the detection reference with 2 workers: a 2.5-s step, 32 ms of work a batch alone;
+    # the workers' first batches are what their steady state gives, so the visit of full
+    # is its first batch and a window of 2 steps (5 steps, 12.5 s, before)
+    from bisect_pipeline.derive import witness
+    loader = make_loader(PlantedDataset(n=32), batch_size=8, num_workers=2)
+    exp = experiment(loader, step_alone=2.5)
+    light = witness.Alone({"load": 0.01, "augment": 0.02, "collate": 0.002},
+                          {"load": 0.001, "augment": 0.002, "collate": 0.0002}, "shared", 2, 2)
+    exp.alone = lambda: light
+    assert exp.visit_plan("full")[1] == 0 and exp.least_visit_seconds("full") == pytest.approx(3 * 2.5)
+    # work near the step's: the first batches come out at once, ahead of the steady state
+    heavy = dataclasses.replace(light, work={"load": 1.0, "augment": 1.5, "collate": 0.01})
+    exp.alone = lambda: heavy
+    assert exp.visit_plan("full")[1] == 2 and exp.least_visit_seconds("full") == pytest.approx(5 * 2.5)

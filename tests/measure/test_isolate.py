@@ -1,6 +1,7 @@
 """Isolated stage costs (isolate.py): planted costs come back roughly right, the
 workers-needed arithmetic is exact, and syncs are counted on CUDA only."""
 
+import dataclasses
 import threading
 import time
 
@@ -158,7 +159,7 @@ def test_the_step_alone_is_skipped_where_it_would_run_past_the_end():
     assert steps == []
     assert iso.collate.ok and iso.load.ok  # the rest is still timed
     iso, _, steps = heavy_stages(2.0, end_in=60.0, estimate=2.0)  # with room it runs
-    assert iso.step.ok and iso.step.ms_per_batch == pytest.approx(2000.0)
+    assert iso.step.ok and iso.step.ms_per_batch == pytest.approx(2000.0) == iso.step.alone_ms_per_batch
     assert len(steps) == device_alone.STEP_WARMUP + 1  # at least one timed step, past the 0.4 s share
 
 
@@ -186,8 +187,28 @@ def test_the_step_comes_from_the_device_point_once_measured():
     device = PointResult("device", "ok", Throughput((Window(10, 0.2), Window(10, 0.2)), 4))
     iso = isolate.with_ceiling(iso, {"device": device})
     assert iso.step.ms_per_batch == 20.0 and iso.step.source == isolate.STEP_CEILING
+    assert iso.step.alone_ms_per_batch == 500.0  # the step the costs alone were compared with, kept beside it
     assert iso.workers.step_ms_per_batch == 20.0  # the workers that feed it, from the ceiling's step
     assert isolate.with_ceiling(iso, {}) is iso
+
+
+def test_a_user_loop_s_costs_alone_read_the_same_model_before_and_after_its_step_is_known():
+    # a user's loop: no step timed alone before the points, so the workers that would
+    # feed it are not known yet, but the cores and the step's threads are; the second
+    # witness's model must not change when the device point gives the step (a fast-step
+    # script settled on a verdict of 'shared' on 1 core, then was judged 'parallel' on 2)
+    import torch
+    from bisect_pipeline.derive import witness
+    clock = FakeClock(100.0)
+    exp = experiment_at(clock, end=clock.t + 60.0, step=None)
+    exp.spec = dataclasses.replace(exp.spec, num_workers=1)
+    iso, _ = isolate.before_points(exp, max_seconds=60)
+    assert iso.workers.status == "unavailable" and iso.workers.cores == isolate.cores()
+    assert iso.workers.step_threads == torch.get_num_threads()
+    before = witness.alone(iso, {"num_workers": 1}, "cpu")
+    device = PointResult("device", "ok", Throughput((Window(10, 0.02), Window(10, 0.02)), 4))
+    after = witness.alone(isolate.with_ceiling(iso, {"device": device}), {"num_workers": 1}, "cpu")
+    assert (before.mode, before.cores) == (after.mode, after.cores)
 
 
 def test_isolation_cut_by_the_watchdog_still_says_syncs_are_not_counted_on_cpu():

@@ -17,6 +17,7 @@ from bisect_pipeline.measure.plan import Plan
 from bisect_pipeline.core.results import PointResult
 from bisect_pipeline.derive.verdict import rounds_to_decide
 from bisect_pipeline.core.stats import Throughput, Window
+from bisect_pipeline.derive import witness
 from bisect_pipeline.derive.drops import POINTS
 from bisect_pipeline.measure.visit import drive
 from conftest import FakeClock
@@ -255,6 +256,36 @@ def test_an_inconsistent_pair_is_measured_again_once(monkeypatch):
     assert info["settled"] and len(names) == 17  # measured again once, then left out: the verdict settles
 
 
+def test_a_point_read_slow_in_its_first_rounds_is_measured_again_not_dropped(monkeypatch):
+    # raw reads 80 ms a batch in its first three visits (a burst of another program),
+    # slower than full's 61, which does all its work and more: left out, it would merge
+    # load and augment into "load (with augment)". The rounds measure it and full again
+    # while the time lasts; raw's later visits read 50, and augment is named on its own.
+    run, seen, _ = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 80, "full": 61},
+                            later={"raw": [80, 80, 50]})
+    info = measure(run, POINTS)
+    assert info["remeasured"] == [["raw", "full"]]
+    names = [n for n, _ in seen]
+    assert names.count("raw") > 4  # beyond the minimum rounds and the one remeasure
+    v = run.decide()
+    assert not v.inconsistent and v.bottleneck == "augment", (v.bottleneck, v.reason)
+    assert next(s for s in v.stages if s.stage == "augment").includes == ("augment",)
+    assert info["settled"]
+
+
+def test_a_point_left_out_merges_the_stage_in_question_only_when_out_of_time(monkeypatch):
+    # raw reads slow at every visit (a replay that costs more than it saves): measured
+    # again in every round until the rounds that settle a verdict end, then left out, and
+    # load is named with augment in it
+    run, seen, clock = make_run(monkeypatch, {"device": 10, "collated": 10.2, "augmented": 10.4, "raw": 80, "full": 61},
+                                settle_deadline=45.0)
+    info = measure(run, POINTS)
+    v = run.decide()
+    assert [(i.slower, i.faster) for i in v.inconsistent] == [("raw", "full")]
+    assert v.bottleneck == "load" and next(s for s in v.stages if s.stage == "load").includes == ("load", "augment")
+    assert not info["settled"] and clock.t > 44.0 and [n for n, _ in seen].count("raw") > 10
+
+
 def test_pool_keeps_earlier_windows_on_a_failure_and_on_running_out():
     before = PointResult("device", "ok", Throughput(windows(10), BS))
     out_of_time = PointResult("device", "failed", reason="out of time", stopped_by_deadline=True)
@@ -313,13 +344,17 @@ def test_a_light_step_in_the_default_budget_gets_no_budget_note(monkeypatch):
     assert budget_notes(run) == []
 
 
-def heavy_run(monkeypatch, ms: dict, max_seconds: float):
-    """Real visits (Experiment.visit, visit.drive) on a fake clock: a 2 s step (a 1% wobble
-    every other step) behind sources whose batches cost what `ms` plants beyond it."""
+def heavy_run(monkeypatch, ms: dict, max_seconds: float, alone: Optional[witness.Alone] = None,
+              wobble: tuple = (0.01, 0.0)):
+    """Real visits (Experiment.visit, visit.drive) on a fake clock: a 2 s step (by default
+    a 1% wobble every other step; `wobble`: each step's share more, in turn) behind
+    sources whose batches cost what `ms` plants beyond it; `alone`: the stages' costs
+    alone the verdict and the plan read."""
     clock = FakeClock()
     spec = type("Spec", (), {"batch_size": BS, "num_workers": 0, "pin_memory": False, "prefetch_depth": 0})()
     exp = Experiment(spec, torch.device("cpu"), Plan(), clock, lambda e: None, None, start=0.0, end=max_seconds,
                      deadline=max_seconds)
+    monkeypatch.setattr(exp, "alone", lambda: alone)
     exp.step_alone = 2.0  # the step timed alone (hold_allocator)
     opened: list = []
     steps = {"n": 0}
@@ -335,7 +370,7 @@ def heavy_run(monkeypatch, ms: dict, max_seconds: float):
 
     def step(batch):
         steps["n"] += 1
-        clock.t += 2.0 * (1.01 if steps["n"] % 2 else 1.0)
+        clock.t += 2.0 * (1 + wobble[(steps["n"] - 1) % len(wobble)])
 
     monkeypatch.setattr(exp, "open", source)
     schedule = rounds.Rounds(exp, ("device", "augmented", "raw", "full"))
@@ -356,6 +391,43 @@ def test_a_two_second_step_in_thirty_seconds_says_the_budget_first_and_names_no_
     assert all(exp.results[n].ok for n in ("device", "full"))
     v = exp.decide()
     assert v.bottleneck == "load" or (v.bottleneck == "tie" and v.tied[0] == "load"), (v.bottleneck, v.reason)
+
+
+def test_a_heavy_step_s_first_round_is_planned_from_the_costs_alone(monkeypatch):
+    # 2-s steps in 30 s: the ceiling and full first, then where the costs alone put the
+    # most work: augment's points (raw, augmented), or load's (raw, before augmented)
+    ms = {"device": 2000, "augmented": 2000, "raw": 3000, "full": 3000}
+    by_augment = witness.Alone({"load": 0.01, "augment": 0.9, "collate": 0.001}, {"load": 0.001, "augment": 0.01,
+                                                                                  "collate": 0.0001}, "serial", 0, 2)
+    exp, opened, clock, _ = heavy_run(monkeypatch, ms, 30.0, alone=by_augment)
+    assert opened[:4] == ["device", "full", "raw", "augmented"] and clock.t <= 30.0
+    by_load = dataclasses.replace(by_augment, work={"load": 0.9, "augment": 0.01, "collate": 0.001})
+    _, opened, _, _ = heavy_run(monkeypatch, {**ms, "raw": 2000}, 30.0, alone=by_load)
+    assert opened[:3] == ["device", "full", "raw"]
+    # without the costs alone: the points in their order after the two
+    _, opened, _, _ = heavy_run(monkeypatch, ms, 30.0)
+    assert opened[:4] == ["device", "full", "augmented", "raw"]
+    # in 12 s, the ceiling and full only: the others say what the time held
+    exp, opened, _, info = heavy_run(monkeypatch, ms, 12.0, alone=by_augment)
+    assert opened == ["device", "full"] and info["rounds"] == 1  # a round cut short still counts
+    assert exp.results["raw"].status == "not run" and exp.results["raw"].reason == (
+        "out of time: --max-seconds 12 held 2 of the 4 points at steps of 2 s, the ceiling and full first")
+
+
+def test_a_heavy_step_with_little_input_is_none_in_one_round_of_thirty_seconds(monkeypatch):
+    # the detection reference: 2-s steps, 25 ms of input a batch alone, the step timed
+    # alone before the points; 30 s hold one round: none on the costs alone, the rounds agreeing
+    ms = {"device": 2000, "augmented": 2000, "raw": 2020, "full": 2025}
+    a = witness.Alone({"load": 0.005, "augment": 0.0195, "collate": 0.0005},
+                      {"load": 0.0005, "augment": 0.002, "collate": 0.00005}, "serial", 0, 2, step=2.0)
+    # each step off by up to 7%, so that the rounds alone cannot bound the loss
+    exp, opened, clock, info = heavy_run(monkeypatch, ms, 30.0, alone=a, wobble=(0.05, -0.03, 0.07, -0.04, 0.0))
+    assert opened[:2] == ["device", "full"] and clock.t <= 30.0
+    v = exp.decide()
+    assert v.bottleneck == "none" and v.witness == "isolated costs", (v.bottleneck, v.reason)
+    assert v.gap_rounds < 3
+    monkeypatch.setattr(exp, "alone", lambda: None)
+    assert exp.decide().bottleneck == "inconclusive"  # the rounds alone
 
 
 def test_a_two_second_step_in_sixty_seconds_gets_three_rounds_and_a_verdict(monkeypatch):
@@ -432,7 +504,8 @@ def test_a_kept_loader_that_fails_is_closed_with_its_error_and_the_point_fails(m
 def fast_script_run(monkeypatch, ms: dict, batches: int, max_seconds: float = 30.0):
     """Real visits on a fake clock for a user's script of `batches` batches (Experiment.
     batches_left counts them down as the visits hand them out): a 2 ms step that does
-    not use the CPU (a GPU's) behind one worker whose sources add what `ms` plants beyond it."""
+    not use the CPU (a GPU's) behind one worker whose sources add what `ms` plants beyond it
+    (a list: visit by visit, cycled)."""
     clock = FakeClock()
     spec = type("Spec", (), {"batch_size": BS, "num_workers": 1, "pin_memory": False, "prefetch_depth": 2,
                              "persistent_workers": False, "loader_cls": None, "iterable": False})()
@@ -441,11 +514,16 @@ def fast_script_run(monkeypatch, ms: dict, batches: int, max_seconds: float = 30
     handed = {"n": 0}
     exp.batches_left = lambda: batches - handed["n"]
 
+    opened: dict = {}
+
     @contextlib.contextmanager
     def source(name, spec=None, epochs=False, threads=None, calls=None, keep=False, variant=None):
+        opened[name] = opened.get(name, 0) + 1
+        value = ms[name] if not isinstance(ms[name], list) else ms[name][(opened[name] - 1) % len(ms[name])]
+
         def next_batch():
             handed["n"] += 1
-            clock.t += (ms[name] - 2.0) / 1e3
+            clock.t += (value - 2.0) / 1e3
             return name
         yield next_batch, None
 
@@ -478,6 +556,18 @@ def test_a_script_too_short_for_three_rounds_says_so_before_they_start(monkeypat
     assert len(notes) == 1 and re.fullmatch(r"Your script has about 120 batches left, \d+ needed: run more epochs\.",
                                             notes[0]), notes
     assert used <= 120 and schedule.reserve == 0
+
+
+def test_rounds_ended_by_the_script_s_batches_say_so(monkeypatch):
+    # load and augment alike (a tie the rounds cannot tell apart): the rounds go on until
+    # the script's batches for them are used, and say that it was the batches, not the time
+    ms = {"device": 2.0, "collated": 2.05, "augmented": 2.1, "raw": [3.4, 4.8, 3.0, 4.6], "full": 6.0}
+    exp, used, schedule = fast_script_run(monkeypatch, ms, batches=1316, max_seconds=60.0)
+    assert exp.decide().bottleneck == "tie"
+    assert used <= 1316 - schedule.reserve and schedule.info["limited_by"] == "batches"
+    assert not schedule.info["settled"] and exp.clock() < 30.0
+    light = {"device": 2.0, "collated": 2.05, "augmented": 2.1, "raw": 4.0, "full": 4.1}
+    assert "limited_by" not in fast_script_run(monkeypatch, light, batches=1316)[2].info  # settled first
 
 
 @pytest.mark.parametrize("witness", ["both", "rounds"])

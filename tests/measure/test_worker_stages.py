@@ -2,6 +2,8 @@
 default_collate, the batch mixers a collate_fn holds, what a sample holds for
 default_collate, a streaming dataset's load across its chunks."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -126,3 +128,42 @@ def test_a_streaming_datasets_load_is_timed_across_its_chunks_through_its_iterat
     load = worker_stages.time_load(spec, caches, PerSample.missing("unavailable", "no transform"), 1.0, clock)
     assert all(seen) and opened == [0, 1, 2, 3]  # its iterator, one epoch: every chunk
     assert load.samples == 199 and load.ms_per_sample == pytest.approx(60 / 199, abs=1e-3)
+
+
+class StreamingDataset(torch.utils.data.IterableDataset):
+    """Stands in for MosaicML's (named so, in a module named `streaming`): `get_item` takes
+    1 ms a sample (a planted sleep); its iterator, as the loader's workers run it, 3 ms more
+    (the partition, the shard bookkeeping, the threads that get shards ready)."""
+
+    def __len__(self):
+        return 400
+
+    def __getitem__(self, i):
+        time.sleep(0.001)
+        return torch.full((4,), float(i))
+
+    def __iter__(self):
+        for i in range(len(self)):
+            time.sleep(0.003)
+            yield self[i]
+
+
+StreamingDataset.__module__ = "streaming.base.dataset"
+
+
+def test_a_streaming_dataset_whose_iterator_costs_more_than_its_get_item_has_the_iterator_s_cost_alone():
+    from types import SimpleNamespace
+    from bisect_pipeline.core.results import PerSample
+    spec = SimpleNamespace(iterable=True, dataset=StreamingDataset(), batch_sampler=None, num_workers=2,
+                           worker_init_fn=None, multiprocessing_context=None)
+    caches = SimpleNamespace(samples=[None] * 8, stages=None)
+    load = worker_stages.time_load(spec, caches, PerSample.missing("unavailable", "no transform"), 0.6,
+                                   time.perf_counter)
+    # through its iterator in a worker: about 4 ms a sample; by index, kept beside it: about 1
+    assert load.ok and load.index_ms_per_sample is not None and load.samples >= 20
+    assert 0.9 <= load.index_ms_per_sample < 2.5 and load.ms_per_sample >= load.index_ms_per_sample + 2.0
+    assert "through its iterator in a worker" in load.note
+    # where the loader has no workers of its own, by index as before
+    alone = worker_stages.time_load(SimpleNamespace(**{**spec.__dict__, "num_workers": 0}), caches,
+                                    PerSample.missing("unavailable", "no transform"), 0.3, time.perf_counter)
+    assert alone.index_ms_per_sample is None and alone.ms_per_sample < 2.5

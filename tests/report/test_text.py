@@ -15,7 +15,9 @@ import torch
 from bisect_pipeline.advise import advice as advice_mod
 from bisect_pipeline.derive.findings import Finding
 from bisect_pipeline.report import Report
-from bisect_pipeline.core.results import Isolated
+from bisect_pipeline.core.results import Isolated, PointResult
+from bisect_pipeline.core.stats import Throughput, Window
+from bisect_pipeline.report import build
 from bisect_pipeline.report.text import WIDTH, to_text
 from test_html import AUGMENT, planted_report
 
@@ -813,6 +815,23 @@ def test_a_tie_more_rounds_would_tell_apart_says_how_many_once():
 
 
 
+def test_rounds_the_script_s_batches_ended_ask_for_more_epochs_not_more_seconds():
+    # issue 59: a 1,316-batch script at --max-seconds 60 whose rounds used their share of
+    # its batches in 12 s: a larger --max-seconds would buy nothing
+    from bisect_pipeline.report.summary import summarize
+    r = rounds_report({"device": 20.0, "augmented": 21.0, "raw": 41.0, "full": 66.0}, 4, {"full": 0.1, "raw": 0.1})
+    (lead,) = [lead for lead in r.verdict.leads if lead.rounds_to_tell]
+    assert "--max-seconds" in summarize(r).next  # by the time
+    run = dataclasses.replace(r.measurements.run, limited_by="batches")
+    ended = Report.of(dataclasses.replace(r.measurements, run=run))
+    need = -(-lead.rounds_to_tell // 4)
+    assert summarize(ended).next == (
+        f"Next: about {lead.rounds_to_tell} rounds would tell load and augment apart (4 so far): run your script for "
+        f"more epochs or steps (its batches ended the rounds, not --max-seconds; about {need}x as many), or close "
+        "other work on this machine.")
+    assert ended.to_dict()["run"]["limited_by"] == "batches"
+
+
 def fast_step_report(in_loop: bool) -> Report:
     """A 3-ms CPU step over token sequences at num_workers=0, six steady rounds: load reads
     0.6 ms a batch; alone, one item after another, its 64 items cost 0.05 ms, and between
@@ -844,3 +863,33 @@ def test_a_fast_step_whose_load_reads_above_its_cost_alone_round_after_round_is_
     text = " ".join(to_text(r).split())
     assert "between steps, as the loop runs it: fetch 0.62 ms/batch (sampler, load and augment), collate 0.12 ms/batch" \
         in text
+
+
+def test_a_heavy_step_s_none_from_one_round_says_the_costs_alone_decided():
+    # the torchvision detection reference at 30 s: one round of the ceiling and full, a
+    # 2.5-s step timed alone at 2.49 s, load and augment 25 ms a batch alone (issue 59)
+    def one(name, ms):
+        tp = Throughput((Window(1, ms / 1e3, 0),), 2)
+        return PointResult(name, "ok", tp, first_batch_seconds=ms / 1e3)
+    points = [one("full", 2560.0), PointResult("raw", "not run", reason="out of time"),
+              PointResult("augmented", "not run", reason="out of time"),
+              PointResult("collated", "skipped", reason="num_workers=0: nothing hands batches over"),
+              PointResult("host", "skipped", reason="no accelerator: host and device coincide"), one("device", 2500.0)]
+    iso = {"status": "ok", "items_per_batch": 2, "batch_size": 2,
+           "load": {"status": "ok", "ms_per_sample": 4.0, "se_ms_per_sample": 0.1, "samples": 40, "includes": ["load"]},
+           "augment": {"status": "ok", "ms_per_sample": 8.25, "se_ms_per_sample": 0.2, "samples": 40},
+           "collate": {"status": "ok", "ms_per_batch": 0.5, "se_ms_per_batch": 0.01, "batches": 8},
+           "step": {"status": "ok", "ms_per_batch": 2500.0, "source": "the device point",
+                    "alone_ms_per_batch": 2490.0},
+           "workers": {"status": "ok", "cores": 2, "step_threads": 2}}
+    r = build(points, 2, "cpu", loader={"num_workers": 0}, isolated=iso, complete=False,
+              run={"max_seconds": 30.0, "rounds": 1, "verdict_s": 27.0, "settled": False})
+    assert r.bottleneck == "none" and r.verdict.witness == "isolated costs"
+    text = to_text(r)
+    head = " ".join(blocks(text)[0])
+    assert head.startswith("The input pipeline keeps up, by the stages' costs alone: the training step itself is "
+                           "the limit.")
+    why = " ".join(ln.strip() for b in blocks(text) for ln in b if b[0].startswith("Why none"))
+    assert "under the 5% at which no stage's cost could be real" in why and "(1 round)" in why
+    assert "the step read 2500.0 ms in the loop and 2490.0 alone" in why
+    assert "step 2500.00 ms/batch (2490.00 timed alone)" in " ".join(text.split())
