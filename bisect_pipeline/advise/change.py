@@ -37,7 +37,7 @@ from typing import Callable, Optional
 from ..core.fixes import DEVICE_TAIL
 from ..core.results import Measurements, Trial, VisitWindow
 from ..measure.plan import PATCH_RUN_LEAST_S, PATCH_RUN_MARGIN_S, PATCH_RUNS
-from . import context, edits, patch as patch_mod, tune
+from . import edits, patch as patch_mod, tune
 from .outcome import FIX, FIX_WORDS, THREADS
 
 # The patched script's copy, beside the original.
