@@ -1,8 +1,9 @@
 """The change itself, under `run --tune`: the best settings the search found written
 against the user's script (patch.py), and, with `--patch FILE`, checked after the change.
 
-`patched(m, argv)`: the measurements with the tune section's `patch`, made where the
-training loader was created (the report's `source.created_at`): the diff, the flags to
+`patched(m, argv)`: the measurements with the tune section's `patch` (the search's best,
+and the device tail where the advice's check measured it to help: written.py), made where
+the training loader was created (the report's `source.created_at`): the diff, the flags to
 rerun with, the environment; the allocator's variables where the report found they
 matter. Never writes the user's file.
 
@@ -10,7 +11,8 @@ matter. Never writes the user's file.
 measured the setting against the user's in this process already, so the run confirms
 what only it can, in as few runs of the script as that needs (plan.PATCH_RUNS): that the
 script builds its training loader with the change (the run's `loader` settings), and
-that its speed agrees with the search's figure for the setting (tune.summarize). The run
+that its speed agrees with the figure of what the change holds (written.py: the search's
+for the settings, the check's for the device tail with them or alone). The run
 is `bisect-pipeline run --points full` of the patched script in a process of its own,
 its loop measured with the full pipeline for the time left, the allocator held still as
 the search held it; the patched file is a temporary copy beside the original (so that
@@ -32,10 +34,11 @@ import tempfile
 import time
 from typing import Callable, Optional
 
+from ..core.fixes import DEVICE_TAIL
 from ..core.results import Measurements, Trial, VisitWindow
 from ..measure.plan import PATCH_RUN_LEAST_S, PATCH_RUN_MARGIN_S, PATCH_RUNS
-from . import context, edits, patch as patch_mod, tune
-from .outcome import THREADS
+from . import edits, patch as patch_mod, tune
+from .outcome import FIX, FIX_WORDS, THREADS
 
 # The patched script's copy, beside the original.
 COPY_SUFFIX = "_bisect_tuned"
@@ -45,16 +48,28 @@ TERM_GRACE_S = 3.0
 
 
 def settings_to_write(m: Measurements) -> Optional[dict]:
-    """The settings of the search's best, as the script would be given them (what differs
-    from the user's), with the allocator's variables where the report measured they help."""
-    found = tune.summarize(m.tune, m.batch_size, context.is_graph(m.loader)) if m.tune is not None else None
-    if found is None or found.best is None:
+    """What the change gives the script (tune.written: the search's best, with the device
+    tail where the advice's check measured it to help), with the allocator's variables
+    where the report measured they help."""
+    w = tune.written(m.tune, checks(m), m.batch_size) if m.tune is not None else None
+    if w is None:
         return None
-    out = dict(found.best.settings)
+    out = dict(w.settings)
     held = m.isolated.allocator if m.isolated is not None and m.isolated.ok else None
     if held is not None and held.ok and held.real:
         out["env"] = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "-1"}
     return out
+
+
+def checks(m: Measurements) -> tuple:
+    """The advice's check's trials (the device tail's figures: tune.written)."""
+    return m.verification.trials if m.verification is not None else ()
+
+
+def _tail_fix(m: Measurements) -> Optional[dict]:
+    """The device tail's Fix as the check built it (its JSON form: patch_tail), or None."""
+    fixes = (m.verification.fixes if m.verification is not None else None) or ()
+    return next((f.to_dict() for f in fixes if f.kind == DEVICE_TAIL), None)
 
 
 def created_at(m: Measurements) -> tuple[Optional[str], Optional[int]]:
@@ -87,14 +102,28 @@ def patched(m: Measurements, argv: Optional[list] = None) -> Measurements:
         with open(path, encoding="utf-8", errors="surrogateescape") as fh:
             source = fh.read()
         current = {**{k: (m.loader or {}).get(k) for k in patch_mod.LOADER_KEYS}, THREADS: (t.user or {}).get(THREADS)}
-        p = patch_mod.make(source, path=path, line=line, settings=settings, current=current,
-                           display=_display(path))
+        p = _make(source, path, line, settings, current, fix=_tail_fix(m))
     doc = p.to_dict()
     if argv and not p.reason:
         doc["command"] = p.command(argv)
     if p.diff and os.path.relpath(path).startswith(".."):  # the diff names the file by its name: apply it there
         doc["apply_in"] = os.path.dirname(path)
     return dataclasses.replace(m, tune=dataclasses.replace(t, patch=doc))
+
+
+def _make(source: str, path: str, line: Optional[int], settings: dict, current: dict, *, fix: Optional[dict]):
+    """patch.make; where the device tail cannot be written in the script, the settings
+    alone, the tail's Change saying why it is not in the diff (the check then compares the
+    patched script with the settings' figure: tune.written)."""
+    p = patch_mod.make(source, path=path, line=line, settings=settings, current=current, display=_display(path),
+                       fix=fix)
+    tail = next((c for c in p.changes if c.setting == DEVICE_TAIL), None)
+    rest = {k: v for k, v in settings.items() if k != FIX}
+    if tail is None or tail.how != "not applied" or not rest:
+        return p
+    p = patch_mod.make(source, path=path, line=line, settings=rest, current=current, display=_display(path))
+    why = dataclasses.replace(tail, text=f"{FIX_WORDS[DEVICE_TAIL]} is not in the diff: {tail.text}")
+    return dataclasses.replace(p, changes=p.changes + (why,))
 
 
 def _display(path: str) -> str:
@@ -136,7 +165,7 @@ def why_not_checked(m: Measurements, target: Target) -> Optional[str]:
         return "the search found nothing that beats your settings beyond the noise, so there is no change to check"
     if p.reason or p.empty:
         return p.reason or "the change has nothing the script can be run with"
-    if any(c.how == "not applied" for c in p.changes):
+    if any(c.how == "not applied" and c.setting != DEVICE_TAIL for c in p.changes):
         return "part of the change is not applied to the script (see above): the script with the rest would not " \
                "be what the search measured"
     path, _ = created_at(m)
@@ -167,7 +196,7 @@ def check(m: Measurements, target: Target, *, end: Optional[float] = None, secon
     if why is not None:
         return dataclasses.replace(m, tune=dataclasses.replace(t, applied_reason=why))
     p = patch_mod.Patch.from_dict(t.patch)
-    settings = dict(settings_to_write(m) or {})
+    settings = {k: v for k, v in (settings_to_write(m) or {}).items() if k != FIX or tune.tail_in(t.patch)}
     start = clock()
     runs: list = []
     loaders: list = []

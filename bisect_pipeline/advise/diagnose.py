@@ -35,7 +35,8 @@ def diagnose(m: Measurements) -> Diagnosis:
     d = dataclasses.replace(d, notes=m.notes + tuple(derived_notes(d)))
     checked = advice_mod.ranked(tuple(_checked(f, m) for f in advice_mod.findings(d)))
     d = dataclasses.replace(d, advice=checked)
-    found = tune.summarize(m.tune, m.batch_size, context.is_graph(m.loader)) if m.tune is not None else None
+    checks = m.verification.trials if m.verification is not None else ()
+    found = tune.summarize(m.tune, m.batch_size, context.is_graph(m.loader), checks) if m.tune is not None else None
     return dataclasses.replace(d, summary=summary(d), tune=found)
 
 

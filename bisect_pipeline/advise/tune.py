@@ -35,6 +35,7 @@ import dataclasses
 import math
 from typing import Iterator, Optional
 
+from ..core.fixes import DEVICE_TAIL
 from ..core.results import Trial, Tuning
 from ..core.stats import Contrast, compare, difference, is_real, unpaired
 from ..derive.findings import Diagnosis, Found, Outcome, Tried
@@ -46,6 +47,7 @@ from .context import is_graph
 from .outcome import FIX, THREADS, compared, interval, outcome, per_batch, read, settings_text, visit_times
 from .rules_workers import WAITING_CORES_FACTOR, WORKER_STAGES
 from .verify import BLOCK, MIN_BLOCKS, fits, trial
+from .written import Written, choose, compared_with, tail_in, tail_said
 
 
 KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", THREADS)
@@ -368,19 +370,37 @@ def space_of_record(t: Tuning, cores: int = 1) -> Space:
 # --------------------------------------------------------------------------------------
 
 
-def summarize(t: Tuning, batch_size: float, graph: bool = False) -> Found:
+def written(t: Tuning, checks: tuple, batch_size: float, tail: bool = True) -> Optional[Written]:
+    """What `--patch` writes (written.choose: the search's best, and the device tail where
+    the advice's check, `checks` its trials, measured it to help; `tail` False: the tail
+    cannot be written in the script), or None where nothing is to be written."""
+    space = space_of_record(t)
+    ts = tried(space, t.trials, batch_size)
+    b = best(ts)
+    fixes = [x for x in checks if x.item == DEVICE_TAIL and (x.settings or {}).get(FIX) == DEVICE_TAIL]
+    searched = t.trials[ts.index(b)] if b is not None else None
+    on_best = [x for x in fixes if x.base and b is not None and effective({**space.user, **x.base}) == b.full]
+    return choose(None if b is None else b.settings, searched, fixes, on_best, batch_size, tail=tail)
+
+
+def summarize(t: Tuning, batch_size: float, graph: bool = False, checks: tuple = ()) -> Found:
     """The report's reading of a Tuning record (see Found); `graph`: a torchdata.nodes
-    graph's, its settings worded on its nodes (outcome.settings_text)."""
+    graph's, its settings worded on its nodes (outcome.settings_text); `checks`: the
+    advice's check's trials (the device tail's figures, where the change holds it:
+    written)."""
     space = space_of_record(t)
     ts = tried(space, t.trials, batch_size)
     b = best(ts)
     top = b is not None and at_ceiling(space, b)
     user_ms = next((x.outcome.ms_per_batch[0] for x in ts if x.outcome.ms_per_batch), None)
     ceiling = round(user_ms / t.ceiling_ms_per_batch, 4) if user_ms and t.ceiling_ms_per_batch else None
-    searched = t.trials[ts.index(b)] if b is not None else None
-    applied = applied_outcome(t.applied, searched, batch_size) if t.applied is not None else None
-    return Found(tuple(ts), b, top, ceiling, _summary(t, ts, b, top, ceiling, graph=graph), applied,
-                 _agrees(t.applied, b, searched, batch_size))
+    w = written(t, checks, batch_size, tail=tail_in(t.patch) if t.patch is not None else True)
+    applied = agrees = None
+    if t.applied is not None:
+        applied = applied_outcome(t.applied, w.users if w else None, batch_size)
+        agrees = _agrees(t.applied, b, w, batch_size)
+    return Found(tuple(ts), b, top, ceiling, _summary(t, ts, b, top, ceiling, graph=graph) + tail_said(w, batch_size),
+                 applied, agrees, compared_with(w, batch_size, graph), w is None or w.whole)
 
 
 def applied_outcome(applied: Trial, searched: Optional[Trial], batch_size: float) -> Outcome:
@@ -401,25 +421,28 @@ def applied_outcome(applied: Trial, searched: Optional[Trial], batch_size: float
     return read(applied.settings, unpaired(list(mine.values()), list(patched.values())), per_batch(pair))
 
 
-def _agrees(applied: Optional[Trial], b: Optional[Tried], searched: Optional[Trial],
+def _agrees(applied: Optional[Trial], b: Optional[Tried], w: Optional[Written],
             batch_size: float) -> Optional[bool]:
-    """Does the patched script's speed agree with the search's figure for the setting (the
-    one comparison on the log of their ratio: the patched script's visits against the
-    best's own, unpaired; an older document's alternating runs: their speed-up against
-    the best's, both trials' noise)? None when either is missing. The search's windows
-    hold the pause at each epoch's start (its visits end their epochs as the loop does),
-    the patched run's do not: its figure is a range, from its windows' time to that plus
-    the pause its run estimated (at most: its first batch less a step), and it agrees
-    unless the search's figure lies beyond the noise on either side of it."""
-    if applied is None or applied.error or b is None:
+    """Does the patched script's speed agree with the figure of what the change holds
+    (written: the best's trial, or the device tail's with it; the one comparison on the
+    log of their ratio: the patched script's visits against that trial's candidate visits,
+    unpaired; an older document's alternating runs: their speed-up against the best's,
+    both trials' noise)? None when either is missing. The search's windows hold the pause
+    at each epoch's start (its visits end their epochs as the loop does), the patched
+    run's do not: its figure is a range, from its windows' time to that plus the pause
+    its run estimated (at most: its first batch less a step), and it agrees unless the
+    search's figure lies beyond the noise on either side of it; where the figure is the
+    settings' alone and the change holds the tail too (`whole` False), unless the patched
+    script is slower than it beyond the noise."""
+    if applied is None or applied.error or w is None:
         return None
     if applied.user_windows:
         c = compared(applied)
-        if c is None or b.log is None:
+        if c is None or b is None or b.log is None:
             return None
         d = difference(c, b.log)
         return None if not math.isfinite(d.se) else not compare(d, 1.0).real
-    ours = list(visit_times(searched.candidate_windows).values()) if searched is not None else []
+    ours = list(visit_times(w.reference.candidate_windows).values())
     patched = list(visit_times(applied.candidate_windows).values())
     if not ours or not patched:
         return None
@@ -428,7 +451,8 @@ def _agrees(applied: Optional[Trial], b: Optional[Tried], searched: Optional[Tri
     high = unpaired(ours, [t + pause for t in patched])  # > 0, the search slower than them with the pause
     if not (math.isfinite(low.se) and math.isfinite(high.se)):
         return None
-    return not ((low.estimate < 0 and compare(low, 1.0).real) or (high.estimate > 0 and compare(high, 1.0).real))
+    faster = w.whole and high.estimate > 0 and compare(high, 1.0).real
+    return not ((low.estimate < 0 and compare(low, 1.0).real) or faster)
 
 
 def _summary(t: Tuning, ts: list, b: Optional[Tried], top: bool, ceiling: Optional[float], *, graph: bool) -> str:

@@ -119,6 +119,8 @@ class Found:
     summary: str
     applied: Optional[Outcome] = None
     agrees: Optional[bool] = None  # the patched script's speed-up and the best's, within their combined noise
+    compared: Optional[str] = None  # which figure the patched script is compared with, in words (advise/tune.written)
+    whole: bool = True  # False: that figure is the settings' alone, the change holds the device tail too
 
 
 @dataclasses.dataclass(frozen=True)

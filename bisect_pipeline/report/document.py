@@ -87,7 +87,9 @@ def to_dict(r: "Diagnosis") -> dict:
 #   1 - the search's record (results.Tuning: the space, the raw windows of each candidate's
 #       trial, why it stopped, the patch, the patched script's trial), and what was derived
 #       from it: tried (each candidate's outcome), best, at_ceiling, ceiling_speedup,
-#       summary, applied_outcome and agrees.
+#       summary, applied_outcome and agrees; compared_with (the figure the patched script is
+#       compared with, in words) and whole (false: that figure is the settings' alone, the
+#       change holds the device tail too), added within version 1.
 TUNE_SCHEMA_VERSION = 1
 
 
@@ -101,7 +103,8 @@ def tune_dict(r: "Diagnosis") -> dict:
             "tried": [{"settings": x.settings, "item": x.item, **x.outcome.to_dict()} for x in f.tried],
             "best": None if b is None else {"settings": b.settings, **b.outcome.to_dict()},
             "at_ceiling": f.at_ceiling, "ceiling_speedup": f.ceiling_speedup, "summary": f.summary,
-            "applied_outcome": None if f.applied is None else f.applied.to_dict(), "agrees": f.agrees}
+            "applied_outcome": None if f.applied is None else f.applied.to_dict(), "agrees": f.agrees,
+            "compared_with": f.compared, "whole": f.whole}
 
 
 def point_dict(p: PointResult, fitted_sec_per_batch: Optional[float] = None,

@@ -228,20 +228,22 @@ def _change_lines(p: Optional[dict]) -> list:
 
 
 def applied_text(f, reason: Optional[str], alternating: bool = False) -> str:
-    """The patched script's own run (`f`: tune.Found) beside the search's figure for the
-    setting (`alternating`: an older document's, against the original in alternating
-    runs)."""
+    """The patched script's own run (`f`: tune.Found) beside the figure of what the change
+    holds (`f.compared`: the search's for the settings, the advice's check's for the device
+    tail on top of them or alone; where only the settings' was measured, said so;
+    `alternating`: an older document's, against the original in alternating runs)."""
     a = f.applied
     if a is None or a.speedup is None:
         return f"Not checked after the change: {reason or (a.reason if a is not None else 'not run')}."
     fig = f"{a.speedup:.2f}\u00d7" + (f" ({tune.interval(a)})" if tune.interval(a) else "")
     b = f.best
     if not alternating:
-        verdict = ("" if f.agrees is None else ": they agree within the noise" if f.agrees
-                   else ": they differ beyond the noise")
+        verdict = ("" if f.agrees is None else ": they agree within the noise" if f.agrees and f.whole
+                   else ": it is not slower beyond the noise" if f.agrees else ": they differ beyond the noise")
         ms = a.ms_per_batch or (None, None)
-        said = (f"; the search measured {b.outcome.ms_per_batch[1]:.1f} ms per batch with these settings{verdict}"
-                if b is not None and b.outcome.ms_per_batch else "")
+        compared = f.compared or (f"the search measured {b.outcome.ms_per_batch[1]:.1f} ms per batch with these "
+                                  "settings" if b is not None and b.outcome.ms_per_batch else None)
+        said = f"; {compared}{verdict}" if compared else ""
         return (f"Checked after the change: your script with it built its loader with the change and ran at "
                 f"{ms[1]:.1f} ms per batch, {fig} your settings' {ms[0]:.1f} ms in the search{said}.")
     ms = f", {a.ms_per_batch[0]:.1f} \u2192 {a.ms_per_batch[1]:.1f} ms per batch" if a.ms_per_batch else ""

@@ -5,17 +5,21 @@ script once, against the search's figure for the setting (the run planted).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import textwrap
+from typing import Optional
 
 import pytest
 
 from bisect_pipeline.advise import change, edits, patch, tune
 from bisect_pipeline.report import text as text_mod
 from bisect_pipeline.measure import plan
-from bisect_pipeline.core.results import AllocatorTiming, Isolated, Measurements, Trial, Tuning
+from bisect_pipeline.core.fixes import Fix
+from bisect_pipeline.core.results import AllocatorTiming, Isolated, Measurements, Trial, Tuning, Verification
 from conftest import FakeClock
 from test_outcome import BS, side
+from test_patch_tail import MNIST
 
 SCRIPT = textwrap.dedent('''
     import argparse
@@ -255,6 +259,110 @@ def test_a_change_that_cannot_be_run_from_a_copy_is_not_checked(script, tmp_path
                            run=lambda c, e: ([], None, "exit 1: Traceback"))
     assert failing.tune.applied.error == "the patched script: exit 1: Traceback"
     assert tune.summarize(failing.tune, BS).applied.status == "failed"
+
+
+# --- the device tail in the change (tune.written) ------------------------------------------
+
+TAIL_FIX = Fix(kind="device_tail", status="ok", moved=("ToTensor's scaling", "Normalize"), kept=("PILToTensor",),
+               path="[0]", matches=True)
+
+
+def tail_trial(rate: float, base: Optional[dict] = None, user: float = 10.0) -> Trial:
+    """The advice's check's trial of the device tail: `rate` steps/s against `user`'s (the
+    user's settings, or `base`: the workers item's, which the tail is measured on top of)."""
+    return Trial.from_dict({"item": "device_tail", "settings": {**(base or {}), "fix": "device_tail"},
+                            "user_windows": side(user), "candidate_windows": side(rate), "base": base})
+
+
+def with_tail(path: str, *trials: Trial, rate: float = 20.0) -> Measurements:
+    """The MNIST example's shape (test_patch_tail.MNIST), its search's best BEST at `rate`
+    (None: nothing beat yours), the tail's trials `trials` in the advice's check."""
+    searched = measured(path, rate=rate or 10.0)
+    line = next(i for i, t in enumerate(MNIST.splitlines(), 1) if "DataLoader(dataset1" in t)
+    return dataclasses.replace(searched, source={"created_at": f"{path}:{line}"},
+                               verification=Verification(status="ok", trials=trials, fixes=(TAIL_FIX,)))
+
+
+@pytest.fixture
+def mnist(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "main.py").write_text(MNIST)
+    return str(tmp_path / "main.py")
+
+
+def checked(m: Measurements, rate: float) -> tuple:
+    """The change written and checked: the patched run planted at `rate` steps/s."""
+    m = change.patched(m, ["main.py"])
+    done = change.check(m, change.Target("main.py", None, ()), seconds=5.0, run=planted_runs(rate, []))
+    return m.tune.patch, tune.summarize(done.tune, BS, checks=change.checks(done))
+
+
+def test_the_tail_measured_on_top_of_the_best_goes_with_it_and_is_checked_against_that_figure(mnist):
+    # the tail on top of BEST: 25 steps/s against BEST's 20, as the check measured it
+    m = with_tail(mnist, tail_trial(12.0), tail_trial(25.0, base=BEST, user=20.0))
+    assert change.settings_to_write(m) == dict(BEST, fix="device_tail")
+    p, found = checked(m, 24.5)
+    after = edits.applied(MNIST, p["diff"])
+    assert "transforms.PILToTensor()\n        ])" in after and "num_workers=1, persistent_workers=True" in after
+    assert after.count("device_tail(data.to(device))") == 2 and "torch.set_num_threads(1)" in after
+    assert found.applied.speedup == pytest.approx(2.45, rel=0.01) and found.agrees is True and found.whole
+    assert "on top of these by the advice's check: 1.25\u00d7" in found.summary
+    text = text_mod.applied_text(found, None)
+    assert ("the advice's check measured 40.0 ms per batch with the transforms' tail run batched on the device with "
+            "num_workers=1, persistent_workers=True, torch_num_threads=1, on top of the settings: they agree within "
+            "the noise.") in text
+    # the settings' own speed is not what the change holds: beyond the noise of the tail's figure
+    assert checked(m, 20.0)[1].agrees is False
+
+
+def test_the_tail_alone_where_the_search_found_nothing(mnist):
+    m = with_tail(mnist, tail_trial(13.0), rate=None)
+    assert change.settings_to_write(m) == {"fix": "device_tail"}
+    p, found = checked(m, 13.0)
+    assert [c["setting"] for c in p["changes"]] == ["device_tail"] and "'num_workers'" not in p["diff"]
+    assert found.best is None and found.agrees is True and found.applied.speedup == pytest.approx(1.3, rel=0.01)
+    assert "The change is the transforms' tail run batched on the device, which the advice's check measured at " \
+           "1.30\u00d7" in found.summary
+    assert "the advice's check measured 76.9 ms per batch with the transforms' tail run batched on the device: they " \
+           "agree" in text_mod.applied_text(found, None)
+
+
+def test_a_tail_that_did_not_help_is_not_written(mnist):
+    assert change.settings_to_write(with_tail(mnist, tail_trial(10.0), rate=None)) is None
+    # it helps on your settings, not on top of the best's: the settings alone
+    on_top = with_tail(mnist, tail_trial(13.0), tail_trial(20.0, base=BEST, user=20.0))
+    assert change.settings_to_write(on_top) == BEST
+    p, found = checked(on_top, 20.0)
+    assert "device_tail" not in p["diff"] and found.compared.startswith("the search measured 50.0 ms per batch")
+
+
+def test_a_tail_not_measured_on_top_of_the_best_is_compared_with_the_settings_figure_said_so(mnist):
+    m = with_tail(mnist, tail_trial(13.0))  # the workers item did not help: nothing measured on top
+    assert change.settings_to_write(m) == dict(BEST, fix="device_tail")
+    p, found = checked(m, 26.0)  # faster than the settings' figure: what the tail adds
+    assert "device_tail(data.to(device))" in p["diff"] and not found.whole and found.agrees is True
+    text = text_mod.applied_text(found, None)
+    assert "compared with the search's 50.0 ms per batch for the settings alone, since the transforms' tail run " \
+           "batched on the device was not measured on top of them" in text and text.endswith(
+               ": it is not slower beyond the noise.")
+    assert checked(m, 15.0)[1].agrees is False  # slower than the settings' figure beyond the noise
+
+
+def test_a_tail_the_script_cannot_take_leaves_the_settings_checked(script):
+    # SCRIPT has no Compose list: the settings are written and checked alone, the tail said
+    m = dataclasses.replace(measured(script), verification=Verification(status="ok", trials=(tail_trial(13.0),),
+                                                                        fixes=(TAIL_FIX,)))
+    m = change.patched(m, ["train.py"])
+    p = m.tune.patch
+    assert p["flags"] == ["-j", "1"] and "device_tail" not in p["diff"] and not p.get("reason")
+    (why,) = [c for c in p["changes"] if c["setting"] == "device_tail"]
+    assert why["how"] == "not applied" and why["text"].startswith(
+        "the transforms' tail run batched on the device is not in the diff: no Compose([...]) list")
+    target = change.Target("train.py", None, ())
+    done = change.check(m, target, seconds=5.0, run=planted_runs(19.5, []))
+    assert "fix" not in done.tune.applied.settings
+    found = tune.summarize(done.tune, BS, checks=change.checks(done))
+    assert found.agrees is True and found.whole and found.compared.startswith("the search measured 50.0 ms")
 
 
 # --- end to end ---------------------------------------------------------------------------------
