@@ -362,8 +362,7 @@ def _none_alone(v: Verdict, pred: witness.Prediction, base_point: str, gap: Opti
 # `none` on the costs alone: their loss (with their error and the rounds' rest of the gap)
 # under MIN_REL_DROP of the batch, where no stage's cost is real however many rounds come
 # (they could only confirm it or find the witnesses disagree); NONE_MAX_LOSS is the
-# rounds' own bound. The MNIST example at the default 30 s on a busy machine was `none` at
-# 8% on the costs alone (the rounds 3x slowed, their bound 40%), and `augment` at 60 s.
+# rounds' own bound.
 NONE_ALONE_MAX_LOSS = MIN_REL_DROP
 # With fewer rounds than plan.Plan.min_rounds, the rounds' bound on the loss is no check of
 # the costs alone (a step of seconds). Two readings agree within STEP_AGREE of the larger.
