@@ -373,8 +373,7 @@ STEP_AGREE = NOISY_REL_IQR
 def _fastest_step(pred: witness.Prediction, step: float) -> float:
     """The fastest reading of the step: `step` (the rounds'), or the step timed alone
     beside the costs alone where it read faster. A busy machine only slows a reading, and
-    slows a step's threads more than the stages' one (the MNIST example's step read 150
-    ms in the rounds, 69 alone, its input 8.7 ms at most): a loss held against the slowed
+    slows a step's threads more than the stages' one: a loss held against the slowed
     reading looks smaller than the loop's."""
     alone = pred.alone.step
     return min(step, alone) if alone is not None and alone > 0 else step
@@ -386,8 +385,7 @@ def _none_unchecked(v: Verdict, pred: witness.Prediction, base_point: str, up: f
     says the readings are noisy, not that `full` loses more): the costs alone with their
     error (`up`) and the rounds' reading from base_point to the ceiling under
     NONE_ALONE_MAX_LOSS of the batch, held against the fastest reading of the step (the
-    ceiling, or the step timed alone: the detection reference's ceiling read 5.6 s in one
-    step, 3.8 alone, its `full` 3.4); `full` read within STEP_AGREE of that step plus the
+    ceiling, or the step timed alone); `full` read within STEP_AGREE of that step plus the
     loss: the cheap check that the step the costs were compared with is the loop's, and
     that nothing the costs alone do not see (a batch sampler's work) costs the loop more."""
     if pred.alone.step is None or pred.alone.step <= 0:

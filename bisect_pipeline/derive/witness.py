@@ -162,9 +162,7 @@ def waits(isolated: Any) -> str:
     and augment together, alone, is under WAITING_SHARE of their wall time; "" where they
     compute (or a document written before the CPU time was kept). Together, not stage by
     stage: a stage of next to nothing (load 0.13 ms a sample where the MONAI tutorial's
-    transforms do the loading) is all noise in its share, and once read as waiting it put
-    2 workers sharing 2 cores with a CPU step under the parallel model, and the run said
-    none."""
+    transforms do the loading) is all noise in its share."""
     parts = [isolated.part(n) if isolated is not None and isolated.ok else None for n in ("load", "augment")]
     parts = [p for p in parts if p is not None and p.ms_per_sample and p.cpu_ms_per_sample is not None]
     wall = sum(p.ms_per_sample for p in parts)
