@@ -165,11 +165,6 @@ def tag(fn: Optional[Callable], stage: str) -> Optional[Callable]:
     return None if fn is None else Tagged(fn, stage)
 
 
-# --------------------------------------------------------------------------------------
-# Watchdog
-# --------------------------------------------------------------------------------------
-
-
 class Watchdog:
     """Interrupts the main thread when no step finishes for `timeout` seconds, or when
     the work is still running `end` seconds from now (the run's hard end, --max-seconds).
