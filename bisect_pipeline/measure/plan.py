@@ -267,8 +267,7 @@ def next_window(windows: list, steps: int, plan: Plan, seconds_left: float, keep
 # run's start-up measured) before its loop, then PATCH_RUN_MARGIN_S for its report and its
 # workers' shutdown, and measures PATCH_RUN_LEAST_S at least. That check gets PATCH_SHARE
 # of --max-seconds, more where its run needs it, and nothing (said in the report) where it
-# would take more than PATCH_MAX_SHARE of it. (Four runs, A B B A against the original,
-# did not fit a minute with a 4-s start-up.)
+# would take more than PATCH_MAX_SHARE of it.
 PATCH_SHARE = 0.2
 PATCH_MAX_SHARE = 0.4
 PATCH_RUN_LEAST_S = 4.0
