@@ -224,11 +224,6 @@ def startup_s(start_t: float, clock: Callable[[], float]) -> Optional[float]:
     return round(max(0.0, start_t - born), 3)
 
 
-# --------------------------------------------------------------------------------------
-# Inputs
-# --------------------------------------------------------------------------------------
-
-
 def check_options(points: Optional[Iterable[str]], *, max_seconds: float, cache_mb: float, cache_batches: int,
                   step_timeout: Optional[float], verify_seconds: Optional[float] = None) -> tuple:
     """The selected points, after every option is checked (a BisectError names the bad one)."""

@@ -80,7 +80,7 @@ def point_change(before: Optional[Throughput], after: Optional[Throughput]) -> d
     if fewest < MIN_WINDOWS:
         # a point of one or two windows in either run has no usable noise estimate (two:
         # Student's t at one degree of freedom is 78 z): "within noise" would claim a figure
-        # no one measured (a 4.5x change read as such, a point of two windows after)
+        # no one measured
         real = None
         label = f"\u00d7{ratio:.2f}, noise unknown ({fewest} window{'s' if fewest != 1 else ''})"
     elif not real:

@@ -146,8 +146,6 @@ class Session(Ending):
         self.stepped = False  # an optimizer step was seen
         self.gave_up: Optional[str] = None  # why the loop was stopped (or let train on) with no loader: _waiting
 
-    # -- open and close ---------------------------------------------------------------
-
     def __enter__(self) -> "Session":
         loop_patches.SESSIONS.append(self)
         loop_patches.install()

@@ -211,8 +211,7 @@ def batch_seconds(exp: Experiment, paired: bool = False) -> float:
     alone), less BATCH_MARGIN of them; infinite where the script's length is not known.
     `paired`: consumed by trials (verify.alternate), half of whose time goes to visits of
     the user's own settings at the full point's rate: at the harmonic mean of the two
-    rates (a script of 6,400 batches read 3.8 s for the search at the ceiling's 0.76 ms a
-    batch, where its own 68 ms made it 7 s of alternating visits at least, and more)."""
+    rates."""
     left = exp.batches_left()
     sec = exp.step_estimate()
     if left is None or sec is None:

@@ -47,30 +47,25 @@ def _bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not a boolean (use 0/1 or true/false)")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"{value} must be >= 1")
-    return value
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(f"{value} must be >= 0")
-    return value
+def _at_least(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise ValueError(f"{value} must be >= {least}")
+        return value
+    return parse
 
 
 # The settings a sweep can vary, with the parser of their values.
 SWEEPABLE = {
-    "num_workers": _count,
+    "num_workers": _at_least(0),
     "pin_memory": _bool,
-    "prefetch_factor": _positive_int,
+    "prefetch_factor": _at_least(1),
     "persistent_workers": _bool,
-    "batch_size": _positive_int,
+    "batch_size": _at_least(1),
     # intra-op threads of the training step (torch.set_num_threads) while the row runs:
     # on the CPU the step and the workers share the same cores
-    "torch_threads": _positive_int,
+    "torch_threads": _at_least(1),
 }
 
 

@@ -202,10 +202,9 @@ def planted(kind: str, num_workers: int = 0, *, batch_size: int = 8, per_sample_
     return tiny_model(model_step_ms if kind == "model" else step_ms), loader
 
 
-# The benchmarks' preset (scripts/): batch 16, the bottleneck 3 ms per sample (48 ms per
-# batch) where it is planted, the step 5 ms (80 ms when model-bound: with two workers on
-# a 2-core VM, the workers' hand-off and wake-ups cost the loop 2-4 ms per batch, which
-# against a 48 ms step is a real 6% handoff drop, not a model-bound pipeline).
+# The benchmarks' preset (scripts/). The model-bound step is 80 ms: with two workers on a
+# 2-core VM, the workers' hand-off and wake-ups cost the loop 2-4 ms per batch, which
+# against a 48 ms step is a real 6% handoff drop, not a model-bound pipeline.
 BENCH_BATCH = 16
 BENCH_PER_SAMPLE_MS = 3.0
 BENCH_STEP_MS = 5.0

@@ -42,8 +42,7 @@ CONFIRM_SHARE = 0.5
 # A B B A blocks at most. Each visit of `raw` must warm up (the workers start, their
 # prefetched batches are drained) before its windows count: in the default budget (half
 # of a quarter of 30 s) two blocks give each visit about a second, three too little for
-# a window past the drain (measured: 0.4-s visits kept one 5-step window each and read a
-# 13-ms-per-sample side 15% fast).
+# a window past the drain.
 BLOCKS = 2
 
 
@@ -194,8 +193,7 @@ def _over_budget(caches: Any, t: Target) -> Optional[str]:
 def _over_time(caches: Any, isolated: Optional[Isolated], budget_s: float) -> Optional[str]:
     """Why computing the step's inputs and outputs for every cached sample (the transforms
     up to it, at most the augment stage's cost alone a sample) would not fit in the
-    confirmation's budget, or None: a heavy step's run may leave its check a second,
-    and 48 samples of a 125-ms augment took 6 s there."""
+    confirmation's budget, or None: a heavy step's run may leave its check a second."""
     aug = isolated.part("augment") if isolated is not None else None
     need = (aug.ms_per_sample or 0.0) / 1e3 * len(caches.raw_calls) if aug is not None else 0.0
     if need <= budget_s:

@@ -9,8 +9,7 @@ from .wording import finding
 
 
 # Peak GPU memory below this share of the device's memory leaves room for a larger batch
-# (the seed's example peaks under 1 GB of 16 GB; half the memory is a safe margin for
-# activations that grow with the batch).
+# (half the memory is a safe margin for activations that grow with the batch).
 MEMORY_UNUSED_FRACTION = 0.5
 
 

@@ -133,9 +133,7 @@ def space_of(d: "Diagnosis", *, cores: int, threads: int) -> Space:
     if not t_ceiling:
         return Space(user, reason="the ceiling was not measured")
     t_full = v.fitted.get("full")
-    # (a stage named, on either witness, is an input cost: searched, however noisy the gap;
-    # a noisy 2-core machine named load on the costs alone, 96% of the loss, and the search
-    # skipped it as "within the noise of the ceiling")
+    # (a stage named, on either witness, is an input cost: searched, however noisy the gap)
     named = v.bottleneck in STAGES or v.bottleneck == "tie"
     if not named and t_full and v.gap_sigma is not None and not is_real(v.gap_sec_per_batch or 0.0, v.gap_sigma,
                                                                          t_full):
@@ -170,8 +168,7 @@ def _needed_at_fastest(d: "Diagnosis", part) -> int:
     """The workers that would feed the step at its fastest reading: the workers' work
     alone over the fastest window of any point (each holds a step; none is faster than
     the step alone). The isolated costs divide by the ceiling's mean, which a loaded
-    machine's bursts inflate (a 2-core machine at load 6: the step read 26.9 ms where it
-    takes 0.8, "3 workers feed it" where 8 did): the search may climb to this many."""
+    machine's bursts inflate: the search may climb to this many."""
     work = getattr(part, "worker_ms_per_batch", None)
     times = [w.seconds / w.steps for p in d.points if p.ok for w in p.throughput.windows if w.steps]
     return math.ceil(work / (min(times) * 1e3)) if work and times and min(times) > 0 else 0

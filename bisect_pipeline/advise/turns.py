@@ -32,12 +32,11 @@ class Trials:
     its next candidate at its next turn. A turn ends at its share of the time left (`turn_end`:
     its visits' part of all those still planned, and at least what one block took so far),
     so the first item (the workers, say) cannot spend the check on the precision of its
-    own figure while the fix of the stage in question waits (the demo at its default 30 s:
-    the workers item took the whole check, and the fixes read "not measured"). A first
-    turn that cannot hold a block is not started while another item is under way (two
-    pairs are the least figure); an item the budget did not reach says so, and which
-    items took the time (`unreached`). Where the first item (the workers) helps, each fix
-    gets one candidate more: on top of its settings, against them (`add_on_top`)."""
+    own figure while the fix of the stage in question waits. A first turn that cannot
+    hold a block is not started while another item is under way (two pairs are the least
+    figure); an item the budget did not reach says so, and which items took the time
+    (`unreached`). Where the first item (the workers) helps, each fix gets one candidate
+    more: on top of its settings, against them (`add_on_top`)."""
 
     def __init__(self, exp: Experiment, advice: list, *, budget_s: float, threads: int, cores: int) -> None:
         self.exp = exp

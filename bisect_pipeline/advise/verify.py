@@ -182,9 +182,7 @@ class Lead:
         """A side's first guess, before its own first visit: what the bisection's visits
         of the same point took (its first batch, which started its workers, the warm-up
         steps of a visit, its longest window). Without it, a first visit given an equal
-        share of a short budget ended before a window where the workers start slowly (a
-        GPU machine's 15 workers: no window in 24 s of --tune on the torchvision
-        reference, every candidate 'not measured')."""
+        share of a short budget ended before a window where the workers start slowly."""
         out = cls()
         tp = getattr(p, "throughput", None) if p is not None and getattr(p, "ok", False) else None
         if tp is None or not tp.windows:

@@ -40,7 +40,6 @@ class Where:
     num_workers: int = 0
     prefetch_factor: Optional[int] = None
     shm_total: Optional[int] = None
-    shm_free: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)

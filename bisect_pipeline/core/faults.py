@@ -144,13 +144,9 @@ def _headline(text: str) -> str:
     return " ".join(lines)[:500]
 
 
-# --------------------------------------------------------------------------------------
-# Wrappers that tag user code with its stage (module level: they cross to workers)
-# --------------------------------------------------------------------------------------
-
-
 class Tagged:
-    """Calls `fn`; an exception from it becomes a StageError naming `stage`."""
+    """Calls `fn`; an exception from it becomes a StageError naming `stage` (module level:
+    it crosses to workers)."""
 
     def __init__(self, fn: Callable, stage: str) -> None:
         self.fn = fn
@@ -167,11 +163,6 @@ class Tagged:
 
 def tag(fn: Optional[Callable], stage: str) -> Optional[Callable]:
     return None if fn is None else Tagged(fn, stage)
-
-
-# --------------------------------------------------------------------------------------
-# Watchdog
-# --------------------------------------------------------------------------------------
 
 
 class Watchdog:
@@ -388,11 +379,6 @@ def hang_location(exc: BaseException) -> str:
             return "no batch"
         tb = tb.tb_next
     return "step"
-
-
-# --------------------------------------------------------------------------------------
-# /dev/shm
-# --------------------------------------------------------------------------------------
 
 
 def shm_free_bytes(path: str = "/dev/shm") -> Optional[int]:

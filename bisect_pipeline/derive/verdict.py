@@ -362,8 +362,7 @@ def _none_alone(v: Verdict, pred: witness.Prediction, base_point: str, gap: Opti
 # `none` on the costs alone: their loss (with their error and the rounds' rest of the gap)
 # under MIN_REL_DROP of the batch, where no stage's cost is real however many rounds come
 # (they could only confirm it or find the witnesses disagree); NONE_MAX_LOSS is the
-# rounds' own bound. The MNIST example at the default 30 s on a busy machine was `none` at
-# 8% on the costs alone (the rounds 3x slowed, their bound 40%), and `augment` at 60 s.
+# rounds' own bound.
 NONE_ALONE_MAX_LOSS = MIN_REL_DROP
 # With fewer rounds than plan.Plan.min_rounds, the rounds' bound on the loss is no check of
 # the costs alone (a step of seconds). Two readings agree within STEP_AGREE of the larger.
@@ -374,8 +373,7 @@ STEP_AGREE = NOISY_REL_IQR
 def _fastest_step(pred: witness.Prediction, step: float) -> float:
     """The fastest reading of the step: `step` (the rounds'), or the step timed alone
     beside the costs alone where it read faster. A busy machine only slows a reading, and
-    slows a step's threads more than the stages' one (the MNIST example's step read 150
-    ms in the rounds, 69 alone, its input 8.7 ms at most): a loss held against the slowed
+    slows a step's threads more than the stages' one: a loss held against the slowed
     reading looks smaller than the loop's."""
     alone = pred.alone.step
     return min(step, alone) if alone is not None and alone > 0 else step
@@ -387,8 +385,7 @@ def _none_unchecked(v: Verdict, pred: witness.Prediction, base_point: str, up: f
     says the readings are noisy, not that `full` loses more): the costs alone with their
     error (`up`) and the rounds' reading from base_point to the ceiling under
     NONE_ALONE_MAX_LOSS of the batch, held against the fastest reading of the step (the
-    ceiling, or the step timed alone: the detection reference's ceiling read 5.6 s in one
-    step, 3.8 alone, its `full` 3.4); `full` read within STEP_AGREE of that step plus the
+    ceiling, or the step timed alone); `full` read within STEP_AGREE of that step plus the
     loss: the cheap check that the step the costs were compared with is the loop's, and
     that nothing the costs alone do not see (a batch sampler's work) costs the loop more."""
     if pred.alone.step is None or pred.alone.step <= 0:

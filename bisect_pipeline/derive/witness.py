@@ -45,12 +45,8 @@ WORKER_STAGES = ("load", "augment", "collate")
 WORK_POINTS = ("full", "raw", "augmented")
 # Each stage is timed alone in a slice of its own (a few tenths of a second), and a
 # machine's state moves from one slice to the next: the standard error of a stage's
-# items misses that. Measured (the public pipelines on this 2-core machine, 6 runs of
-# each, 2026-11-27): a stage's cost alone varied by 5-25% from run to run while its
-# items' standard error said 1-7%, and the ratio of augment to load of one run by a
-# standard deviation of 0.09-0.23 in its log (DCGAN, the ImageNet example, the
-# torchvision preset, timm), about 0.1 for each of the two. So each stage's cost alone
-# carries at least this much noise, relative, beside its items'.
+# items misses that (docs/benchmarks.md: 5-25% from run to run where it said 1-7%). So
+# each stage's cost alone carries at least this much noise, relative, beside its items'.
 SLICE_NOISE = 0.10
 
 
@@ -166,9 +162,7 @@ def waits(isolated: Any) -> str:
     and augment together, alone, is under WAITING_SHARE of their wall time; "" where they
     compute (or a document written before the CPU time was kept). Together, not stage by
     stage: a stage of next to nothing (load 0.13 ms a sample where the MONAI tutorial's
-    transforms do the loading) is all noise in its share, and once read as waiting it put
-    2 workers sharing 2 cores with a CPU step under the parallel model, and the run said
-    none."""
+    transforms do the loading) is all noise in its share."""
     parts = [isolated.part(n) if isolated is not None and isolated.ok else None for n in ("load", "augment")]
     parts = [p for p in parts if p is not None and p.ms_per_sample and p.cpu_ms_per_sample is not None]
     wall = sum(p.ms_per_sample for p in parts)

@@ -4,10 +4,8 @@ glibc's malloc hands large freed blocks back to the kernel: blocks above its mma
 threshold are unmapped when freed, and free memory at the top of the heap above its
 trim threshold is trimmed. The next step then page-faults the same memory in again
 (the kernel zeroes every page). Whether that happens between two steps depends on what
-else allocates in between, so it differs from one cache point to the next: measured on
-the demo, the same step took 15 ms at two points and 21-24 ms at three others, and the
-ceiling landed below points that do more work. With freed memory kept, 15-17 ms at
-every point.
+else allocates in between, so it differs from one cache point to the next, and the
+ceiling can land below points that do more work (docs/how-it-works.md: the demo's step).
 
 `Held` sets glibc's parameters with mallopt(3) for the duration of a run (fork-started
 DataLoader workers inherit them); before it does, it can time the step as the process

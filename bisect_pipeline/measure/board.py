@@ -91,8 +91,6 @@ class Board:
         board._set(f"hello/{rank}", {"host": socket.gethostname(), "pid": os.getpid()})
         return board
 
-    # -- the store, as JSON values ------------------------------------------------------
-
     def _key(self, key: str) -> str:
         return key if key.startswith("bisect-pipeline/") else f"{self.run}/{key}"
 

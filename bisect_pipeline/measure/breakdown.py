@@ -269,9 +269,8 @@ def measure_with_whole(calls_per_sample: list, share: float, clock: Callable[[],
     """(the stage timed whole, its rows): as `measure`, with `whole(i)()`, the stage replayed
     whole on sample i, timed right before that sample's rows (`whole(i)`, untimed, copies
     the inputs, as the rows' inputs are copied before their timers). Interleaved, a moment of a
-    busy machine weighs on both alike (timed one after the other, the whole of the
-    classification preset once read 5.95 ms/sample against rows adding up to 2.45), and
-    the parts are held against the whole sample by sample (agreement's paired rule)."""
+    busy machine weighs on both alike, and the parts are held against the whole sample by
+    sample (agreement's paired rule)."""
     wholes: list = []
     cpu = [0.0]
 

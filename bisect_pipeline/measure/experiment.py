@@ -184,8 +184,7 @@ class Experiment(PointSources):
         """Whether, by the stages' costs alone, the workers' whole work a batch (at `full`,
         over the workers) is under MIN_REL_DROP of a long step: then the batches they
         prefetched are what their steady state gives too (the step is the slower side by
-        20 times at least), and need not be stepped through untimed. A 2.5-s step with 2
-        workers spent two of the five steps of a visit of `full` on them, 30 s too few."""
+        20 times at least), and need not be stepped through untimed."""
         a = self.alone() if workers else None
         w = a.at("full") if a is not None else None
         return w is not None and (w[0] + Z_UPPER * w[1]) / workers <= MIN_REL_DROP * step

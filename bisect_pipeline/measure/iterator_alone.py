@@ -4,18 +4,17 @@ worker process (worker_stages.time_load).
 A streaming dataset (MosaicML's StreamingDataset) builds each sample in its iterator:
 the worker's partition of the samples, its shard bookkeeping and the threads that get the
 shards ready run around the per-sample access (`get_item`, then the transforms). Timed by
-index in this process, `dataset[i]` misses all of that: on MosaicML's CIFAR-10 notebook
-load read 4.0 ms a batch alone and 19.5 in the loop. It cannot be iterated in this
-process (its shared state would count the process as a worker of its own and hang the
-user's workers: cache.by_index), so it is iterated where the loader iterates it: in a
-DataLoader worker of its own (one worker, the user's worker_init_fn and start method:
-its worker info, its one intra-op thread), the dataset wrapped so that the worker times
-each sample it takes from the iterator and hands back those times only, never the
-samples. The whole sample is timed, transforms and all: in the worker its threads slow
-whatever the main thread runs (the transforms too: MosaicML's MNIST took 0.6 ms a
-sample for ToTensor there, 0.05 by index), and the rounds put all of that in `load`
-(full less raw, where raw replays the transforms without the iterator), so the caller
-takes from it the transforms as timed without the iterator.
+index in this process, `dataset[i]` misses all of that (docs/supported-pipelines.md). It
+cannot be iterated in this process (its shared state would count the process as a worker
+of its own and hang the user's workers: cache.by_index), so it is iterated where the
+loader iterates it: in a DataLoader worker of its own (one worker, the user's
+worker_init_fn and start method: its worker info, its one intra-op thread), the dataset
+wrapped so that the worker times each sample it takes from the iterator and hands back
+those times only, never the samples. The whole sample is timed, transforms and all: in
+the worker its threads slow whatever the main thread runs (the transforms too:
+docs/benchmarks.md), and the rounds put all of that in `load` (full less raw, where raw
+replays the transforms without the iterator), so the caller takes from it the
+transforms as timed without the iterator.
 """
 
 from __future__ import annotations

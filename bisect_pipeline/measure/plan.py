@@ -41,8 +41,7 @@ class Plan:
     window_seconds: float = 0.25
     # The steady pair is the visit: the noise of a point's time is what its visits in
     # successive rounds show (noise.Noise), and on a shared machine a visit differs from
-    # the next by more than its windows do (the demo: windows within 2%, visits of one
-    # point 70 and 110 ms per batch), so a shorter visit buys more rounds for the noise.
+    # the next by more than its windows do, so a shorter visit buys more rounds for the noise.
     windows_per_visit: int = 2
     min_window_steps: int = 3
     # Untimed steps before the first window (plus the batches the workers prefetched,
@@ -60,8 +59,6 @@ class Plan:
     # short. The deadline bounds them: max_rounds is a guard (a clock that does not
     # advance), set above what a budget buys (a round of `full` and the ceiling takes a
     # second or more: about 50 in 60 s), so an undecided run uses the time it was given.
-    # (At 24, a drifting step-bound run stopped at 40 s of 60 with its loss bounded at
-    # 10.6%, where `none` needs 10% and the remaining 20 s would have narrowed it.)
     min_rounds: int = 3
     max_rounds: int = 100
     # The loader's workers (for_workers): a window spans at least one batch of each.
@@ -270,8 +267,7 @@ def next_window(windows: list, steps: int, plan: Plan, seconds_left: float, keep
 # run's start-up measured) before its loop, then PATCH_RUN_MARGIN_S for its report and its
 # workers' shutdown, and measures PATCH_RUN_LEAST_S at least. That check gets PATCH_SHARE
 # of --max-seconds, more where its run needs it, and nothing (said in the report) where it
-# would take more than PATCH_MAX_SHARE of it. (Four runs, A B B A against the original,
-# did not fit a minute with a 4-s start-up.)
+# would take more than PATCH_MAX_SHARE of it.
 PATCH_SHARE = 0.2
 PATCH_MAX_SHARE = 0.4
 PATCH_RUN_LEAST_S = 4.0

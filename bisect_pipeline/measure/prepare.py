@@ -135,9 +135,8 @@ def hold_allocator(exp: Experiment, held: allocator.Held, coord: Any, max_second
             exp.step_alone = exp.clock() - t0
             least = exp.step_alone * allocator.LEAST_STEPS
             if least > ALLOCATOR_MAX_SHARE * max_seconds and exp.step_alone <= ALLOCATOR_SHARE * max_seconds:
-                # a fresh step's first call pays its lazy initialisation (a 3-ms step's
-                # first took 0.3 s): where it cost no more than this timing's own share,
-                # a second call says whether the step is long
+                # a fresh step's first call pays its lazy initialisation: where it cost no
+                # more than this timing's own share, a second call says whether the step is long
                 t0 = exp.clock()
                 exp.step(batch)
                 exp.step_alone = exp.clock() - t0

@@ -305,8 +305,7 @@ def witnessed(v) -> bool:
     disagree)? The rounds then stop at their minimum, as a settled verdict does: more of
     them would only widen the margin of a stage two independent measurements name, and
     the time goes to what is still undecided after the verdict (the check, the search, the
-    change's check). A GPU machine's torchvision reference spent 62 s of 180 on rounds
-    past the minimum of a load verdict both witnesses named."""
+    change's check)."""
     return v.bottleneck in STAGES and v.witness == "both" and not v.disagree and not left_out_in_question(v)
 
 

@@ -390,9 +390,8 @@ def full_loader(spec: LoaderSpec, dataset: Any = None, epochs: bool = False, par
 
     `epochs`: end each epoch as the user's loop does, and start the next with iter()
     on the loader, which forks the workers again unless they are persistent (verify.py:
-    adding workers adds that cost per epoch, which a loop at num_workers=0 never pays;
-    measured on the demo, 16 batches per epoch: 1.2x with workers forked every epoch,
-    1.45x steady). The points of the bisection all run without epoch ends, alike.
+    adding workers adds that cost per epoch, which a loop at num_workers=0 never pays).
+    The points of the bisection all run without epoch ends, alike.
     `park`: a loader that can be parked between visits (LoaderSource.park; map-style
     datasets only; with `epochs`, where the settings' workers are persistent: parked,
     its epoch ends early, and the next visit starts another on the same workers, as the

@@ -236,9 +236,8 @@ def settle_copies(template: Any, calls: list, changes: set) -> None:
     """Replay one sample without copying the inputs of its image-only calls, and keep it
     so for the calls whose input stayed as it was; a call that changed it (its name is
     added to `changes`) gets its recorded input back and is copied from then on, as is
-    every later call of that name. On the first samples of the fill (cache.py): the
-    MNIST-sized replay's copy of a 28x28 image (about 25 us a sample) was as large as
-    loading one, and it landed in augment and came off load."""
+    every later call of that name. On the first samples of the fill (cache.py): a small
+    image's copy can cost as much as loading it, and would land in augment and come off load."""
     trial = [c for c in calls if c.name not in changes and images_only(c)]
     saved = {id(c): tree.clone((c.args, c.kwargs)) for c in trial}
     for c in trial:
