@@ -174,15 +174,17 @@ def test_a_webloaders_loop_stages_are_their_own_row(tmp_path, no_leftover_worker
 
 @pytest.mark.e2e
 def test_a_truncated_shard_fails_the_full_point_with_its_name_and_fix(tmp_path, no_leftover_workers):
-    # a copy cut short mid-member: what the cached points replay was read before it, and
-    # is measured; the full pipeline reads the broken shard and fails, told as such
+    # a copy cut short mid-member: what the cached points replay (the first 2 batches) was
+    # read before it, and is measured; the full pipeline reads the broken shard in its first
+    # visit's third batch and fails, told as such (a run that settles in one round reads no
+    # further: cut in the second shard, the break was never reached)
     import tarfile
 
     urls = write_shards(tmp_path, shards=2, per_shard=64)
-    with tarfile.open(urls[1]) as tf:
-        member = tf.getmembers()[21]  # a sample's .npy, halfway through the shard
-    data = open(urls[1], "rb").read()
-    open(urls[1], "wb").write(data[: member.offset_data + member.size // 2])
+    with tarfile.open(urls[0]) as tf:
+        member = tf.getmembers()[41]  # a sample's .npy, in the third batch of 8
+    data = open(urls[0], "rb").read()
+    open(urls[0], "wb").write(data[: member.offset_data + member.size // 2])
     ds = (wds.WebDataset(urls, shardshuffle=False).decode(SlowNpy(0.0)).to_tuple("x.npy", "cls").map(Augment(0.0))
           .batched(8, collation_fn=Collation(0.0)))
     loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")
@@ -190,6 +192,6 @@ def test_a_truncated_shard_fails_the_full_point_with_its_name_and_fix(tmp_path, 
                     cache_batches=2)
     full = report.point("full")
     assert full.status == "failed" and full.failed_stage == "load", full
-    assert "shard train-0001.tar is truncated" in full.reason and "handler=wds.warn_and_continue" in full.reason
+    assert "shard train-0000.tar is truncated" in full.reason and "handler=wds.warn_and_continue" in full.reason
     assert "BufferedReader" not in full.reason  # the raw repr is not the reason
     assert report.point("raw").status == "ok" and report.point("device").status == "ok"
