@@ -33,7 +33,8 @@ from ..core.results import Record
 from .edits import Change, Edits
 from . import patch_tail
 from .outcome import FIX, THREADS
-from .script_ast import LOADER_KEYS, Script, accepts_loader_keywords, find_call, name_of, uses
+from .script_ast import (LOADER_KEYS, Script, accepts_loader_keywords, after_imports, find_call, is_docstring,
+                         name_of, uses)
 
 ENV = "env"
 # Hugging Face TrainingArguments: the loader's settings under their names there.
@@ -357,14 +358,14 @@ def _threads(s: Script, n: int, edits: Edits) -> Change:
         return dataclasses.replace(change, setting=THREADS)
     torch_name = _torch_alias(s.tree)
     main = next((f for f in s.tree.body if isinstance(f, ast.FunctionDef) and f.name == "main"), None)
-    body = [b for b in (main.body if main else []) if not _is_docstring(b)]
+    body = [b for b in (main.body if main else []) if not is_docstring(b)]
     importing = [] if torch_name else ["import torch"]
     lines = importing + [f"{torch_name or 'torch'}.set_num_threads({n})"]
     if body and body[0].lineno > main.lineno:
         at, indent = body[0].lineno, s.indent(body[0].lineno)
         edits.insert_lines(at, [indent + x for x in lines])
         return Change(THREADS, n, "lines", f"{s.path}:{at}", f"torch.set_num_threads({n}) at the top of main()")
-    at = _after_imports(s.tree)
+    at = after_imports(s.tree)
     edits.insert_lines(at, lines)
     return Change(THREADS, n, "lines", f"{s.path}:{at}", f"torch.set_num_threads({n}) after the imports")
 
@@ -376,21 +377,6 @@ def _torch_alias(tree: ast.Module) -> Optional[str]:
                 if a.name == "torch" or (a.name.startswith("torch.") and a.asname is None):
                     return a.asname or "torch"
     return None
-
-
-def _is_docstring(node: ast.AST) -> bool:
-    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
-
-
-def _after_imports(tree: ast.Module) -> int:
-    """The line after the module's leading docstring and imports."""
-    at = 1
-    for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)) or (_is_docstring(node) and at == 1):
-            at = node.end_lineno + 1
-        else:
-            break
-    return at
 
 
 def with_flags(argv: list, changes: tuple) -> list:

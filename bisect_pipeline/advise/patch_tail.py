@@ -33,7 +33,7 @@ from typing import Optional
 
 from ..core.fixes import DEVICE_TAIL
 from .edits import Change, Edits
-from .script_ast import Script, name_of
+from .script_ast import Script, after_imports, name_of
 
 NAME = "device_tail"
 SCALING = "ToTensor's scaling"  # measure/tail: ToTensor split into PILToTensor and its scaling
@@ -57,8 +57,8 @@ def rewrite(s: Script, fix: dict, edits: Edits) -> Change:
         edits.replace(kept[-1], f"{prefix}PILToTensor()")
     cut_from = s.end(kept[-1]) if kept else s.start(moved[0])
     edits.cut(cut_from, s.end(moved[-1]))
-    edits.insert_lines(_after_imports(s), [f"# bisect-pipeline: the end of the transforms, run batched on the device "
-                                           f"in the training step", f"{NAME} = {tail}"])
+    edits.insert_lines(after_imports(s.tree), ["# bisect-pipeline: the end of the transforms, run batched on the device "
+                                           "in the training step", f"{NAME} = {tail}"])
     for node in loops:
         edits.replace(node, f"{NAME}({s.text(node)})")
     lines = ", ".join(str(n.lineno) for n in loops)
@@ -134,17 +134,6 @@ def _imported(s: Script) -> set:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             out |= {(a.asname or a.name).split(".")[0] for a in node.names}
     return out
-
-
-def _after_imports(s: Script) -> int:
-    """The line after the module's first run of imports (a docstring and __future__ first)."""
-    last = 0
-    for node in s.tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            last = node.end_lineno
-        elif last:
-            break
-    return last + 1
 
 
 def _moves(s: Script, fix: dict):

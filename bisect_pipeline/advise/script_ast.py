@@ -122,6 +122,25 @@ def name_of(func: ast.AST) -> str:
     return ""
 
 
+def is_docstring(node: ast.AST) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def after_imports(tree: ast.Module) -> int:
+    """The line after the module's first run of top-level imports (__future__'s among them;
+    what comes before it, a docstring, a sys.path line, is skipped), or after a leading
+    docstring where the module imports nothing: where a line the whole script needs goes."""
+    last = 0
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            last = node.end_lineno
+        elif last:
+            break
+    if not last and tree.body and is_docstring(tree.body[0]):
+        last = tree.body[0].end_lineno
+    return last + 1
+
+
 def uses(tree: ast.AST, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name or isinstance(n, ast.Attribute) and n.attr == name
                for n in ast.walk(tree))
