@@ -85,6 +85,20 @@ PLANTED_DATA = textwrap.dedent('''
             return {"x": x, "labels": self.y[i]} if self.dicts else (x, self.y[i])
 ''')
 
+class Preset:
+    """torchvision's references' ClassificationPresetTrain: an object keeping a Compose
+    (RandomResizedCrop to `size`, flip, PILToTensor, ConvertImageDtype, Normalize)."""
+
+    def __init__(self, size: int):
+        from torchvision import transforms as T
+
+        self.transforms = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.PILToTensor(),
+                                     T.ConvertImageDtype(torch.float), T.Normalize((0.5,) * 3, (0.2,) * 3)])
+
+    def __call__(self, img):
+        return self.transforms(img)
+
+
 # The shapes of public detection and segmentation datasets whose transforms the raw split
 # must see (issue 22, test_split.py): each loads a sample (`load_ms`, planted) and hands
 # it to a transform (`ms`, planted) in its own way. Deterministic, so that a replayed

@@ -11,6 +11,7 @@ from torchvision import datasets, transforms as T
 from bisect_pipeline.core.fixes import DECODE
 from bisect_pipeline.measure import cache, decode
 from bisect_pipeline.pipeline.loader import describe
+from conftest import Preset
 
 
 @pytest.fixture(scope="module")
@@ -84,19 +85,8 @@ def test_the_decoder_reads_jpegs_and_other_formats_as_rgb(folder, tmp_path):
     assert jpg.shape == (3, 60, 80)
 
 
-class Preset:
-    """torchvision's references' ClassificationPresetTrain: an object keeping a Compose."""
-
-    def __init__(self):
-        self.transforms = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.PILToTensor(),
-                                     T.ConvertImageDtype(torch.float), T.Normalize((0.5,) * 3, (0.2,) * 3)])
-
-    def __call__(self, img):
-        return self.transforms(img)
-
-
 def test_a_preset_object_keeping_a_compose_is_adapted_in_a_copy_of_itself(folder):
-    preset = Preset()
+    preset = Preset(32)
     c, (made, fix) = built(datasets.ImageFolder(folder, transform=preset))
     assert fix.kept == ("RandomResizedCrop", "RandomHorizontalFlip", "ConvertImageDtype", "Normalize")
     assert "dataset.transform.transforms = Compose([RandomResizedCrop(...)" in fix.code

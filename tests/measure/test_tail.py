@@ -15,6 +15,7 @@ from bisect_pipeline.core.fixes import DEVICE_AUGMENT, DEVICE_TAIL
 from bisect_pipeline.measure import cache, tail
 from bisect_pipeline.pipeline.loader import describe
 from bisect_pipeline.pipeline.split import replaced
+from conftest import Preset
 
 
 class Pictures(Dataset):
@@ -139,19 +140,8 @@ def test_the_check_leaves_the_users_random_states_and_dataset_as_they_were():
     assert batch[0].dtype == torch.float32 and batch[0].shape == (1, 1, 20, 16)
 
 
-class Preset:
-    """torchvision's references' ClassificationPresetTrain: an object keeping a Compose."""
-
-    def __init__(self):
-        self.transforms = T.Compose([T.RandomResizedCrop(12), T.RandomHorizontalFlip(), T.PILToTensor(),
-                                     T.ConvertImageDtype(torch.float), T.Normalize((0.5,) * 3, (0.2,) * 3)])
-
-    def __call__(self, img):
-        return self.transforms(img)
-
-
 def test_a_preset_object_keeping_a_compose_is_split_in_a_copy_of_itself():
-    preset = Preset()
+    preset = Preset(12)
     fixes, usable, _ = checked(Pictures(preset))
     f, split = fixes[DEVICE_TAIL], usable[DEVICE_TAIL]
     assert f.usable and f.moved == ("ConvertImageDtype", "Normalize") and f.max_difference == 0.0
