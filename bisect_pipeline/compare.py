@@ -193,7 +193,8 @@ def _parts(r: Report, stage: str) -> list:
         sp = part.split
         if sp is None or not sp.ok:
             return []
-        return [_Part("read", sp.read_ms_per_sample), _Part("decode", sp.decode_ms_per_sample)]
+        return [_Part("read", sp.read_ms_per_sample), _Part("decode", sp.decode_ms_per_sample)] + (
+            [] if sp.iterator_ms_per_sample is None else [_Part("iterator", sp.iterator_ms_per_sample)])
     dflt = part.default_collate_ms_per_batch
     if dflt is None or part.ms_per_batch is None:
         return []

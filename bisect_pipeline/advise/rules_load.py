@@ -40,7 +40,8 @@ def storage(c: Context):
         " Read fewer, larger files (sharded tar/record formats) from local or faster storage, store pre-resized or "
         "cheaper-to-decode data, or cache decoded samples in memory when they fit.")
     # load's cost and headroom are the verdict's own figures (load is the bottleneck): said once, above
-    which = {"read": "reading {}'s files", "decode": "decoding {}'s samples"}.get(
+    which = {"read": "reading {}'s files", "decode": "decoding {}'s samples",
+             "iterator": "getting {}'s samples through its iterator"}.get(
         split.bound if split is not None else "", "loading {}'s samples").format(c.lo.get("dataset") or "the dataset")
     return finding("storage", "load", f"Make {which} cheaper", merged + what, numbers, figure=cap)
 
@@ -52,6 +53,14 @@ def _split_advice(s, per_sample: Optional[float], cuda: bool) -> str:
     read = f"reading its files takes {s.read_ms_per_sample:.2f} ms ({size}{rate})"
     decode = f"decoding and the dataset's other work {s.decode_ms_per_sample:.2f} ms"
     of = f" Of a sample's {per_sample:.2f} ms alone," if per_sample else " Of a sample's loading,"
+    if s.iterator_ms_per_sample is not None:
+        through = (f"getting the samples through its iterator adds {s.iterator_ms_per_sample:.2f} ms (its partition, "
+                   "shard bookkeeping and threads, timed in a worker as the loader gets them)")
+        if s.bound == "iterator":
+            return (f"{of} {through}, beyond {decode} and {read} by index: the iteration is the larger part. Look at "
+                    "the streaming dataset's own settings (shard size, its download and prefetch threads, where its "
+                    "local cache lives) before the samples' decoding.")
+        read = f"{read}, and {through}"
     if s.bound == "read":
         return (f"{of} {read} and {decode}: storage is the larger part. Group small files into shards "
                 "(tar/record formats) so that each read is large, read from local or faster storage, store fewer "

@@ -94,16 +94,23 @@ class LoadSplit(Part):
 
     read_ms_per_sample: Optional[float] = None
     decode_ms_per_sample: Optional[float] = None  # loading minus reading: decode and the dataset's other work
+    # a streaming dataset's load timed through its iterator (PerSample.index_ms_per_sample
+    # beside it): what the iterator adds beyond the samples by index, on which read and
+    # decode are split
+    iterator_ms_per_sample: Optional[float] = None
     bytes_per_sample: Optional[float] = None
     read_mb_per_s: Optional[float] = None
     files_per_sample: Optional[float] = None
     samples: Optional[int] = None
-    bound: Optional[str] = None  # "read" or "decode"
+    bound: Optional[str] = None  # "read", "decode" or "iterator"
     how: Optional[str] = None  # how reads were seen, e.g. "file reads through open()"
 
 
 # What a load timed alone may include besides loading (PerSample.includes), in words.
 MERGED_WITH_LOAD = {"augment": "the transforms", "collate": "the collate"}
+# LoadSplit.iterator_ms_per_sample, in words
+ITERATOR_PART = ("what getting the samples through the dataset's iterator adds, timed in a worker as the loader "
+                 "gets them (its partition, shard bookkeeping and threads), beyond read and decode by index")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Optional
 
-from .isolated import (MERGED_WITH_LOAD, AllocatorTiming, BatchShape, Breakdown, BreakdownRow,  # noqa: F401
+from .isolated import (ITERATOR_PART, MERGED_WITH_LOAD, AllocatorTiming, BatchShape, Breakdown, BreakdownRow,  # noqa: F401
                        Collate, Confirmation, InLoop, Isolated, LoadSplit, LoopStages, Memory, PerSample,
                        Reorder, SampleStructure, StepTime, SyncSite, Syncs, TensorInfo, Transfer, Workers)
 from .record import Part, Record  # noqa: F401

@@ -206,13 +206,20 @@ io.IOBase.register(TimedFile)  # isinstance(f, io.IOBase) holds as it did for th
 
 def split(reads: Reads, samples: int, load: PerSample) -> LoadSplit:
     """load (ms per sample, from `samples` __getitem__ calls timed inside `reads`) split
-    into reading and the rest; unavailable, with the reason, when no read was seen."""
+    into reading and the rest, and what a streaming iterator adds where load was timed
+    through it; unavailable, with the reason, when no read was seen."""
     if samples <= 0 or load.ms_per_sample is None:
         return LoadSplit.missing("unavailable", "no sample was timed")
     if not reads.files and not reads.bytes:
         return LoadSplit.missing("unavailable", NOTHING_READ)
     read_ms = reads.seconds / samples * 1e3
-    decode_ms = max(0.0, load.ms_per_sample - read_ms)
+    # the reads were seen on the samples by index: where load is the iterator's figure
+    # (worker_stages._through_iterator), decode is split from the figure by index and the
+    # iterator's excess is a part of its own
+    index = load.index_ms_per_sample
+    decode_ms = max(0.0, (load.ms_per_sample if index is None else index) - read_ms)
+    iterator_ms = None if index is None else max(0.0, load.ms_per_sample - index)
+    parts = {"read": read_ms, "decode": decode_ms, "iterator": iterator_ms or 0.0}
     seen = " and ".join(f"{how} ({n} file{'s' if n != 1 else ''})" for how, n in reads.seen.items())
     merged = ("; decode includes " + " and ".join(MERGED_WITH_LOAD[s] for s in load.includes[1:] if s in MERGED_WITH_LOAD)
               + ", which could not be split from loading" if "augment" in (load.includes or ()) else "")
@@ -220,5 +227,6 @@ def split(reads: Reads, samples: int, load: PerSample) -> LoadSplit:
                      bytes_per_sample=round(reads.bytes / samples, 1),
                      read_mb_per_s=float(f"{reads.bytes / reads.seconds / 1e6:.4g}") if reads.seconds > 0 else None,
                      files_per_sample=round(reads.files / samples, 3), samples=samples,
-                     bound="read" if read_ms > decode_ms else "decode",
+                     iterator_ms_per_sample=None if iterator_ms is None else round(iterator_ms, 4),
+                     bound=max(parts, key=parts.get),
                      how=f"reads timed through {seen or OPEN}{merged}; {PAGE_CACHE}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from ..core.results import ITERATOR_PART
 from ..derive.findings import Diagnosis
 from ..derive.verdict import in_question
 from . import plot as plot_mod, text as text_mod
@@ -160,8 +161,8 @@ def _load_blocks(iso: Any, bottleneck: bool) -> list:
     if not sp.ok:
         return [_Block("load", title, "ms per sample", (),
                        (f"Not split: {sp.status}" + (f": {sp.reason}" if sp.reason else "") + ".",))]
-    read, decode = sp.read_ms_per_sample, sp.decode_ms_per_sample
-    total = (read or 0.0) + (decode or 0.0)
+    read, decode, through = sp.read_ms_per_sample, sp.decode_ms_per_sample, sp.iterator_ms_per_sample
+    total = (read or 0.0) + (decode or 0.0) + (through or 0.0)
     share = (lambda x: x / total if x is not None and total > 0 else None)
     got = []
     if sp.read_mb_per_s is not None:
@@ -172,15 +173,19 @@ def _load_blocks(iso: Any, bottleneck: bool) -> list:
         got.append(f"{sp.files_per_sample:g} file(s) per sample")
     if sp.how:
         got.append(sp.how)
-    colors = {k: _top_color(bottleneck) if sp.bound == k else plot_mod.BAR_COLOR for k in ("read", "decode")}
+    colors = {k: _top_color(bottleneck) if sp.bound == k else plot_mod.BAR_COLOR for k in ("read", "decode", "iterator")}
     bars = (_Bar("read from storage", read, ", ".join(got), share=share(read),
                  kind="top" if sp.bound == "read" else "part", color=colors["read"]),
             _Bar("decode and the rest", decode, "loading minus reading: decoding and the dataset's own work",
                  share=share(decode), kind="top" if sp.bound == "decode" else "part", color=colors["decode"]))
+    if through is not None:
+        bars += (_Bar("through its iterator", through, ITERATOR_PART, share=share(through),
+                      kind="top" if sp.bound == "iterator" else "part", color=colors["iterator"]),)
     notes = []
-    if sp.bound in ("read", "decode"):
+    if sp.bound in ("read", "decode", "iterator"):
         on = f" (over {sp.samples} samples)" if sp.samples else ""
-        notes.append(("Reading the bytes" if sp.bound == "read" else "Decoding and the dataset's own work")
+        notes.append({"read": "Reading the bytes", "iterator": "Getting the samples through the iterator"}.get(
+            sp.bound, "Decoding and the dataset's own work")
                      + f" is the larger part{on}.")
     return [_Block("load", title, "ms per sample", bars, tuple(notes))]
 

@@ -14,7 +14,7 @@ from typing import Optional
 from tabulate import tabulate
 
 from ..advise import context, outcome, tune, wording
-from ..core.results import MERGED_WITH_LOAD
+from ..core.results import ITERATOR_PART, MERGED_WITH_LOAD
 from ..derive.findings import Diagnosis
 from ..derive.drops import POINTS
 from ..derive.verdict import in_question
@@ -576,7 +576,7 @@ def _split_lines(r: "Diagnosis", every: bool = False) -> list:
         return []
     if not s.ok:
         return _wrap(f"Load could not be split into read and decode: {s.reason or s.status}.", rest="  ")
-    total = s.read_ms_per_sample + s.decode_ms_per_sample
+    total = s.read_ms_per_sample + s.decode_ms_per_sample + (s.iterator_ms_per_sample or 0.0)
     share = (lambda ms: "-" if total <= 0 else f"{ms / total * 100:.0f}%")
     rate = "-" if s.read_mb_per_s is None else f"{s.read_mb_per_s:,.1f} MB/s"
     rows = [["read", f"{s.read_ms_per_sample:.2f}", share(s.read_ms_per_sample),
@@ -584,10 +584,13 @@ def _split_lines(r: "Diagnosis", every: bool = False) -> list:
             ["decode", f"{s.decode_ms_per_sample:.2f}", share(s.decode_ms_per_sample),
              "decoding and the dataset's other work" + "".join(f", {MERGED_WITH_LOAD[x]} too" for x in (load.includes or ())
                                                               if x in MERGED_WITH_LOAD)]]
+    if s.iterator_ms_per_sample is not None:
+        rows.append(["iterator", f"{s.iterator_ms_per_sample:.2f}", share(s.iterator_ms_per_sample), ITERATOR_PART])
     lines = _table(f"Load split into read and decode (isolated, {s.samples} samples, times in ms per sample)",
                    ["part", "ms", "share", "what"], rows, "lrrl")
-    attack = ("storage: fewer, larger files, faster storage, fewer bytes" if s.bound == "read" else
-              "decoding: decode once at preparation, reduced-size decoding, torchvision.io.decode_jpeg")
+    attack = {"read": "storage: fewer, larger files, faster storage, fewer bytes",
+              "iterator": "the streaming dataset's iteration: its shards and its own settings",
+              }.get(s.bound, "decoding: decode once at preparation, reduced-size decoding, torchvision.io.decode_jpeg")
     lines += _wrap(f"{s.bound.capitalize()} is the larger part: attack {attack}. Files came from the page cache "
                    "(the tool had just read them): a cold first epoch reads slower.", rest="  ")
     return lines

@@ -214,6 +214,19 @@ def test_the_split_names_the_larger_part_with_its_figures():
     assert "the transforms" in reads.split(_reads(0.004, 1, 4), 4, merged).how
 
 
+def test_a_load_timed_through_its_iterator_is_split_on_its_figure_by_index():
+    # the reads were seen on the samples by index (0.05 ms of their 0.06): decode is the
+    # rest of that figure, and what the iterator adds (3.0 of 3.06 ms) is a part of its own,
+    # never decode's (MosaicML's iterator timed in a worker, measure/iterator_alone.py)
+    load = PerSample(ms_per_sample=3.06, samples=22, includes=("load",), index_ms_per_sample=0.06)
+    s = reads.split(_reads(0.0005, 10_000, 10), 10, load)
+    assert (s.read_ms_per_sample, s.decode_ms_per_sample, s.iterator_ms_per_sample) == (0.05, 0.01, 3.0)
+    assert s.bound == "iterator"
+    # loaded by index alone: no iterator part, as before
+    plain = reads.split(_reads(0.0005, 10_000, 10), 10, PerSample(ms_per_sample=3.06, samples=10))
+    assert plain.iterator_ms_per_sample is None and plain.decode_ms_per_sample == 3.01 and plain.bound == "decode"
+
+
 def test_no_read_seen_is_no_split_with_its_reason():
     s = reads.split(_reads(), 4, PerSample(ms_per_sample=3.0, samples=4))
     assert s == LoadSplit.missing("unavailable", reads.NOTHING_READ)
