@@ -41,16 +41,18 @@ def ranked(advice: tuple) -> tuple:
     """The advice in the report's order, but the restart item (persistent_workers) before
     the payload items when its measured gain is the bigger: its check's speed-up against
     theirs (measured when checked, else the gain if their stage were free, which no payload
-    change can beat); after them otherwise."""
+    change can beat); after them otherwise. Items whose check measured no gain or a loss
+    come last, in that order among themselves: they are told, not proposed."""
     restart = next((f for f in advice if f.kind == "persistent_workers"), None)
     payload = [f for f in advice if f.kind in PAYLOAD_KINDS]
-    if restart is None or not payload:
-        return advice
-    mine = restart.verified.speedup if restart.verified is not None and restart.verified.status == "helps" else None
-    theirs = max(_gain(f) for f in payload)
-    rest = [f for f in advice if f is not restart]
-    at = rest.index(payload[0]) if mine is not None and mine >= theirs else rest.index(payload[-1]) + 1
-    return tuple(rest[:at] + [restart] + rest[at:])
+    out = list(advice)
+    if restart is not None and payload:
+        mine = restart.verified.speedup if restart.verified is not None and restart.verified.status == "helps" else None
+        theirs = max(_gain(f) for f in payload)
+        rest = [f for f in advice if f is not restart]
+        at = rest.index(payload[0]) if mine is not None and mine >= theirs else rest.index(payload[-1]) + 1
+        out = rest[:at] + [restart] + rest[at:]
+    return tuple(sorted(out, key=lambda f: f.verified is not None and f.verified.status in ("no gain", "slower")))
 
 
 def _gain(f: Finding) -> float:

@@ -342,6 +342,20 @@ def test_a_restart_within_the_noise_is_not_presented_as_a_fix_and_comes_after_th
     assert kinds(r).index("handoff") < kinds(r).index("persistent_workers")
 
 
+def test_items_measured_without_gain_come_last_in_their_order():
+    from bisect_pipeline.advise.advice import ranked
+    from bisect_pipeline.derive.findings import Checked, Finding
+
+    def item(kind, status=None):
+        return Finding(kind, "augment", kind, verified=None if status is None else Checked(status=status))
+    advice = (item("num_workers", "helps"), item("device_tail", "no gain"), item("augment"),
+              item("device_augment", "slower"), item("storage", "not measured"))
+    assert [f.kind for f in ranked(advice)] == ["num_workers", "augment", "storage", "device_tail", "device_augment"]
+    # with the restart placed among the payload items first: a restart without gain goes last too
+    r = restart_report(trial=restart_trial(128.0, 127.0))
+    assert kinds(r)[-1] == "persistent_workers"
+
+
 @pytest.mark.parametrize("kw", [
     {"epoch": 1000},  # long epochs: 110 s of batches, the restart spread over all of them
     {"persistent": True}, {"workers": 0}, {"epoch": None},
