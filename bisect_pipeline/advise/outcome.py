@@ -172,11 +172,18 @@ def sentence(v: Checked, graph: bool = False) -> str:
 
 def figure(v: Checked) -> Optional[str]:
     """What the check says of an advice item, as its headline's figure: "measured 1.27×
-    (1.12–1.44×)"; None for the allocator item (its message gives its own figure)."""
+    (1.12–1.44×)", with the figure on top of the workers item's settings where the fix was
+    measured there too; None for the allocator item (its message gives its own figure)."""
     if v.source == ALLOCATOR_SOURCE:
         return None
     if v.status == "helps":
-        return f"measured {_fig(v)}"
+        top = [t for t in v.tried if t.base and t.status in ("helps", "no gain", "slower")]
+        if not top:
+            return f"measured {_fig(v)}"
+        t = top[-1]  # the fix on top of the workers item's settings: what a user who applies both gets
+        there = {"helps": f"{_fig(t)} more", "no gain": f"no gain beyond the noise ({_fig(t)})",
+                 "slower": f"slower ({_fig(t)})"}[t.status]
+        return f"measured {_fig(v)} on your settings; on top of the workers item's settings, {there}"
     if v.status == "no gain":
         return "measured no gain beyond the noise on this machine as it is, so not presented as a fix"
     if v.status == "slower":

@@ -313,6 +313,10 @@ def test_where_the_workers_help_each_fix_is_measured_on_top_of_their_settings_to
     text = outcome.sentence(augment)
     assert " On top of num_workers=1, persistent_workers=True" in text and "against those settings: the random " \
         "transforms run batched on the device: 1.5" in text
+    # the headline gives both figures: the one alone is not what the user gets with the workers item
+    assert outcome.figure(augment) == (f"measured {outcome._fig(augment)} on your settings; on top of the workers "
+                                       f"item's settings, {outcome._fig(on_top)} more")
+    assert outcome.figure(workers) == f"measured {outcome._fig(workers)}"  # nothing on top of itself
     assert [t.status for t in tail.tried if t.base] in (["no gain"], ["not measured"])
     assert clock.t - 1000.0 <= 30.0 + 1e-9
 
