@@ -256,6 +256,9 @@ class Experiment(PointSources):
         key = name if keep_open is True else keep_open
         first_prefetch = self.start_prefetch(key or name, prefetch, bool(keep_open), pace.lockstep)
         plan = plan.for_steps(max_steps, first_prefetch)
+        # a visit that starts the workers (not a cached point, not a parked pool resumed)
+        starts = name not in ("host", "device") and spec.num_workers > 0 and not (
+            keep_open and self.resumes(key or name))
         self.visits += 1
         return Visit(
             name, None if skip else (lambda: self.open(name, spec, epochs, threads, calls, keep=keep_open,
@@ -268,7 +271,8 @@ class Experiment(PointSources):
             # under torchrun a pause seen on one rank only would break the lockstep: there
             # only the epoch ends, which every rank sees at the same step, void a window
             gap_factor=LOOP_GAP_FACTOR if self.loop and not pace.lockstep else None,
-            consumer_unwatched=self.loop, room=self.room)
+            consumer_unwatched=self.loop, room=self.room,
+            pool_start=self.step_estimate() if starts and not pace.lockstep else None)
 
     def result(self, visit: Visit, batch_size: Optional[float] = None) -> PointResult:
         """The point's result of one visit: ok with its windows, failed with the stage

@@ -112,7 +112,8 @@ class Plan:
         step lasts a window or more, windows of min_window_steps steps and a visit of
         2 + 3 x 3 steps would take a 2-s step 22 s a visit and a verdict minutes: a long
         step gets windows of one batch per worker (one step without workers), no warm-up
-        step beyond the first batch's (untimed already), and one window a visit: the noise comes from the rounds
+        step beyond the first batch's (untimed already; but one after a pool's start where
+        the time holds it: Visit._after_start), and one window a visit: the noise comes from the rounds
         (noise.Noise), and a visit of one window buys a round of `full` and the ceiling
         in four steps, three rounds of a 2-s step in 24 s; whether a visit is steady is
         not asked of one window."""

@@ -115,7 +115,8 @@ class Visit:
                  watchdog: Optional[Callable[[], Any]] = None,
                  on_window: Callable[[int, Window], None] = _nothing, gap: float = math.inf,
                  gap_factor: Optional[float] = None, on_pause: Callable[[float], None] = _nothing,
-                 consumer_unwatched: bool = False, room: Callable[[], Optional[int]] = lambda: None) -> None:
+                 consumer_unwatched: bool = False, room: Callable[[], Optional[int]] = lambda: None,
+                 pool_start: Optional[float] = None) -> None:
         self.point = point
         self.batch_size = batch_size
         self.plan = plan
@@ -132,6 +133,7 @@ class Visit:
         self.on_pause = on_pause
         self.consumer_unwatched = consumer_unwatched
         self.room = room
+        self.pool_start = pool_start
         self._dog: Any = None
         self._open = open_source
         self._watchdog = watchdog
@@ -302,7 +304,7 @@ class Visit:
             self.deadline = min(self.first_free, self.deadline + self.opened_seconds + self.first_batch_seconds)
         times: list = []
         w0 = clock()
-        if not (yield from self._warm(plan.min_warmup_steps + self.first_prefetch, times)):
+        if not (yield from self._warm(plan.min_warmup_steps + self.first_prefetch + self._after_start(), times)):
             return None
         self.warmup_seconds = clock() - w0
         tail = times[len(times) // 2:] or [max(self.first_batch_seconds, 1e-6)]
@@ -314,6 +316,21 @@ class Visit:
         # and whole-epoch windows where the loader ends short epochs
         self.plan = plan.at_step(est)
         return self.plan.window_steps(est)
+
+    def _after_start(self) -> int:
+        """One untimed step after the first batch of a visit that started the workers, where
+        a long step's plan takes no warm-up (Plan.for_step) and the time left holds it and a
+        window: the loop's next steps after a pool's start are slowed by it (a fork's
+        copy-on-write of the loop's memory, the workers' own start), and a window right
+        after the first batch would time that (docs/benchmarks.md: the detection reference
+        with 2 workers, 13% over its steady step). `pool_start`: the step as estimated
+        before the visit, or None where the visit starts no pool (cached batches, a parked
+        pool resumed) or under torchrun (every rank's warm-up must be alike)."""
+        est, plan = self.pool_start, self.plan
+        if est is None or not plan.long(est) or plan.min_warmup_steps or self.pace.lockstep or plan.max_steps \
+                or self.room() is not None:  # (a script's batches shared out, or its epoch's end ahead)
+            return 0
+        return int(self.clock() + (1 + plan.min_window_steps) * est <= self.deadline)
 
     def _steps(self):
         steps = yield from self._start()

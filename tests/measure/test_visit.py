@@ -13,7 +13,7 @@ from bisect_pipeline.measure.visit import Pace, Visit, drive, fixed_source
 from conftest import FakeClock
 
 
-def run(step_seconds, plan, deadline=1e9, prefetch=0, first_extra=0.0, keep=None):
+def run(step_seconds, plan, deadline=1e9, prefetch=0, first_extra=0.0, keep=None, **kw):
     clock = FakeClock()
     calls = {"batches": 0, "steps": 0}
 
@@ -28,7 +28,7 @@ def run(step_seconds, plan, deadline=1e9, prefetch=0, first_extra=0.0, keep=None
         clock.t += step_seconds(calls["steps"])
 
     visit = Visit("p", lambda: fixed_source(next_batch), batch_size=4, plan=plan, deadline=deadline, clock=clock,
-                  prefetch_depth=prefetch, keep=keep)
+                  prefetch_depth=prefetch, keep=keep, **kw)
     return drive(visit, step), calls, clock
 
 
@@ -275,3 +275,20 @@ def test_a_long_step_seen_in_the_warm_up_gets_a_one_step_window():
     assert [w.steps for w in m.windows] == [1] and m.warmup_steps == 2
     assert calls["steps"] == 1 + 2 + 1 and clock.t == pytest.approx(2 * 2.02 + 2 * 2.0)
     assert rate(m) == pytest.approx(4 / 2.01, rel=0.01)
+
+
+def test_a_long_step_after_the_workers_start_is_timed_past_one_untimed_step_where_the_time_holds_it():
+    # 2 workers, a 2-s step known before the visit (Plan.for_step: no warm-up, windows of
+    # one batch per worker); the pool's start slows the step after the first batch by 15%
+    # (the loop's copy-on-write after the fork: docs/benchmarks.md)
+    plan = Plan().for_workers(2).for_step(2.0)
+    slowed = (lambda i: 2.3 if i == 2 else 2.0)
+    m, calls, clock = run(slowed, plan, deadline=100.0, pool_start=2.0)
+    assert m.warmup_steps == 1 and [w.steps for w in m.windows] == [2]
+    assert rate(m) == pytest.approx(4 / 2.0)  # the steady step, not the slowed one
+    # no time for a step more before the deadline: the window follows the first batch, as before
+    m, calls, clock = run(slowed, plan, deadline=2.0 + 3 * 2.0 - 0.1, pool_start=2.0)
+    assert m.warmup_steps == 0 and rate(m) == pytest.approx(4 / 2.15)
+    # no pool started (cached batches, a parked pool resumed): as before
+    m, calls, clock = run(slowed, plan, deadline=100.0)
+    assert m.warmup_steps == 0 and rate(m) == pytest.approx(4 / 2.15)
