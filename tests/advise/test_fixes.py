@@ -88,9 +88,13 @@ def test_a_float32_tail_that_costs_the_workers_most_of_a_batch_moved_to_the_step
 
 @pytest.mark.e2e
 def test_a_cheap_tail_beside_a_heavy_step_gets_no_gain_and_is_not_first(no_leftover_workers):
+    # the tail's cost in the loop, about 3.4 ms a batch of 8, is 2% of a batch of about
+    # 170 ms: under half the 5% floor under which no gain is real (outcome.judged). With a
+    # 20-ms step (a 75-ms batch) a fresh clone once read it 1.05x (1.03-1.07), helps; with a
+    # 60-ms step it read 1.038x (1.029-1.048), too near the floor
     ds = Images(v2.Compose([Sleep(6.0)] + TAIL), side=8, n=512)
     loader = DataLoader(ds, batch_size=8, shuffle=True)
-    r = bisect(Pooled(ms=20.0), loader, device="cpu", max_seconds=25, verify_seconds=20)
+    r = bisect(Pooled(ms=120.0), loader, device="cpu", max_seconds=25, verify_seconds=20)
     f = next((f for f in r.advice if f.kind == "device_tail"), None)
     assert f is not None, str(r)
     assert f.verified is not None and f.verified.status in ("no gain", "slower", "not measured"), str(r)
