@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Optional
 
-from .isolated import (ITERATOR_PART, MERGED_WITH_LOAD, AllocatorTiming, BatchShape, Breakdown, BreakdownRow,  # noqa: F401
-                       Collate, Confirmation, InLoop, Isolated, LoadSplit, LoopStages, Memory, PerSample,
+from .isolated import (ITERATOR_PART, MERGED_WITH_LOAD, AllocatorTiming, BatchShape, Breakdown,  # noqa: F401
+                       BreakdownRow, Collate, Confirmation, InLoop, Isolated, LoadSplit, LoopStages, Memory, PerSample,
                        Reorder, SampleStructure, StepTime, SyncSite, Syncs, TensorInfo, Transfer, Workers)
 from .record import Part, Record  # noqa: F401
 from .stats import Throughput, Window
