@@ -610,7 +610,7 @@ def run_case(name: str, case: Case, repo: str, args, env) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(os.path.join(work, "out"), exist_ok=True)
     os.makedirs(os.path.join(work, "results"), exist_ok=True)  # vae/main.py saves to ./results (its checkout's)
-    if not os.path.exists(os.path.join(out, "run", "data")):
+    if not os.path.lexists(os.path.join(out, "run", "data")):  # (a link to a data dir no case made yet: dangling)
         os.symlink(data, os.path.join(out, "run", "data"))
     cwd = os.path.join(out, "run") if case.cwd == "run" else work  # scripts reading ./data
     fill = {"data": data, "out": os.path.join(work, "out"), "src": src}
