@@ -177,10 +177,9 @@ def figure(v: Checked) -> Optional[str]:
     if v.source == ALLOCATOR_SOURCE:
         return None
     if v.status == "helps":
-        top = [t for t in v.tried if t.base and t.status in ("helps", "no gain", "slower")]
-        if not top:
+        t = _top(v)  # the fix on top of the workers item's settings: what a user who applies both gets
+        if t is None or t.status not in _LABEL:
             return f"measured {_fig(v)}"
-        t = top[-1]  # the fix on top of the workers item's settings: what a user who applies both gets
         there = {"helps": f"{_fig(t)} more", "no gain": f"no gain beyond the noise ({_fig(t)})",
                  "slower": f"slower ({_fig(t)})"}[t.status]
         return f"measured {_fig(v)} on your settings; on top of the workers item's settings, {there}"
@@ -215,13 +214,17 @@ def _alone(v: Checked) -> list:
     return [t for t in v.tried if not t.base]
 
 
+def _top(v: Checked) -> Optional[Outcome]:
+    """The fix's trial on top of the workers item's settings (`base`), or None."""
+    return next((t for t in reversed(v.tried) if t.base), None)
+
+
 def on_top(v: Checked, graph: bool = False) -> str:
     """The fix measured on top of the workers item's settings (`base`), against them: the
     gain it adds where the user applies both ("" where it was not)."""
-    top = [t for t in v.tried if t.base]
-    if not top:
+    t = _top(v)
+    if t is None:
         return ""
-    t = top[-1]
     alone = dataclasses.replace(t, settings={k: x for k, x in t.settings.items() if k not in t.base})
     return (f" On top of {settings_text(t.base, graph)} (the workers item's settings, which you would apply with "
             f"it), against those settings: {_tried_text(alone, graph)}.")
@@ -255,8 +258,11 @@ def _tried_text(t: Outcome, graph: bool = False) -> str:
     what = settings_text(t.settings, graph)
     if t.status in ("failed", "not measured"):
         return f"{what}: {t.status} ({t.reason})"
-    label = {"no gain": "within noise", "slower": "slower", "helps": "helps"}[t.status]
-    return f"{what}: {_fig(t)}, {label}"
+    return f"{what}: {_fig(t)}, {_LABEL[t.status]}"
+
+
+# A measured outcome's status as a tried candidate's line says it.
+_LABEL = {"no gain": "within noise", "slower": "slower", "helps": "helps"}
 
 
 # The settings of a torchdata.nodes graph, worded on the nodes that hold them

@@ -373,7 +373,12 @@ def written(t: Tuning, checks: tuple, batch_size: float, tail: bool = True) -> O
     cannot be written in the script), or None where nothing is to be written."""
     space = space_of_record(t)
     ts = tried(space, t.trials, batch_size)
-    b = best(ts)
+    return _written(t, space, ts, best(ts), checks=checks, batch_size=batch_size, tail=tail)
+
+
+def _written(t: Tuning, space: Space, ts: list, b: Optional[Tried], *, checks: tuple, batch_size: float,
+             tail: bool) -> Optional[Written]:
+    """written, on the record's space, its candidates' outcomes `ts` and their best `b`."""
     fixes = [x for x in checks if x.item == DEVICE_TAIL and (x.settings or {}).get(FIX) == DEVICE_TAIL]
     searched = t.trials[ts.index(b)] if b is not None else None
     on_best = [x for x in fixes if x.base and b is not None and effective({**space.user, **x.base}) == b.full]
@@ -391,7 +396,8 @@ def summarize(t: Tuning, batch_size: float, graph: bool = False, checks: tuple =
     top = b is not None and at_ceiling(space, b)
     user_ms = next((x.outcome.ms_per_batch[0] for x in ts if x.outcome.ms_per_batch), None)
     ceiling = round(user_ms / t.ceiling_ms_per_batch, 4) if user_ms and t.ceiling_ms_per_batch else None
-    w = written(t, checks, batch_size, tail=tail_in(t.patch) if t.patch is not None else True)
+    w = _written(t, space, ts, b, checks=checks, batch_size=batch_size,
+                 tail=tail_in(t.patch) if t.patch is not None else True)
     applied = agrees = None
     if t.applied is not None:
         applied = applied_outcome(t.applied, w.users if w else None, batch_size)

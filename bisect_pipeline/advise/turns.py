@@ -18,7 +18,7 @@ from ..derive.findings import Finding
 from ..measure.experiment import Experiment
 from ..measure.visit import Visit
 from .outcome import FIX, outcome
-from .verify import BLOCK, MAX_BLOCKS, MIN_BLOCKS, TARGET_SPREAD, Lead, candidates, fits, resumed, trial
+from .verify import BLOCK, MAX_BLOCKS, MIN_BLOCKS, Lead, candidates, fits, resumed, settled, trial
 
 
 class Trials:
@@ -212,8 +212,7 @@ class Lane:
             self.trials.append(t)
         o = outcome(t, batch_size)
         full = visits(t) >= len(BLOCK) * MAX_BLOCKS
-        decided = o.status == "slower" or (o.status == "helps" and (o.spread or float("inf")) <= TARGET_SPREAD)
-        self.open = not (t.error or full or decided)
+        self.open = not (t.error or full or settled(o))
         if not self.open:
             self.leads.clear()  # the next candidate's visits (and its base's) are not this one's
         if o.status == "helps" and not self.open:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ..core.results import Measured, Trial, VisitWindow
-from ..derive.findings import Finding
+from ..derive.findings import Finding, Outcome
 from ..measure.experiment import Experiment
 from ..measure.visit import Visit
 from .outcome import APPLICABLE, FIX, THREADS, outcome
@@ -99,8 +99,7 @@ def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: 
     `base`: the reference side's settings, where not the user's own (Trial.base)."""
 
     def decided(sides: dict) -> bool:
-        o = outcome(Trial(item, dict(settings), dump(sides[False]), dump(sides[True])), exp.batch_size)
-        return o.status == "slower" or (o.status == "helps" and (o.spread or float("inf")) <= TARGET_SPREAD)
+        return settled(outcome(Trial(item, dict(settings), dump(sides[False]), dump(sides[True])), exp.batch_size))
     firsts: list = []
 
     def visit_of(candidate: bool, visit_deadline: float) -> Visit:
@@ -124,6 +123,12 @@ def trial(exp: Experiment, item: str, settings: dict, deadline: float, *, owed: 
         pool_start(firsts[0].measured if firsts else None)
     return Trial(item, dict(settings), dump(sides[False]), dump(sides[True]), error, candidate_start_s=started,
                  base=dict(base) if base else None)
+
+
+def settled(o: Outcome) -> bool:
+    """A candidate's trial needs no more blocks: decided slower, or helping within
+    TARGET_SPREAD (trial's stop, and the check's turns: turns.Lane)."""
+    return o.status == "slower" or (o.status == "helps" and (o.spread or float("inf")) <= TARGET_SPREAD)
 
 
 def resumed(t: Trial) -> dict:
