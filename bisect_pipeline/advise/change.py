@@ -2,7 +2,7 @@
 against the user's script (patch.py), and, with `--patch FILE`, checked after the change.
 
 `patched(m, argv)`: the measurements with the tune section's `patch` (the search's best,
-and the device tail where the advice's check measured it to help: written.py), made where
+and a fix of the pipeline where the advice's check measured it to help: written.py), made where
 the training loader was created (the report's `source.created_at`): the diff, the flags to
 rerun with, the environment; the allocator's variables where the report found they
 matter. Never writes the user's file.
@@ -12,7 +12,7 @@ measured the setting against the user's in this process already, so the run conf
 what only it can, in as few runs of the script as that needs (plan.PATCH_RUNS): that the
 script builds its training loader with the change (the run's `loader` settings), and
 that its speed agrees with the figure of what the change holds (written.py: the search's
-for the settings, the check's for the device tail with them or alone). The run
+for the settings, the check's for the fix with them or alone). The run
 is `bisect-pipeline run --points full` of the patched script in a process of its own,
 its loop measured with the full pipeline for the time left, the allocator held still as
 the search held it; the patched file is a temporary copy beside the original (so that
@@ -34,11 +34,11 @@ import tempfile
 import time
 from typing import Callable, Optional
 
-from ..core.fixes import DEVICE_TAIL
 from ..core.results import Measurements, Trial, VisitWindow
 from ..measure.plan import PATCH_RUN_LEAST_S, PATCH_RUN_MARGIN_S, PATCH_RUNS
 from . import edits, patch as patch_mod, tune
 from .outcome import FIX, FIX_WORDS, THREADS
+from .written import WRITTEN, fix_in
 
 # The patched script's copy, beside the original.
 COPY_SUFFIX = "_bisect_tuned"
@@ -47,11 +47,11 @@ COPY_SUFFIX = "_bisect_tuned"
 TERM_GRACE_S = 3.0
 
 
-def settings_to_write(m: Measurements) -> Optional[dict]:
-    """What the change gives the script (tune.written: the search's best, with the device
-    tail where the advice's check measured it to help), with the allocator's variables
+def settings_to_write(m: Measurements, kinds: tuple = WRITTEN) -> Optional[dict]:
+    """What the change gives the script (tune.written: the search's best, with a fix of
+    `kinds` where the advice's check measured it to help), with the allocator's variables
     where the report measured they help."""
-    w = tune.written(m.tune, checks(m), m.batch_size) if m.tune is not None else None
+    w = tune.written(m.tune, checks(m), m.batch_size, kinds) if m.tune is not None else None
     if w is None:
         return None
     out = dict(w.settings)
@@ -62,14 +62,14 @@ def settings_to_write(m: Measurements) -> Optional[dict]:
 
 
 def checks(m: Measurements) -> tuple:
-    """The advice's check's trials (the device tail's figures: tune.written)."""
+    """The advice's check's trials (the fixes' figures: tune.written)."""
     return m.verification.trials if m.verification is not None else ()
 
 
-def _tail_fix(m: Measurements) -> Optional[dict]:
-    """The device tail's Fix as the check built it (its JSON form: patch_tail), or None."""
+def _fix(m: Measurements, kind: Optional[str]) -> Optional[dict]:
+    """The Fix of `kind` as the check built it (its JSON form: patch_tail, patch_decode), or None."""
     fixes = (m.verification.fixes if m.verification is not None else None) or ()
-    return next((f.to_dict() for f in fixes if f.kind == DEVICE_TAIL), None)
+    return next((f.to_dict() for f in fixes if kind is not None and f.kind == kind), None)
 
 
 def created_at(m: Measurements) -> tuple[Optional[str], Optional[int]]:
@@ -102,7 +102,7 @@ def patched(m: Measurements, argv: Optional[list] = None) -> Measurements:
         with open(path, encoding="utf-8", errors="surrogateescape") as fh:
             source = fh.read()
         current = {**{k: (m.loader or {}).get(k) for k in patch_mod.LOADER_KEYS}, THREADS: (t.user or {}).get(THREADS)}
-        p = _make(source, path, line, settings, current, fix=_tail_fix(m))
+        p = _written(m, source, path, line, settings, current=current)
     doc = p.to_dict()
     if argv and not p.reason:
         doc["command"] = p.command(argv)
@@ -111,18 +111,40 @@ def patched(m: Measurements, argv: Optional[list] = None) -> Measurements:
     return dataclasses.replace(m, tune=dataclasses.replace(t, patch=doc))
 
 
+def _written(m: Measurements, source: str, path: str, line: Optional[int], settings: dict, *, current: dict):
+    """The Patch of `settings`; where the fix chosen cannot be written in the script, the
+    other fix the check measured to help where it can be (written.choose without the
+    first), else the settings alone: each fix left out says why in a Change of its own
+    (the check then compares the patched script with what the diff holds: tune.written)."""
+    kinds, missed = WRITTEN, ()
+    while True:
+        p = _make(source, path, line, settings, current, fix=_fix(m, settings.get(FIX)))
+        kind = settings.get(FIX)
+        if kind is None or fix_in(p.to_dict()) == kind:
+            break
+        missed += tuple(c for c in p.changes if c.setting == kind)
+        kinds = tuple(k for k in kinds if k != kind)
+        again = settings_to_write(m, kinds)
+        if again is None or again.get(FIX) is None:
+            p = _make(source, path, line, again, current, fix=None) if again else p
+            break
+        settings = again
+    kept = tuple(c for c in p.changes if c.setting not in WRITTEN or c.how != "not applied")
+    return dataclasses.replace(p, changes=kept + missed) if missed else p
+
+
 def _make(source: str, path: str, line: Optional[int], settings: dict, current: dict, *, fix: Optional[dict]):
-    """patch.make; where the device tail cannot be written in the script, the settings
-    alone, the tail's Change saying why it is not in the diff (the check then compares the
-    patched script with the settings' figure: tune.written)."""
+    """patch.make; where the fix cannot be written in the script, the settings alone, the
+    fix's Change saying why it is not in the diff."""
     p = patch_mod.make(source, path=path, line=line, settings=settings, current=current, display=_display(path),
                        fix=fix)
-    tail = next((c for c in p.changes if c.setting == DEVICE_TAIL), None)
+    kind = settings.get(FIX)
+    missed = next((c for c in p.changes if kind is not None and c.setting == kind), None)
     rest = {k: v for k, v in settings.items() if k != FIX}
-    if tail is None or tail.how != "not applied" or not rest:
+    if missed is None or missed.how != "not applied" or not rest:
         return p
     p = patch_mod.make(source, path=path, line=line, settings=rest, current=current, display=_display(path))
-    why = dataclasses.replace(tail, text=f"{FIX_WORDS[DEVICE_TAIL]} is not in the diff: {tail.text}")
+    why = dataclasses.replace(missed, text=f"{FIX_WORDS[kind]} is not in the diff: {missed.text}")
     return dataclasses.replace(p, changes=p.changes + (why,))
 
 
@@ -165,7 +187,7 @@ def why_not_checked(m: Measurements, target: Target) -> Optional[str]:
         return "the search found nothing that beats your settings beyond the noise, so there is no change to check"
     if p.reason or p.empty:
         return p.reason or "the change has nothing the script can be run with"
-    if any(c.how == "not applied" and c.setting != DEVICE_TAIL for c in p.changes):
+    if any(c.how == "not applied" and c.setting not in WRITTEN for c in p.changes):
         return "part of the change is not applied to the script (see above): the script with the rest would not " \
                "be what the search measured"
     path, _ = created_at(m)
@@ -196,7 +218,7 @@ def check(m: Measurements, target: Target, *, end: Optional[float] = None, secon
     if why is not None:
         return dataclasses.replace(m, tune=dataclasses.replace(t, applied_reason=why))
     p = patch_mod.Patch.from_dict(t.patch)
-    settings = {k: v for k, v in (settings_to_write(m) or {}).items() if k != FIX or tune.tail_in(t.patch)}
+    settings = {k: v for k, v in (settings_to_write(m, tuple(k for k in [fix_in(t.patch)] if k)) or {}).items()}
     start = clock()
     runs: list = []
     loaders: list = []

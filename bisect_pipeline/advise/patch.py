@@ -29,9 +29,10 @@ import dataclasses
 import shlex
 from typing import Any, ClassVar, Optional
 
+from ..core.fixes import DECODE
 from ..core.results import Record
 from .edits import Change, Edits
-from . import patch_tail
+from . import patch_decode, patch_tail
 from .outcome import FIX, THREADS
 from .script_ast import (LOADER_KEYS, Script, accepts_loader_keywords, after_imports, find_call, is_docstring,
                          name_of, uses)
@@ -88,7 +89,8 @@ def make(source: str, *, path: str, line: Optional[int], settings: dict, current
     """The Patch that gives the script `settings` (LOADER_KEYS, THREADS, ENV, FIX). `current`:
     the settings the loader has as the script ran (a constant that disagrees is not where
     the value comes from); `display`: the path written in the diff (default `path`); `fix`:
-    the Fix (its JSON form) of settings' FIX, as the check built it (patch_tail.py)."""
+    the Fix (its JSON form) of settings' FIX, as the check built it (patch_tail.py,
+    patch_decode.py)."""
     name = display or path
     base = Patch(path=name, line=line)
     try:
@@ -109,7 +111,8 @@ def make(source: str, *, path: str, line: Optional[int], settings: dict, current
     if THREADS in settings:
         changes.append(_threads(s, int(settings[THREADS]), edits))
     if settings.get(FIX):
-        changes.append(patch_tail.rewrite(s, dict(fix or {}, kind=settings[FIX]), edits))
+        rewrite = patch_decode.rewrite if settings[FIX] == DECODE else patch_tail.rewrite
+        changes.append(rewrite(s, dict(fix or {}, kind=settings[FIX]), edits))
     env = dict(settings[ENV]) if settings.get(ENV) else None
     if env:
         changes.append(Change(ENV, env, "env", None, "start it with " + " ".join(f"{k}={v}" for k, v in env.items())))

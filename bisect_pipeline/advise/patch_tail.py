@@ -33,7 +33,7 @@ from typing import Optional
 
 from ..core.fixes import DEVICE_TAIL
 from .edits import Change, Edits
-from .script_ast import Script, after_imports, name_of
+from .script_ast import Script, after_imports, imported_names, name_of
 
 NAME = "device_tail"
 SCALING = "ToTensor's scaling"  # measure/tail: ToTensor split into PILToTensor and its scaling
@@ -69,7 +69,7 @@ def rewrite(s: Script, fix: dict, edits: Edits) -> Change:
 
 def _why_not(fix: dict) -> Optional[str]:
     if fix.get("kind") != DEVICE_TAIL or not fix.get("moved"):
-        return "only the device tail is written as a diff"
+        return "only the device tail and decode by torchvision are written as a diff"
     if fix.get("path") != "[0]":
         return f"the tail acts on the batch's part {fix.get('path')}: only a batch's first part is rewritten"
     return None
@@ -109,7 +109,7 @@ def _prefix(s: Script, func: ast.AST) -> str:
 
 def _tail(s: Script, fix: dict, moved: list, prefix: str) -> tuple[str, Optional[str]]:
     """The tail's Compose as code, or why it cannot be built at the top of the module."""
-    top = _imported(s)
+    top = imported_names(s)
     root = prefix.split(".")[0]
     if not root or root not in top:
         return "", f"the transforms are not called through a module imported at the top ({prefix or 'bare names'})"
@@ -125,15 +125,6 @@ def _tail(s: Script, fix: dict, moved: list, prefix: str) -> tuple[str, Optional
     if any(isinstance(n, ast.Name) and n.id == NAME for n in ast.walk(s.tree)):
         return "", f"the script has a name {NAME} already"
     return f"{prefix}Compose([{', '.join(ops)}])", None
-
-
-def _imported(s: Script) -> set:
-    """The names the module's top-level imports bind."""
-    out = set()
-    for node in s.tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            out |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return out
 
 
 def _moves(s: Script, fix: dict):

@@ -141,6 +141,15 @@ def after_imports(tree: ast.Module) -> int:
     return last + 1
 
 
+def imported_names(s: Script) -> set:
+    """The names the module's top-level imports bind."""
+    out = set()
+    for node in s.tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return out
+
+
 def uses(tree: ast.AST, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name or isinstance(n, ast.Attribute) and n.attr == name
                for n in ast.walk(tree))

@@ -35,7 +35,6 @@ import dataclasses
 import math
 from typing import Iterator, Optional
 
-from ..core.fixes import DEVICE_TAIL
 from ..core.results import Trial, Tuning
 from ..core.stats import Contrast, compare, difference, is_real, unpaired
 from ..derive.findings import Diagnosis, Found, Outcome, Tried
@@ -47,7 +46,7 @@ from .context import is_graph
 from .outcome import FIX, THREADS, compared, interval, outcome, per_batch, read, settings_text, visit_times
 from .rules_workers import WAITING_CORES_FACTOR, WORKER_STAGES
 from .verify import BLOCK, MIN_BLOCKS, fits, trial
-from .written import Written, choose, compared_with, tail_in, tail_said
+from .written import WRITTEN, Written, choose, compared_with, fix_in, fix_said
 
 
 KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", THREADS)
@@ -367,22 +366,22 @@ def space_of_record(t: Tuning, cores: int = 1) -> Space:
 # --------------------------------------------------------------------------------------
 
 
-def written(t: Tuning, checks: tuple, batch_size: float, tail: bool = True) -> Optional[Written]:
-    """What `--patch` writes (written.choose: the search's best, and the device tail where
-    the advice's check, `checks` its trials, measured it to help; `tail` False: the tail
-    cannot be written in the script), or None where nothing is to be written."""
+def written(t: Tuning, checks: tuple, batch_size: float, kinds: tuple = WRITTEN) -> Optional[Written]:
+    """What `--patch` writes (written.choose: the search's best, and a fix of the pipeline
+    where the advice's check, `checks` its trials, measured it to help; `kinds`: the fixes
+    the script can be given), or None where nothing is to be written."""
     space = space_of_record(t)
     ts = tried(space, t.trials, batch_size)
-    return _written(t, space, ts, best(ts), checks=checks, batch_size=batch_size, tail=tail)
+    return _written(t, space, ts, best(ts), checks=checks, batch_size=batch_size, kinds=kinds)
 
 
 def _written(t: Tuning, space: Space, ts: list, b: Optional[Tried], *, checks: tuple, batch_size: float,
-             tail: bool) -> Optional[Written]:
+             kinds: tuple) -> Optional[Written]:
     """written, on the record's space, its candidates' outcomes `ts` and their best `b`."""
-    fixes = [x for x in checks if x.item == DEVICE_TAIL and (x.settings or {}).get(FIX) == DEVICE_TAIL]
+    fixes = [x for x in checks if x.item in WRITTEN and (x.settings or {}).get(FIX) == x.item]
     searched = t.trials[ts.index(b)] if b is not None else None
     on_best = [x for x in fixes if x.base and b is not None and effective({**space.user, **x.base}) == b.full]
-    return choose(None if b is None else b.settings, searched, fixes, on_best, batch_size, tail=tail)
+    return choose(None if b is None else b.settings, searched, fixes, on_best, batch_size, kinds=kinds)
 
 
 def summarize(t: Tuning, batch_size: float, graph: bool = False, checks: tuple = ()) -> Found:
@@ -396,13 +395,13 @@ def summarize(t: Tuning, batch_size: float, graph: bool = False, checks: tuple =
     top = b is not None and at_ceiling(space, b)
     user_ms = next((x.outcome.ms_per_batch[0] for x in ts if x.outcome.ms_per_batch), None)
     ceiling = round(user_ms / t.ceiling_ms_per_batch, 4) if user_ms and t.ceiling_ms_per_batch else None
-    w = _written(t, space, ts, b, checks=checks, batch_size=batch_size,
-                 tail=tail_in(t.patch) if t.patch is not None else True)
+    kinds = WRITTEN if t.patch is None else tuple(k for k in [fix_in(t.patch)] if k)
+    w = _written(t, space, ts, b, checks=checks, batch_size=batch_size, kinds=kinds)
     applied = agrees = None
     if t.applied is not None:
         applied = applied_outcome(t.applied, w.users if w else None, batch_size)
         agrees = _agrees(t.applied, b, w, batch_size)
-    return Found(tuple(ts), b, top, ceiling, _summary(t, ts, b, top, ceiling, graph=graph) + tail_said(w, batch_size),
+    return Found(tuple(ts), b, top, ceiling, _summary(t, ts, b, top, ceiling, graph=graph) + fix_said(w, batch_size),
                  applied, agrees, compared_with(w, batch_size, graph), w is None or w.whole)
 
 
