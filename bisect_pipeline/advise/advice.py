@@ -41,8 +41,10 @@ def ranked(advice: tuple) -> tuple:
     """The advice in the report's order, but the restart item (persistent_workers) before
     the payload items when its measured gain is the bigger: its check's speed-up against
     theirs (measured when checked, else the gain if their stage were free, which no payload
-    change can beat); after them otherwise. Items whose check measured no gain or a loss
-    come last, in that order among themselves: they are told, not proposed."""
+    change can beat); after them otherwise. Items whose check measured a gain come first
+    (the summary's first change is the first of them: report/summary.first_item), in that
+    order among themselves; items whose check measured no gain or a loss come last: they
+    are told, not proposed."""
     restart = next((f for f in advice if f.kind == "persistent_workers"), None)
     payload = [f for f in advice if f.kind in PAYLOAD_KINDS]
     out = list(advice)
@@ -52,7 +54,12 @@ def ranked(advice: tuple) -> tuple:
         rest = [f for f in advice if f is not restart]
         at = rest.index(payload[0]) if mine is not None and mine >= theirs else rest.index(payload[-1]) + 1
         out = rest[:at] + [restart] + rest[at:]
-    return tuple(sorted(out, key=lambda f: f.verified is not None and f.verified.status in ("no gain", "slower")))
+    return tuple(sorted(out, key=_rank))
+
+
+def _rank(f: Finding) -> int:
+    status = f.verified.status if f.verified is not None else None
+    return 0 if status == "helps" else 2 if status in ("no gain", "slower") else 1
 
 
 def _gain(f: Finding) -> float:

@@ -401,8 +401,9 @@ def summarize(t: Tuning, batch_size: float, graph: bool = False, checks: tuple =
     if t.applied is not None:
         applied = applied_outcome(t.applied, w.users if w else None, batch_size)
         agrees = _agrees(t.applied, b, w, batch_size)
-    return Found(tuple(ts), b, top, ceiling, _summary(t, ts, b, top, ceiling, graph=graph) + fix_said(w, batch_size),
-                 applied, agrees, compared_with(w, batch_size, graph), w is None or w.whole)
+    fix = fix_said(w, batch_size)
+    return Found(tuple(ts), b, top, ceiling, _summary(t, ts, b, top, ceiling, graph=graph) + fix,
+                 applied, agrees, compared_with(w, batch_size, graph), w is None or w.whole, fix.strip())
 
 
 def applied_outcome(applied: Trial, searched: Optional[Trial], batch_size: float) -> Outcome:

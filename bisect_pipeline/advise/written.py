@@ -49,12 +49,13 @@ class Written:
     settings; the fix's own on the user's settings), `users`, the trial whose user side is
     the user's own settings; `whole` False where the reference is the settings alone and
     the fix was not measured on top of them (the patched script may be faster than it by
-    the fix's part)."""
+    the fix's part); `measured`, the fix's own trial that qualified it (None: no fix)."""
 
     settings: dict
     reference: Trial
     users: Trial
     whole: bool = True
+    measured: Optional[Trial] = None
 
 
 def choose(best: Optional[dict], searched: Optional[Trial], fixes: list, on_best: list, batch_size: float, *,
@@ -87,12 +88,12 @@ def _with(kind: str, best: Optional[dict], searched: Optional[Trial], fixes: lis
         return outcome(x, batch_size).speedup or 0.0
 
     if best is None:
-        return (speed(alone), Written({FIX: kind}, alone, alone)) if helps(alone) else None
+        return (speed(alone), Written({FIX: kind}, alone, alone, measured=alone)) if helps(alone) else None
     top = on_best[-1] if on_best else None
     if helps(top):
-        return speed(top), Written({**best, FIX: kind}, top, searched)
+        return speed(top), Written({**best, FIX: kind}, top, searched, measured=top)
     if top is None and helps(alone) and all(helps(x) for x in tops):
-        return speed(alone), Written({**best, FIX: kind}, searched, searched, whole=False)
+        return speed(alone), Written({**best, FIX: kind}, searched, searched, whole=False, measured=alone)
     return None
 
 
@@ -111,7 +112,9 @@ def fix_said(w: Optional[Written], batch_size: float) -> str:
     if w.reference.base:
         return f" The change adds {words}, measured on top of these by the advice's check: {_figure(o)} more."
     if not w.whole:
-        return f" The change adds {words}, which the advice's check measured on your settings, not on top of these."
+        own = outcome(w.measured, batch_size) if w.measured is not None else None
+        at = f" at {_figure(own)}" if own is not None and own.speedup else ""
+        return f" The change adds {words}, which the advice's check measured{at} on your settings, not on top of these."
     return f" The change is {words}, which the advice's check measured at {_figure(o)} your speed."
 
 
@@ -135,6 +138,6 @@ def compared_with(w: Optional[Written], batch_size: float, graph: bool = False) 
                 "of the settings")
     if w.whole:
         return f"the advice's check measured {ms:.1f} ms per batch with {settings_text(w.settings, graph)}"
-    return (f"it is compared with the search's {ms:.1f} ms per batch for the settings alone, since "
-            f"{FIX_WORDS[w.settings[FIX]]} was not measured on top of them: faster than that is what "
+    return (f"it is compared with the search's {ms:.1f} ms per batch for the settings alone, since the advice's "
+            f"check did not measure {FIX_WORDS[w.settings[FIX]]} on top of them: faster than that is what "
             f"{_SHORT[w.settings[FIX]]} adds, slower beyond the noise is a difference")

@@ -120,7 +120,8 @@ class Found:
     applied: Optional[Outcome] = None
     agrees: Optional[bool] = None  # the patched script's speed-up and the best's, within their combined noise
     compared: Optional[str] = None  # which figure the patched script is compared with, in words (advise/tune.written)
-    whole: bool = True  # False: that figure is the settings' alone, the change holds the device tail too
+    whole: bool = True  # False: that figure is the settings' alone, the change holds a fix too
+    fix: str = ""  # the fix the change holds, as the summary's last sentence says it (advise/written.fix_said)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,8 +76,9 @@ def _first_change(r: "Diagnosis") -> tuple:
         around = interval(best.outcome)
         fig = f"measured {best.speedup:.2f}\u00d7" + (f" ({around})" if around else "")
         graph = context.is_graph(r.loader)  # a node graph's settings, on its nodes
+        fix = f" {r.tune.fix}" if r.tune.fix else ""  # the change written holds a fix with the settings
         return (f"First change, the best --tune found: set {wording.settings_action(best.settings, graph)}: {fig} "
-                "your speed."), None
+                f"your speed.{fix}"), None
     f = first_item(r)
     if f is None:
         return "", None

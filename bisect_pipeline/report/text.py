@@ -178,13 +178,15 @@ def tune_lines(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> lis
 def tune_summary(r: "Diagnosis", s: Optional["summary_mod.Summary"] = None) -> str:
     """The search's summary sentence (tune.Found.summary); where the report's summary
     already names its best as the first change, only where the best stands against the
-    ceiling."""
+    ceiling, and the fix the change holds with it."""
     f = r.tune
     if s is None or f.best is None or s.first_item is not None or not s.first:
         return f.summary
     if f.at_ceiling:
-        return "The best is within the noise of the ceiling."
-    return f"The ceiling is {f.ceiling_speedup:.2f}\u00d7 your speed." if f.ceiling_speedup else "The ceiling is not known."
+        return " ".join(x for x in ("The best is within the noise of the ceiling.", f.fix) if x)
+    ceiling = f"The ceiling is {f.ceiling_speedup:.2f}\u00d7 your speed." if f.ceiling_speedup else \
+        "The ceiling is not known."
+    return " ".join(x for x in (ceiling, f.fix) if x)
 
 
 def outcome_text(r: "Diagnosis", settings: dict) -> str:

@@ -342,8 +342,8 @@ def test_a_tail_not_measured_on_top_of_the_best_is_compared_with_the_settings_fi
     p, found = checked(m, 26.0)  # faster than the settings' figure: what the tail adds
     assert "device_tail(data.to(device))" in p["diff"] and not found.whole and found.agrees is True
     text = text_mod.applied_text(found, None)
-    assert "compared with the search's 50.0 ms per batch for the settings alone, since the transforms' tail run " \
-           "batched on the device was not measured on top of them" in text and text.endswith(
+    assert "compared with the search's 50.0 ms per batch for the settings alone, since the advice's check did not " \
+           "measure the transforms' tail run batched on the device on top of them" in text and text.endswith(
                ": it is not slower beyond the noise.")
     assert checked(m, 15.0)[1].agrees is False  # slower than the settings' figure beyond the noise
 

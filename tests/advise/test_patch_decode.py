@@ -259,6 +259,9 @@ def test_a_fix_the_script_cannot_take_gives_way_to_the_other_and_says_why(imagen
     assert done.tune.applied.settings == dict(BEST, fix="decode")
     found = tune.summarize(done.tune, BS, checks=change.checks(done))
     assert not found.whole and "torchvision's decode adds" in found.compared
+    # the summary's first change (report/summary) ends with it, the fix's own figure said
+    assert found.fix.startswith("The change adds the images decoded by torchvision, which the advice's check measured "
+                                "at 1.30\u00d7") and found.fix.endswith("on your settings, not on top of these.")
     # neither can be written: the settings alone, both said
     none = with_fixes(imagenet, tail_trial(14.0), decode_trial(13.0))
     none = change.patched(dataclasses.replace(none, verification=dataclasses.replace(
