@@ -23,9 +23,14 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 from ..core.fixes import DECODE, DEVICE_TAIL, KINDS, Fix, Variant
-from ..measure import decode, tail
+from ..measure import decode, decode_device, tail
 from ..pipeline import recording
 from ..pipeline.split import replaced
+
+
+# The device types whose check decodes the batch's files on the device (decode_device);
+# elsewhere they are decoded in the workers (decode).
+DECODE_ON = ("cuda",)
 
 
 def applicable(exp: Any) -> Optional[str]:
@@ -75,16 +80,21 @@ def _tails(exp: Any, count_syncs: Optional[Callable]) -> tuple[list, dict]:
 
 
 def _decode(exp: Any) -> tuple[list, dict]:
-    """Decode by torchvision, checked; its Variant where usable."""
-    caches = exp.caches
-    made, fix = decode.build(caches)
+    """Decode by torchvision, checked; its Variant where usable: in the workers, or on
+    CUDA batched on the device (decode_device)."""
+    caches, collate = exp.caches, exp.spec.collate_fn
+    on_device = exp.device.type in DECODE_ON
+    made, fix = decode_device.build(caches, collate, exp.device) if on_device else decode.build(caches)
     if made is None:
         return [fix], {}
     try:
-        fix = decode.check(fix, caches.dataset, made[0], exp.spec.collate_fn, exp.move)
+        fix = decode_device.check(fix, caches.dataset, made, collate, exp.move) if on_device else \
+            decode.check(fix, caches.dataset, made[0], collate, exp.move)
     except Exception as exc:  # the decoded copy cannot build a batch: not offered, and why
         fix = dataclasses.replace(fix, status="failed", reason=f"the decoded copy raised {type(exc).__name__}: {exc}"[:300])
-    return [fix], ({DECODE: Variant(made[0])} if fix.usable else {})
+    if not fix.usable:
+        return [fix], {}
+    return [fix], {DECODE: Variant(made[0], after=made[2], collate=made[1]) if on_device else Variant(made[0])}
 
 
 def _with_syncs(fix: Fix, split: Optional[tail.Split], exp: Any, count_syncs: Callable) -> Fix:

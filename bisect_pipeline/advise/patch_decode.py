@@ -55,6 +55,9 @@ class _Code(str):
 
 def rewrite(s: Script, fix: dict, edits: Edits) -> Change:
     """Decode by torchvision's Change: its edits in `edits` ("lines"), or "not applied" and why."""
+    if fix.get("device"):
+        return Change(DECODE, True, "not applied", None, f"the decode on {fix['device']} changes the loader's collate "
+                      "and the step: apply the code shown in its item")
     if fix.get("kind") != DECODE or not fix.get("kept"):
         return Change(DECODE, True, "not applied", None, "the check's decoded copy is not known")
     found = _folder(s, tuple(fix["kept"]))

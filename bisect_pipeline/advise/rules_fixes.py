@@ -104,13 +104,21 @@ def decode(c: Context):
     if not fix.usable:
         return refused(fix, stage, "Decoding the images with torchvision instead of PIL")
     level = fix.level or 1.0
-    gpu = (" On CUDA the decode stays in the workers, on the CPU (nvJPEG's batched decode on the device is not built "
-           "here)." if c.cuda else "")
+    compared = (f"built both ways on {fix.samples} samples before timing, the shapes equal and the values within "
+                f"{fix.mean_difference / level:.2f} grey levels on average (the largest difference "
+                f"{fix.max_difference / level:.1f}: a resize interpolates a tensor slightly differently from a PIL "
+                "image")
+    if fix.device is not None:  # measure/decode_device.py
+        moved = tuple(m for m in fix.moved if m != "PIL decode")
+        why = (f"{fix.where} decodes with PIL in the workers. Here the workers only read the files; each batch's JPEGs "
+               f"are decoded together on {fix.device} by torchvision.io.decode_jpeg (nvJPEG on CUDA), and your "
+               f"transforms ({names(moved)}) run there on each image, drawing as the workers do: {compared}, and "
+               f"nvJPEG may round differently from libjpeg-turbo). In code: {code_text(fix)}.")
+        return finding(DECODE, stage, "Decode the JPEGs batched on the device with torchvision.io.decode_jpeg and run "
+                       "your transforms there, not PIL in the workers", why, _numbers(c, fix, stage),
+                       check=CHECK_BY_HAND)
     why = (f"{fix.where} decodes with PIL. torchvision's decoder gives the same images to your transforms, as uint8 "
-           f"tensors: built both ways on {fix.samples} samples before timing, the shapes equal and the values within "
-           f"{fix.mean_difference / level:.2f} grey levels on average (the largest difference "
-           f"{fix.max_difference / level:.1f}: a resize interpolates a tensor slightly differently from a PIL image). "
-           f"Your transforms become {names(fix.kept)}.{gpu} In code: {code_text(fix)}.")
+           f"tensors: {compared}). Your transforms become {names(fix.kept)}. In code: {code_text(fix)}.")
     return finding(DECODE, stage, "Decode the images with torchvision.io.decode_jpeg instead of PIL, in the workers",
                    why, _numbers(c, fix, stage), check=CHECK_BY_HAND)
 

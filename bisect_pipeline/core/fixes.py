@@ -50,6 +50,8 @@ class Fix(Part):
     before: Optional[dict] = None
     after: Optional[dict] = None
     code: Optional[str] = None  # the change as code: what to write in the transforms and the step
+    # decode: where the files are decoded: a device, in the step (measure/decode_device.py); None: in the workers
+    device: Optional[str] = None
     # on CUDA, the host-device syncs the tail adds per batch: a Syncs record's JSON form (device_alone.count_syncs)
     syncs: Optional[dict] = None
 
@@ -62,11 +64,13 @@ class Fix(Part):
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """A fix as a visit of `full` runs it (Experiment.open): the dataset copy its loader
-    reads, and what runs on each batch after its transfer to the device (None: nothing),
-    in the step's stream and inside the timed window."""
+    reads, what runs on each batch after its transfer to the device (None: nothing), in
+    the step's stream and inside the timed window, and the collate_fn its loader uses
+    (None: the user's)."""
 
     dataset: Any
     after: Optional[Callable[[Any], Any]] = None
+    collate: Optional[Callable[[list], Any]] = None
 
     def through(self, move: Optional[Callable[[Any], Any]]) -> Optional[Callable[[Any], Any]]:
         """The transfer `move` followed by `after` (`move` alone where there is none)."""

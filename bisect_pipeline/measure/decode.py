@@ -15,9 +15,8 @@ original batch's range of values over 255; on the generated JPEGs of the benchma
 decoders agreed exactly and the resizes within one level). Both differences are
 reported; a copy that does not match is not timed.
 
-On CUDA the decode still runs in the workers, on the CPU: nvJPEG's batched decode on the
-device (decode_jpeg(device='cuda')) would also move every transform after it onto the
-device, one sample at a time, a change this module does not build.
+On CUDA the check builds decode_device's candidate instead: the files decoded together
+on the device by nvJPEG, the transforms after it run there.
 """
 
 from __future__ import annotations
@@ -123,8 +122,13 @@ def check(fix: Fix, user: Any, decoded: Any, collate: Callable, move: Callable) 
     dataset copy and by the decoded one, under the same random draws, collated, moved and
     compared (see the module's docstring): `fix` with what was compared."""
     n = min(CHECK_SAMPLES, len(user))
-    theirs = _batch(user, n, collate, move)
-    mine = _batch(decoded, n, collate, move)
+    return compare(fix, _batch(user, n, collate, move), _batch(decoded, n, collate, move), n)
+
+
+def compare(fix: Fix, theirs: Any, mine: Any, n: int) -> Fix:
+    """`fix` with how batch `mine` differs from `theirs` (the user's, of `n` samples):
+    equal structure, shapes and dtypes, and a mean difference within MEAN_LEVELS grey
+    levels (decode_device's check too)."""
     diff = tail.differences([theirs], [mine], values=False)
     level = _level(theirs)
     tolerance = MEAN_LEVELS * level

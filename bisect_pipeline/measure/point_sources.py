@@ -8,6 +8,7 @@ open; Experiment inherits it (PointSources reads the Experiment's fields).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from typing import Any, Iterable, Iterator, Optional, Union
 
@@ -179,6 +180,8 @@ class PointSources:
                                   fresh=self.fresh and self.device.type == "cpu")
         elif name == "full":
             dataset = variant.dataset if variant is not None else caches.dataset if caches else _tagged_copy(spec)
+            if variant is not None and variant.collate is not None:
+                spec = dataclasses.replace(spec, collate_fn=variant.collate)
             source = sources.full_loader(spec, dataset, epochs, park)
         elif name in ("raw", "augmented") and caches.stages is not None:  # a pipeline cut into its stages
             source = sources.stream_loader(spec, caches.stages.replay(name))

@@ -50,7 +50,7 @@ TAIL = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.25] * 
 def experiment(ds, batch_size=8):
     spec = describe(DataLoader(ds, batch_size=batch_size))
     return SimpleNamespace(caches=cache.fill(spec, cache_mb=64, max_batches=3), spec=spec, move=lambda b: b,
-                           wrapper=None, loop_stages=None)
+                           wrapper=None, loop_stages=None, device=torch.device("cpu"))
 
 
 def test_the_fixes_are_built_as_variants_of_the_cache_own_copy():
