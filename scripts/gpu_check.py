@@ -20,6 +20,12 @@ Cases (a small conv net, images 3x128x128, the data in memory):
 - mutating: a step that changes its batch in place, with an optimizer whose state is
             on the CPU before the run: the points run (fresh copies on the device, the
             state moved and restored); expected: no point failed, the state back on CPU.
+- tail:     FakeData PIL images through ToTensor + Normalize, 2 workers (issue 58 item 6):
+            expected: the device tail built and matched on CUDA, its syncs counted, and
+            measured by the advice's check (helps, no gain or slower: not "not measured").
+- decode:   an ImageFolder of 256 JPEGs of 500x375 written here (RandomResizedCrop(128),
+            flip, ToTensor, Normalize; 4 workers; issue 58 item 3): expected: decode built
+            on the device (nvJPEG, `device` "cuda"), matched within a grey level, measured.
 
 Prints, per case, the verdict, the transfer cost (ms per batch, bisection and isolated),
 the sync count per step, and whether the expectation held. Exits 1 if one did not, 2
@@ -130,9 +136,38 @@ def mutating_step(m):
     return step, opt
 
 
+def fix_case(name: str) -> DataLoader:
+    """The pipelines of the fixes' cases (torchvision's transforms on PIL images)."""
+    from torchvision import datasets, transforms as T
+
+    norm = T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    if name == "tail":
+        ds = datasets.FakeData(N, (3, SIZE, SIZE), 10, transform=T.Compose([T.ToTensor(), norm]))
+        return DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=2, multiprocessing_context="fork")
+    import os
+    import tempfile
+
+    from PIL import Image
+    root = os.path.join(tempfile.gettempdir(), "gpu_check_jpegs")
+    g = torch.Generator().manual_seed(0)
+    for i in range(256):
+        path = os.path.join(root, f"c{i % 10}", f"{i}.jpg")
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            small = torch.rand(1, 3, 12, 16, generator=g) * 255
+            img = nn.functional.interpolate(small, size=(375, 500), mode="bilinear")[0] + \
+                torch.randn(3, 375, 500, generator=g) * 8
+            Image.fromarray(img.clamp(0, 255).byte().permute(1, 2, 0).numpy()).save(path, quality=90)
+    tf = T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+    return DataLoader(datasets.ImageFolder(root, transform=tf), batch_size=BATCH, shuffle=True, num_workers=4,
+                      multiprocessing_context="fork")
+
+
 def run_case(name: str, max_seconds: float) -> tuple:
     m, step, opt = model(), None, None
-    if name in ("float32", "pinned"):
+    if name in ("tail", "decode"):
+        loader = fix_case(name)
+    elif name in ("float32", "pinned"):
         loader = batched(torch.float32, name == "pinned")
     elif name == "uint8":
         step, opt = uint8_step(m)
@@ -157,6 +192,13 @@ def run_case(name: str, max_seconds: float) -> tuple:
            "stages_ms": {st.stage: None if st.sec_per_batch is None else round(st.sec_per_batch * 1e3, 2)
                          for st in r.verdict.stages},
            "rates": {p.point: None if r.rate(p.point) is None else round(r.rate(p.point)) for p in r.points}}
+    checked = r.verification.fixes if r.verification is not None else ()
+    out["fixes"] = {f.kind: {"status": f.status, "matches": f.matches, "device": f.device, "reason": f.reason,
+                             "mean_levels": None if f.level is None or f.mean_difference is None else
+                             round(f.mean_difference / f.level, 3),
+                             "syncs": (f.syncs or {}).get("per_step")} for f in checked or ()}
+    out["checked"] = {a.kind: None if a.verified is None else
+                      {"status": a.verified.status, "speedup": a.verified.speedup} for a in r.advice}
     if opt is not None and name == "mutating":
         out["state_on_cpu_after"] = all(v.device.type == "cpu" for st in opt.state.values() for v in st.values()
                                         if isinstance(v, torch.Tensor))
@@ -190,6 +232,14 @@ def expectations(rows: dict) -> list:
         out.append(("mutating", "no point failed, optimizer state back on the CPU",
                     all(s in ("ok", "skipped", "unavailable") for s in m["statuses"].values())
                     and m.get("state_on_cpu_after")))
+    for name, kind, on in (("tail", "device_tail", None), ("decode", "decode", "cuda")):
+        row = rows.get(name)
+        if row:
+            fix = row["fixes"].get(kind) or {}
+            checked = row["checked"].get(kind) or {}
+            out.append((name, f"{kind} built and matched{' on ' + on if on else ''}, measured by the check",
+                        fix.get("status") == "ok" and bool(fix.get("matches")) and (on is None or fix.get("device") == on)
+                        and checked.get("status") in ("helps", "no gain", "slower")))
     return out
 
 
@@ -210,7 +260,8 @@ def main() -> int:
         print(f"{name:9s} verdict {r['verdict']!s:12s} transfer {r['transfer_ms']} ms (real {r['transfer_real']}), "
               f"isolated {r['isolated_transfer_ms']} ms at {r['gb_per_s']} GB/s, syncs/step {r['syncs_per_step']}, "
               f"advice {r['advice']}, wall {r['wall_s']} s\n          stages (ms/batch) {r['stages_ms']}  "
-              f"samples/s {r['rates']}  statuses {r['statuses']}", flush=True)
+              f"samples/s {r['rates']}  statuses {r['statuses']}\n          fixes {r['fixes']}  "
+              f"checked {r['checked']}", flush=True)
     checks = expectations(rows)
     for case, what, ok in checks:
         print(f"  {'ok  ' if ok else 'FAIL'} {case}: {what}")

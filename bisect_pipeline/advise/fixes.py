@@ -14,7 +14,8 @@ the fix's own visits, and the checks restore the RNG states they draw from.
 
 On CUDA the tail runs in the step's stream inside the timed window (after the batch's
 transfer, before the step); the host-device syncs it adds are counted once on a cached
-device batch, as the step's are (device_alone.count_syncs), and kept with its Fix.
+device batch, as the step's are (device_alone.count_syncs), and kept with its Fix; so
+are those of decode on the device (decode_device), on a batch of the files.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def build(exp: Any, count_syncs: Optional[Callable] = None) -> tuple[tuple, dict
     if why is not None:
         return (Fix(kind=DEVICE_TAIL, status="unavailable", reason=why),), {}
     tails, variants = _guarded(DEVICE_TAIL, lambda: _tails(exp, count_syncs))
-    decoded, found = _guarded(DECODE, lambda: _decode(exp))
+    decoded, found = _guarded(DECODE, lambda: _decode(exp, count_syncs))
     variants.update(found)
     return tuple(sorted(tails + decoded, key=lambda f: KINDS.index(f.kind))), variants
 
@@ -79,9 +80,10 @@ def _tails(exp: Any, count_syncs: Optional[Callable]) -> tuple[list, dict]:
     return list(fixes), variants
 
 
-def _decode(exp: Any) -> tuple[list, dict]:
+def _decode(exp: Any, count_syncs: Optional[Callable] = None) -> tuple[list, dict]:
     """Decode by torchvision, checked; its Variant where usable: in the workers, or on
-    CUDA batched on the device (decode_device)."""
+    CUDA batched on the device (decode_device), with the syncs its step side adds on a
+    batch of the files (`count_syncs`, as a tail's)."""
     caches, collate = exp.caches, exp.spec.collate_fn
     on_device = exp.device.type in DECODE_ON
     made, fix = decode_device.build(caches, collate, exp.device) if on_device else decode.build(caches)
@@ -94,7 +96,13 @@ def _decode(exp: Any) -> tuple[list, dict]:
         fix = dataclasses.replace(fix, status="failed", reason=f"the decoded copy raised {type(exc).__name__}: {exc}"[:300])
     if not fix.usable:
         return [fix], {}
-    return [fix], {DECODE: Variant(made[0], after=made[2], collate=made[1]) if on_device else Variant(made[0])}
+    if not on_device:
+        return [fix], {DECODE: Variant(made[0])}
+    dataset, collate_files, after = made
+    if count_syncs is not None:
+        files = exp.move(collate_files([dataset[i] for i in exp.caches.groups[0]]))
+        fix = dataclasses.replace(fix, syncs=count_syncs(after, files).to_dict())
+    return [fix], {DECODE: Variant(dataset, after=after, collate=collate_files)}
 
 
 def _with_syncs(fix: Fix, split: Optional[tail.Split], exp: Any, count_syncs: Callable) -> Fix:

@@ -59,13 +59,14 @@ def code_text(fix: Fix) -> str:
 
 
 def syncs_text(fix: Fix) -> str:
-    """The host-device syncs the tail adds per batch on CUDA, where it adds any (counted
-    on a cached device batch, as the step's are)."""
+    """The host-device syncs the tail (or decode on the device) adds per batch on CUDA,
+    where it adds any (counted on a batch on the device, as the step's are)."""
     syncs = fix.syncs or {}
     if not syncs.get("per_step"):
         return ""
     sites = ", ".join(f"{x['where']} ({x['count']}x)" for x in (syncs.get("sites") or ())[:3])
-    return (f" On the device the moved transforms synchronize host and device {syncs['per_step']:g} time(s) per batch"
+    moved = "the decode and the moved transforms" if fix.device is not None else "the moved transforms"
+    return (f" On the device {moved} synchronize host and device {syncs['per_step']:g} time(s) per batch"
             + (f" (at {sites})" if sites else "") + ", in the step's timed window as the step's own syncs are.")
 
 
@@ -113,7 +114,7 @@ def decode(c: Context):
         why = (f"{fix.where} decodes with PIL in the workers. Here the workers only read the files; each batch's JPEGs "
                f"are decoded together on {fix.device} by torchvision.io.decode_jpeg (nvJPEG on CUDA), and your "
                f"transforms ({names(moved)}) run there on each image, drawing as the workers do: {compared}, and "
-               f"nvJPEG may round differently from libjpeg-turbo). In code: {code_text(fix)}.")
+               f"nvJPEG may round differently from libjpeg-turbo).{syncs_text(fix)} In code: {code_text(fix)}.")
         return finding(DECODE, stage, "Decode the JPEGs batched on the device with torchvision.io.decode_jpeg and run "
                        "your transforms there, not PIL in the workers", why, _numbers(c, fix, stage),
                        check=CHECK_BY_HAND)

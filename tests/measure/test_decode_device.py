@@ -16,6 +16,7 @@ from torchvision import datasets, transforms as T
 
 from bisect_pipeline.advise import fixes
 from bisect_pipeline.core.fixes import DECODE
+from bisect_pipeline.core.isolated import Syncs
 from bisect_pipeline.measure import cache, decode_device
 from bisect_pipeline.measure.experiment import Experiment
 from bisect_pipeline.measure.plan import Plan
@@ -94,7 +95,10 @@ def test_a_visit_of_full_runs_the_variant_through_the_user_s_loader_settings(fol
     exp = Experiment(spec, CPU, Plan(), time.perf_counter, lambda e: None, None, start=0.0, end=1e9, deadline=1e9)
     exp.caches, exp.move = cache.fill(spec, cache_mb=64, max_batches=2), move
     (fix,), variants = fixes._decode(exp)
-    assert fix.usable and fix.device == "cpu"
+    assert fix.usable and fix.device == "cpu" and fix.syncs is None  # counted on CUDA only (phases.py)
+    counted = []
+    (fix,), _ = fixes._decode(exp, lambda fn, batch: counted.append(fn(batch)) or Syncs(steps=1, total=0, per_step=0.0))
+    assert fix.syncs["per_step"] == 0.0 and counted[0][0].shape == (4, 3, 32, 32)  # the step side, on a batch of files
     with exp.open("full", variant=variants[DECODE]) as (next_batch, transfer):
         batches = [transfer(next_batch()) for _ in range(3)]
     assert all(x.shape == (4, 3, 32, 32) and x.dtype == torch.float32 and y.shape == (4,) for x, y in batches)
