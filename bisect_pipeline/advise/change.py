@@ -38,7 +38,7 @@ from ..core.results import Measurements, Trial, VisitWindow
 from ..measure.plan import PATCH_RUN_LEAST_S, PATCH_RUN_MARGIN_S, PATCH_RUNS
 from . import edits, patch as patch_mod, tune
 from .outcome import FIX, FIX_WORDS, THREADS
-from .written import WRITTEN, fix_in
+from .written import WRITTEN, fix_in, kinds_of
 
 # The patched script's copy, beside the original.
 COPY_SUFFIX = "_bisect_tuned"
@@ -218,7 +218,7 @@ def check(m: Measurements, target: Target, *, end: Optional[float] = None, secon
     if why is not None:
         return dataclasses.replace(m, tune=dataclasses.replace(t, applied_reason=why))
     p = patch_mod.Patch.from_dict(t.patch)
-    settings = {k: v for k, v in (settings_to_write(m, tuple(k for k in [fix_in(t.patch)] if k)) or {}).items()}
+    settings = dict(settings_to_write(m, kinds_of(t.patch)) or {})
     start = clock()
     runs: list = []
     loaders: list = []

@@ -46,7 +46,7 @@ from .context import is_graph
 from .outcome import FIX, THREADS, compared, interval, outcome, per_batch, read, settings_text, visit_times
 from .rules_workers import WAITING_CORES_FACTOR, WORKER_STAGES
 from .verify import BLOCK, MIN_BLOCKS, fits, trial
-from .written import WRITTEN, Written, choose, compared_with, fix_in, fix_said
+from .written import WRITTEN, Written, choose, compared_with, fix_said, kinds_of
 
 
 KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", THREADS)
@@ -395,8 +395,7 @@ def summarize(t: Tuning, batch_size: float, graph: bool = False, checks: tuple =
     top = b is not None and at_ceiling(space, b)
     user_ms = next((x.outcome.ms_per_batch[0] for x in ts if x.outcome.ms_per_batch), None)
     ceiling = round(user_ms / t.ceiling_ms_per_batch, 4) if user_ms and t.ceiling_ms_per_batch else None
-    kinds = WRITTEN if t.patch is None else tuple(k for k in [fix_in(t.patch)] if k)
-    w = _written(t, space, ts, b, checks=checks, batch_size=batch_size, kinds=kinds)
+    w = _written(t, space, ts, b, checks=checks, batch_size=batch_size, kinds=kinds_of(t.patch))
     applied = agrees = None
     if t.applied is not None:
         applied = applied_outcome(t.applied, w.users if w else None, batch_size)

@@ -103,6 +103,15 @@ def fix_in(patch: Optional[dict]) -> Optional[str]:
                  if c.get("setting") in WRITTEN and c.get("how") != "not applied"), None)
 
 
+def kinds_of(patch: Optional[dict]) -> tuple:
+    """The fixes `choose` may write, once the patch is made (its JSON form): the one it
+    holds, or none; every one before (None)."""
+    if patch is None:
+        return WRITTEN
+    fix = fix_in(patch)
+    return (fix,) if fix else ()
+
+
 def fix_said(w: Optional[Written], batch_size: float) -> str:
     """The fix in the change, as the search's summary says it ("" where there is none)."""
     if w is None or FIX not in w.settings:
