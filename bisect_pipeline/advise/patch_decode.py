@@ -35,7 +35,7 @@ from typing import Optional
 from ..core.fixes import DECODE
 from .edits import Change, Edits
 from .patch_tail import SCALING
-from .script_ast import Script, after_imports, imported_names, name_of
+from .script_ast import Script, after_imports, called_through, imported_names, name_of
 
 NAME = "decode_image_file"
 # What the check drops from the list (measure/tail.TO_TENSOR: the image is a tensor already).
@@ -76,7 +76,7 @@ def rewrite(s: Script, fix: dict, edits: Edits) -> Change:
         return Change(DECODE, True, "not applied", s.where(call), why)
     for e, n in zip(elts, names):
         if n == "ToTensor":
-            edits.replace(e, f"{_prefix(s, e.func)}ConvertImageDtype(torch.float32)")
+            edits.replace(e, f"{called_through(s, e.func)}ConvertImageDtype(torch.float32)")
     _cut(s, elts, [n in DROPPED for n in names], edits)
     edits.add(call, {"loader": _Code(NAME)})
     edits.insert_lines(after_imports(s.tree), DEFINITION)
@@ -138,12 +138,17 @@ def _transforms(s: Script, call: ast.Call):
     return given, elts
 
 
+def _bound(s: Script, name: str) -> list:
+    """The values `name` is assigned in the script (`name = ...`, a single target)."""
+    return [n.value for n in ast.walk(s.tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name) and n.targets[0].id == name]
+
+
 def _bound_once(s: Script, name: str) -> Optional[ast.AST]:
     """What `name` is bound to where it is assigned once and read once; else None."""
-    binds = [n for n in ast.walk(s.tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
-             and isinstance(n.targets[0], ast.Name) and n.targets[0].id == name]
+    binds = _bound(s, name)
     reads = [n for n in ast.walk(s.tree) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
-    return binds[0].value if len(binds) == 1 and len(reads) == 1 else None
+    return binds[0] if len(binds) == 1 and len(reads) == 1 else None
 
 
 def _name(s: Script, e: ast.AST) -> str:
@@ -152,14 +157,9 @@ def _name(s: Script, e: ast.AST) -> str:
     if isinstance(e, ast.Call):
         return name_of(e.func)
     if isinstance(e, ast.Name):
-        binds = [n.value for n in ast.walk(s.tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
-                 and isinstance(n.targets[0], ast.Name) and n.targets[0].id == e.id]
+        binds = _bound(s, e.id)
         return name_of(binds[0].func) if len(binds) == 1 and isinstance(binds[0], ast.Call) else ""
     return ""
-
-
-def _prefix(s: Script, func: ast.AST) -> str:
-    return s.text(func.value) + "." if isinstance(func, ast.Attribute) else ""
 
 
 def _cut(s: Script, elts: list, drop: list, edits: Edits) -> None:

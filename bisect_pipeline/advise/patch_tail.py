@@ -33,7 +33,7 @@ from typing import Optional
 
 from ..core.fixes import DEVICE_TAIL
 from .edits import Change, Edits
-from .script_ast import Script, after_imports, imported_names, name_of
+from .script_ast import Script, after_imports, called_through, imported_names, name_of
 
 NAME = "device_tail"
 SCALING = "ToTensor's scaling"  # measure/tail: ToTensor split into PILToTensor and its scaling
@@ -46,7 +46,7 @@ def rewrite(s: Script, fix: dict, edits: Edits) -> Change:
     if isinstance(found, str) or why:
         return Change(DEVICE_TAIL, True, "not applied", None, why or found)
     call, moved = found
-    prefix = _prefix(s, call.args[0].elts[0].func)
+    prefix = called_through(s, call.args[0].elts[0].func)
     tail, why = _tail(s, fix, moved, prefix)
     loops = _moves(s, fix)
     if why or isinstance(loops, str):
@@ -100,11 +100,6 @@ def _compose(s: Script, fix: dict):
                 "in the script: the one to split is not known")
     elts = found[0].args[0].elts
     return found[0], elts[len(elts) - n_moved:]
-
-
-def _prefix(s: Script, func: ast.AST) -> str:
-    """`transforms.` of `transforms.ToTensor` ('' for a bare name)."""
-    return s.text(func.value) + "." if isinstance(func, ast.Attribute) else ""
 
 
 def _tail(s: Script, fix: dict, moved: list, prefix: str) -> tuple[str, Optional[str]]:

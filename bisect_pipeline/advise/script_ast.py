@@ -122,6 +122,12 @@ def name_of(func: ast.AST) -> str:
     return ""
 
 
+def called_through(s: Script, func: ast.AST) -> str:
+    """The called name's prefix as written: `transforms.` of `transforms.ToTensor` ('' for
+    a bare name)."""
+    return s.text(func.value) + "." if isinstance(func, ast.Attribute) else ""
+
+
 def is_docstring(node: ast.AST) -> bool:
     return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
 

@@ -93,26 +93,48 @@ def adapted(call: Any) -> tuple[Optional[Callable], str]:
     return tail.rebuilt(call.fn, fns), ""
 
 
-def build(caches: Any) -> tuple[Optional[tuple], Fix]:
-    """(the decoded dataset copy and its transform's name, or None; the Fix as built,
-    not checked yet: unavailable with the reason where it cannot be)."""
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """Where a dataset's PIL decode can be swapped: the loader's name ("dataset.loader"),
+    the recorded transform call that takes the decoded image, that transform adapted for a
+    tensor (`adapted`), and the adapted transforms as the report names them."""
+
+    where: str
+    call: Any
+    fn: Callable
+    labels: tuple
+
+
+def found(caches: Any, device: Optional[str] = None) -> tuple[Optional[Found], Optional[Fix]]:
+    """(the Found, None), or (None, the unavailable Fix with the reason; `device` its
+    Fix.device): what build and decode_device.build both start from."""
     name, why = site(caches.dataset) if caches is not None else (None, "the caches could not be filled")
     if name is None:
-        return None, Fix(kind=DECODE, status="unavailable", reason=why)
+        return None, Fix(kind=DECODE, status="unavailable", reason=why, device=device)
     calls = caches.raw_calls[0] if caches.raw_calls else []
     call = next((c for c in calls if len(c.args) == 1 and tree._is_pil(c.args[0])), None)
     if call is None:
-        return None, Fix(kind=DECODE, where=name, status="unavailable",
+        return None, Fix(kind=DECODE, where=name, status="unavailable", device=device,
                          reason="no transform of the dataset takes its decoded PIL image")
     fn, why = adapted(call)
     if fn is None:
-        return None, Fix(kind=DECODE, where=name, status="unavailable", reason=why)
-    dataset = replaced(replaced(caches.dataset, name, TorchvisionDecode()), call.name, fn)
+        return None, Fix(kind=DECODE, where=name, status="unavailable", reason=why, device=device)
     compose = tail.inner(fn)
-    kept = tuple(tail.label(t) for t in (compose.transforms if tail.breakdown.is_compose(compose) else [fn]))
+    labels = tuple(tail.label(t) for t in (compose.transforms if tail.breakdown.is_compose(compose) else [fn]))
+    return Found(name, call, fn, labels), None
+
+
+def build(caches: Any) -> tuple[Optional[tuple], Fix]:
+    """(the decoded dataset copy and its transform's name, or None; the Fix as built,
+    not checked yet: unavailable with the reason where it cannot be)."""
+    f, refused = found(caches)
+    if f is None:
+        return None, refused
+    call = f.call
+    dataset = replaced(replaced(caches.dataset, f.where, TorchvisionDecode()), call.name, f.fn)
     preset = tail.inner(call.fn) is not call.fn
-    code = f"{name} = {TorchvisionDecode()!r}\n{call.name}{'.transforms' if preset else ''} = {tail._listing(fn)}"
-    return (dataset, call.name), Fix(kind=DECODE, where=name, moved=("PIL decode",), kept=kept,
+    code = f"{f.where} = {TorchvisionDecode()!r}\n{call.name}{'.transforms' if preset else ''} = {tail._listing(f.fn)}"
+    return (dataset, call.name), Fix(kind=DECODE, where=f.where, moved=("PIL decode",), kept=f.labels,
                                      path=tail.path_text(call.placements[0][1]) if call.placements else None,
                                      code=code)
 

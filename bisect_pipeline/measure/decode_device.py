@@ -31,7 +31,6 @@ from torch.utils.data import Subset
 
 from ..core import tree
 from ..core.fixes import DECODE, Fix
-from ..pipeline import state
 from ..pipeline.split import replaced
 from . import decode, tail
 
@@ -94,33 +93,27 @@ class DecodeOnDevice:
 def build(caches: Any, collate: Callable, device: Any) -> tuple[Optional[tuple], Fix]:
     """((the dataset copy, its Collate, its DecodeOnDevice), or None; the Fix as built,
     not checked yet: unavailable with the reason where it cannot be)."""
-    where, why = decode.site(caches.dataset) if caches is not None else (None, "the caches could not be filled")
-    if where is None:
-        return None, Fix(kind=DECODE, status="unavailable", reason=why, device=str(device))
-    calls = caches.raw_calls[0] if caches.raw_calls else []
-    call = next((c for c in calls if len(c.args) == 1 and tree._is_pil(c.args[0])), None)
+    f, refused = decode.found(caches, device=str(device))
+    if f is None:
+        return None, refused
+    call, where = f.call, f.where
     why = _why_not(caches.dataset, collate, call)
-    fn, adapt_why = decode.adapted(call) if call is not None and why is None else (None, "")
-    if why or fn is None:
-        return None, Fix(kind=DECODE, where=where, status="unavailable", reason=why or adapt_why, device=str(device))
+    if why:
+        return None, Fix(kind=DECODE, where=where, status="unavailable", reason=why, device=str(device))
     path = call.placements[0][1]
     dataset = replaced(replaced(caches.dataset, where, ReadBytes()), call.name, tail.Identity())
-    steps = tail.inner(fn)
-    moved = tuple(tail.label(t) for t in (steps.transforms if tail.breakdown.is_compose(steps) else [fn]))
     code = (f"{where} = {ReadBytes()!r}; {call.name} = None; collate_fn keeps each batch's files as a list; in the "
             f"step: images = decode_jpeg(files, mode=ImageReadMode.RGB, device='{device}'); "
             f"batch{tail.path_text(path)} = torch.stack([transform(x) for x in images]), transform = "
-            f"{tail._listing(fn)}")
-    return (dataset, Collate(collate, path), DecodeOnDevice(path, fn, device)), Fix(
-        kind=DECODE, where=where, moved=("PIL decode",) + moved, path=tail.path_text(path), code=code,
+            f"{tail._listing(f.fn)}")
+    return (dataset, Collate(collate, path), DecodeOnDevice(path, f.fn, device)), Fix(
+        kind=DECODE, where=where, moved=("PIL decode",) + f.labels, path=tail.path_text(path), code=code,
         device=str(device))
 
 
 def _why_not(dataset: Any, collate: Callable, call: Any) -> Optional[str]:
     from torch.utils.data import default_collate
 
-    if call is None:
-        return "no transform of the dataset takes its decoded PIL image"
     if len(call.placements) != 1:
         return f"the output of {call.name} is not one part of the sample"
     if getattr(collate, "__wrapped__", collate) is not default_collate:
@@ -142,11 +135,5 @@ def check(fix: Fix, user: Any, made: tuple, collate: Callable, move: Callable) -
     random draws, compared (decode.compare): `fix` with what was compared."""
     dataset, mine_collate, after = made
     n = min(decode.CHECK_SAMPLES, len(user))
-    theirs = decode._batch(user, n, collate, move)
-    snap = state.capture(None, None)
-    torch.manual_seed(tail.SEED)
-    try:
-        mine = after(move(mine_collate([dataset[i] for i in range(n)])))
-    finally:
-        state.restore(snap, None, None)
-    return decode.compare(fix, theirs, mine, n)
+    return decode.compare(fix, decode._batch(user, n, collate, move),
+                          decode._batch(dataset, n, mine_collate, lambda batch: after(move(batch))), n)

@@ -272,7 +272,7 @@ class Experiment(PointSources):
             # only the epoch ends, which every rank sees at the same step, void a window
             gap_factor=LOOP_GAP_FACTOR if self.loop and not pace.lockstep else None,
             consumer_unwatched=self.loop, room=self.room,
-            pool_start=self.step_estimate() if starts and not pace.lockstep else None)
+            pool_start=self.step_estimate() if starts else None)
 
     def result(self, visit: Visit, batch_size: Optional[float] = None) -> PointResult:
         """The point's result of one visit: ok with its windows, failed with the stage

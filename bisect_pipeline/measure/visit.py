@@ -325,7 +325,8 @@ class Visit:
         after the first batch would time that (docs/benchmarks.md: the detection reference
         with 2 workers, 13% over its steady step). `pool_start`: the step as estimated
         before the visit, or None where the visit starts no pool (cached batches, a parked
-        pool resumed) or under torchrun (every rank's warm-up must be alike)."""
+        pool resumed). None under torchrun's lockstep either: every rank's warm-up must be
+        alike."""
         est, plan = self.pool_start, self.plan
         if est is None or not plan.long(est) or plan.min_warmup_steps or self.pace.lockstep or plan.max_steps \
                 or self.room() is not None:  # (a script's batches shared out, or its epoch's end ahead)
