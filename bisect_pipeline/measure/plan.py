@@ -127,6 +127,13 @@ class Plan:
         batches (None: unknown, windows as usual)."""
         return dataclasses.replace(self, epoch_steps=max(0, int(batches_per_epoch or 0)))
 
+    def outpaced(self) -> "Plan":
+        """This plan (for a long step) where the step outpaces the workers many times over
+        (Experiment._outpaced): each batch waits ready in the queue whichever worker made
+        it, so a window of one step times the loop as one of a batch per worker does
+        (for_step), in a worker count's fewer steps a visit."""
+        return dataclasses.replace(self, workers=min(self.workers, 1), min_window_steps=1)
+
     def at_step(self, sec_per_step: float) -> "Plan":
         """This plan once a visit knows its step: fitted to a long step (for_step), and
         windows of whole epochs (at least one) when an epoch lasts at most

@@ -132,18 +132,22 @@ def test_behind_a_long_step_cached_points_get_one_step_windows_and_workers_point
     assert exp.least_visit_seconds("device") == pytest.approx(2 * 2.0)  # first batch + one one-step window
 
 
-def test_behind_a_long_step_workers_the_costs_alone_show_far_ahead_get_no_prefetch_stepped_through():
+def test_behind_a_long_step_workers_the_costs_alone_show_far_ahead_get_no_prefetch_stepped_through_and_one_step_windows():
     # the detection reference with 2 workers: a 2.5-s step, 32 ms of work a batch alone;
-    # the workers' first batches are what their steady state gives, so the visit of full
-    # is its first batch and a window of 2 steps (5 steps, 12.5 s, before)
+    # the workers' first batches are what their steady state gives, and each batch waits
+    # ready whichever worker made it, so the visit of full is its first batch and a window
+    # of one step (5 steps, 12.5 s, with the prefetch stepped through and a batch per worker)
     from bisect_pipeline.derive import witness
     loader = make_loader(PlantedDataset(n=32), batch_size=8, num_workers=2)
     exp = experiment(loader, step_alone=2.5)
     light = witness.Alone({"load": 0.01, "augment": 0.02, "collate": 0.002},
                           {"load": 0.001, "augment": 0.002, "collate": 0.0002}, "shared", 2, 2)
     exp.alone = lambda: light
-    assert exp.visit_plan("full")[1] == 0 and exp.least_visit_seconds("full") == pytest.approx(3 * 2.5)
+    plan, prefetch = exp.visit_plan("full")
+    assert prefetch == 0 and plan.min_window_steps == 1 and exp.least_visit_seconds("full") == pytest.approx(2 * 2.5)
+    assert plan.at_step(2.5).min_window_steps == 1  # the visit fits its plan to the step again: still one step
     # work near the step's: the first batches come out at once, ahead of the steady state
     heavy = dataclasses.replace(light, work={"load": 1.0, "augment": 1.5, "collate": 0.01})
     exp.alone = lambda: heavy
-    assert exp.visit_plan("full")[1] == 2 and exp.least_visit_seconds("full") == pytest.approx(5 * 2.5)
+    plan, prefetch = exp.visit_plan("full")
+    assert prefetch == 2 and plan.min_window_steps == 2 and exp.least_visit_seconds("full") == pytest.approx(5 * 2.5)
