@@ -59,6 +59,8 @@ class Rounds:
         self.tight = False  # the minimum rounds do not fit in --max-seconds (_budget_check)
         self.reserve = 0  # batches of the user's script kept for the check (_batches_check)
         self._visited: Optional[int] = None  # the last round a visit measured a window in
+        self._points_from = exp.start  # when the first visit began (least_verdict_seconds)
+        self._least: Optional[int] = None  # least_verdict_seconds as the budget warning said it
 
     def __iter__(self) -> Iterator[Visit]:
         exp = self.exp
@@ -72,6 +74,7 @@ class Rounds:
             else:
                 todo.append(name)
         focus, decided = set(todo), False
+        self._points_from = exp.clock()
         self._batches_check(todo)
         self._budget_check(todo, visited=())
         try:
@@ -133,6 +136,9 @@ class Rounds:
             return
         held = sum(1 for n in todo if exp.results.get(n) is not None)
         budget = exp.budget.max_seconds if exp.budget is not None else exp.end - exp.start
+        full = exp.results.get("full")
+        if "full" in todo and (full is None or no_window(full)):
+            self.info["least_verdict_s"] = self._least or self.least_verdict_seconds(todo)  # the warning's, if said
         for name in todo:
             if name not in exp.results:
                 exp.results[name] = PointResult(name, "not run", reason=(
@@ -227,7 +233,25 @@ class Rounds:
             return
         self.tight = True
         suggest = int(math.ceil(needed / 10.0) * 10)
-        self._budget_note(step_budget_note(sec_per_step, suggest, plan.min_rounds, len(todo), max_s))
+        least = self.least_verdict_seconds(todo) if "full" in todo else None
+        self._least = least if least is not None and max_s < least < suggest else None
+        self._budget_note(step_budget_note(sec_per_step, suggest, plan.min_rounds, len(todo), max_s, least=self._least))
+
+    def least_verdict_seconds(self, todo: list) -> int:
+        """About the --max-seconds that holds the ceiling (todo[0]) and `full` once each at
+        this step: what a verdict needs at least, where the stages' costs alone decide with
+        one reading of each (verdict._none_unchecked; a stage they name). The time before
+        the first visit, each visit's least with one window (a `full` that starts workers:
+        the untimed step after their start too, Visit._after_start), over the share of
+        --max-seconds the rounds may use; rounded up to 10 s."""
+        exp = self.exp
+        step = exp.step_estimate() or 0.0
+        need = self._points_from - exp.start + sum(exp.least_visit_seconds(n, windows=1) for n in {todo[0], "full"})
+        if exp.spec.num_workers and not exp.loop:
+            need += step
+        max_s = exp.budget.max_seconds if exp.budget is not None else exp.end - exp.start
+        usable = (exp.deadline - exp.start) / max(max_s, 1e-9)
+        return int(math.ceil(need / max(usable, 0.1) / 10.0) * 10)
 
     def _batches_check(self, todo: list) -> None:
         """Where the user's script says how many batches it has left (Experiment.
@@ -273,8 +297,17 @@ def no_window_note(name: str) -> Note:
                        "the full pipeline first")
 
 
-def step_budget_note(sec_per_step: float, suggest: int, min_rounds: int, points: int, max_s: float) -> Note:
-    """The minimum rounds at this step's time need `suggest` seconds, more than `max_s`."""
+def step_budget_note(sec_per_step: float, suggest: int, min_rounds: int, points: int, max_s: float, *,
+                     least: Optional[int] = None) -> Note:
+    """The minimum rounds at this step's time need `suggest` seconds, more than `max_s`;
+    `least`: the seconds that hold the ceiling and `full` once (Rounds.least_verdict_
+    seconds), where they are more than `max_s` too and fewer than `suggest`."""
+    if least is not None:
+        return Note("budget", f"Steps of {sec_per_step:.2g} s need about {least} s for a verdict on the stages' "
+                              f"costs alone, {suggest} s for one the rounds settle: rerun with --max-seconds {least} "
+                              "or more.",
+                    detail=f"the ceiling and full once each, or at least {min_rounds} rounds over {points} points; "
+                           f"more than --max-seconds {max_s:g}; what fits is measured")
     return Note("budget", f"Steps of {sec_per_step:.2g} s need about {suggest} s for a verdict: rerun with "
                           f"--max-seconds {suggest}.",
                 detail=f"at least {min_rounds} rounds over {points} points, more than --max-seconds {max_s:g}; what "

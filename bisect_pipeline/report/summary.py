@@ -109,8 +109,13 @@ def next_step(r: "Diagnosis") -> str:
     if v.bottleneck is None:
         if r.complete:
             return ""
-        return ("run it again to its end: it was interrupted before a verdict." if r.interrupted else
-                f"{more}: the run ended before a verdict.")
+        if r.interrupted:
+            return "run it again to its end: it was interrupted before a verdict."
+        least = run.least_verdict_s
+        if least and run.limited_by != "batches" and (not run.max_seconds or least > run.max_seconds):
+            return (f"rerun with --max-seconds {least} or more: the run ended before a verdict, and about {least} s "
+                    "hold the ceiling and full once at its steps.")
+        return f"{more}: the run ended before a verdict."
     need, what = None, ""
     if v.bottleneck == "inconclusive" and v.witness == "disagree" and steady_disagreement(v):
         return ("more rounds would not tell: they read the same in each; the stages timed alone miss what your loop "

@@ -321,8 +321,12 @@ def test_a_budget_too_short_for_a_heavy_step_says_how_long_a_verdict_needs(monke
     notes = budget_notes(run)
     assert len(notes) == 1 and notes[0].startswith("Steps of 2 s need about"), notes
     assert "more than --max-seconds 10;" in next(n.detail for n in run.notes if n.kind == "budget")
-    needed = int(re.search(r"need about (\d+) s for a verdict: rerun with --max-seconds \1\.", notes[0]).group(1))
-    assert needed > 10 and needed % 10 == 0
+    # two figures: the ceiling and full once (a verdict where the costs alone decide), the
+    # minimum rounds (one the rounds settle); the first is the one to rerun with
+    said = re.search(r"need about (\d+) s for a verdict on the stages' costs alone, (\d+) s for one the rounds "
+                     r"settle: rerun with --max-seconds \1 or more\.", notes[0])
+    least, needed = int(said.group(1)), int(said.group(2))
+    assert 10 < least < needed and least % 10 == 0 and needed % 10 == 0
     assert run.results["device"].ok  # measured regardless
     again, _, _ = make_run(monkeypatch, heavy, seconds_per_visit=0.5, max_seconds=needed)
     measure(again, POINTS)
@@ -345,11 +349,12 @@ def test_a_light_step_in_the_default_budget_gets_no_budget_note(monkeypatch):
 
 
 def heavy_run(monkeypatch, ms: dict, max_seconds: float, alone: Optional[witness.Alone] = None,
-              wobble: tuple = (0.01, 0.0)):
+              wobble: tuple = (0.01, 0.0), before: float = 0.0):
     """Real visits (Experiment.visit, visit.drive) on a fake clock: a 2 s step (by default
     a 1% wobble every other step; `wobble`: each step's share more, in turn) behind
     sources whose batches cost what `ms` plants beyond it; `alone`: the stages' costs
-    alone the verdict and the plan read."""
+    alone the verdict and the plan read; `before`: seconds spent before the points (the
+    caches, the step alone)."""
     clock = FakeClock()
     spec = type("Spec", (), {"batch_size": BS, "num_workers": 0, "pin_memory": False, "prefetch_depth": 0})()
     exp = Experiment(spec, torch.device("cpu"), Plan(), clock, lambda e: None, None, start=0.0, end=max_seconds,
@@ -373,6 +378,7 @@ def heavy_run(monkeypatch, ms: dict, max_seconds: float, alone: Optional[witness
         clock.t += 2.0 * (1 + wobble[(steps["n"] - 1) % len(wobble)])
 
     monkeypatch.setattr(exp, "open", source)
+    clock.t += before
     schedule = rounds.Rounds(exp, ("device", "augmented", "raw", "full"))
     for v in schedule:
         drive(v, step)
@@ -428,6 +434,23 @@ def test_a_heavy_step_with_little_input_is_none_in_one_round_of_thirty_seconds(m
     assert v.gap_rounds < 3
     monkeypatch.setattr(exp, "alone", lambda: None)
     assert exp.decide().bottleneck == "inconclusive"  # the rounds alone
+
+
+def test_a_heavy_step_whose_budget_holds_only_the_ceiling_says_the_least_that_holds_full_too(monkeypatch):
+    # a 2-s step, 10 s spent before the points, --max-seconds 16: the ceiling only
+    # (its first batch and a window); the figure said holds both, and a rerun with it
+    # measures full
+    ms = {"device": 2000, "augmented": 2000, "raw": 2000, "full": 2030}
+    exp, opened, _, info = heavy_run(monkeypatch, ms, 16.0, before=10.0)
+    assert opened == ["device"] and not exp.results["full"].ok
+    least = info["least_verdict_s"]
+    assert least == 20  # 10 s before, the ceiling's 4 s and full's 4 s, rounded up to 10 s
+    note = budget_notes(exp)[0]
+    assert note.startswith(f"Steps of 2 s need about {least} s for a verdict on the stages' costs alone, ") and (
+        note.endswith(f"rerun with --max-seconds {least} or more."))
+    again, opened, clock, info = heavy_run(monkeypatch, ms, float(least), before=10.0)
+    assert opened[:2] == ["device", "full"] and again.results["full"].ok and "least_verdict_s" not in info
+    assert clock.t <= least
 
 
 def test_a_two_second_step_in_sixty_seconds_gets_three_rounds_and_a_verdict(monkeypatch):

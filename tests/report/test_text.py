@@ -820,6 +820,21 @@ def test_an_inconclusive_reason_says_why_and_its_next_step_once(kind):
     assert demo_report().to_dict()["verdict"]["next"] is None  # settled: nothing to measure next
 
 
+def test_a_heavy_step_that_left_full_unmeasured_says_the_budget_that_holds_it():
+    # the detection reference with 2 workers on a slow machine: 30 s held the ceiling only
+    from bisect_pipeline.report.summary import summarize
+    m = dataclasses.replace(rounds_report({"device": 5700.0}, 1, {}).measurements, complete=False)
+    r = Report.of(m)
+    assert r.bottleneck is None
+    assert summarize(r).next == "Next: raise --max-seconds: the run ended before a verdict."
+    told = Report.of(dataclasses.replace(m, run=dataclasses.replace(m.run, least_verdict_s=50)))
+    said = ("rerun with --max-seconds 50 or more: the run ended before a verdict, and about 50 s hold the ceiling and "
+            "full once at its steps.")
+    assert summarize(told).next == f"Next: {said}" and told.to_dict()["verdict"]["next"] == said
+    assert told.to_dict()["run"]["least_verdict_s"] == 50
+    assert Report.from_dict(told.to_dict()).measurements.run.least_verdict_s == 50
+
+
 def test_a_tie_more_rounds_would_tell_apart_says_how_many_once():
     from bisect_pipeline.report.summary import summarize
     r = rounds_report({"device": 20.0, "augmented": 21.0, "raw": 41.0, "full": 66.0}, 4, {"full": 0.1, "raw": 0.1})
