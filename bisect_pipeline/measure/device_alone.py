@@ -6,6 +6,7 @@ user's step, on the caller's threads, and size the step the workers must feed.""
 from __future__ import annotations
 
 import collections
+import math
 import os
 import sys
 import threading
@@ -16,30 +17,45 @@ import torch
 
 from ..core import tree
 from ..core.results import BatchShape, Memory, StepTime, SyncSite, Syncs, TensorInfo, Transfer
-from ..core.stats import median
+from ..core.stats import NOISY_REL_IQR, median
 from . import devices, sources
 from .timed import timed_loop
 
 # The isolated step: untimed warm-up steps, then at most this many timed ones.
 STEP_WARMUP = 3
 STEP_MAX_TIMED = 20
-# Training steps run under torch.cuda.set_sync_debug_mode("warn") to count syncs.
+# A long step whose two last warm-up calls agree within this share of the slower is
+# steady: they are its timed steps (time_step).
+STEP_SETTLED = NOISY_REL_IQR
+# Training steps run under torch.cuda.set_sync_debug_mode("warn") to count syncs (one
+# for a long step: sync_steps).
 SYNC_STEPS = 3
 # At most this many tensors of a batch are described in the JSON.
 _MAX_TENSORS = 16
 
 
-def time_step(train_step, batch, device, share, clock) -> StepTime:
+def time_step(train_step, batch, device, share, clock, *, long_s: float = math.inf) -> StepTime:
     """The step alone on one device batch, after STEP_WARMUP untimed steps: a fresh
     step's first calls are several times slower (lazy initialisation, the optimizer's
-    first update), which would overstate the step and understate the workers needed."""
+    first update), which would overstate the step and understate the workers needed.
+    A long step (calls of `long_s` seconds or more: a window's, Plan.long) whose last two
+    warm-up calls agree within STEP_SETTLED has paid those costs: the two are its timed
+    steps. Each call of it takes seconds, and a step of 3 s on a GPU took 12 s here
+    before any point (the probe's call before it: prepare.probe_step)."""
     sync = devices.synchronizer(device)
 
     def one(b):
         train_step(b)
         sync()
+    warm: list = []
     for _ in range(STEP_WARMUP):
+        t = clock()
         one(batch)
+        warm.append(clock() - t)
+        last = warm[-2:]
+        if len(last) == 2 and min(last) >= long_s and max(last) - min(last) <= STEP_SETTLED * max(last):
+            return StepTime(ms_per_batch=round(median(last) * 1e3, 3), steps=2,
+                            source="median of steps timed in isolation")
     # The median step: on a shared machine a few steps wait for a core, and the step's
     # own time is what the workers must keep up with.
     times: list = []
@@ -193,6 +209,13 @@ def no_syncs_counted(device: torch.device) -> Optional[Syncs]:
         return None
     return Syncs.missing("skipped", f"no CUDA device (running on {device.type}): host-device syncs are counted on "
                                     "CUDA only")
+
+
+def sync_steps(step_s: Optional[float], long_s: float) -> int:
+    """The steps the sync count runs: SYNC_STEPS, one where the step timed alone
+    (`step_s`) is long (`long_s` or more): its syncs are its code's, the same each step,
+    and each step takes seconds."""
+    return 1 if step_s is not None and step_s >= long_s else SYNC_STEPS
 
 
 def count_syncs(train_step: Callable[[Any], Any], batch: Any, device: torch.device, steps: int = SYNC_STEPS) -> Syncs:

@@ -20,7 +20,7 @@ from ..core.results import (BatchShape, Collate, InLoop, Isolated, LoopStages, M
 from ..pipeline.loader import LoaderSpec, copy_or_same
 from . import devices, sources
 from .cache import index_batches
-from .device_alone import (STEP_WARMUP, SYNC_STEPS, count_syncs, describe_batch, memory, no_syncs_counted, time_step,
+from .device_alone import (STEP_WARMUP, count_syncs, describe_batch, memory, no_syncs_counted, sync_steps, time_step,
                            time_transfer)
 from .timed import guard, reason_of, se_ms, timed_loop, worker_threads
 from .worker_stages import sample_structure, time_augment_and_load, time_collate
@@ -56,14 +56,16 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
                 train_step: Optional[Callable[[Any], Any]], *, step_sec_per_batch: Optional[float], budget_s: float,
                 clock: Callable[[], float] = time.perf_counter, end: float = math.inf,
                 step_estimate_s: Optional[float] = None, step_source: str = STEP_CEILING,
-                loop_stages: Any = None) -> tuple[Isolated, Syncs]:
+                loop_stages: Any = None, long_s: float = math.inf) -> tuple[Isolated, Syncs]:
     """(isolated, syncs). Never raises for a failing measurement: a part that fails says
     so with its reason; KeyboardInterrupt propagates. `train_step` None: the step is the
     user's own loop (loop.py), timed only at the device point; no syncs are counted here.
     `end` (on `clock`): the run's hard end; the parts that run the training step (the
     step alone, the sync count) are skipped when `step_estimate_s` says they would pass it.
     `loop_stages`: stages the loop runs in its own process (integrations.webdataset.
-    LoopStages), timed on the cached batches."""
+    LoopStages), timed on the cached batches. `long_s`: a step this long or longer is a
+    long one (Plan.long): its timing and its sync count take fewer calls (time_step,
+    sync_steps)."""
     if caches is None:
         reason = "the caches could not be filled"
         return Isolated.missing("unavailable", reason), Syncs.missing("unavailable", reason)
@@ -92,14 +94,16 @@ def time_stages(spec: LoaderSpec, caches: Any, device: torch.device, move: Calla
         syncs = Syncs.missing("failed", reason_of(exc))
     parts["step"] = _step_part(step_sec_per_batch, step_source, batch=device_batch, step=train_step, fits=fits,
                                out_of_time=out_of_time,
-                               time_it=lambda: time_step(train_step, device_batch, device, share, clock))
+                               time_it=lambda: time_step(train_step, device_batch, device, share, clock, long_s=long_s))
     parts["in_loop"] = _in_loop_part(spec, caches, train_step, device_batch, device, parts=parts, fits=fits,
                                      clock=clock, step_s=step_estimate_s, share=min(share, budget_s - clock() + start))
     if device_batch is not None:
-        if train_step is not None and (device.type != "cuda" or fits(SYNC_STEPS)):
-            syncs = guard(Syncs, lambda: count_syncs(train_step, device_batch, device))
+        timed = parts["step"]
+        n = sync_steps(timed.ms_per_batch / 1e3 if timed.ok and timed.ms_per_batch else None, long_s)
+        if train_step is not None and (device.type != "cuda" or fits(n)):
+            syncs = guard(Syncs, lambda: count_syncs(train_step, device_batch, device, steps=n))
         elif train_step is not None:
-            syncs = Syncs.missing("skipped", out_of_time(SYNC_STEPS))
+            syncs = Syncs.missing("skipped", out_of_time(n))
         if device.type == "cuda":
             parts["memory"] = guard(Memory, lambda: memory(device))
     items = caches.items_per_batch
@@ -256,7 +260,7 @@ def before_points(exp: Any, *, max_seconds: float) -> tuple[Isolated, Syncs]:
             return time_stages(exp.spec, exp.caches, exp.device, exp.move, exp.step, step_sec_per_batch=exp.step_alone,
                                budget_s=min(budget(max_seconds), left), clock=beating_clock, end=exp.end,
                                step_estimate_s=exp.step_estimate(), step_source=STEP_ALONE,
-                               loop_stages=exp.loop_stages)
+                               loop_stages=exp.loop_stages, long_s=exp.plan.window_seconds)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # never costs the run its verdict

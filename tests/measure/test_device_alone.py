@@ -21,6 +21,44 @@ def test_syncs_skipped_on_cpu_with_reason():
     assert calls == []  # nothing run for nothing
 
 
+def timed_calls(seconds: list):
+    """A training step on a fake clock whose calls take `seconds` in turn (the last one
+    again after them), the clock, and the calls made."""
+    from conftest import FakeClock
+    clock, calls = FakeClock(), []
+
+    def step(batch):
+        clock.t += seconds[min(len(calls), len(seconds) - 1)]
+        calls.append(batch)
+    return step, clock, calls
+
+
+def test_a_long_step_whose_warm_up_calls_agree_is_timed_by_them():
+    # a 3-s step (a GPU's detection model): its second call after the probe agrees with
+    # the first within 10%: two calls, not three warm-ups and a timed one (12 s)
+    step, clock, calls = timed_calls([3.1, 3.0, 3.0])
+    t = device_alone.time_step(step, "b", CPU, 0.3, clock, long_s=0.25)
+    assert len(calls) == 2 and t.steps == 2 and t.ms_per_batch == pytest.approx(3050.0)
+    # its first calls slower (lazy costs the probe did not pay): warm-up until two agree
+    step, clock, calls = timed_calls([9.0, 3.1, 3.0])
+    t = device_alone.time_step(step, "b", CPU, 0.3, clock, long_s=0.25)
+    assert len(calls) == 3 and t.ms_per_batch == pytest.approx(3050.0)
+    # calls that never agree: the warm-up and the timed steps as for any step
+    step, clock, calls = timed_calls([3.0, 4.5, 3.0, 4.5])
+    t = device_alone.time_step(step, "b", CPU, 0.3, clock, long_s=0.25)
+    assert len(calls) == device_alone.STEP_WARMUP + 1 and t.steps == 1
+    # a short step: always STEP_WARMUP untimed calls first, then the median of those timed
+    step, clock, calls = timed_calls([0.02])
+    t = device_alone.time_step(step, "b", CPU, 0.3, clock, long_s=0.25)
+    assert len(calls) == device_alone.STEP_WARMUP + t.steps and t.steps == 15 and t.ms_per_batch == pytest.approx(20.0)
+
+
+def test_the_sync_count_of_a_long_step_runs_one_step():
+    assert device_alone.sync_steps(3.0, 0.25) == 1
+    assert device_alone.sync_steps(0.05, 0.25) == device_alone.SYNC_STEPS
+    assert device_alone.sync_steps(None, 0.25) == device_alone.SYNC_STEPS  # not timed: as before
+
+
 def describe_batch(batch) -> dict:
     return device_alone.describe_batch(batch).to_dict()
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from bisect_pipeline.measure import cache, device_alone, isolate, worker_stages
+from bisect_pipeline.measure.plan import Plan
 from bisect_pipeline.core import faults
 from bisect_pipeline.pipeline import loader as loader_mod
 from bisect_pipeline.measure.experiment import Experiment
@@ -166,7 +167,7 @@ def test_the_step_alone_is_skipped_where_it_would_run_past_the_end():
 def experiment_at(clock, end, results=None, step=None):
     spec = loader_mod.describe(make_loader(PlantedDataset(n=16), batch_size=4))
     caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)
-    return Experiment(spec, CPU, None, clock, lambda e: None, None, start=0.0, end=end, deadline=end,
+    return Experiment(spec, CPU, Plan(), clock, lambda e: None, None, start=0.0, end=end, deadline=end,
                       step=step, move=lambda b: to_device(b, CPU), caches=caches, results=results or {})
 
 
