@@ -155,8 +155,8 @@ class RunInfo(Record):
     # what ended the rounds short of a settled verdict where it was not --max-seconds:
     # "batches" (a user's script had no more batches for them: rounds.Rounds._visit)
     limited_by: Optional[str] = None
-    # where a step of seconds left `full` unmeasured: about the --max-seconds that holds the
-    # ceiling and `full` once each (rounds.Rounds.least_verdict_seconds)
+    # where a step of seconds left `full` unmeasured: about the --max-seconds that holds one
+    # reading of each point a verdict needs (rounds.Rounds.least_verdict_seconds)
     least_verdict_s: Optional[int] = None
     remeasured: Optional[tuple] = None
     verdict_s: Optional[float] = None

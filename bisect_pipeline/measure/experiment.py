@@ -160,7 +160,7 @@ class Experiment(PointSources):
         none where the batches are cached on the host or device; behind a long step, the
         first batch of each worker at most (workers start together, so only those come
         out at once: the queue fills beyond them only when the workers outpace the step),
-        none where the costs alone show them outpacing it (_outpaced), whose windows are
+        none where the costs alone show them outpacing it (input_light), whose windows are
         then of one step (Plan.outpaced). `fit=False`: not fitted here (under torchrun each rank knows its own step, and the
         ranks' warm-ups must be alike: the visit fits the plan to rank 0's estimate).
         With `epochs` (the loader ends its epochs: open), windows of whole epochs
@@ -178,19 +178,21 @@ class Experiment(PointSources):
         prefetch = 0 if cached else spec.prefetch_depth
         if not plan.long(est):
             return plan, prefetch
-        if self._outpaced(est, spec.num_workers):
+        if spec.num_workers and self.input_light(est, spec.num_workers):
             return plan.outpaced(), 0
         return plan, min(prefetch, spec.num_workers)
 
-    def _outpaced(self, step: float, workers: int) -> bool:
-        """Whether, by the stages' costs alone, the workers' whole work a batch (at `full`,
-        over the workers) is under MIN_REL_DROP of a long step: then the batches they
-        prefetched are what their steady state gives too (the step is the slower side by
-        20 times at least), and need not be stepped through untimed; nor need a window
-        hold a batch of each (Plan.outpaced)."""
-        a = self.alone() if workers else None
+    def input_light(self, step: float, workers: int) -> bool:
+        """Whether, by the stages' costs alone, the input's whole work a batch (at `full`,
+        over the `workers`, or the loop's own without) is under MIN_REL_DROP of `step`
+        with its error. Behind a long step, workers so outpaced (the step the slower side
+        by 20 times at least) hand out prefetched batches that are what their steady state
+        gives too, which need not be stepped through untimed, nor need a window hold a
+        batch of each (Plan.outpaced); and the ceiling and `full` once each are what a
+        verdict needs (rounds.Rounds.least_verdict_seconds)."""
+        a = self.alone()
         w = a.at("full") if a is not None else None
-        return w is not None and (w[0] + Z_UPPER * w[1]) / workers <= MIN_REL_DROP * step
+        return w is not None and (w[0] + Z_UPPER * w[1]) / max(1, workers) <= MIN_REL_DROP * step
 
     def visit_deadline(self, name: str, share: float, limit: float, spec: Optional[LoaderSpec] = None,
                        least: float = 0.0) -> float:

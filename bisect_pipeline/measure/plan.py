@@ -129,7 +129,7 @@ class Plan:
 
     def outpaced(self) -> "Plan":
         """This plan (for a long step) where the step outpaces the workers many times over
-        (Experiment._outpaced): each batch waits ready in the queue whichever worker made
+        (Experiment.input_light): each batch waits ready in the queue whichever worker made
         it, so a window of one step times the loop as one of a batch per worker does
         (for_step), in a worker count's fewer steps a visit."""
         return dataclasses.replace(self, workers=min(self.workers, 1), min_window_steps=1)

@@ -238,17 +238,21 @@ class Rounds:
         self._budget_note(step_budget_note(sec_per_step, suggest, plan.min_rounds, len(todo), max_s, least=self._least))
 
     def least_verdict_seconds(self, todo: list) -> int:
-        """About the --max-seconds that holds the ceiling (todo[0]) and `full` once each at
-        this step: what a verdict needs at least, where the stages' costs alone decide with
-        one reading of each (verdict._none_unchecked; a stage they name). The time before
-        the first visit, each visit's least with one window (a `full` that starts workers:
-        the untimed step after their start too, Visit._after_start), over the share of
-        --max-seconds the rounds may use; rounded up to 10 s."""
+        """About the --max-seconds that holds the first round as planned where the minimum
+        rounds do not fit (plan.tight_order), once each: the ceiling (todo[0]) and `full`,
+        which with the stages' costs alone give `none` where those put the input's work
+        under MIN_REL_DROP of the step (verdict._none_unchecked), else the points around
+        the stage they put first too, which a stage named needs. The time before the first
+        visit, each visit's least with one window (one that starts workers: the untimed
+        step after their start too, Visit._after_start), over the share of --max-seconds
+        the rounds may use; rounded up to 10 s."""
         exp = self.exp
         step = exp.step_estimate() or 0.0
-        need = self._points_from - exp.start + sum(exp.least_visit_seconds(n, windows=1) for n in {todo[0], "full"})
+        light = exp.input_light(step, exp.spec.num_workers)
+        names = {todo[0], "full"} | (set() if light else set(alone_first(exp.alone())) & set(todo))
+        need = self._points_from - exp.start + sum(exp.least_visit_seconds(n, windows=1) for n in names)
         if exp.spec.num_workers and not exp.loop:
-            need += step
+            need += step * sum(1 for n in names if n not in ("host", "device"))
         max_s = exp.budget.max_seconds if exp.budget is not None else exp.end - exp.start
         usable = (exp.deadline - exp.start) / max(max_s, 1e-9)
         return int(math.ceil(need / max(usable, 0.1) / 10.0) * 10)
@@ -300,13 +304,15 @@ def no_window_note(name: str) -> Note:
 def step_budget_note(sec_per_step: float, suggest: int, min_rounds: int, points: int, max_s: float, *,
                      least: Optional[int] = None) -> Note:
     """The minimum rounds at this step's time need `suggest` seconds, more than `max_s`;
-    `least`: the seconds that hold the ceiling and `full` once (Rounds.least_verdict_
-    seconds), where they are more than `max_s` too and fewer than `suggest`."""
+    `least`: the seconds that hold one reading of each point a verdict needs (Rounds.
+    least_verdict_seconds), where they are more than `max_s` too and fewer than `suggest`."""
     if least is not None:
         return Note("budget", f"Steps of {sec_per_step:.2g} s need about {least} s for a verdict on the stages' "
                               f"costs alone, {suggest} s for one the rounds settle: rerun with --max-seconds {least} "
                               "or more.",
-                    detail=f"the ceiling and full once each, or at least {min_rounds} rounds over {points} points; "
+                    detail=f"one reading of the ceiling, full and the points around the stage the costs alone put "
+                           f"first (none where they put the input under 5% of the step), or at least {min_rounds} "
+                           f"rounds over {points} points; "
                            f"more than --max-seconds {max_s:g}; what fits is measured")
     return Note("budget", f"Steps of {sec_per_step:.2g} s need about {suggest} s for a verdict: rerun with "
                           f"--max-seconds {suggest}.",

@@ -114,7 +114,7 @@ def next_step(r: "Diagnosis") -> str:
         least = run.least_verdict_s
         if least and run.limited_by != "batches" and (not run.max_seconds or least > run.max_seconds):
             return (f"rerun with --max-seconds {least} or more: the run ended before a verdict, and about {least} s "
-                    "hold the ceiling and full once at its steps.")
+                    "hold one reading of each point a verdict needs at its steps.")
         return f"{more}: the run ended before a verdict."
     need, what = None, ""
     if v.bottleneck == "inconclusive" and v.witness == "disagree" and steady_disagreement(v):

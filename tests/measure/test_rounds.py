@@ -439,7 +439,7 @@ def test_a_heavy_step_with_little_input_is_none_in_one_round_of_thirty_seconds(m
 def test_a_heavy_step_whose_budget_holds_only_the_ceiling_says_the_least_that_holds_full_too(monkeypatch):
     # a 2-s step, 10 s spent before the points, --max-seconds 16: the ceiling only
     # (its first batch and a window); the figure said holds both, and a rerun with it
-    # measures full
+    # measures full (without the costs alone: the ceiling and full)
     ms = {"device": 2000, "augmented": 2000, "raw": 2000, "full": 2030}
     exp, opened, _, info = heavy_run(monkeypatch, ms, 16.0, before=10.0)
     assert opened == ["device"] and not exp.results["full"].ok
@@ -451,6 +451,18 @@ def test_a_heavy_step_whose_budget_holds_only_the_ceiling_says_the_least_that_ho
     again, opened, clock, info = heavy_run(monkeypatch, ms, float(least), before=10.0)
     assert opened[:2] == ["device", "full"] and again.results["full"].ok and "least_verdict_s" not in info
     assert clock.t <= least
+    # the costs alone put the input far under 5% of the step: the two are what a `none` needs
+    light = witness.Alone({"load": 0.005, "augment": 0.0195, "collate": 0.0005},
+                          {"load": 0.0005, "augment": 0.002, "collate": 0.00005}, "serial", 0, 2, step=2.0)
+    assert heavy_run(monkeypatch, ms, 16.0, alone=light, before=10.0)[3]["least_verdict_s"] == 20
+    # they put 0.9 s of augment in a batch: a stage named needs the points around it too,
+    # which the first round visits next (raw, augmented): 4 visits of 4 s after the 10
+    by_augment = witness.Alone({"load": 0.01, "augment": 0.9, "collate": 0.001},
+                               {"load": 0.001, "augment": 0.01, "collate": 0.0001}, "serial", 0, 2)
+    exp, opened, _, info = heavy_run(monkeypatch, ms, 16.0, alone=by_augment, before=10.0)
+    assert info["least_verdict_s"] == 30
+    _, opened, clock, _ = heavy_run(monkeypatch, ms, 30.0, alone=by_augment, before=10.0)
+    assert opened[:4] == ["device", "full", "raw", "augmented"] and clock.t <= 30.0
 
 
 def test_a_two_second_step_in_sixty_seconds_gets_three_rounds_and_a_verdict(monkeypatch):

@@ -828,8 +828,8 @@ def test_a_heavy_step_that_left_full_unmeasured_says_the_budget_that_holds_it():
     assert r.bottleneck is None
     assert summarize(r).next == "Next: raise --max-seconds: the run ended before a verdict."
     told = Report.of(dataclasses.replace(m, run=dataclasses.replace(m.run, least_verdict_s=50)))
-    said = ("rerun with --max-seconds 50 or more: the run ended before a verdict, and about 50 s hold the ceiling and "
-            "full once at its steps.")
+    said = ("rerun with --max-seconds 50 or more: the run ended before a verdict, and about 50 s hold one reading of "
+            "each point a verdict needs at its steps.")
     assert summarize(told).next == f"Next: {said}" and told.to_dict()["verdict"]["next"] == said
     assert told.to_dict()["run"]["least_verdict_s"] == 50
     assert Report.from_dict(told.to_dict()).measurements.run.least_verdict_s == 50
