@@ -137,7 +137,7 @@ class Rounds:
         held = sum(1 for n in todo if exp.results.get(n) is not None)
         budget = exp.budget.max_seconds if exp.budget is not None else exp.end - exp.start
         full = exp.results.get("full")
-        if "full" in todo and (full is None or no_window(full)):
+        if "full" in todo and (full is None or no_window(full)) and exp.alone() is not None:
             self.info["least_verdict_s"] = self._least or self.least_verdict_seconds(todo)  # the warning's, if said
         for name in todo:
             if name not in exp.results:
@@ -233,13 +233,14 @@ class Rounds:
             return
         self.tight = True
         suggest = int(math.ceil(needed / 10.0) * 10)
-        least = self.least_verdict_seconds(todo) if "full" in todo else None
+        least = self.least_verdict_seconds(todo) if "full" in todo and exp.alone() is not None else None
         self._least = least if least is not None and max_s < least < suggest else None
         self._budget_note(step_budget_note(sec_per_step, suggest, plan.min_rounds, len(todo), max_s, least=self._least))
 
     def least_verdict_seconds(self, todo: list) -> int:
         """About the --max-seconds that holds the first round as planned where the minimum
-        rounds do not fit (plan.tight_order), once each: the ceiling (todo[0]) and `full`,
+        rounds do not fit (plan.tight_order), once each, for a verdict the stages' costs
+        alone decide (said only where they were timed): the ceiling (todo[0]) and `full`,
         which with the stages' costs alone give `none` where those put the input's work
         under MIN_REL_DROP of the step (verdict._none_unchecked), else the points around
         the stage they put first too, which a stage named needs. The time before the first
