@@ -262,7 +262,7 @@ class Experiment(PointSources):
         first_prefetch = self.start_prefetch(key or name, prefetch, bool(keep_open), pace.lockstep)
         plan = plan.for_steps(max_steps, first_prefetch)
         # a visit that starts the workers (not a cached point, not a parked pool resumed)
-        starts = name not in ("host", "device") and spec.num_workers > 0 and not (
+        starts = self.worker_point(name, spec) and not (
             keep_open and self.resumes(key or name))
         self.visits += 1
         return Visit(

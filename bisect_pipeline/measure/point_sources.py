@@ -71,7 +71,7 @@ class PointSources:
         while the machine has the memory for it (room_for_a_pool)."""
         if name in self.kept:
             return True
-        if name in ("host", "device") or self.spec.num_workers == 0:
+        if not self.worker_point(name):
             return False
         return (self.parks(name) or bool(getattr(self.spec, "persistent_workers", False))) and room_for_a_pool()
 
@@ -85,6 +85,11 @@ class PointSources:
         the memory for it (room_for_a_pool)."""
         return self.parks("full", spec, epochs=True) and room_for_a_pool()
 
+    def worker_point(self, name: str, spec: Optional[LoaderSpec] = None) -> bool:
+        """Whether point `name`'s batches come from a loader's workers (`spec`'s, or the
+        user's): not the batches cached on the host or device, nor a loader without workers."""
+        return name not in ("host", "device") and (spec or self.spec).num_workers > 0
+
     def parks(self, name: str, spec: Optional[LoaderSpec] = None, epochs: bool = False) -> bool:
         """Whether point `name`'s replay loader can be parked between visits (sources.
         LoaderSource.park): a DataLoader over a map-style dataset (the cached points,
@@ -95,7 +100,7 @@ class PointSources:
         in the user's loop, where only persistent workers can be parked (sources.
         full_loader)."""
         spec = spec or self.spec
-        return (name not in ("host", "device") and spec.num_workers > 0 and self.wrapper is None
+        return (self.worker_point(name, spec) and self.wrapper is None
                 and self.loop_stages is None and spec.loader_cls is DataLoader and not (name == "full" and spec.iterable)
                 and not (name in ("raw", "augmented") and self.caches is not None and self.caches.stages is not None)
                 and (not epochs or bool(spec.persistent_workers)))

@@ -135,10 +135,11 @@ class Rounds:
         if not self.tight or step is None or sys.exc_info()[0] is not None:
             return
         held = sum(1 for n in todo if exp.results.get(n) is not None)
-        budget = exp.budget.max_seconds if exp.budget is not None else exp.end - exp.start
+        budget = _max_seconds(exp)
         full = exp.results.get("full")
-        if "full" in todo and (full is None or no_window(full)) and exp.alone() is not None:
-            self.info["least_verdict_s"] = self._least or self.least_verdict_seconds(todo)  # the warning's, if said
+        least = (self._least or self.least_verdict_seconds(todo)) if full is None or no_window(full) else None
+        if least is not None:  # the warning's, where it said one
+            self.info["least_verdict_s"] = least
         for name in todo:
             if name not in exp.results:
                 exp.results[name] = PointResult(name, "not run", reason=(
@@ -233,11 +234,11 @@ class Rounds:
             return
         self.tight = True
         suggest = int(math.ceil(needed / 10.0) * 10)
-        least = self.least_verdict_seconds(todo) if "full" in todo and exp.alone() is not None else None
+        least = self.least_verdict_seconds(todo)
         self._least = least if least is not None and max_s < least < suggest else None
         self._budget_note(step_budget_note(sec_per_step, suggest, plan.min_rounds, len(todo), max_s, least=self._least))
 
-    def least_verdict_seconds(self, todo: list) -> int:
+    def least_verdict_seconds(self, todo: list) -> Optional[int]:
         """About the --max-seconds that holds the first round as planned where the minimum
         rounds do not fit (plan.tight_order), once each, for a verdict the stages' costs
         alone decide (said only where they were timed): the ceiling (todo[0]) and `full`,
@@ -246,16 +247,18 @@ class Rounds:
         the stage they put first too, which a stage named needs. The time before the first
         visit, each visit's least with one window (one that starts workers: the untimed
         step after their start too, Visit._after_start), over the share of --max-seconds
-        the rounds may use; rounded up to 10 s."""
+        the rounds may use; rounded up to 10 s. None without `full` to measure or without
+        the costs alone."""
         exp = self.exp
+        if "full" not in todo or exp.alone() is None:
+            return None
         step = exp.step_estimate() or 0.0
         light = exp.input_light(step, exp.spec.num_workers)
         names = {todo[0], "full"} | (set() if light else set(alone_first(exp.alone())) & set(todo))
         need = self._points_from - exp.start + sum(exp.least_visit_seconds(n, windows=1) for n in names)
-        if exp.spec.num_workers and not exp.loop:
-            need += step * sum(1 for n in names if n not in ("host", "device"))
-        max_s = exp.budget.max_seconds if exp.budget is not None else exp.end - exp.start
-        usable = (exp.deadline - exp.start) / max(max_s, 1e-9)
+        if not exp.loop:
+            need += step * sum(1 for n in names if exp.worker_point(n))
+        usable = (exp.deadline - exp.start) / max(_max_seconds(exp), 1e-9)
         return int(math.ceil(need / max(usable, 0.1) / 10.0) * 10)
 
     def _batches_check(self, todo: list) -> None:
@@ -372,6 +375,11 @@ def _live(exp: Experiment, name: str) -> bool:
     far (a later visit with more time may measure it; one that failed is done)."""
     p = exp.results.get(name)
     return p is None or p.status == "ok" or no_window(p)
+
+
+def _max_seconds(exp: Experiment) -> float:
+    """The run's --max-seconds (the schedule's own span where no budget was divided)."""
+    return exp.budget.max_seconds if exp.budget is not None else exp.end - exp.start
 
 
 def _weight(name: str) -> float:
