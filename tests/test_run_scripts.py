@@ -122,8 +122,12 @@ def test_training_workers_that_exit_between_points_leave_one_report(tmp_path, pe
                        "--verify-seconds", "0", "train.py", "--eval-every", "100", *(["--persistent"] * persistent))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert reports_printed(proc.stderr) == 1, proc.stderr[-3000:]
-    assert_names(doc, "load")  # without raw, load and augment are measured together, named load
+    # without raw the rounds read load and augment together, as load's row; the costs alone
+    # split it and name augment, the planted stage, within it
     assert next(s for s in doc["stages"] if s["stage"] == "load")["includes"] == ["load", "augment"]
+    assert_names(doc, "augment")
+    if doc["bottleneck"] == "augment":
+        assert doc["verdict"]["within"] == "load" and doc["verdict"]["witness"] == "isolated costs"
     assert not broken_points(doc)
     train, evaluation = doc["source"]["loaders"]
     assert train["batches"] > 20 and evaluation["batches"] >= 2  # every batch handed to the loop, counted

@@ -11,7 +11,7 @@ from typing import Optional
 from ..core.results import Part
 from ..core.stats import MIN_REL_DROP, is_real
 from ..derive.findings import Diagnosis as Report
-from ..derive.verdict import in_question
+from ..derive.verdict import in_question, named_cost
 
 
 # Input-bound class of the whole pipeline, from Verdict.input_bound_fraction: the share
@@ -77,15 +77,23 @@ class Context:
     def significant(self, name: str) -> bool:
         """A stage cost to act on: real by the rounds, or named (or tied) on the stages'
         costs alone where the rounds could not tell (verdict.Verdict.witness)."""
-        s = self.stage(name)
+        s, v = self.stage(name), self.r.verdict
+        if name in v.within and name in in_question(v):  # within a row the costs alone split
+            return True
         if s is None or s.status != "ok":
             return False
-        v = self.r.verdict
         return s.significant or (v.witness == "isolated costs" and name in in_question(v))
 
     def stage_ms(self, name: str) -> Optional[float]:
+        """The stage's row as the rounds read it (the stages merged into it included)."""
         s = self.stage(name)
         return None if s is None or s.sec_per_batch is None else s.sec_per_batch * 1e3
+
+    def cost_ms(self, name: str) -> Optional[float]:
+        """What the verdict gives the stage per batch (verdict.named_cost): its cost alone
+        within a row the costs alone split, else its row's reading."""
+        sec = named_cost(self.r.verdict, name)
+        return None if sec is None else sec * 1e3
 
     def part(self, name: str) -> Optional[Part]:
         """The isolated measurement `name` (isolate.py) when it was made, else None."""

@@ -25,7 +25,7 @@ from ..core.results import NOT_SELECTED, CacheInfo, Measurements, Note, PointRes
 from ..core.stats import NOISY_REL_IQR
 from ..derive import drops, witness
 from ..derive.findings import Diagnosis, Finding
-from ..derive.verdict import Verdict, decide, self_check
+from ..derive.verdict import Verdict, decide, in_question, row_of, self_check
 from . import advice as advice_mod, context, outcome, tune, wording
 
 
@@ -232,6 +232,8 @@ def summary(d: Diagnosis) -> str:
     if v.bottleneck == "inconclusive":
         return (f"Inconclusive: whether input holds the step back is not known yet{' (' + lost + ')' if lost else ''}"
                 ".")
+    if v.within:
+        return _within_summary(d)
     if v.bottleneck == "tie":
         return _tie_summary(d)
     s = d.stage(v.bottleneck)
@@ -262,6 +264,23 @@ def _lost(d: Diagnosis) -> str:
     if d.verdict.bottleneck == "inconclusive":
         return f"it loses {f * 100:.0f}% of the ceiling's throughput to input, within the noise"
     return f"{f * 100:.0f}% of the ceiling's throughput is lost to input{how}"
+
+
+def _within_summary(d: Diagnosis) -> str:
+    """A stage named (or a tie) within a row the rounds read whole, by the costs alone
+    (verdict._within): its cost alone as the loop pays it, the row's reading beside it."""
+    v = d.verdict
+    asked = in_question(v)
+    row = row_of(v, asked[0])
+    t_full = v.fitted.get("full")
+    of = f" of every {t_full * 1e3:.1f}-ms batch" if t_full else " per batch"
+    costs = " and ".join(f"{(v.within.get(n) or v.predicted[n])[0] * 1e3:.1f}" for n in asked)  # all alone
+    named = (f"{asked[0]}, named on the stages' costs alone: by them it costs the loop {costs} ms{of}" if len(asked) == 1
+             else f"{', '.join(asked[:-1])} and {asked[-1]}, tied on the stages' costs alone: {costs} ms{of}")
+    noise = "" if row.significant else ", within their noise"
+    return (f"Bottleneck: {named}, where the rounds read {row.sec_per_batch * 1e3:.1f} ms for "
+            f"{', '.join(row.includes[:-1])} and {row.includes[-1]} together{noise}; what the loop would gain "
+            f"without {'it' if len(asked) == 1 else 'them'} is not measured yet.")
 
 
 def _tie_summary(d: Diagnosis) -> str:

@@ -25,7 +25,7 @@ def augment(c: Context):
     known for its kind."""
     if c.b != "augment" or not c.significant("augment"):
         return None
-    ms = c.stage_ms("augment")
+    ms = c.cost_ms("augment")
     aug = c.part("augment")
     per_sample = aug.ms_per_sample if aug is not None else None
     found = list(c.r.cache.raw_transforms or ())

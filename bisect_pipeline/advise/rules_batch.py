@@ -27,7 +27,7 @@ def collate(c: Context):
     """A collate bottleneck -> what in the batch structure (or the function) makes it slow."""
     if c.b != "collate" or not c.significant("collate"):
         return None
-    ms = c.stage_ms("collate")
+    ms = c.cost_ms("collate")
     col = c.part("collate") or Collate()
     st = c.part("sample_structure")
     batch = c.part("batch") or BatchShape()

@@ -15,7 +15,7 @@ def storage(c: Context):
     reading or decoding named when load was split (reads.py)."""
     if c.b != "load" or not c.significant("load"):
         return None
-    ms = c.stage_ms("load")
+    ms = c.cost_ms("load")
     load = c.part("load")
     per_sample = load.ms_per_sample if load is not None else None
     bs = c.r.batch_size
@@ -31,8 +31,10 @@ def storage(c: Context):
         cap = (f"alone a sample takes {per_sample:.2f} ms to load{each}, so {max(1, c.workers)} process(es) cap "
                f"input at {rate:,.0f} samples/s")
     numbers["headroom"] = headroom(c, "load")
-    includes = c.stage("load").includes if c.stage("load") else ()
-    merged = "Measured together with augment: the transforms could not be split." if "augment" in includes else ""
+    # the transforms not split from loading: timed alone together, or no raw point to cache at
+    raw = c.r.point("raw") if any(p.point == "raw" for p in c.r.points) else None
+    together = "augment" in (load.includes or ()) if load is not None else raw is not None and raw.status == "unavailable"
+    merged = "Measured together with augment: the transforms could not be split." if together else ""
     split = load.split if load is not None and load.split is not None and load.split.ok else None
     if split is not None:
         numbers["split"] = split.to_dict()

@@ -53,7 +53,7 @@ def _worker_side(c: Context) -> Optional[tuple]:
     collate (load + augment + collate together) when that drop is above the noise by the
     verdict's own rule (stats.is_real against t(full))."""
     if c.b in WORKER_STAGES and c.significant(c.b):
-        return c.b, c.stage_ms(c.b), c.b
+        return c.b, c.cost_ms(c.b), c.b
     if c.b != "tie":
         return None
     full = c.r.throughput("full")

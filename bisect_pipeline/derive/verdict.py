@@ -62,6 +62,10 @@ class Verdict:
     model: Optional[str] = None
     disagree: tuple = ()
     prediction: Any = dataclasses.field(default=None, compare=False, repr=False)  # witness.Prediction
+    # A row the rounds read whole ('load (with augment, collate)': a point between not
+    # measured) split by the costs alone where a stage in question lies within it
+    # (_within): each of its stages' predicted drop, as `predicted`'s
+    within: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
 
     def drop(self, lower: str, upper: str) -> Optional[Contrast]:
         """fitted(lower) - fitted(upper) with its noise (drops.drop), as every rule of this
@@ -194,14 +198,14 @@ def _witnessed(v: Verdict, a: Optional[witness.Alone], *, noise_scale: float) ->
     if disagree:
         return _disagreement(v, cost, predicted, disagree)
     if v.bottleneck == "tie":
-        return _ordered_alone(v, cost, predicted, a, t_full, noise_scale=noise_scale)
-    if v.bottleneck in STAGES:
+        v = _ordered_alone(v, cost, predicted, a, t_full, noise_scale=noise_scale)
+    elif v.bottleneck in STAGES:
         top = max(predicted, key=lambda n: predicted[n][0])
-        return dataclasses.replace(v, witness="both" if top == v.bottleneck else "rounds")
-    if v.bottleneck == "inconclusive":
+        v = dataclasses.replace(v, witness="both" if top == v.bottleneck else "rounds")
+    elif v.bottleneck == "inconclusive":
         bound = _bound_alone(v, predicted, pred, gap, t_full=t_full, noise_scale=noise_scale)
         return bound if bound is not v else _none_alone(v, pred, base_point, gap, t_full=t_full, noise_scale=noise_scale)
-    return v
+    return _within(v, cost, pred, noise_scale)
 
 
 def _alone_lead(predicted: Mapping, a: witness.Alone, top: str, other: str, noise_scale: float):
@@ -210,7 +214,7 @@ def _alone_lead(predicted: Mapping, a: witness.Alone, top: str, other: str, nois
     cost timed alone drifts by a few percent, not by a share of the loop's time)."""
     (p, e, _), (q, f, _) = predicted[top], predicted[other]
     n = max(2, a.samples)
-    return compare(Contrast(p - q, math.hypot(e, f), n - 1, n), max(p, q), scale=noise_scale)
+    return compare(Contrast(p - q, math.hypot(e, f), n - 1 if a.df is None else a.df, n), max(p, q), scale=noise_scale)
 
 
 def _disagreeing(v: Verdict, cost: Mapping, predicted: Mapping, a: witness.Alone, t_full: float, *,
@@ -326,7 +330,53 @@ def _bound_alone(v: Verdict, predicted: Mapping, pred: witness.Prediction, gap: 
         _alone_lead(predicted, a, top, n, noise_scale))]
     tied = tuple(sorted([top, *behind], key=lambda n: -predicted[n][0])) if behind else ()
     reason = reasons.bound_alone(top, tied, predicted, a, low=low, t_full=t_full, read=gap.estimate)
-    return dataclasses.replace(v, bottleneck="tie" if tied else top, tied=tied, witness="isolated costs", reason=reason)
+    v = dataclasses.replace(v, bottleneck="tie" if tied else top, tied=tied, witness="isolated costs", reason=reason)
+    return _within(v, {s.stage: s for s in v.stages if s.status == "ok"}, pred, noise_scale)
+
+
+def _within(v: Verdict, cost: Mapping, pred: witness.Prediction, noise_scale: float) -> Verdict:
+    """A named stage whose row the rounds read with the next ones ('load (with augment,
+    collate)': a point between them not measured), split by the costs alone into each of
+    its worker stages' predicted drop (_split): their leader is named where it leads the
+    others and every other row's stage by the costs alone beyond their noise, else a tie
+    of it and those it does not lead (witness "isolated costs"); the row stays as the
+    rounds read it. Unchanged where the costs alone cannot split the row, or put no cost
+    in it beyond their noise, or put another row's stage first."""
+    row = cost.get(v.bottleneck) if v.bottleneck in STAGES else None
+    split = _split(row, pred) if row is not None else {}
+    if len(split) < 2:
+        return v
+    a = pred.alone
+    top = max(split, key=lambda n: split[n][0])
+    d, se, _ = split[top]
+    others = {n: p for n, p in v.predicted.items() if n != row.stage}
+    if d <= Z_UPPER * se or any(p[0] > d for p in others.values()):
+        return v
+    every = {**split, **others}
+    behind = [n for n in every if n != top and not (lambda c: c.real and c.estimate > 0)(
+        _alone_lead(every, a, top, n, noise_scale))]
+    tied = tuple(sorted([top, *behind], key=lambda n: -every[n][0])) if behind else ()
+    reason = f"{v.reason}; {reasons.within(row, top, tied, split, every)}"
+    return dataclasses.replace(v, bottleneck="tie" if tied else top, tied=tied, witness="isolated costs",
+                               within=split, reason=reason)
+
+
+def _split(row: StageCost, pred: witness.Prediction) -> dict:
+    """{stage: its predicted drop (witness.Prediction.drop)} for each worker stage within
+    `row` that holds several, between the worker stages' points inside it (the last one
+    to the row's upper point: collate's with the handoff's, which has no cost alone); {}
+    where the row holds one stage or a drop is not predicted (augment not timed apart)."""
+    if len(row.includes) < 2 or not row.lower or not row.upper:
+        return {}
+    lo, up = POINTS.index(row.lower), POINTS.index(row.upper)
+    bounds = [row.lower, *(p for p in witness.WORK_POINTS if lo < POINTS.index(p) < up), row.upper]
+    out = {}
+    for lower, upper in zip(bounds, bounds[1:]):
+        d = pred.drop(lower, upper)
+        if d is None:
+            return {}
+        out[STAGES[POINTS.index(lower)]] = d
+    return out
 
 
 def _none_alone(v: Verdict, pred: witness.Prediction, base_point: str, gap: Optional[Contrast], *, t_full: float,
@@ -453,6 +503,27 @@ def in_question(v: Verdict) -> tuple:
     return tuple(v.tied) if v.bottleneck == "tie" else ()
 
 
+def row_of(v: Verdict, name: str) -> Optional[StageCost]:
+    """The costed row that holds stage `name`: its own, or the row the rounds read it in
+    with the stages before it (merged); None where no row holds it."""
+    return next((s for s in v.stages if s.status == "ok" and (s.stage == name or name in s.includes)), None)
+
+
+def alone_drop(v: Verdict, s: StageCost) -> Optional[tuple]:
+    """A stage row's drop by the costs alone, as the report shows it beside the rounds':
+    a costed row's (Verdict.predicted), or a stage's within a row they split (within)."""
+    return v.predicted.get(s.stage) if s.status == "ok" else v.within.get(s.stage)
+
+
+def named_cost(v: Verdict, name: str) -> Optional[float]:
+    """The seconds per batch the verdict gives stage `name`: its own within a row the
+    costs alone split (Verdict.within), else its row's reading; None where not costed."""
+    if name in v.within:
+        return v.within[name][0]
+    s = next((s for s in v.stages if s.stage == name and s.status == "ok"), None)
+    return None if s is None else s.sec_per_batch
+
+
 def left_out_in_question(v: Verdict) -> set:
     """Points left out as inconsistent whose absence merges a stage in question with the
     next (raw left out: load with augment), with the points read faster than them: measured
@@ -471,8 +542,9 @@ def left_out_in_question(v: Verdict) -> set:
 
 def deciding_points(v: Verdict) -> set:
     """The points whose measurement can still change verdict `v`: around the stages of a
-    tie; around the named stage and its runner-up; `full` and the ceiling when the
-    question is the gap (none, or inconclusive after FEW_ROUNDS rounds); every costed
+    tie; around the named stage and its runner-up; around each stage in question, `full`
+    and the ceiling, where one lies within a row the costs alone split; `full` and the
+    ceiling when the question is the gap (none, or inconclusive after FEW_ROUNDS rounds); every costed
     point without a verdict or in an inconclusive one of fewer rounds; a point left out
     that merges a stage in question (left_out_in_question)."""
     return _deciding(v) | left_out_in_question(v)
@@ -482,6 +554,8 @@ def _deciding(v: Verdict) -> set:
     costed = drops.costed(v.stages)
     if v.bottleneck is None:
         return {p for s in costed for p in (s.lower, s.upper)} | {"full"}
+    if v.within:  # named or tied within a row the rounds read whole: the points around each
+        return {p for n in in_question(v) for p in POINTS[STAGES.index(n):STAGES.index(n) + 2]} | {"full", v.ceiling}
     if v.bottleneck == "tie":
         return {p for s in costed if s.stage in v.tied for p in (s.lower, s.upper)} | {"full"}
     if v.bottleneck in STAGES:

@@ -65,6 +65,9 @@ class Alone:
     cores: int
     merged: bool = False  # load's work holds augment's
     samples: int = 0  # the fewest items any stage was timed over
+    # the degrees of freedom of the stages' noise (_df): the items' standard errors are
+    # estimated from `samples` and the slice's floor is not; None: samples - 1
+    df: Optional[float] = None
     in_loop: bool = False  # load and collate timed between steps, in the loop's conditions (serial)
     # the training step timed alone before the points (seconds per batch): the step the
     # costs alone were compared with (isolate: workers_needed), a reading of the step
@@ -111,12 +114,14 @@ def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
     se = {"load": _noise(load.ms_per_sample, load.se_ms_per_sample) * items / 1e3,
           "collate": _noise(col.ms_per_batch, col.se_ms_per_batch) / 1e3}
     samples = [load.samples or 0, col.batches or 0]
+    own = {"load": (load.se_ms_per_sample * items / 1e3, load.samples), "collate": (col.se_ms_per_batch / 1e3, col.batches)}
     if not merged:
         if aug is None or aug.se_ms_per_sample is None:
             return None
         work["augment"] = aug.ms_per_sample * items / 1e3
         se["augment"] = _noise(aug.ms_per_sample, aug.se_ms_per_sample) * items / 1e3
         samples.append(aug.samples or 0)
+        own["augment"] = (aug.se_ms_per_sample * items / 1e3, aug.samples)
     w = isolated.workers  # its cores and the step's threads, also before the step's time is known
     cores = int(w.cores) if w is not None and w.cores else 1
     threads = int(w.step_threads or 0) if w is not None else 0
@@ -141,13 +146,30 @@ def alone(isolated: Any, loader: Mapping, device: str) -> Optional[Alone]:
         work["collate"] = in_loop.collate_ms_per_batch / 1e3
         se["collate"] = _noise(work["collate"], in_loop.collate_se_ms / 1e3)
         samples = [in_loop.batches or 0] + samples[2:]
-        return Alone(work, se, mode, workers, cores, merged, min(samples), in_loop=True, step=step)
-    return Alone(work, se, mode, workers, cores, merged, min(samples), step=step, index_load=index_load)
+        own = {"fetch": (in_loop.fetch_se_ms / 1e3, in_loop.batches), "collate": (in_loop.collate_se_ms / 1e3,
+                                                                                   in_loop.batches),
+               **({"augment": own["augment"]} if "augment" in own else {})}
+        return Alone(work, se, mode, workers, cores, merged, min(samples), in_loop=True, step=step,
+                     df=_df(se.values(), own.values()))
+    return Alone(work, se, mode, workers, cores, merged, min(samples), step=step, index_load=index_load,
+                 df=_df(se.values(), own.values()))
 
 
 def _noise(cost: float, se: float) -> float:
     """A stage's noise alone: its items' standard error and the slice's (SLICE_NOISE)."""
     return math.hypot(se, SLICE_NOISE * cost)
+
+
+def _df(noise, own) -> float:
+    """The degrees of freedom of the stages' noise (`noise`: each stage's, _noise), by
+    Welch-Satterthwaite: only the items' standard errors (`own`: (se, items timed)) are
+    estimated, with items - 1 each; the slice's floor is a fixed share. Two items of a
+    1-s augment whose noise is all the floor's compare as the floor says, not as two
+    items would (Student's t at 1 degree of freedom: 13 times the noise at 97.5%)."""
+    var = sum(x * x for x in noise)
+    parts = [se ** 4 / (n - 1) if n and n >= 2 else math.inf for se, n in own if se]
+    denom = sum(parts)
+    return math.inf if denom == 0 else var * var / denom if math.isfinite(denom) else 1.0
 
 
 # A worker stage whose CPU time alone is under this share of its wall time waits more than
@@ -251,7 +273,8 @@ def first_after(fitted: Mapping[str, float]) -> Optional[str]:
 
 def predict(a: Optional[Alone], fitted: Mapping[str, float], gap: Optional[tuple] = None) -> Optional[Prediction]:
     """The prediction for one verdict's fitted points (drops.fit: point -> seconds per
-    batch, upstream to downstream), or None without `full` or a point after `augmented`.
+    batch, upstream to downstream), at every worker stage's point the costs alone know,
+    measured or not; None without `full` or a point after `augmented`.
     `gap`: the rounds' t(full) - base and its standard error, for the shared model's k."""
     if a is None or "full" not in fitted:
         return None
@@ -270,9 +293,9 @@ def predict(a: Optional[Alone], fitted: Mapping[str, float], gap: Optional[tuple
         # pipelines on 2 cores read k of 1.3-1.7), and k's noise is the gap's
         k = max(1.0 / a.cores, gap[0] / w[0])
         k_se = gap[1] / w[0]
-    for p in WORK_POINTS:
+    for p in WORK_POINTS:  # the points not measured too: a row the rounds read whole is split (verdict._within)
         w = a.at(p)
-        if w is None or p not in fitted:
+        if w is None:
             continue
         if a.mode == "parallel":
             over = w[0] / a.workers > base

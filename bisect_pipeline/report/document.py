@@ -18,6 +18,7 @@ from ..core.results import CacheInfo, Isolated, Measurements, Note, PointResult,
 from ..core.stats import Throughput, Window
 from ..derive.findings import Diagnosis
 from ..derive.drops import StageCost
+from ..derive.verdict import alone_drop, row_of
 from . import summary as summary_mod
 from .figures import finite, gain_if_free, ms
 
@@ -66,9 +67,10 @@ def to_dict(r: "Diagnosis") -> dict:
             "witness": v.witness,
             "model": v.model,
             "disagree": list(v.disagree),
+            "within": row.stage if v.within and (row := row_of(v, next(iter(v.within)))) is not None else None,
         },
         "points": [point_dict(p, v.fitted.get(p.point), r.measured_rate(p.point)) for p in r.points],
-        "stages": [stage_dict(s, full, v.predicted.get(s.stage)) for s in v.stages],
+        "stages": [stage_dict(s, full, alone_drop(v, s)) for s in v.stages],
         "advice": [f.to_dict() for f in r.advice],
         "loader": r.loader,
         "source": r.measurements.source,

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from ..advise import tune, wording
 from ..derive.findings import Diagnosis
 from ..derive.drops import STAGES
-from ..derive.verdict import in_question
+from ..derive.verdict import alone_drop, in_question
 from . import plot as plot_mod, summary as summary_mod, text as text_mod
 from .figures import POINT_MEANING, Footnotes, batch_size_text, ended_parts, esc, num
 from .html_chart import chart_svg
@@ -112,8 +112,8 @@ def _table(headers: list, rows: list, numeric: set, row_classes: Optional[list] 
 def stage_table(r: "Diagnosis", marks: Optional[Footnotes] = None) -> str:
     marks = marks if marks is not None else Footnotes()
     rows, classes = [], []
-    predicted = r.verdict.predicted  # the second witness: each worker stage's drop from its cost alone
     for s in r.verdict.stages:
+        alone = alone_drop(r.verdict, s)  # the second witness: the stage's drop from its cost alone
         if s.status == "ok":
             note = []
             if len(s.includes) > 1:
@@ -122,13 +122,13 @@ def stage_table(r: "Diagnosis", marks: Optional[Footnotes] = None) -> str:
                 note.append("within the measurement noise" + noise_text(s.sigma, " ms"))
             if s.stage in r.verdict.disagree:
                 note.append("disagrees with its cost alone")
-            alone = predicted.get(s.stage)
             rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}", "-" if alone is None else f"{alone[0] * 1e3:.2f}",
                          "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
                          num(s.samples_per_sec_if_free),
                          "; ".join(note)])
         else:
-            rows.append([s.stage, "-", "-", "-", "-", marks.mark(s.status, s.reason)])
+            rows.append([s.stage, "-", "-" if alone is None else f"{alone[0] * 1e3:.2f}", "-", "-",
+                         marks.mark(s.status, s.reason)])
         classes.append("bottleneck" if s.stage in in_question(r.verdict) else None)
     loop = text_mod.loop_row(r)  # the stages in the loop's own process: at every point, in no stage
     if loop is not None:

@@ -17,7 +17,7 @@ from ..advise import context, outcome, tune, wording
 from ..core.results import ITERATOR_PART, MERGED_WITH_LOAD
 from ..derive.findings import Diagnosis
 from ..derive.drops import POINTS
-from ..derive.verdict import in_question
+from ..derive.verdict import alone_drop, in_question
 from . import summary as summary_mod
 from .figures import Footnotes, batch_size_text, ended_parts, gain_if_free, num
 
@@ -314,10 +314,11 @@ def _stage_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
     marks = marks or Footnotes()
     rows = []
     full = r.rate("full")
-    predicted = r.verdict.predicted  # the second witness: each worker stage's drop from its cost alone
     for s in r.verdict.stages:
+        alone = alone_drop(r.verdict, s)  # the second witness: the stage's drop from its cost alone
         if s.status != "ok":
-            rows.append([s.stage, "-", "-", "-", "-", "-", marks.mark(s.status, s.reason)])
+            rows.append([s.stage, "-", "-" if alone is None else f"{alone[0] * 1e3:.2f}", "-", "-", "-",
+                         marks.mark(s.status, s.reason)])
             continue
         gain = gain_if_free(s, full)
         notes = []
@@ -327,7 +328,6 @@ def _stage_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
             notes.append("includes " + ", ".join(s.includes))
         if s.stage in r.verdict.disagree:
             notes.append("disagrees with its cost alone")
-        alone = predicted.get(s.stage)
         rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}", "-" if alone is None else f"{alone[0] * 1e3:.2f}",
                      "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
                      num(s.samples_per_sec_if_free), "-" if gain is None else f"{gain * 100:+.0f}%",

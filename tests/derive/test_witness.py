@@ -5,7 +5,8 @@ import pytest
 
 from bisect_pipeline.derive import witness
 from bisect_pipeline.core.results import Collate, InLoop, Isolated, PerSample, StepTime, Workers
-from bisect_pipeline.derive.verdict import SETTLE_NOISE_SCALE, decide, self_check, settled
+from bisect_pipeline.derive.verdict import (SETTLE_NOISE_SCALE, decide, deciding_points, named_cost, row_of, self_check,
+                                            settled)
 from test_verdict import BS, NO_HANDOFF, by_round
 
 CPU = {"host": "no accelerator: host and device coincide"}
@@ -104,6 +105,68 @@ def test_a_heavy_step_the_rounds_cannot_bound_is_none_by_its_costs_alone():
     # the same work on one worker, over the step: 576 ms a batch the worker cannot hide
     v = decide(by_round(on_gpu), BS, {}, alone=alone("parallel", 1, 16, load=1500.0, augment=800.0, collate=10.0))
     assert v.bottleneck == "load" and v.witness == "isolated costs"  # load, augment and collate merged: one stage
+
+
+def test_a_stage_the_rounds_read_with_the_next_ones_is_named_where_the_costs_alone_split_them():
+    # a 500-ms step behind 1 s of augment a batch at num_workers=0, only the ceiling and full
+    # measured (the budget held no more): the rounds read load, augment and collate as one
+    # row, 'load'; alone augment takes 80 ms of its 84.5, load 4 (issue 59: the planted
+    # augment at --max-seconds 20 was named 'load (with augment, collate)')
+    ms = {"device": [500.0], "full": [590.0]}
+    v = decide(by_round(ms), BS, NO_HANDOFF, alone=alone(load=4.0, augment=80.0, collate=0.5))
+    assert v.bottleneck == "augment" and v.witness == "isolated costs" and v.tied == ()
+    assert [round(v.within[n][0] * 1e3, 1) for n in ("load", "augment", "collate")] == [4.0, 80.0, 0.5]
+    assert v.reason.endswith("; within load, augment and collate, which the rounds read together as load's row "
+                             "(a point between them not measured), the costs alone give load 4.0, augment 80.0 and "
+                             "collate 0.5 ms per batch: augment first")
+    row = row_of(v, "augment")
+    assert row.stage == "load" and row.lower == "full" and row.upper == "device"  # the row stays as the rounds read it
+    assert named_cost(v, "augment") == pytest.approx(0.080) and named_cost(v, "load") == pytest.approx(0.004)
+    # the next rounds measure the points around augment
+    assert {"raw", "augmented"} <= deciding_points(v)
+    # the rounds reading the row real (six rounds of 90 ms): still augment within it
+    v = decide(by_round({"device": [500.0] * 6, "full": [590.0, 591.0, 589.0, 590.0, 592.0, 588.0]}), BS, NO_HANDOFF,
+               alone=alone(load=4.0, augment=80.0, collate=0.5))
+    assert row_of(v, "load").significant and v.bottleneck == "augment" and v.witness == "isolated costs"
+    # load and augment alike alone: a tie of the two, not load's row
+    v = decide(by_round(ms), BS, NO_HANDOFF, alone=alone(load=42.0, augment=41.0, collate=0.5))
+    assert v.bottleneck == "tie" and v.tied == ("load", "augment") and v.witness == "isolated costs"
+    # augment alike with collate, a row of its own (augmented measured): the tie spans both rows
+    v = decide(by_round({"device": [500.0], "augmented": [540.0], "full": [590.0]}), BS, NO_HANDOFF,
+               alone=alone(load=2.0, augment=40.0, collate=39.0))
+    assert v.bottleneck == "tie" and v.tied == ("augment", "collate") and set(v.within) == {"load", "augment"}
+    assert v.reason.endswith("the costs alone give load 2.0 and augment 40.0 ms per batch, and cannot order augment "
+                             "and collate (collate's 39.0)")
+    # augment not timed apart from load: the costs alone cannot split the row, which stays named
+    merged = witness.Alone({"load": 0.084, "collate": 0.0005}, {"load": 0.00084, "collate": 0.000005}, "serial", 0, 2,
+                           merged=True, samples=200)
+    v = decide(by_round(ms), BS, NO_HANDOFF, alone=merged)
+    assert v.bottleneck == "load" and not v.within
+    # all three measured: the rounds' own rows, nothing split
+    full = {"device": [500.0] * 6, "augmented": [500.5] * 6, "raw": [580.0] * 6, "full": [584.0] * 6}
+    v = decide(by_round(full), BS, NO_HANDOFF, alone=alone(load=4.0, augment=80.0, collate=0.5))
+    assert v.bottleneck == "augment" and v.witness == "both" and not v.within
+
+
+def test_two_items_whose_noise_is_the_slice_s_floor_order_as_the_floor_says():
+    # the planted 1-s augment a batch at --max-seconds 20: two items of load and augment
+    # timed, their own standard errors next to nothing; all the noise is the 10% floor
+    # (witness.SLICE_NOISE), no estimate of 1 degree of freedom
+    def record(se_load, se_augment):
+        return Isolated(items_per_batch=8, load=PerSample(ms_per_sample=2.23, se_ms_per_sample=se_load,
+                                                          includes=("load",), samples=2),
+                        augment=PerSample(ms_per_sample=125.2, se_ms_per_sample=se_augment, samples=2),
+                        collate=Collate(ms_per_batch=0.05, se_ms_per_batch=0.001, batches=66),
+                        workers=Workers(cores=2, step_threads=2))
+    ms = {"device": [2000.8], "full": [3019.2]}
+    a = witness.alone(record(0.009, 0.006), {"num_workers": 0}, "cpu")
+    assert a.samples == 2 and a.df > 1e6
+    v = decide(by_round(ms), BS, NO_HANDOFF, alone=a)
+    assert v.bottleneck == "augment" and v.witness == "isolated costs"
+    # the same two items spread by 20%: their own noise, at about 1.5 degrees of freedom, cannot order them
+    a = witness.alone(record(0.4, 25.0), {"num_workers": 0}, "cpu")
+    assert 1 < a.df < 2
+    assert decide(by_round(ms), BS, NO_HANDOFF, alone=a).bottleneck == "tie"
 
 
 def heavy(step_ms=2490.0, mode="serial", workers=0, **ms) -> witness.Alone:

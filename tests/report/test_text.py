@@ -925,3 +925,38 @@ def test_a_heavy_step_s_none_from_one_round_says_the_costs_alone_decided():
     assert "under the 5% at which no stage's cost could be real" in why and "(1 round)" in why
     assert "the step read 2500.0 ms in the loop and 2490.0 alone" in why
     assert "step 2500.00 ms/batch (2490.00 timed alone)" in " ".join(text.split())
+
+
+def test_a_stage_named_within_a_row_the_rounds_read_whole_is_reported_with_its_cost_alone():
+    # a 500-ms step behind 40 ms of augment a sample at num_workers=0; only the ceiling and
+    # full measured: the rounds read load, augment and collate as one row (issue 59)
+    def one(name, ms):
+        return PointResult(name, "ok", Throughput((Window(1, ms / 1e3, 0),), 2), first_batch_seconds=ms / 1e3)
+    points = [one("full", 590.0), PointResult("raw", "not run", reason="out of time"),
+              PointResult("augmented", "not run", reason="out of time"),
+              PointResult("collated", "skipped", reason="num_workers=0: nothing hands batches over"),
+              PointResult("host", "skipped", reason="no accelerator: host and device coincide"), one("device", 500.0)]
+    iso = {"status": "ok", "items_per_batch": 2, "batch_size": 2,
+           "load": {"status": "ok", "ms_per_sample": 2.0, "se_ms_per_sample": 0.05, "samples": 40, "includes": ["load"]},
+           "augment": {"status": "ok", "ms_per_sample": 40.0, "se_ms_per_sample": 0.5, "samples": 40},
+           "collate": {"status": "ok", "ms_per_batch": 0.5, "se_ms_per_batch": 0.01, "batches": 8},
+           "step": {"status": "ok", "ms_per_batch": 500.0, "source": "the device point", "alone_ms_per_batch": 498.0},
+           "workers": {"status": "ok", "cores": 2, "step_threads": 2}}
+    r = build(points, 2, "cpu", loader={"num_workers": 0}, isolated=iso, complete=False,
+              run={"max_seconds": 20.0, "rounds": 1, "verdict_s": 17.0, "settled": False})
+    assert r.bottleneck == "augment" and r.verdict.witness == "isolated costs"
+    text = to_text(r)
+    head = " ".join(blocks(text)[0])
+    assert head.startswith("Bottleneck: augment, named on the stages' costs alone: by them it costs the loop 80.0 ms of "
+                           "every 590.0-ms batch, where the rounds read 90.0 ms for load, augment and collate together, "
+                           "within their noise; what the loop would gain without it is not measured yet.")
+    assert "First change: make augment cheaper" in head
+    assert "Measured together with augment" not in text and "Make loading" not in text  # augment was timed apart
+    stages = table(text, "What each stage costs")
+    assert row(stages, "augment").split()[:3] == ["augment", "-", "80.00"]  # its cost alone, beside the merged mark
+    assert row(stages, "load").split()[:3] == ["load", "90.00", "84.50"]  # the row as the rounds read it
+    doc = json.loads(r.to_json())
+    assert doc["verdict"]["within"] == "load" and doc["bottleneck"] == "augment"
+    assert [(s["stage"], s["status"], s["alone_ms_per_batch"]) for s in doc["stages"][:3]] == [
+        ("load", "ok", 84.5), ("augment", "merged", 80.0), ("collate", "merged", 0.5)]
+    assert Report.from_dict(doc).to_dict()["verdict"] == doc["verdict"]
