@@ -13,7 +13,7 @@ import click
 
 from . import api
 from .core import faults
-from .core.errors import BisectError
+from .core.errors import AnalysisFailed, BisectError
 from .derive.drops import POINTS
 from .measure import board, distributed
 from .pipeline import entry
@@ -266,7 +266,7 @@ def _run(make_workload: Callable, *, json_path, html_path, max_seconds, device, 
         except BisectError as exc:
             if debug:
                 traceback.print_exc()
-            _fail(str(exc), exc.exit_code)
+            _fail(_saved(exc, json_path), exc.exit_code)
         except Exception as exc:
             if debug:
                 traceback.print_exc()
@@ -373,7 +373,7 @@ def _run_script(script: tuple, *, loader_index, keep_training, json_path, html_p
     except BisectError as exc:
         if debug:
             traceback.print_exc()
-        _fail(str(exc), exc.exit_code)
+        _fail(_saved(exc, json_path), exc.exit_code)
     try:  # SIGTERM still takes the Ctrl-C path: the check's copy of the script is removed
         if patch_path and made and rank0:
             # the check ends with --max-seconds, counted from the training loader's creation
@@ -448,6 +448,22 @@ def _show_errors(report: Report) -> None:
     for p in report.points:
         if p.status == "failed" and p.error:
             click.echo(f"bisect-pipeline: {p.point} failed; the original error:\n{p.error}", err=True)
+
+
+def _saved(exc: BisectError, json_path: Optional[str]) -> str:
+    """The error's message; where it is AnalysisFailed (a bug deriving the report) and
+    --json was given, the measurements written there first (document.measured_dict),
+    and the message says so: a bug in the analysis loses none of the run."""
+    if not isinstance(exc, AnalysisFailed) or not json_path or distributed.rank() != 0:
+        return str(exc)
+    import json
+
+    from .report import write_atomic
+    from .report.document import measured_dict
+
+    write_atomic(json_path, json.dumps(measured_dict(exc.measurements, str(exc)), indent=2) + "\n")
+    return (f"{exc}. What was measured is in {json_path}: a fixed version reads it back with "
+            "bisect_pipeline.Report.from_dict")
 
 
 def _fail(message: str, code: int) -> None:

@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from . import api, loop_patches, loop_target, phases
-from .core.errors import BisectError
+from .core.errors import AnalysisFailed, BisectError
 from .loop_end import Ending, ScriptStopped
 from .loop_loaders import Cadence, LoopIterator, Passthrough, Seen, data_of, described, epoch_length
 from .measure import allocator, devices, distributed
@@ -164,6 +164,8 @@ class Session(Ending):
             loop_patches.uninstall()
             if self._exit is not None:
                 os._exit, self._exit = self._exit, None
+        if isinstance(exc, ScriptStopped) and isinstance(exc.error, AnalysisFailed):
+            raise exc.error  # with the measurements, for the command line to write (cli._saved)
         if isinstance(exc, ScriptStopped) and exc.error is not None:
             raise BisectError(f"bisect-pipeline failed while measuring your loop: {type(exc.error).__name__}: "
                               f"{exc.error}") from exc.error
@@ -308,7 +310,10 @@ class Session(Ending):
         finally:
             self.busy = False
         if self.report is None:
-            self._report(interrupted=self.stopped is not None)
+            try:
+                self._report(interrupted=self.stopped is not None)
+            except AnalysisFailed as exc:  # a bug deriving the report: the script stopped, the measurements kept
+                self.error = exc
         if self.keep_training and self.error is None and self.stopped is None:
             raise Passthrough()
         self._stop_graphs()

@@ -187,3 +187,27 @@ def test_a_known_failure_is_told_as_cause_and_fix_and_debug_shows_the_original(t
     assert "the original error" not in r.stderr
     debug = cli_in_process(*args, "--debug", cwd=tmp_path)
     assert "full failed; the original error:" in debug.stderr and "No such file or directory" in debug.stderr
+
+
+def test_a_bug_deriving_the_report_still_writes_what_was_measured(tmp_path, monkeypatch):
+    from bisect_pipeline.report import Report, model
+    write_entry(tmp_path, "load", 0, name="mymod.py")
+    out = tmp_path / "r.json"
+
+    def broken(m):
+        raise TypeError("unsupported operand type(s) for *: 'NoneType' and 'float'")
+    monkeypatch.setattr(model, "diagnose", broken)  # the analysis alone: the measuring runs as always
+    r = cli_in_process("--entry", "mymod:make", "--json", str(out), "--max-seconds", "10", "--verify-seconds", "0",
+                       cwd=tmp_path)
+    assert r.returncode == 1
+    assert ("the report could not be derived from the measurements: TypeError: unsupported operand type(s) for *: "
+            "'NoneType' and 'float' (a bug in bisect-pipeline" in r.stderr)
+    assert f"What was measured is in {out}" in " ".join(r.stderr.split())
+    doc = json.loads(out.read_text())
+    assert doc["bottleneck"] is None and doc["verdict"]["analysis_failed"] is True
+    measured = {p["point"]: len(p["windows"]) for p in doc["points"] if p["status"] == "ok"}
+    assert measured.get("full") and measured.get("device"), doc["points"]
+    monkeypatch.undo()  # the bug fixed: the same measurements diagnosed again
+    again = Report.from_dict(doc)
+    assert again.bottleneck is not None
+    assert {p.point: len(p.throughput.windows) for p in again.points if p.status == "ok"} == measured

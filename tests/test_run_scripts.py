@@ -257,3 +257,24 @@ def test_a_script_that_cannot_be_measured_says_so_in_one_paragraph_and_writes_th
     assert doc["bottleneck"] is None and doc["mode"] == "loop" and doc["source"]["loaders"] == []
     assert said in doc["source"]["ended"]["no_loader"]
     assert {p["status"] for p in doc["points"]} == {"not run"}
+
+
+@pytest.mark.e2e
+def test_a_bug_deriving_the_report_under_run_still_writes_what_was_measured(tmp_path):
+    # the analysis alone broken (a stand-in for a bug of the tool's): the script is stopped,
+    # the measurements written, the error said once
+    (tmp_path / "train.py").write_text(SCRIPT)
+    out = tmp_path / "r.json"
+    broken = ("import sys\nfrom bisect_pipeline.report import model\n"
+              "def diagnose(m):\n    raise TypeError('planted')\n"
+              "model.diagnose = diagnose\nfrom bisect_pipeline.cli import main\nmain()\n")
+    proc = subprocess.run([sys.executable, "-c", broken, "run", "--json", str(out), "--max-seconds", "15",
+                           "--verify-seconds", "0", "train.py", "-j", "0"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    said = " ".join(proc.stderr.split())
+    assert "the report could not be derived from the measurements: TypeError: planted" in said
+    assert f"What was measured is in {out}" in said and "the script's own end" not in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "loop" and doc["verdict"]["analysis_failed"] is True
+    assert any(p["status"] == "ok" and p["windows"] for p in doc["points"] if p["point"] == "full")

@@ -10,3 +10,17 @@ class BisectError(Exception):
     """
 
     exit_code = 2
+
+
+class AnalysisFailed(BisectError):
+    """Deriving the report from a run's measurements failed: a bug of the tool's, not a
+    problem with the user's input. `measurements` keeps what was measured: the CLI writes
+    them to --json (report.document.measured_dict), for a fixed version to diagnose again
+    (Report.from_dict), so that a bug in the analysis loses none of the run."""
+
+    exit_code = 1
+
+    def __init__(self, measurements, cause: BaseException) -> None:
+        super().__init__(f"the report could not be derived from the measurements: {type(cause).__name__}: {cause} "
+                         "(a bug in bisect-pipeline: please report it with the traceback --debug prints)")
+        self.measurements = measurements

@@ -249,12 +249,12 @@ class Rounds:
         step after their start too, Visit._after_start), over the share of --max-seconds
         the rounds may use; rounded up to 10 s. None without `full` to measure or without
         the costs alone."""
-        exp = self.exp
-        if "full" not in todo or exp.alone() is None:
+        exp, alone = self.exp, self.exp.alone()
+        if "full" not in todo or alone is None:
             return None
         step = exp.step_estimate() or 0.0
         light = exp.input_light(step, exp.spec.num_workers)
-        names = {todo[0], "full"} | (set() if light else set(alone_first(exp.alone())) & set(todo))
+        names = {todo[0], "full"} | (set() if light else set(alone_first(alone)) & set(todo))
         need = self._points_from - exp.start + sum(exp.least_visit_seconds(n, windows=1) for n in names)
         if not exp.loop:
             need += step * sum(1 for n in names if exp.worker_point(n))

@@ -85,6 +85,25 @@ def to_dict(r: "Diagnosis") -> dict:
     }
 
 
+def measured_dict(m: Measurements, error: str) -> dict:
+    """What a run measured, in the document's own form, where deriving its report failed
+    (errors.AnalysisFailed): no verdict, the error as its reason; everything measurements_of
+    reads, so that a fixed version diagnoses it again (Report.from_dict)."""
+    return {
+        "schema_version": SCHEMA_VERSION, "tool": "bisect-pipeline", "mode": m.mode, "complete": m.complete,
+        "interrupted": m.interrupted, "device": m.device, "batch_size": m.batch_size,
+        "batch_size_source": m.batch_size_source, "bottleneck": None,
+        "verdict": {"bottleneck": None, "reason": error, "analysis_failed": True},
+        "points": [point_dict(p) for p in m.points], "loader": m.loader, "source": m.source,
+        "cache": m.cache.to_dict() if m.cache.batches is not None else {},
+        "notes": [n.to_dict() for n in m.notes], "run": m.run.to_dict(),
+        "isolated": m.isolated.to_dict() if m.isolated is not None else {},
+        "syncs": m.syncs.to_dict() if m.syncs is not None else {},
+        "verification": m.verification.to_dict() if m.verification is not None else {},
+        "tune": {"schema_version": TUNE_SCHEMA_VERSION, **m.tune.to_dict()} if m.tune is not None else {},
+    }
+
+
 # Version of the `tune` section (--tune), within the document's own schema_version:
 #   1 - the search's record (results.Tuning: the space, the raw windows of each candidate's
 #       trial, why it stopped, the patch, the patched script's trial), and what was derived

@@ -8,6 +8,7 @@ import json
 from typing import Any, Iterable, Optional
 
 from ..advise.diagnose import diagnose
+from ..core.errors import AnalysisFailed, BisectError
 from ..core.results import (AllocatorHold, CacheInfo, Isolated, Measurements, Note, PointResult, RunInfo, Syncs,
                             Verification)
 from ..derive.findings import Diagnosis
@@ -23,8 +24,14 @@ class Report(Diagnosis):
 
     @classmethod
     def of(cls, m: Measurements) -> "Report":
-        """The report of a run's measurements."""
-        d = diagnose(m)
+        """The report of a run's measurements; AnalysisFailed, with them, where deriving it
+        fails (a bug: the measurements are still written, cli._saved)."""
+        try:
+            d = diagnose(m)
+        except BisectError:
+            raise
+        except Exception as exc:
+            raise AnalysisFailed(m, exc) from exc
         return cls(**{f.name: getattr(d, f.name) for f in dataclasses.fields(Diagnosis)})
 
     @classmethod
