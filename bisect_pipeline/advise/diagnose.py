@@ -25,7 +25,7 @@ from ..core.results import NOT_SELECTED, CacheInfo, Measurements, Note, PointRes
 from ..core.stats import NOISY_REL_IQR
 from ..derive import drops, witness
 from ..derive.findings import Diagnosis, Finding
-from ..derive.verdict import Verdict, decide, in_question, row_of, self_check
+from ..derive.verdict import Verdict, decide, row_of, self_check
 from . import advice as advice_mod, context, outcome, tune, wording
 
 
@@ -267,20 +267,17 @@ def _lost(d: Diagnosis) -> str:
 
 
 def _within_summary(d: Diagnosis) -> str:
-    """A stage named (or a tie) within a row the rounds read whole, by the costs alone
+    """A stage named within a row the rounds read whole, by the costs alone
     (verdict._within): its cost alone as the loop pays it, the row's reading beside it."""
     v = d.verdict
-    asked = in_question(v)
-    row = row_of(v, asked[0])
+    row = row_of(v, v.bottleneck)
     t_full = v.fitted.get("full")
     of = f" of every {t_full * 1e3:.1f}-ms batch" if t_full else " per batch"
-    costs = " and ".join(f"{(v.within.get(n) or v.predicted[n])[0] * 1e3:.1f}" for n in asked)  # all alone
-    named = (f"{asked[0]}, named on the stages' costs alone: by them it costs the loop {costs} ms{of}" if len(asked) == 1
-             else f"{', '.join(asked[:-1])} and {asked[-1]}, tied on the stages' costs alone: {costs} ms{of}")
     noise = "" if row.significant else ", within their noise"
-    return (f"Bottleneck: {named}, where the rounds read {row.sec_per_batch * 1e3:.1f} ms for "
-            f"{', '.join(row.includes[:-1])} and {row.includes[-1]} together{noise}; what the loop would gain "
-            f"without {'it' if len(asked) == 1 else 'them'} is not measured yet.")
+    return (f"Bottleneck: {v.bottleneck}, named on the stages' costs alone: by them it costs the loop "
+            f"{v.within[v.bottleneck][0] * 1e3:.1f} ms{of}, where the rounds read {row.sec_per_batch * 1e3:.1f} ms "
+            f"for {', '.join(row.includes[:-1])} and {row.includes[-1]} together{noise}; what the loop would gain "
+            "without it is not measured yet.")
 
 
 def _tie_summary(d: Diagnosis) -> str:

@@ -83,7 +83,8 @@ def signal_meaning(name: str) -> Optional[str]:
     return next((meaning for sig, meaning, _ in SIGNALS.values() if sig == name), None)
 
 
-_KILLED = re.compile(r"is killed by signal: ([A-Za-z ]+)\.")
+# the signal's name, with or without torch's period after it (a message cut, or re-raised bare)
+_KILLED = re.compile(r"is killed by signal: ([A-Za-z]+(?: [A-Za-z]+)*)")
 _EXITED = re.compile(r"exited unexpectedly(?: with exit code (-?\d+))?")
 _FD = re.compile(r"Too many open files|\[Errno 24\]|received 0 items of ancdata", re.I)
 _SHM = re.compile(r"unable to (?:allocate|write to|mmap|open|resize|extend)[^\n]*(?:shared memory|</torch_)|"

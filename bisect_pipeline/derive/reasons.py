@@ -156,17 +156,12 @@ def bound_alone(top: str, tied: tuple, predicted: Mapping, a: witness.Alone, *, 
                     f"{runner}'s {_ms(predicted[runner][0])}" if runner else "")
 
 
-def within(row: StageCost, top: str, tied: tuple, split: Mapping, every: Mapping) -> str:
+def within(row: StageCost, top: str, split: Mapping) -> str:
     """A row the rounds read whole, split by the costs alone (verdict._within): each of
-    its stages' drop (`split`), then `top` first or the stages `tied` (`every`: with the
-    other rows' stages, as the loop would pay them)."""
+    its stages' drop, as the loop would pay it, and `top` first."""
     figures = _and([f"{n} {_ms(split[n][0])}" for n in split])
-    where = (f"within {_and(list(row.includes))}, which the rounds read together as {row.stage}'s row (a point "
-             f"between them not measured), the costs alone give {figures} ms per batch")
-    if not tied:
-        return f"{where}: {top} first"
-    outside = [f"{n}'s {_ms(every[n][0])}" for n in tied if n not in split]
-    return f"{where}, and cannot order {_and(list(tied))}" + (f" ({_and(outside)})" if outside else "")
+    return (f"within {_and(list(row.includes))}, which the rounds read together as {row.stage}'s row (a point "
+            f"between them not measured), the costs alone give {figures} ms per batch: {top} first")
 
 
 def none_alone(a: witness.Alone, *, up: float, rest: float, low: float, read: float) -> str:

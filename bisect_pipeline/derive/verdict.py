@@ -338,10 +338,11 @@ def _within(v: Verdict, cost: Mapping, pred: witness.Prediction, noise_scale: fl
     """A named stage whose row the rounds read with the next ones ('load (with augment,
     collate)': a point between them not measured), split by the costs alone into each of
     its worker stages' predicted drop (_split): their leader is named where it leads the
-    others and every other row's stage by the costs alone beyond their noise, else a tie
-    of it and those it does not lead (witness "isolated costs"); the row stays as the
-    rounds read it. Unchanged where the costs alone cannot split the row, or put no cost
-    in it beyond their noise, or put another row's stage first."""
+    others and every other row's stage by the costs alone beyond their noise (witness
+    "isolated costs"); the row stays as the rounds read it. Unchanged where the costs
+    alone cannot split the row, put no cost in it beyond their noise, put another row's
+    stage first, or cannot order their leader: a tie of the stages within says no more
+    than the row does, and loses what the rounds settled on it."""
     row = cost.get(v.bottleneck) if v.bottleneck in STAGES else None
     split = _split(row, pred) if row is not None else {}
     if len(split) < 2:
@@ -353,12 +354,11 @@ def _within(v: Verdict, cost: Mapping, pred: witness.Prediction, noise_scale: fl
     if d <= Z_UPPER * se or any(p[0] > d for p in others.values()):
         return v
     every = {**split, **others}
-    behind = [n for n in every if n != top and not (lambda c: c.real and c.estimate > 0)(
-        _alone_lead(every, a, top, n, noise_scale))]
-    tied = tuple(sorted([top, *behind], key=lambda n: -every[n][0])) if behind else ()
-    reason = f"{v.reason}; {reasons.within(row, top, tied, split, every)}"
-    return dataclasses.replace(v, bottleneck="tie" if tied else top, tied=tied, witness="isolated costs",
-                               within=split, reason=reason)
+    if any(not (lambda c: c.real and c.estimate > 0)(_alone_lead(every, a, top, n, noise_scale))
+           for n in every if n != top):
+        return v
+    return dataclasses.replace(v, bottleneck=top, tied=(), witness="isolated costs", within=split,
+                               reason=f"{v.reason}; {reasons.within(row, top, split)}")
 
 
 def _split(row: StageCost, pred: witness.Prediction) -> dict:
@@ -476,7 +476,9 @@ def settled(v: Verdict, more_noise: Verdict, less_noise: Verdict) -> bool:
     real with more rounds); a `tie` settles only where its leads are under MIN_REL_DROP
     of t(full), the floor no amount of measuring lowers (the stages cost the same for any
     purpose), and stays the same tie with less noise and with more (a tie says the
-    pipeline is input-bound: like a named stage, that must stand with the margin). Never
+    pipeline is input-bound: like a named stage, that must stand with the margin); a stage
+    named within a row the costs alone split (_within), where more noise names it or its
+    row (more rounds leave the split as it is: they can only change the row). Never
     an inconclusive verdict, nor one whose two witnesses disagree (`disagree`: a reading
     beyond both noises from its cost alone, or the two ordering stages the other way
     round): its rounds are suspect, and more of them may show it; nor one that names a stage
@@ -487,6 +489,9 @@ def settled(v: Verdict, more_noise: Verdict, less_noise: Verdict) -> bool:
         return False
     if v.bottleneck == "none":
         return less_noise.bottleneck == "none"
+    if v.within:  # more rounds leave the costs alone's split as it is: what they can change is the row
+        row = row_of(v, v.bottleneck)
+        return more_noise.bottleneck in (v.bottleneck, row.stage if row is not None else None)
     if v.bottleneck == "tie":
         floor = MIN_REL_DROP * v.fitted["full"]
         return (less_noise.tied == v.tied == more_noise.tied  # () for any verdict but a tie
@@ -542,8 +547,8 @@ def left_out_in_question(v: Verdict) -> set:
 
 def deciding_points(v: Verdict) -> set:
     """The points whose measurement can still change verdict `v`: around the stages of a
-    tie; around the named stage and its runner-up; around each stage in question, `full`
-    and the ceiling, where one lies within a row the costs alone split; `full` and the
+    tie; around the named stage and its runner-up; around the named stage, `full` and the
+    ceiling, where it lies within a row the costs alone split; `full` and the
     ceiling when the question is the gap (none, or inconclusive after FEW_ROUNDS rounds); every costed
     point without a verdict or in an inconclusive one of fewer rounds; a point left out
     that merges a stage in question (left_out_in_question)."""
@@ -554,8 +559,9 @@ def _deciding(v: Verdict) -> set:
     costed = drops.costed(v.stages)
     if v.bottleneck is None:
         return {p for s in costed for p in (s.lower, s.upper)} | {"full"}
-    if v.within:  # named or tied within a row the rounds read whole: the points around each
-        return {p for n in in_question(v) for p in POINTS[STAGES.index(n):STAGES.index(n) + 2]} | {"full", v.ceiling}
+    if v.within:  # named within a row the rounds read whole: the points around it
+        i = STAGES.index(v.bottleneck)
+        return set(POINTS[i:i + 2]) | {"full", v.ceiling}
     if v.bottleneck == "tie":
         return {p for s in costed if s.stage in v.tied for p in (s.lower, s.upper)} | {"full"}
     if v.bottleneck in STAGES:

@@ -156,6 +156,9 @@ def test_signal_meanings_come_from_the_cause_chain():
         stage, reason = faults.classify(exc)
     assert stage == "worker" and "/dev/shm" in reason
     assert "native crash" in faults.classify(RuntimeError("worker (pid 3) is killed by signal: Segmentation fault."))[1]
+    # without torch's period (a message cut, or re-raised bare): the same meaning
+    assert "/dev/shm" in faults.classify(RuntimeError("DataLoader worker (pid 1) is killed by signal: Bus error"))[1]
+    assert "out-of-memory" in faults.classify(RuntimeError("worker (pid 2) is killed by signal: Killed"))[1]
 
 
 # ---------------------------------------------------------------- hangs
