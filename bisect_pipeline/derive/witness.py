@@ -221,7 +221,11 @@ class Prediction:
             return None
         d = self.times[lower] - self.times[upper]
         if self.alone.mode == "parallel":
-            se = math.hypot(self.se[lower], self.se[upper])
+            # both over the step: the stages between over the workers (the work they share
+            # is one measurement, not two); else the one over it alone (the other's is 0)
+            both = self.se[lower] > 0 and self.se[upper] > 0
+            se = (_between_se(self.alone, lower, upper, self.base_point) / self.alone.workers if both
+                  else math.hypot(self.se[lower], self.se[upper]))
             return d, se, se
         # serial and shared: k (work(lower) - work(upper)), the stages between counted once
         wl, wu = self.alone.at(lower), (self.alone.at(upper) if upper != self.base_point else (0.0, 0.0))

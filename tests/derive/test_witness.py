@@ -138,6 +138,15 @@ def test_a_stage_the_rounds_read_with_the_next_ones_is_named_where_the_costs_alo
     v = decide(by_round({"device": [500.0], "augmented": [540.0], "full": [590.0]}), BS, NO_HANDOFF,
                alone=alone(load=2.0, augment=40.0, collate=39.0))
     assert not v.within and v.bottleneck != "augment"
+    # 2 workers on cores of their own behind a 37-ms step, 112 ms of augment a batch: load's
+    # drop, both points over the step, is its own work's noise over the workers, not the
+    # noise of the two points' work, which share augment's (tests/test_run_scripts.py's
+    # script at --points full,augmented,device)
+    on_cores = witness.Alone({"load": 0.0005, "augment": 0.112, "collate": 0.0003},
+                             {"load": 0.00005, "augment": 0.0112, "collate": 0.00003}, "parallel", 2, 2, samples=30)
+    v = decide(by_round({"device": [36.8] * 4, "augmented": [36.8] * 4, "full": [59.5, 55.0, 62.0, 60.0]}), BS,
+               NO_HANDOFF, alone=on_cores)
+    assert v.bottleneck == "augment" and v.within["load"][1] == pytest.approx(0.000025)
     # augment not timed apart from load: the costs alone cannot split the row, which stays named
     merged = witness.Alone({"load": 0.084, "collate": 0.0005}, {"load": 0.00084, "collate": 0.000005}, "serial", 0, 2,
                            merged=True, samples=200)
