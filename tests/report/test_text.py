@@ -897,25 +897,32 @@ def test_a_fast_step_whose_load_reads_above_its_cost_alone_round_after_round_is_
         in text
 
 
+def one_round(full_ms: float, device_ms: float, *, load: float, augment: float, step_alone: float, budget: float,
+              verdict_s: float):
+    """A run of one round of the ceiling and `full` only (the points between out of time),
+    num_workers=0, 2 samples a batch, load and augment alone in ms a sample (issue 59)."""
+    def one(name, ms):
+        return PointResult(name, "ok", Throughput((Window(1, ms / 1e3, 0),), 2), first_batch_seconds=ms / 1e3)
+    points = [one("full", full_ms), PointResult("raw", "not run", reason="out of time"),
+              PointResult("augmented", "not run", reason="out of time"),
+              PointResult("collated", "skipped", reason="num_workers=0: nothing hands batches over"),
+              PointResult("host", "skipped", reason="no accelerator: host and device coincide"), one("device", device_ms)]
+    iso = {"status": "ok", "items_per_batch": 2, "batch_size": 2,
+           "load": {"status": "ok", "ms_per_sample": load, "se_ms_per_sample": load / 40, "samples": 40,
+                    "includes": ["load"]},
+           "augment": {"status": "ok", "ms_per_sample": augment, "se_ms_per_sample": augment / 40, "samples": 40},
+           "collate": {"status": "ok", "ms_per_batch": 0.5, "se_ms_per_batch": 0.01, "batches": 8},
+           "step": {"status": "ok", "ms_per_batch": device_ms, "source": "the device point",
+                    "alone_ms_per_batch": step_alone},
+           "workers": {"status": "ok", "cores": 2, "step_threads": 2}}
+    return build(points, 2, "cpu", loader={"num_workers": 0}, isolated=iso, complete=False,
+                 run={"max_seconds": budget, "rounds": 1, "verdict_s": verdict_s, "settled": False})
+
+
 def test_a_heavy_step_s_none_from_one_round_says_the_costs_alone_decided():
     # the torchvision detection reference at 30 s: one round of the ceiling and full, a
     # 2.5-s step timed alone at 2.49 s, load and augment 25 ms a batch alone (issue 59)
-    def one(name, ms):
-        tp = Throughput((Window(1, ms / 1e3, 0),), 2)
-        return PointResult(name, "ok", tp, first_batch_seconds=ms / 1e3)
-    points = [one("full", 2560.0), PointResult("raw", "not run", reason="out of time"),
-              PointResult("augmented", "not run", reason="out of time"),
-              PointResult("collated", "skipped", reason="num_workers=0: nothing hands batches over"),
-              PointResult("host", "skipped", reason="no accelerator: host and device coincide"), one("device", 2500.0)]
-    iso = {"status": "ok", "items_per_batch": 2, "batch_size": 2,
-           "load": {"status": "ok", "ms_per_sample": 4.0, "se_ms_per_sample": 0.1, "samples": 40, "includes": ["load"]},
-           "augment": {"status": "ok", "ms_per_sample": 8.25, "se_ms_per_sample": 0.2, "samples": 40},
-           "collate": {"status": "ok", "ms_per_batch": 0.5, "se_ms_per_batch": 0.01, "batches": 8},
-           "step": {"status": "ok", "ms_per_batch": 2500.0, "source": "the device point",
-                    "alone_ms_per_batch": 2490.0},
-           "workers": {"status": "ok", "cores": 2, "step_threads": 2}}
-    r = build(points, 2, "cpu", loader={"num_workers": 0}, isolated=iso, complete=False,
-              run={"max_seconds": 30.0, "rounds": 1, "verdict_s": 27.0, "settled": False})
+    r = one_round(2560.0, 2500.0, load=4.0, augment=8.25, step_alone=2490.0, budget=30.0, verdict_s=27.0)
     assert r.bottleneck == "none" and r.verdict.witness == "isolated costs"
     text = to_text(r)
     head = " ".join(blocks(text)[0])
@@ -930,20 +937,7 @@ def test_a_heavy_step_s_none_from_one_round_says_the_costs_alone_decided():
 def test_a_stage_named_within_a_row_the_rounds_read_whole_is_reported_with_its_cost_alone():
     # a 500-ms step behind 40 ms of augment a sample at num_workers=0; only the ceiling and
     # full measured: the rounds read load, augment and collate as one row (issue 59)
-    def one(name, ms):
-        return PointResult(name, "ok", Throughput((Window(1, ms / 1e3, 0),), 2), first_batch_seconds=ms / 1e3)
-    points = [one("full", 590.0), PointResult("raw", "not run", reason="out of time"),
-              PointResult("augmented", "not run", reason="out of time"),
-              PointResult("collated", "skipped", reason="num_workers=0: nothing hands batches over"),
-              PointResult("host", "skipped", reason="no accelerator: host and device coincide"), one("device", 500.0)]
-    iso = {"status": "ok", "items_per_batch": 2, "batch_size": 2,
-           "load": {"status": "ok", "ms_per_sample": 2.0, "se_ms_per_sample": 0.05, "samples": 40, "includes": ["load"]},
-           "augment": {"status": "ok", "ms_per_sample": 40.0, "se_ms_per_sample": 0.5, "samples": 40},
-           "collate": {"status": "ok", "ms_per_batch": 0.5, "se_ms_per_batch": 0.01, "batches": 8},
-           "step": {"status": "ok", "ms_per_batch": 500.0, "source": "the device point", "alone_ms_per_batch": 498.0},
-           "workers": {"status": "ok", "cores": 2, "step_threads": 2}}
-    r = build(points, 2, "cpu", loader={"num_workers": 0}, isolated=iso, complete=False,
-              run={"max_seconds": 20.0, "rounds": 1, "verdict_s": 17.0, "settled": False})
+    r = one_round(590.0, 500.0, load=2.0, augment=40.0, step_alone=498.0, budget=20.0, verdict_s=17.0)
     assert r.bottleneck == "augment" and r.verdict.witness == "isolated costs"
     text = to_text(r)
     head = " ".join(blocks(text)[0])
