@@ -78,7 +78,7 @@ class Context:
         """A stage cost to act on: real by the rounds, or named (or tied) on the stages'
         costs alone where the rounds could not tell (verdict.Verdict.witness)."""
         s, v = self.stage(name), self.r.verdict
-        if name in v.within and name in in_question(v):  # within a row the costs alone split
+        if v.within and name == v.bottleneck:  # named within a row the costs alone split
             return True
         if s is None or s.status != "ok":
             return False

@@ -25,7 +25,8 @@ from ..core.results import NOT_SELECTED, CacheInfo, Measurements, Note, PointRes
 from ..core.stats import NOISY_REL_IQR
 from ..derive import drops, witness
 from ..derive.findings import Diagnosis, Finding
-from ..derive.verdict import Verdict, decide, row_of, self_check
+from ..derive.self_check import self_check
+from ..derive.verdict import Verdict, decide, row_of
 from . import advice as advice_mod, context, outcome, tune, wording
 
 

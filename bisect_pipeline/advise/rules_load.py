@@ -32,7 +32,7 @@ def storage(c: Context):
                f"input at {rate:,.0f} samples/s")
     numbers["headroom"] = headroom(c, "load")
     # the transforms not split from loading: timed alone together, or no raw point to cache at
-    raw = c.r.point("raw") if any(p.point == "raw" for p in c.r.points) else None
+    raw = next((p for p in c.r.points if p.point == "raw"), None)
     together = "augment" in (load.includes or ()) if load is not None else raw is not None and raw.status == "unavailable"
     merged = "Measured together with augment: the transforms could not be split." if together else ""
     split = load.split if load is not None and load.split is not None and load.split.ok else None

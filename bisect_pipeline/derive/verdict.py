@@ -204,7 +204,9 @@ def _witnessed(v: Verdict, a: Optional[witness.Alone], *, noise_scale: float) ->
         v = dataclasses.replace(v, witness="both" if top == v.bottleneck else "rounds")
     elif v.bottleneck == "inconclusive":
         bound = _bound_alone(v, predicted, pred, gap, t_full=t_full, noise_scale=noise_scale)
-        return bound if bound is not v else _none_alone(v, pred, base_point, gap, t_full=t_full, noise_scale=noise_scale)
+        if bound is v:
+            return _none_alone(v, pred, base_point, gap, t_full=t_full, noise_scale=noise_scale)
+        v = bound
     return _within(v, cost, pred, noise_scale)
 
 
@@ -215,6 +217,12 @@ def _alone_lead(predicted: Mapping, a: witness.Alone, top: str, other: str, nois
     (p, e, _), (q, f, _) = predicted[top], predicted[other]
     n = max(2, a.samples)
     return compare(Contrast(p - q, math.hypot(e, f), n - 1 if a.df is None else a.df, n), max(p, q), scale=noise_scale)
+
+
+def _leads_alone(predicted: Mapping, a: witness.Alone, top: str, other: str, noise_scale: float) -> bool:
+    """Whether `top` leads `other` by the costs alone, beyond their noise (_alone_lead)."""
+    c = _alone_lead(predicted, a, top, other, noise_scale)
+    return c.real and c.estimate > 0
 
 
 def _disagreeing(v: Verdict, cost: Mapping, predicted: Mapping, a: witness.Alone, t_full: float, *,
@@ -301,8 +309,7 @@ def _ordered_alone(v: Verdict, cost: Mapping, predicted: Mapping, a: witness.Alo
         if other == top:
             continue
         by_rounds = leads.get(other)
-        by_alone = _alone_lead(predicted, a, top, other, noise_scale) if other in predicted else None
-        alone_ok = by_alone is not None and by_alone.real and by_alone.estimate > 0
+        alone_ok = other in predicted and _leads_alone(predicted, a, top, other, noise_scale)
         if other in v.tied and not alone_ok:
             return v
         if not alone_ok and not (by_rounds is not None and by_rounds.real):
@@ -326,12 +333,10 @@ def _bound_alone(v: Verdict, predicted: Mapping, pred: witness.Prediction, gap: 
         return v  # the rounds read less than the least the costs alone allow: they disagree
     a = pred.alone
     top = max(predicted, key=lambda n: predicted[n][0])
-    behind = [n for n in predicted if n != top and not (lambda c: c.real and c.estimate > 0)(
-        _alone_lead(predicted, a, top, n, noise_scale))]
+    behind = [n for n in predicted if n != top and not _leads_alone(predicted, a, top, n, noise_scale)]
     tied = tuple(sorted([top, *behind], key=lambda n: -predicted[n][0])) if behind else ()
     reason = reasons.bound_alone(top, tied, predicted, a, low=low, t_full=t_full, read=gap.estimate)
-    v = dataclasses.replace(v, bottleneck="tie" if tied else top, tied=tied, witness="isolated costs", reason=reason)
-    return _within(v, {s.stage: s for s in v.stages if s.status == "ok"}, pred, noise_scale)
+    return dataclasses.replace(v, bottleneck="tie" if tied else top, tied=tied, witness="isolated costs", reason=reason)
 
 
 def _within(v: Verdict, cost: Mapping, pred: witness.Prediction, noise_scale: float) -> Verdict:
@@ -354,8 +359,7 @@ def _within(v: Verdict, cost: Mapping, pred: witness.Prediction, noise_scale: fl
     if d <= Z_UPPER * se or any(p[0] > d for p in others.values()):
         return v
     every = {**split, **others}
-    if any(not (lambda c: c.real and c.estimate > 0)(_alone_lead(every, a, top, n, noise_scale))
-           for n in every if n != top):
+    if not all(_leads_alone(every, a, top, n, noise_scale) for n in every if n != top):
         return v
     return dataclasses.replace(v, bottleneck=top, tied=(), witness="isolated costs", within=split,
                                reason=f"{v.reason}; {reasons.within(row, top, split)}")
@@ -571,29 +575,3 @@ def _deciding(v: Verdict) -> set:
         # measured between adjacent visits may turn real before the gap does
         return {p for s in costed for p in (s.lower, s.upper)} | {"full"}
     return {"full", v.ceiling}
-
-
-def self_check(points: Mapping[str, float], v: Verdict, num_workers: Optional[int], pinned_transfer: bool) -> list:
-    """The report's rules (SPEC.md, "Rules that are not negotiable") checked on the
-    numbers the report will show: `points` maps each ok point to the samples/s it shows.
-    Returns one warning line per broken rule (none when the report agrees with itself)."""
-    out = []
-    names = [p for p in POINTS if p in points]
-    for i, up in enumerate(names):
-        for down in names[i + 1:]:
-            if points[down] < points[up] * (1 - 1e-6):  # the shown rates are fitted: any slower is a bug
-                out.append(f"{down} slower than {up}")
-    real = [s for s in v.stages if s.status == "ok" and s.significant]
-    for s in real:
-        if (s.share_of_gap or 0) > 1.0 + 1e-9:
-            out.append(f"{s.stage} at {s.share_of_gap:.0%} of the gap")
-    if v.bottleneck == "none" and real:
-        out.append(f"none beside a real cost of {', '.join(s.stage for s in real)}")
-    if v.bottleneck in STAGES and v.witness != "isolated costs" and any(not lead.real for lead in v.leads):
-        out.append(f"{v.bottleneck} named on a lead within the noise")
-    if v.bottleneck == "tie" and v.witness != "disagree" and any(lead.real for lead in v.leads if lead.over in v.tied):
-        out.append(f"a tie of {', '.join(v.tied)} led beyond the noise")
-    if num_workers == 0 and not pinned_transfer and any(s.stage == "handoff" for s in real):
-        out.append("a real handoff at num_workers=0")
-    # a rule broken is the tool's bug, not the pipeline's: the document reproduces it
-    return [f"Tool bug ({p}): report it with the --json file." for p in out]

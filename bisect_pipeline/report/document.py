@@ -67,7 +67,7 @@ def to_dict(r: "Diagnosis") -> dict:
             "witness": v.witness,
             "model": v.model,
             "disagree": list(v.disagree),
-            "within": row.stage if v.within and (row := row_of(v, next(iter(v.within)))) is not None else None,
+            "within": row_of(v, v.bottleneck).stage if v.within else None,
         },
         "points": [point_dict(p, v.fitted.get(p.point), r.measured_rate(p.point)) for p in r.points],
         "stages": [stage_dict(s, full, alone_drop(v, s)) for s in v.stages],

@@ -113,7 +113,8 @@ def stage_table(r: "Diagnosis", marks: Optional[Footnotes] = None) -> str:
     marks = marks if marks is not None else Footnotes()
     rows, classes = [], []
     for s in r.verdict.stages:
-        alone = alone_drop(r.verdict, s)  # the second witness: the stage's drop from its cost alone
+        drop = alone_drop(r.verdict, s)  # the second witness: the stage's drop from its cost alone
+        alone = "-" if drop is None else f"{drop[0] * 1e3:.2f}"
         if s.status == "ok":
             note = []
             if len(s.includes) > 1:
@@ -122,12 +123,12 @@ def stage_table(r: "Diagnosis", marks: Optional[Footnotes] = None) -> str:
                 note.append("within the measurement noise" + noise_text(s.sigma, " ms"))
             if s.stage in r.verdict.disagree:
                 note.append("disagrees with its cost alone")
-            rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}", "-" if alone is None else f"{alone[0] * 1e3:.2f}",
+            rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}", alone,
                          "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
                          num(s.samples_per_sec_if_free),
                          "; ".join(note)])
         else:
-            rows.append([s.stage, "-", "-" if alone is None else f"{alone[0] * 1e3:.2f}", "-", "-",
+            rows.append([s.stage, "-", alone, "-", "-",
                          marks.mark(s.status, s.reason)])
         classes.append("bottleneck" if s.stage in in_question(r.verdict) else None)
     loop = text_mod.loop_row(r)  # the stages in the loop's own process: at every point, in no stage

@@ -315,9 +315,10 @@ def _stage_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
     rows = []
     full = r.rate("full")
     for s in r.verdict.stages:
-        alone = alone_drop(r.verdict, s)  # the second witness: the stage's drop from its cost alone
+        drop = alone_drop(r.verdict, s)  # the second witness: the stage's drop from its cost alone
+        alone = "-" if drop is None else f"{drop[0] * 1e3:.2f}"
         if s.status != "ok":
-            rows.append([s.stage, "-", "-" if alone is None else f"{alone[0] * 1e3:.2f}", "-", "-", "-",
+            rows.append([s.stage, "-", alone, "-", "-", "-",
                          marks.mark(s.status, s.reason)])
             continue
         gain = gain_if_free(s, full)
@@ -328,7 +329,7 @@ def _stage_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
             notes.append("includes " + ", ".join(s.includes))
         if s.stage in r.verdict.disagree:
             notes.append("disagrees with its cost alone")
-        rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}", "-" if alone is None else f"{alone[0] * 1e3:.2f}",
+        rows.append([s.stage, f"{s.sec_per_batch * 1e3:.2f}", alone,
                      "-" if s.share_of_gap is None else f"{s.share_of_gap * 100:.0f}%",
                      num(s.samples_per_sec_if_free), "-" if gain is None else f"{gain * 100:+.0f}%",
                      "; ".join(notes)])

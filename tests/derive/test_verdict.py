@@ -9,8 +9,9 @@ import pytest
 
 from bisect_pipeline.core.stats import MIN_REL_DROP, Contrast, Throughput, Window, is_real
 from bisect_pipeline.derive.drops import Lead
+from bisect_pipeline.derive.self_check import self_check
 from bisect_pipeline.derive.verdict import (NONE_MAX_LOSS, SETTLE_NOISE_SCALE, Z_UPPER, Verdict, decide, deciding_points,
-                                            in_question, rounds_to_decide, self_check, settled)
+                                            in_question, rounds_to_decide, settled)
 
 BS = 10
 

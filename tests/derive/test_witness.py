@@ -5,8 +5,8 @@ import pytest
 
 from bisect_pipeline.derive import witness
 from bisect_pipeline.core.results import Collate, InLoop, Isolated, PerSample, StepTime, Workers
-from bisect_pipeline.derive.verdict import (SETTLE_NOISE_SCALE, decide, deciding_points, named_cost, row_of, self_check,
-                                            settled)
+from bisect_pipeline.derive.self_check import self_check
+from bisect_pipeline.derive.verdict import SETTLE_NOISE_SCALE, decide, deciding_points, named_cost, row_of, settled
 from test_verdict import BS, NO_HANDOFF, by_round
 
 CPU = {"host": "no accelerator: host and device coincide"}

@@ -574,7 +574,8 @@ def warned_report() -> Report:
     from bisect_pipeline.report import PointResult, build
     from bisect_pipeline.core.results import Note
     from bisect_pipeline.core.stats import Throughput, Window
-    from bisect_pipeline.derive.verdict import decide, self_check
+    from bisect_pipeline.derive.self_check import self_check
+    from bisect_pipeline.derive.verdict import decide
     points = [_point("full", 320, 0.3, pauses=2, paused_seconds=3.0, discarded=1),
               _point("raw", 330, 0.25, stopped_by_deadline=True), _point("augmented", 940, steady=False),
               _point("collated", 950), PointResult("host", "skipped", reason="no accelerator: host and device coincide"),
