@@ -65,6 +65,9 @@ class PointResult:
     pauses: int = 0  # the loop's pauses, left out of every window (epoch ends, evaluations, other loaders)
     paused_seconds: float = 0.0
     error: Optional[str] = None  # for a failed point: the original error's text (`reason` tells its cause)
+    # its first window is the step timed alone before the points, not a visit's (the
+    # ceiling of a first round the budget holds no visit of it in: Experiment.ceiling_alone)
+    step_alone: bool = False
 
     def __post_init__(self) -> None:
         # Kept at the precision of the JSON document (0.1 ms), as windows are: a report

@@ -181,12 +181,17 @@ def none_unchecked(a: witness.Alone, *, up: float, rest: float, ceiling: float, 
     rounds read them."""
     loss = up + rest
     step = a.step if a.step is not None else ceiling
+    # the ceiling's one reading may be the step alone itself (rounds.Rounds._read_alone)
+    one = _ms(step) == _ms(ceiling)
+    readings = (f"the step read {_ms(step)} ms alone (the ceiling's reading)" if one else
+                f"the step read {_ms(ceiling)} ms in the loop and {_ms(step)} alone")
     return (f"the full pipeline keeps up by its costs alone: its worker stages add at most {_ms(up)} ms to a step of "
-            f"{_ms(min(step, ceiling))} ms, its faster reading ({loss / (min(step, ceiling) + loss) * 100:.1f}% with "
+            f"{_ms(min(step, ceiling))} ms{'' if one else ', its faster reading'} "
+            f"({loss / (min(step, ceiling) + loss) * 100:.1f}% with "
             + (f"the rest of the gap, {_ms(rest)} ms" if rest > 0 else "nothing else between")
             + f"{_model_note(a)}), under the {MIN_REL_DROP * 100:.0f}% at which no stage's cost could be real; the "
-            f"rounds, too few to bound the loss ({rounds} round{'s' if rounds != 1 else ''}), agree: the step read "
-            f"{_ms(ceiling)} ms in the loop and {_ms(step)} alone, the full pipeline {_ms(full)} ms")
+            f"rounds, too few to bound the loss ({rounds} round{'s' if rounds != 1 else ''}), agree: {readings}, "
+            f"the full pipeline {_ms(full)} ms")
 
 
 def unchecked_against(*, loss: float, step: float, full: float, agree: float) -> str:

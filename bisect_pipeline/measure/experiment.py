@@ -18,7 +18,7 @@ from ..core import causes, faults
 from ..core.fixes import Variant
 from ..core.results import (NOT_SELECTED, AllocatorHold, AllocatorTiming, CacheInfo, Isolated, Measurements,
                             PointResult, RunInfo, Syncs, Tuning, Verification)
-from ..core.stats import MIN_REL_DROP, Throughput
+from ..core.stats import MIN_REL_DROP, Throughput, Window
 from ..derive import drops, witness
 from ..derive.verdict import Z_UPPER, Verdict, decide
 from ..pipeline.integrations import nodes
@@ -91,6 +91,10 @@ class Experiment(PointSources):
     tuning: Optional[Tuning] = None  # the search of --tune (tune.py)
     waits: dict = dataclasses.field(default_factory=dict)  # lockstep: per point, the wait for data per batch
     step_alone: Optional[float] = None  # seconds of one step timed alone (hold_allocator), when it was
+    # the step timed alone as a window of the device point's work: whole steps on a cached
+    # device batch, their total (hold_allocator's one step, or device_alone.time_step's
+    # pair); None where it was a median of many (the allocator's blocks) or not timed
+    step_window: Optional[Window] = None
     at: Optional[dict] = None  # the last "point" event, while its visit's windows come
     # point -> (ExitStack, next_batch, move, source): replay loaders kept between the visits
     # of the rounds, their workers started once (keeps; open, keep=True; close_kept)
@@ -124,15 +128,31 @@ class Experiment(PointSources):
     def step_estimate(self) -> Optional[float]:
         """Seconds a training step takes at most, from what was measured so far: the
         fastest point (its time per batch includes the step), else the step timed alone
-        (hold_allocator), else the fastest first batch of a visit that ended before a
+        (hold_allocator; else the isolated timing's: step_window), else the fastest first batch of a visit that ended before a
         window (a batch and its step: steps of seconds show here first); None before any."""
         measured = [p.throughput.sec_per_batch for p in self.results.values() if p.ok]
         if measured:
             return min(measured)
         if self.step_alone is not None:
             return self.step_alone
+        if self.step_window is not None:
+            return self.step_window.seconds / self.step_window.steps
         firsts = [p.first_batch_seconds for p in self.results.values() if no_window(p) and p.first_batch_seconds]
         return min(firsts) if firsts else None
+
+    def ceiling_alone(self, name: str) -> Optional[PointResult]:
+        """Point `name`'s reading from the step timed alone before the points (step_window),
+        where that is the point's own work and a visit of it would time no more: `device`
+        (a batch cached on the device, stepped on), a step that does not change its batch
+        (else the point hands it copies, in its time), the tool's own step (not a user's
+        loop), and a long one (a visit's windows are of one step: Plan.for_step). Its visit
+        holds the first batch's step untimed beside that window: where the minimum rounds
+        do not fit, reading the ceiling so in the first round gives `full` that time
+        (rounds.Rounds). None elsewhere."""
+        w = self.step_window
+        if name != "device" or w is None or self.fresh or self.loop or not self.plan.long(w.seconds / w.steps):
+            return None
+        return PointResult(name, "ok", Throughput((w,), self.batch_size), visits=0, step_alone=True)
 
     def least_visit_steps(self, name: str) -> int:
         """The fewest batches a visit of `name` takes: its first batch, its warm-up (and the

@@ -17,6 +17,7 @@ import torch
 
 from ..core.results import (BatchShape, Collate, InLoop, Isolated, LoopStages, Memory, PerSample, SampleStructure,
                             StepTime, Syncs, Transfer, Workers)
+from ..core.stats import Window
 from ..pipeline.loader import LoaderSpec, copy_or_same
 from . import devices, sources
 from .cache import index_batches
@@ -257,14 +258,27 @@ def before_points(exp: Any, *, max_seconds: float) -> tuple[Isolated, Syncs]:
             def beating_clock() -> float:  # every timed item beats the watchdog
                 dog.beat()
                 return exp.clock()
-            return time_stages(exp.spec, exp.caches, exp.device, exp.move, exp.step, step_sec_per_batch=exp.step_alone,
-                               budget_s=min(budget(max_seconds), left), clock=beating_clock, end=exp.end,
-                               step_estimate_s=exp.step_estimate(), step_source=STEP_ALONE,
-                               loop_stages=exp.loop_stages, long_s=exp.plan.window_seconds)
+            iso, syncs = time_stages(exp.spec, exp.caches, exp.device, exp.move, exp.step,
+                                     step_sec_per_batch=exp.step_alone, budget_s=min(budget(max_seconds), left),
+                                     clock=beating_clock, end=exp.end, step_estimate_s=exp.step_estimate(),
+                                     step_source=STEP_ALONE, loop_stages=exp.loop_stages,
+                                     long_s=exp.plan.window_seconds)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # never costs the run its verdict
         return Isolated.missing("failed", reason_of(exc)), no_cuda or Syncs.missing("failed", reason_of(exc))
+    exp.step_window = exp.step_window or _step_window(iso.part("step"))
+    return iso, syncs
+
+
+def _step_window(timed: Any) -> Optional[Window]:
+    """The step timed here (device_alone.time_step) as a window of the device point's work
+    (Experiment.step_window) where it is a total of whole steps: one or two (their median
+    their mean), not the median of more."""
+    if not isinstance(timed, StepTime) or timed.source == STEP_ALONE or not timed.ms_per_batch:
+        return None
+    n = timed.steps or 0
+    return Window(n, n * timed.ms_per_batch / 1e3) if 1 <= n <= 2 else None
 
 
 def with_ceiling(iso: Optional[Isolated], results: dict) -> Optional[Isolated]:

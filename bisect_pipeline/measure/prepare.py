@@ -10,6 +10,7 @@ from typing import Any
 
 from ..core import faults, tree
 from ..core.results import AllocatorTiming, Note, PointResult
+from ..core.stats import Window
 from ..pipeline.integrations import nodes
 from . import allocator, cache, graph, sources
 from .experiment import MEASURE_ORDER, Experiment
@@ -142,6 +143,7 @@ def hold_allocator(exp: Experiment, held: allocator.Held, coord: Any, max_second
                 exp.step_alone = exp.clock() - t0
                 least = exp.step_alone * allocator.LEAST_STEPS
             if least > ALLOCATOR_MAX_SHARE * max_seconds:
+                exp.step_window = Window(1, exp.step_alone)  # one whole step: a window of the device point's
                 return AllocatorTiming.missing(
                     "skipped", f"one step takes {exp.step_alone:.2g} s: timing it before and after would take "
                                f"{least:.0f} s, more than {ALLOCATOR_MAX_SHARE:.0%} of --max-seconds")

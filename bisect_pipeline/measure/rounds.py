@@ -12,7 +12,9 @@ work) is measured again once, next to that point, before anything is decided, an
 each round after while leaving it out would merge the stage in question with the next
 (verdict.left_out_in_question): the verdict does not settle before. Once a
 step's time is known, a budget too short for the minimum rounds is said (a `budget`
-note and a warning event), and what fits is measured. A point's replay loader with
+note and a warning event), and what fits is measured: the ceiling and `full` first, the
+ceiling's first reading the step timed alone before the points where that is its work
+(Experiment.ceiling_alone). A point's replay loader with
 workers is kept from one visit to the next, parked between them (Experiment.keeps,
 open), until the point leaves the deciding points or the rounds end.
 
@@ -90,6 +92,9 @@ class Rounds:
                 visits = len(order)
                 while order:
                     order = self._tight_order(order, todo[0]) if r == 0 else order
+                    if r == 0 and self._read_alone(order[0]):
+                        order = order[1:]
+                        continue
                     # the visits still owed to the minimum rounds (none once they do not fit)
                     later = 0 if self.tight else visits * max(0, exp.plan.min_rounds - r - 1)
                     if not (yield from self._visit(order[0], order, later, limit)):
@@ -165,6 +170,17 @@ class Rounds:
             return order
         return tight_order(order, ceiling, alone_first(self.exp.alone()))
 
+    def _read_alone(self, name: str) -> bool:
+        """Where the minimum rounds do not fit, the first round's reading of the ceiling is
+        the step timed alone before the points (Experiment.ceiling_alone), not a visit:
+        the time goes to `full` and the points after it. The later rounds visit it."""
+        p = self.exp.ceiling_alone(name) if self.tight and name not in self.exp.results else None
+        if p is None:
+            return False
+        self.exp.results[name] = in_round(p, self.round)
+        self._visited = self.round
+        return True
+
     def _consistent(self):
         """The verdict after each point found inconsistent for the first time is measured
         again beside the point it contradicts (None when out of time)."""
@@ -234,32 +250,36 @@ class Rounds:
             return
         self.tight = True
         suggest = int(math.ceil(needed / 10.0) * 10)
-        least = self.least_verdict_seconds(todo)
-        self._least = least if least is not None and max_s < least < suggest else None
-        self._budget_note(step_budget_note(sec_per_step, suggest, plan.min_rounds, len(todo), max_s, least=self._least))
+        least, exact = self.least_verdict_seconds(todo), self.least_verdict_seconds(todo, exact=True)
+        self._least = least if least is not None and max_s < exact and least < suggest else None
+        self._budget_note(step_budget_note(sec_per_step, suggest, plan.min_rounds, len(todo), max_s, least=self._least,
+                                           holds=exact is not None and exact <= max_s))
 
-    def least_verdict_seconds(self, todo: list) -> Optional[int]:
+    def least_verdict_seconds(self, todo: list, exact: bool = False) -> Optional[float]:
         """About the --max-seconds that holds the first round as planned where the minimum
         rounds do not fit (plan.tight_order), once each, for a verdict the stages' costs
         alone decide (said only where they were timed): the ceiling (todo[0]) and `full`,
         which with the stages' costs alone give `none` where those put the input's work
         under MIN_REL_DROP of the step (verdict._none_unchecked), else the points around
         the stage they put first too, which a stage named needs. The time before the first
-        visit, each visit's least with one window (one that starts workers: the untimed
-        step after their start too, Visit._after_start), over the share of --max-seconds
-        the rounds may use; rounded up to 10 s. None without `full` to measure or without
-        the costs alone."""
+        visit, each visit's least with one window (none for a ceiling read from the step
+        alone: _read_alone; one that starts workers: the untimed step after their start
+        too, Visit._after_start), over the share of --max-seconds the rounds may use;
+        rounded up to 10 s (`exact`: not rounded). None without `full` to measure or
+        without the costs alone."""
         exp, alone = self.exp, self.exp.alone()
         if "full" not in todo or alone is None:
             return None
         step = exp.step_estimate() or 0.0
         light = exp.input_light(step, exp.spec.num_workers)
         names = {todo[0], "full"} | (set() if light else set(alone_first(alone)) & set(todo))
+        names -= {n for n in names if exp.ceiling_alone(n) is not None}  # read from the step alone (_read_alone)
         need = self._points_from - exp.start + sum(exp.least_visit_seconds(n, windows=1) for n in names)
         if not exp.loop:
             need += step * sum(1 for n in names if exp.worker_point(n))
         usable = (exp.deadline - exp.start) / max(_max_seconds(exp), 1e-9)
-        return int(math.ceil(need / max(usable, 0.1) / 10.0) * 10)
+        need /= max(usable, 0.1)
+        return need if exact else int(math.ceil(need / 10.0) * 10)
 
     def _batches_check(self, todo: list) -> None:
         """Where the user's script says how many batches it has left (Experiment.
@@ -306,10 +326,11 @@ def no_window_note(name: str) -> Note:
 
 
 def step_budget_note(sec_per_step: float, suggest: int, min_rounds: int, points: int, max_s: float, *,
-                     least: Optional[int] = None) -> Note:
+                     least: Optional[int] = None, holds: bool = False) -> Note:
     """The minimum rounds at this step's time need `suggest` seconds, more than `max_s`;
     `least`: the seconds that hold one reading of each point a verdict needs (Rounds.
-    least_verdict_seconds), where they are more than `max_s` too and fewer than `suggest`."""
+    least_verdict_seconds), where they are more than `max_s` too and fewer than `suggest`;
+    `holds`: `max_s` holds those readings (a verdict on the costs alone may come)."""
     if least is not None:
         return Note("budget", f"Steps of {sec_per_step:.2g} s need about {least} s for a verdict on the stages' "
                               f"costs alone, {suggest} s for one the rounds settle: rerun with --max-seconds {least} "
@@ -318,6 +339,13 @@ def step_budget_note(sec_per_step: float, suggest: int, min_rounds: int, points:
                            f"first (none where they put the input under 5% of the step), or at least {min_rounds} "
                            f"rounds over {points} points; "
                            f"more than --max-seconds {max_s:g}; what fits is measured")
+    if holds:
+        return Note("budget", f"Steps of {sec_per_step:.2g} s need about {suggest} s for a verdict the rounds settle: "
+                              f"rerun with --max-seconds {suggest} for one.",
+                    detail=f"at least {min_rounds} rounds over {points} points, more than --max-seconds {max_s:g}; it "
+                           "holds one reading of each point a verdict on the stages' costs alone needs (the ceiling, "
+                           "full and, unless they put the input under 5% of the step, the points around the stage "
+                           "they put first); what fits is measured")
     return Note("budget", f"Steps of {sec_per_step:.2g} s need about {suggest} s for a verdict: rerun with "
                           f"--max-seconds {suggest}.",
                 detail=f"at least {min_rounds} rounds over {points} points, more than --max-seconds {max_s:g}; what "
@@ -391,7 +419,8 @@ def pool(before: Optional[PointResult], now: PointResult, batch_size: float) -> 
     of time before a window keeps what the others measured; one that failed fails the
     point, with the windows measured before kept in the document. The first batch is the
     first visit's: the one that started the point's workers (a kept loader's next visits
-    do not start them again; rules_workers.restart reads their start from it)."""
+    do not start them again; rules_workers.restart reads their start from it), or the
+    first that had one (a ceiling first read from the step alone: Rounds._read_alone)."""
     if before is None:
         return now
     if before.status != "ok" or before.throughput is None:
@@ -403,6 +432,7 @@ def pool(before: Optional[PointResult], now: PointResult, batch_size: float) -> 
                                    stopped_by_deadline=before.stopped_by_deadline or now.stopped_by_deadline,
                                    visits=before.visits + 1, steady=before.steady and now.steady,
                                    wait_seconds=before.wait_seconds + now.wait_seconds,
+                                   first_batch_seconds=before.first_batch_seconds or now.first_batch_seconds,
                                    **_paused(before, now))
     if now.stopped_by_deadline and now.failed_stage is None:
         return dataclasses.replace(before, stopped_by_deadline=True, **_paused(before, now))

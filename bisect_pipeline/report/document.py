@@ -158,6 +158,7 @@ def point_dict(p: PointResult, fitted_sec_per_batch: Optional[float] = None,
         "pauses": p.pauses,
         "paused_seconds": p.paused_seconds,
         **({"error": p.error} if p.error is not None else {}),
+        **({"step_alone": True} if p.step_alone else {}),
     }
 
 
@@ -221,4 +222,4 @@ def _point_of(p: dict, batch_size: float) -> PointResult:
         warmup_steps=p.get("warmup_steps", 0), stopped_by_deadline=p.get("stopped_by_deadline", False),
         failed_stage=p.get("failed_stage"), visits=p.get("visits", 1), steady=p.get("steady", True),
         wait_seconds=p.get("wait_seconds", 0.0), discarded=p.get("discarded_windows", 0), pauses=p.get("pauses", 0),
-        paused_seconds=p.get("paused_seconds", 0.0), error=p.get("error"))
+        paused_seconds=p.get("paused_seconds", 0.0), error=p.get("error"), step_alone=p.get("step_alone", False))

@@ -20,6 +20,16 @@ POINT_MEANING = {
 }
 
 
+def step_alone_text(p) -> str:
+    """What the points table adds for a point first read from the step timed alone before
+    the points (PointResult.step_alone: a tight budget's ceiling), else ''."""
+    if not p.step_alone:
+        return ""
+    windows = len(p.throughput.windows) if p.throughput is not None else 0
+    return ("; the step timed alone before the points" if windows <= 1 else
+            "; its first reading the step timed alone before the points")
+
+
 def batch_size_text(batch_size: float, source: str) -> str:
     """The batch size and, unless it is the loader's batch_size, where it comes from (the
     source's first clause: "8 (counted in the collated batch: loader batch_size 2 × 4 per

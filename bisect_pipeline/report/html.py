@@ -18,7 +18,7 @@ from ..derive.findings import Diagnosis
 from ..derive.drops import STAGES
 from ..derive.verdict import alone_drop, in_question
 from . import plot as plot_mod, summary as summary_mod, text as text_mod
-from .figures import POINT_MEANING, Footnotes, batch_size_text, ended_parts, esc, num
+from .figures import POINT_MEANING, Footnotes, batch_size_text, ended_parts, esc, num, step_alone_text
 from .html_chart import chart_svg
 from .html_parts import parts_section
 from .text import noise_text
@@ -157,7 +157,8 @@ def point_table(r: "Diagnosis", marks: Optional[Footnotes] = None) -> str:
             f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",
             f"{r.batch_size / rate * 1e3:.2f}" if rate else "-",
             "-" if p.first_batch_seconds is None else f"{p.first_batch_seconds * 1e3:.0f}",
-            _meaning(r, p.point) if p.status == "ok" else marks.mark("", p.reason).strip() or "-",
+            (_meaning(r, p.point) + step_alone_text(p) if p.status == "ok"
+             else marks.mark("", p.reason).strip() or "-"),
         ])
     return _table(["point", "status", "samples/s", "spread", "ms per batch", "first batch, ms", "what runs / why not"],
                   rows, {2, 3, 4, 5}) + footnotes(marks)

@@ -19,7 +19,7 @@ from ..derive.findings import Diagnosis
 from ..derive.drops import POINTS
 from ..derive.verdict import alone_drop, in_question
 from . import summary as summary_mod
-from .figures import Footnotes, batch_size_text, ended_parts, gain_if_free, num
+from .figures import Footnotes, batch_size_text, ended_parts, gain_if_free, num, step_alone_text
 
 WIDTH = 80  # the text report fits a classic terminal: prose is wrapped, tables' last column too
 
@@ -301,7 +301,7 @@ def _point_rows(r: "Diagnosis", marks: Optional[Footnotes] = None) -> list:
             short = _POINT_SHORT[name]
             if name == "device" and loop_row(r) is not None:  # the loop's own stages run at every point
                 short = "step and your loop's stages (the ceiling)"
-            note = short + _pooled_note(r, name, rate)
+            note = short + _pooled_note(r, name, rate) + step_alone_text(p)
         else:
             note = marks.mark(p.status, p.reason)
         rows.append([name, num(rate), f"±{tp.rel_iqr * 100:.1f}%" if tp else "-",

@@ -164,6 +164,23 @@ def test_the_step_alone_is_skipped_where_it_would_run_past_the_end():
     assert len(steps) == device_alone.STEP_WARMUP + 1  # at least one timed step, past the 0.4 s share
 
 
+def test_a_long_step_timed_here_in_a_settled_pair_is_a_window_of_the_device_point_s_work():
+    # no step timed for the allocator (an accelerator's step): the isolated timing's
+    # settled warm-up pair, whole steps, is the window; the median of more is not one
+    clock = FakeClock(100.0)
+    ticks = iter([2.4, 2.0, 2.0] + [0.5] * 100)
+    exp = experiment_at(clock, end=clock.t + 60.0, step=lambda b: setattr(clock, "t", clock.t + next(ticks)))
+    iso, _ = isolate.before_points(exp, max_seconds=60)
+    assert iso.step.steps == 2 and (exp.step_window.steps, exp.step_window.seconds) == (2, pytest.approx(4.0))
+    many = experiment_at(FakeClock(100.0), end=160.0, step=lambda b: None)
+    isolate.before_points(many, max_seconds=60)
+    assert many.step_window is None
+    alone = experiment_at(FakeClock(100.0), end=160.0, step=lambda b: None)
+    alone.step_alone = 2.0  # the allocator's timing gave it: its window is set there, not here
+    isolate.before_points(alone, max_seconds=60)
+    assert alone.step_window is None
+
+
 def experiment_at(clock, end, results=None, step=None):
     spec = loader_mod.describe(make_loader(PlantedDataset(n=16), batch_size=4))
     caches = cache.fill(spec, cache_mb=64, max_batches=2, time_budget=10)

@@ -34,6 +34,9 @@ def test_a_long_step_is_not_timed_alone_for_the_allocator_but_its_time_is_kept()
     assert timing.status == "skipped" and "one step takes 2 s" in timing.reason and "28 s" in timing.reason
     assert exp.step_alone == pytest.approx(2.0) and clock.t == pytest.approx(2.0)  # one step, no more
     assert exp.visit_plan("device")[0] == exp.plan.for_step(2.0)  # and the visits are fitted to it
+    # that step is a window of the device point's work (a tight first round's ceiling)
+    assert (exp.step_window.steps, exp.step_window.seconds) == (1, pytest.approx(2.0))
+    assert exp.ceiling_alone("device").step_alone and exp.ceiling_alone("full") is None
 
 
 def test_a_first_step_slowed_by_its_lazy_start_is_timed_again_before_the_step_is_called_long():
@@ -55,3 +58,4 @@ def test_a_first_step_slowed_by_its_lazy_start_is_timed_again_before_the_step_is
         held.release()
     assert timing.status == "ok" and len(calls) > 2
     assert exp.step_alone == pytest.approx(0.003)
+    assert exp.step_window is None  # the allocator's blocks give a median, no window

@@ -345,18 +345,22 @@ def test_a_light_step_in_the_default_budget_gets_no_budget_note(monkeypatch):
 
 
 def heavy_run(monkeypatch, ms: dict, max_seconds: float, alone: Optional[witness.Alone] = None,
-              wobble: tuple = (0.01, 0.0), before: float = 0.0):
+              wobble: tuple = (0.01, 0.0), before: float = 0.0, step_window: Optional[Window] = None, **exp_fields):
     """Real visits (Experiment.visit, visit.drive) on a fake clock: a 2 s step (by default
     a 1% wobble every other step; `wobble`: each step's share more, in turn) behind
     sources whose batches cost what `ms` plants beyond it; `alone`: the stages' costs
     alone the verdict and the plan read; `before`: seconds spent before the points (the
-    caches, the step alone)."""
+    caches, the step alone); `step_window`: the step alone as a window of the device
+    point's work (Experiment.step_window); `exp_fields`: other Experiment fields."""
     clock = FakeClock()
     spec = type("Spec", (), {"batch_size": BS, "num_workers": 0, "pin_memory": False, "prefetch_depth": 0})()
     exp = Experiment(spec, torch.device("cpu"), Plan(), clock, lambda e: None, None, start=0.0, end=max_seconds,
                      deadline=max_seconds)
     monkeypatch.setattr(exp, "alone", lambda: alone)
     exp.step_alone = 2.0  # the step timed alone (hold_allocator)
+    exp.step_window = step_window
+    for k, v in exp_fields.items():
+        setattr(exp, k, v)
     opened: list = []
     steps = {"n": 0}
 
@@ -463,7 +467,46 @@ def test_a_heavy_step_whose_budget_holds_only_the_ceiling_says_the_least_that_ho
     assert "least_verdict_s" not in info and budget_notes(exp)[0].endswith("for a verdict: rerun with --max-seconds 60.")
 
 
-def test_a_two_second_step_in_sixty_seconds_gets_three_rounds_and_a_verdict(monkeypatch):
+def test_a_tight_first_round_reads_the_ceiling_from_the_step_alone_and_gives_full_its_visit(monkeypatch):
+    # the budget of the test above that held only the ceiling (10 s before the points, 16 s
+    # in all): with the step alone a window of the device point's work, the first round
+    # makes no visit of the ceiling, full gets its 4 s, and the costs alone say none
+    ms = {"device": 2000, "augmented": 2000, "raw": 2000, "full": 2030}
+    light = witness.Alone({"load": 0.005, "augment": 0.0195, "collate": 0.0005},
+                          {"load": 0.0005, "augment": 0.002, "collate": 0.00005}, "serial", 0, 2, step=2.0)
+    exp, opened, clock, info = heavy_run(monkeypatch, ms, 16.0, alone=light, before=10.0, step_window=Window(1, 2.0))
+    assert opened == ["full"] and clock.t <= 16.0 and "least_verdict_s" not in info
+    device = exp.results["device"]
+    assert device.step_alone and device.visits == 0 and device.first_batch_seconds is None
+    assert [(w.steps, w.seconds, w.round) for w in device.throughput.windows] == [(1, 2.0, 0)]
+    v = exp.decide()
+    assert v.bottleneck == "none" and v.witness == "isolated costs", (v.bottleneck, v.reason)
+    assert "the step read 2000.0 ms alone (the ceiling's reading)" in v.reason and "in the loop" not in v.reason
+    # the budget note asks for the rounds' figure only: the one reading of each is held
+    note = budget_notes(exp)[0]
+    assert note.startswith("Steps of 2 s need about ") and " s for a verdict the rounds settle: rerun with" in note
+    # with more time the later rounds visit the ceiling, pooled with its first reading
+    exp, opened, _, info = heavy_run(monkeypatch, ms, 34.0, alone=light, before=10.0, step_window=Window(1, 2.0))
+    assert opened[0] == "full" and "device" in opened and info["rounds"] >= 2
+    device = exp.results["device"]
+    assert device.step_alone and device.visits == opened.count("device")
+    assert device.first_batch_seconds == pytest.approx(2.0, rel=0.02)  # its first visit's
+    rounds_read = [w.round for w in device.throughput.windows]
+    assert rounds_read[0] == 0 and all(r > 0 for r in rounds_read[1:]) and len(rounds_read) == 1 + device.visits
+
+
+@pytest.mark.parametrize("why", ["roomy budget", "fresh copies", "user's loop", "short step", "not timed so"])
+def test_the_ceiling_is_visited_where_the_step_alone_is_not_its_reading(monkeypatch, why):
+    # the step alone stands for the ceiling's visit only where the rounds are tight, it is
+    # the device point's work (no copy the point would hand, the tool's own step) and a
+    # visit would time one step a window
+    ms = {"device": 2000, "augmented": 2000, "raw": 2000, "full": 2030}
+    window = {"short step": Window(1, 0.1), "not timed so": None}.get(why, Window(1, 2.0))
+    fields = {"fresh copies": {"fresh": True}, "user's loop": {"loop": True}}.get(why, {})
+    exp, opened, _, _ = heavy_run(monkeypatch, ms, 60.0 if why == "roomy budget" else 16.0, before=10.0,
+                                  step_window=window, **fields)
+    assert opened[0] == "device" and not exp.results["device"].step_alone
+
     exp, opened, clock, info = heavy_run(monkeypatch, {"device": 2000, "augmented": 2000, "raw": 2000,
                                                        "full": 3000}, max_seconds=60.0)
     assert budget_notes(exp) == [] and info["rounds"] == 3 and info["settled"] and clock.t <= 60.0

@@ -899,15 +899,18 @@ def test_a_fast_step_whose_load_reads_above_its_cost_alone_round_after_round_is_
 
 
 def one_round(full_ms: float, device_ms: float, *, load: float, augment: float, step_alone: float, budget: float,
-              verdict_s: float):
+              verdict_s: float, ceiling_alone: bool = False):
     """A run of one round of the ceiling and `full` only (the points between out of time),
-    num_workers=0, 2 samples a batch, load and augment alone in ms a sample (issue 59)."""
+    num_workers=0, 2 samples a batch, load and augment alone in ms a sample (issue 59);
+    `ceiling_alone`: the ceiling's one reading is the step timed alone (rounds.Rounds._read_alone)."""
     def one(name, ms):
         return PointResult(name, "ok", Throughput((Window(1, ms / 1e3, 0),), 2), first_batch_seconds=ms / 1e3)
+    device = (PointResult("device", "ok", Throughput((Window(1, device_ms / 1e3, 0),), 2), visits=0, step_alone=True)
+              if ceiling_alone else one("device", device_ms))
     points = [one("full", full_ms), PointResult("raw", "not run", reason="out of time"),
               PointResult("augmented", "not run", reason="out of time"),
               PointResult("collated", "skipped", reason="num_workers=0: nothing hands batches over"),
-              PointResult("host", "skipped", reason="no accelerator: host and device coincide"), one("device", device_ms)]
+              PointResult("host", "skipped", reason="no accelerator: host and device coincide"), device]
     iso = {"status": "ok", "items_per_batch": 2, "batch_size": 2,
            "load": {"status": "ok", "ms_per_sample": load, "se_ms_per_sample": load / 40, "samples": 40,
                     "includes": ["load"]},
@@ -933,6 +936,26 @@ def test_a_heavy_step_s_none_from_one_round_says_the_costs_alone_decided():
     assert "under the 5% at which no stage's cost could be real" in why and "(1 round)" in why
     assert "the step read 2500.0 ms in the loop and 2490.0 alone" in why
     assert "step 2500.00 ms/batch (2490.00 timed alone)" in " ".join(text.split())
+
+
+def test_a_ceiling_read_from_the_step_alone_is_said_so_in_the_reason_the_table_and_the_document():
+    # a 6-s step in 30 s: the first round's ceiling is the step timed alone, full its one visit
+    r = one_round(6050.0, 6000.0, load=4.0, augment=5.0, step_alone=6000.0, budget=30.0, verdict_s=25.0,
+                  ceiling_alone=True)
+    assert r.bottleneck == "none" and r.verdict.witness == "isolated costs"
+    text = to_text(r)
+    why = " ".join(ln.strip() for b in blocks(text) for ln in b if b[0].startswith("Why none"))
+    assert "agree: the step read 6000.0 ms alone (the ceiling's reading), the full pipeline 6050.0 ms" in why
+    assert "in the loop" not in why and "its faster reading" not in why
+    points = " ".join(" ".join(table(text, "Throughput at each point")).split())
+    assert "the step timed alone before the points" in points
+    assert "the step timed alone before the points" in r.html()
+    doc = json.loads(r.to_json())
+    device = next(p for p in doc["points"] if p["point"] == "device")
+    assert device["step_alone"] is True and device["visits"] == 0 and device["time_to_first_batch_s"] is None
+    assert "step_alone" not in next(p for p in doc["points"] if p["point"] == "full")
+    again = Report.from_dict(doc)
+    assert again.to_dict() == doc and to_text(again) == text
 
 
 def test_a_stage_named_within_a_row_the_rounds_read_whole_is_reported_with_its_cost_alone():
