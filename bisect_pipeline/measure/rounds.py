@@ -263,10 +263,10 @@ class Rounds:
         under MIN_REL_DROP of the step (verdict._none_unchecked), else the points around
         the stage they put first too, which a stage named needs. The time before the first
         visit, each visit's least with one window (none for a ceiling read from the step
-        alone: _read_alone; one that starts workers: the untimed step after their start
-        too, Visit._after_start), over the share of --max-seconds the rounds may use;
-        rounded up to 10 s (`exact`: not rounded). None without `full` to measure or
-        without the costs alone."""
+        alone: _read_alone; not the untimed step after a pool's start, which a visit takes
+        only where the time holds it: Visit._after_start), over the share of --max-seconds
+        the rounds may use; rounded up to 10 s (`exact`: not rounded). None without `full`
+        to measure or without the costs alone."""
         exp, alone = self.exp, self.exp.alone()
         if "full" not in todo or alone is None:
             return None
@@ -275,8 +275,6 @@ class Rounds:
         names = {todo[0], "full"} | (set() if light else set(alone_first(alone)) & set(todo))
         names -= {n for n in names if exp.ceiling_alone(n) is not None}  # read from the step alone (_read_alone)
         need = self._points_from - exp.start + sum(exp.least_visit_seconds(n, windows=1) for n in names)
-        if not exp.loop:
-            need += step * sum(1 for n in names if exp.worker_point(n))
         usable = (exp.deadline - exp.start) / max(_max_seconds(exp), 1e-9)
         need /= max(usable, 0.1)
         return need if exact else int(math.ceil(need / 10.0) * 10)

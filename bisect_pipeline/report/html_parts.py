@@ -10,7 +10,7 @@ from typing import Any, Optional
 from ..core.results import ITERATOR_PART
 from ..derive.findings import Diagnosis
 from ..derive.verdict import in_question
-from . import plot as plot_mod, text as text_mod
+from . import plot as plot_mod, text_inside
 from .figures import esc
 
 PART_BAR_W = 220  # the longest bar of a block, in pixels
@@ -94,7 +94,7 @@ def _augment_blocks(iso: Any, bottleneck: bool) -> list:
         bars.append(_Bar("the stage replayed whole", b.augment_ms_per_sample, "on the same samples", kind="whole",
                          color=WHOLE_COLOR))
     out = [_Block("augment", "augment, transform by transform (isolated, ms per sample)", "ms per sample",
-                  tuple(bars), tuple(x for x in (text_mod._breakdown_sum(b), text_mod._in_place(aug)) if x),
+                  tuple(bars), tuple(x for x in (text_inside.breakdown_sum(b), text_inside.in_place(aug)) if x),
                   "ran on \u2192 returned")]
     out += [_reorder_block(x) for x in b.reorders or ()]
     if b.confirmed is not None:

@@ -18,7 +18,8 @@ from bisect_pipeline.report import Report
 from bisect_pipeline.core.results import Isolated, PointResult
 from bisect_pipeline.core.stats import Throughput, Window
 from bisect_pipeline.report import build
-from bisect_pipeline.report.text import WIDTH, to_text
+from bisect_pipeline.report.text import to_text
+from bisect_pipeline.report.text_layout import WIDTH
 from test_html import AUGMENT, planted_report
 
 LONG_ADVICE = ("num_workers=0: augment (62.2 ms per batch) runs in the training loop's own process. Alone it costs "
