@@ -128,8 +128,9 @@ class Experiment(PointSources):
     def step_estimate(self) -> Optional[float]:
         """Seconds a training step takes at most, from what was measured so far: the
         fastest point (its time per batch includes the step), else the step timed alone
-        (hold_allocator; else the isolated timing's: step_window), else the fastest first batch of a visit that ended before a
-        window (a batch and its step: steps of seconds show here first); None before any."""
+        (hold_allocator's, else the isolated timing's window: step_window), else the
+        fastest first batch of a visit that ended before a window (a batch and its step:
+        steps of seconds show here first); None before any."""
         measured = [p.throughput.sec_per_batch for p in self.results.values() if p.ok]
         if measured:
             return min(measured)

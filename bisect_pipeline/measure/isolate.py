@@ -273,8 +273,8 @@ def before_points(exp: Any, *, max_seconds: float) -> tuple[Isolated, Syncs]:
 
 def _step_window(timed: Any) -> Optional[Window]:
     """The step timed here (device_alone.time_step) as a window of the device point's work
-    (Experiment.step_window) where it is a total of whole steps: one or two (their median
-    their mean), not the median of more."""
+    (Experiment.step_window) where it is a total of whole steps: one or two (whose median
+    is their mean), not the median of more."""
     if not isinstance(timed, StepTime) or timed.source == STEP_ALONE or not timed.ms_per_batch:
         return None
     n = timed.steps or 0

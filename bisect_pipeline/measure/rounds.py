@@ -105,8 +105,9 @@ class Rounds:
                     v = yield from self._consistent()
                     if v is None:
                         return
-                    # and the points no visit has measured yet: without them there is no verdict
-                    focus = self._refocus(v, {n for n in todo if no_window(exp.results.get(n))})
+                    # and the points no visit has measured yet: without them there is no verdict;
+                    # nor, for a ceiling read from the step alone, any noise of the rounds' gap
+                    focus = self._refocus(v, {n for n in todo if _unvisited(exp.results.get(n))})
                     continue
                 if r + 1 < exp.plan.min_rounds:
                     continue
@@ -249,8 +250,9 @@ class Rounds:
         if needed <= max_s:
             return
         self.tight = True
-        suggest = int(math.ceil(needed / 10.0) * 10)
-        least, exact = self.least_verdict_seconds(todo), self.least_verdict_seconds(todo, exact=True)
+        suggest = _tens(needed)
+        exact = self.least_verdict_seconds(todo, exact=True)
+        least = None if exact is None else _tens(exact)
         self._least = least if least is not None and max_s < exact and least < suggest else None
         self._budget_note(step_budget_note(sec_per_step, suggest, plan.min_rounds, len(todo), max_s, least=self._least,
                                            holds=exact is not None and exact <= max_s))
@@ -277,7 +279,7 @@ class Rounds:
         need = self._points_from - exp.start + sum(exp.least_visit_seconds(n, windows=1) for n in names)
         usable = (exp.deadline - exp.start) / max(_max_seconds(exp), 1e-9)
         need /= max(usable, 0.1)
-        return need if exact else int(math.ceil(need / 10.0) * 10)
+        return need if exact else _tens(need)
 
     def _batches_check(self, todo: list) -> None:
         """Where the user's script says how many batches it has left (Experiment.
@@ -396,6 +398,12 @@ def in_round(result: PointResult, r: int) -> PointResult:
     return dataclasses.replace(result, throughput=Throughput(windows, result.throughput.batch_size))
 
 
+def _unvisited(p: Optional[PointResult]) -> bool:
+    """No visit has measured the point yet: no window, or only the step timed alone's (a
+    tight first round's ceiling: Rounds._read_alone)."""
+    return no_window(p) or (p is not None and p.step_alone and p.visits == 0)
+
+
 def _live(exp: Experiment, name: str) -> bool:
     """Still to be visited: measured ok, not yet, or only out of time before a window so
     far (a later visit with more time may measure it; one that failed is done)."""
@@ -406,6 +414,11 @@ def _live(exp: Experiment, name: str) -> bool:
 def _max_seconds(exp: Experiment) -> float:
     """The run's --max-seconds (the schedule's own span where no budget was divided)."""
     return exp.budget.max_seconds if exp.budget is not None else exp.end - exp.start
+
+
+def _tens(seconds: float) -> int:
+    """A budget said to the user: `seconds` rounded up to 10 s."""
+    return int(math.ceil(seconds / 10.0) * 10)
 
 
 def _weight(name: str) -> float:

@@ -495,6 +495,21 @@ def test_a_tight_first_round_reads_the_ceiling_from_the_step_alone_and_gives_ful
     assert rounds_read[0] == 0 and all(r > 0 for r in rounds_read[1:]) and len(rounds_read) == 1 + device.visits
 
 
+def test_a_ceiling_read_from_the_step_alone_is_visited_in_the_next_round_though_the_verdict_is_about_a_stage(
+        monkeypatch):
+    # the costs alone put 0.9 s of augment in a batch: after the first round the deciding
+    # points are augment's; the ceiling, read only from the step alone, has no reading of
+    # the rounds' yet (the gap's noise comes from them): the second round visits it too
+    ms = {"device": 2000, "augmented": 2000, "raw": 3000, "full": 3000}
+    by_augment = witness.Alone({"load": 0.01, "augment": 0.9, "collate": 0.001},
+                               {"load": 0.001, "augment": 0.01, "collate": 0.0001}, "serial", 0, 2)
+    exp, opened, clock, info = heavy_run(monkeypatch, ms, 48.0, alone=by_augment, before=10.0,
+                                         step_window=Window(1, 2.0))
+    assert opened[:3] == ["full", "raw", "augmented"] and "device" in opened[3:] and clock.t <= 48.0
+    assert [w.round for w in exp.results["device"].throughput.windows] == [0, 1]
+    assert exp.decide().bottleneck == "augment"
+
+
 @pytest.mark.parametrize("why", ["roomy budget", "fresh copies", "user's loop", "short step", "not timed so"])
 def test_the_ceiling_is_visited_where_the_step_alone_is_not_its_reading(monkeypatch, why):
     # the step alone stands for the ceiling's visit only where the rounds are tight, it is
