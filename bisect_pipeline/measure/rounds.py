@@ -92,9 +92,6 @@ class Rounds:
                 visits = len(order)
                 while order:
                     order = self._tight_order(order, todo[0]) if r == 0 else order
-                    if r == 0 and self._read_alone(order[0]):
-                        order = order[1:]
-                        continue
                     # the visits still owed to the minimum rounds (none once they do not fit)
                     later = 0 if self.tight else visits * max(0, exp.plan.min_rounds - r - 1)
                     if not (yield from self._visit(order[0], order, later, limit)):
@@ -165,11 +162,12 @@ class Rounds:
 
     def _tight_order(self, order: list, ceiling: str) -> list:
         """The first round's visits still to make, planned where the minimum rounds do not
-        fit (plan.tight_order): the ceiling and `full` first, then the points around the
-        stage the costs alone put first."""
+        fit (plan.tight_order): the ceiling (unless the step alone reads it: _read_alone)
+        and `full` first, then the points around the stage the costs alone put first."""
         if not self.tight or "full" not in order:
             return order
-        return tight_order(order, ceiling, alone_first(self.exp.alone()))
+        order = tight_order(order, ceiling, alone_first(self.exp.alone()))
+        return order[1:] if self._read_alone(order[0]) else order
 
     def _read_alone(self, name: str) -> bool:
         """Where the minimum rounds do not fit, the first round's reading of the ceiling is
