@@ -73,6 +73,8 @@ def test_no_fix_is_built_for_a_pipeline_the_tool_cannot_copy():
 
 
 @pytest.mark.e2e
+@pytest.mark.alone  # the check's gain on 1 worker and 2 cores: under pytest -n other tests' processes share them
+# (a clean clone's suite read 5.8x within the noise, 0.38-89x; alone it helps 4 runs in 4)
 def test_a_float32_tail_that_costs_the_workers_most_of_a_batch_moved_to_the_step_helps_and_is_first(
         no_leftover_workers):
     # 512 small images a batch: the tail's per-sample calls cost the one worker most of
@@ -102,6 +104,7 @@ def test_a_cheap_tail_beside_a_heavy_step_gets_no_gain_and_is_not_first(no_lefto
 
 
 @pytest.mark.e2e
+@pytest.mark.alone  # the check's gain on 1 worker and 2 cores, as the test above (no gain on a busy clone, 2026-12-06)
 def test_in_a_users_loop_the_fix_hands_over_batches_the_tail_has_run_on(no_leftover_workers):
     from bisect_pipeline import watching
 
