@@ -35,14 +35,7 @@ def to_dict(r: "Diagnosis") -> dict:
     v = r.verdict
     full = r.rate("full")
     return {
-        "schema_version": SCHEMA_VERSION,
-        "tool": "bisect-pipeline",
-        "mode": r.measurements.mode,
-        "complete": r.complete,
-        "interrupted": r.interrupted,
-        "device": r.device,
-        "batch_size": r.batch_size,
-        "batch_size_source": r.batch_size_source,
+        **_document(r.measurements),
         "bottleneck": v.bottleneck,
         "verdict": {
             "bottleneck": v.bottleneck,
@@ -72,15 +65,8 @@ def to_dict(r: "Diagnosis") -> dict:
         "points": [point_dict(p, v.fitted.get(p.point), r.measured_rate(p.point)) for p in r.points],
         "stages": [stage_dict(s, full, alone_drop(v, s)) for s in v.stages],
         "advice": [f.to_dict() for f in r.advice],
-        "loader": r.loader,
-        "source": r.measurements.source,
-        "cache": r.cache.to_dict() if r.cache.batches is not None else {},
         "warnings": list(r.warnings),
         "notes": [n.to_dict() for n in r.notes],
-        "run": r.run.to_dict(),
-        "isolated": r.isolated.to_dict() if r.isolated is not None else {},
-        "syncs": r.syncs.to_dict() if r.syncs is not None else {},
-        "verification": r.verification.to_dict() if r.verification is not None else {},
         "tune": tune_dict(r),
     }
 
@@ -90,17 +76,44 @@ def measured_dict(m: Measurements, error: str) -> dict:
     (errors.AnalysisFailed): no verdict, the error as its reason; everything measurements_of
     reads, so that a fixed version diagnoses it again (Report.from_dict)."""
     return {
-        "schema_version": SCHEMA_VERSION, "tool": "bisect-pipeline", "mode": m.mode, "complete": m.complete,
-        "interrupted": m.interrupted, "device": m.device, "batch_size": m.batch_size,
-        "batch_size_source": m.batch_size_source, "bottleneck": None,
+        **_document(m),
         "verdict": {"bottleneck": None, "reason": error, "analysis_failed": True},
-        "points": [point_dict(p) for p in m.points], "loader": m.loader, "source": m.source,
+        "points": [point_dict(p) for p in m.points],
+        "warnings": [n.message for n in m.notes],
+        "notes": [n.to_dict() for n in m.notes],
+        "tune": {"schema_version": TUNE_SCHEMA_VERSION, **m.tune.to_dict()} if m.tune is not None else {},
+    }
+
+
+def _document(m: Measurements) -> dict:
+    """The document's keys in their order, with what the measurements alone give; what
+    diagnosing them gives (the verdict, the points as fitted, the stages, the advice, the
+    notes and warnings, the search's findings) empty, for to_dict or measured_dict to fill
+    (a key filled later keeps its place)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": "bisect-pipeline",
+        "mode": m.mode,
+        "complete": m.complete,
+        "interrupted": m.interrupted,
+        "device": m.device,
+        "batch_size": m.batch_size,
+        "batch_size_source": m.batch_size_source,
+        "bottleneck": None,
+        "verdict": {},
+        "points": [],
+        "stages": [],
+        "advice": [],
+        "loader": m.loader,
+        "source": m.source,
         "cache": m.cache.to_dict() if m.cache.batches is not None else {},
-        "notes": [n.to_dict() for n in m.notes], "run": m.run.to_dict(),
+        "warnings": [],
+        "notes": [],
+        "run": m.run.to_dict(),
         "isolated": m.isolated.to_dict() if m.isolated is not None else {},
         "syncs": m.syncs.to_dict() if m.syncs is not None else {},
         "verification": m.verification.to_dict() if m.verification is not None else {},
-        "tune": {"schema_version": TUNE_SCHEMA_VERSION, **m.tune.to_dict()} if m.tune is not None else {},
+        "tune": {},
     }
 
 
