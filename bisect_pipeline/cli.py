@@ -175,10 +175,11 @@ _signals_seen: list = []
 def _on_sigterm(signum, frame) -> None:
     # SIGTERM takes the Ctrl-C path (partial result written, workers shut down), exit 143;
     # SIGINT comes here too, so that both are remembered if their exception is swallowed.
-    # Under a torchrun lockstep it is only noted: the next agreement stops every rank.
+    # Under a torchrun lockstep it is only noted: the next agreement stops every rank;
+    # while a worker pool starts or stops, until it has (faults.signals_held).
     _signals_seen.append(signum)
     faults.INTERRUPT_REQUESTED[0] = signum
-    if not faults.DEFER_INTERRUPTS[0]:
+    if faults.interrupt_now():
         raise KeyboardInterrupt()
 
 

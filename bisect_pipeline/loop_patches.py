@@ -139,9 +139,12 @@ def _forget_in_child() -> None:
 
 
 def real_iter(loader: Any) -> Any:
-    """The loader's own iterator, patched or not (a root node is its own iterator)."""
-    if nodes.is_loader(loader):
-        return _ORIGINAL.get("loader iter", type(loader).__iter__)(loader)
-    if nodes.is_node(loader):
+    """The loader's own iterator, patched or not (a root node is its own iterator), its
+    workers or threads started whole (faults.signals_held): a Ctrl-C meanwhile is raised
+    once they are (a DataLoader iterator so dropped shuts its workers down)."""
+    if nodes.is_node(loader) and not nodes.is_loader(loader):
         return loader
-    return _ORIGINAL.get("iter", DataLoader.__iter__)(loader)
+    with faults.signals_held():
+        if nodes.is_loader(loader):
+            return _ORIGINAL.get("loader iter", type(loader).__iter__)(loader)
+        return _ORIGINAL.get("iter", DataLoader.__iter__)(loader)

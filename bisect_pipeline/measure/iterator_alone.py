@@ -24,8 +24,9 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from ..core import faults
 from ..pipeline.loader import LoaderSpec
-from . import devices
+from . import devices, sources
 from .timed import Timed
 
 # Seconds the worker may take to hand over its first timing (its start, the iterator's
@@ -63,13 +64,14 @@ def in_a_worker(spec: LoaderSpec, dataset: Any, share: float) -> Optional[Timed]
                                          worker_init_fn=spec.worker_init_fn,
                                          multiprocessing_context=spec.multiprocessing_context,
                                          timeout=START_S + share)
-    it = iter(loader)
-    rows = []
+    it, rows = None, []
     try:
+        with faults.signals_held():  # its worker forked whole (faults.signals_held)
+            it = iter(loader)
         for row in it:
             rows.append(tuple(float(x) for x in row))
     finally:
-        getattr(it, "_shutdown_workers", lambda: None)()
+        sources.shutdown(it)
     if not rows:
         return None
     each = tuple(r[0] for r in rows)

@@ -223,8 +223,13 @@ class LoaderSource:
         return self._parked
 
     def __enter__(self) -> Callable[[], Any]:
-        self.loader = self._make()
-        self._it = iter(self.loader)
+        try:
+            with faults.signals_held():  # its workers forked and primed whole, or a Ctrl-C leaves a lock held
+                self.loader = self._make()
+                self._it = iter(self.loader)
+        except BaseException:  # (a Ctrl-C that came meanwhile, raised after): its workers shut down
+            self.__exit__(*sys.exc_info())
+            raise
         index = self.loader.batch_sampler if self.loader.batch_sampler is not None else self.loader.sampler
         if isinstance(index, Gate) and self.loader.num_workers > 0 and self.loader.persistent_workers:
             self.gate = index
@@ -258,8 +263,9 @@ class LoaderSource:
         """The next epoch of a parked loader, on its workers (DataLoader's reset of an
         iterator with persistent workers: the prefetch is primed again, as at a start)."""
         if self._parked:
-            self._it = iter(self.loader)
-            self._parked = False
+            with faults.signals_held():  # DataLoader's reset: the workers told, the queues primed
+                self._it = iter(self.loader)
+                self._parked = False
 
     def _next_restarting(self) -> Any:
         try:
@@ -268,21 +274,23 @@ class LoaderSource:
             self.restarts += 1
             if self.restarts > 1000:
                 raise RuntimeError("the dataset yields no batch")
-            if not (self.loader.persistent_workers and self.loader.num_workers):
-                shutdown(self._it)
-            # With persistent workers iter() resets the same iterator and keeps its workers:
-            # shutting them down first would leave it nothing to reset.
-            self._it = iter(self.loader)
+            with faults.signals_held():
+                if not (self.loader.persistent_workers and self.loader.num_workers):
+                    shutdown(self._it)
+                # With persistent workers iter() resets the same iterator and keeps its workers:
+                # shutting them down first would leave it nothing to reset.
+                self._it = iter(self.loader)
             return next(self._it)
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if exc_type is not None:
-            _terminate(self._it)  # a hung worker would hold the shutdown for 5 s per worker
-        shutdown(self._it)
-        if self.loader is not None:
-            shutdown(getattr(self.loader, "_iterator", None))
-        self._it = None
-        self.loader = None
+        with faults.signals_held():
+            if exc_type is not None:
+                _terminate(self._it)  # a hung worker would hold the shutdown for 5 s per worker
+            shutdown(self._it)
+            if self.loader is not None:
+                shutdown(getattr(self.loader, "_iterator", None))
+            self._it = None
+            self.loader = None
 
 
 def _terminate(it: Any, grace: float = 1.0) -> None:
@@ -323,7 +331,8 @@ def shutdown(it: Any) -> None:
     user's, which the experiment takes over: loop_loaders.py)."""
     stop = getattr(it, "_shutdown_workers", None)
     if stop is not None:
-        stop()
+        with faults.signals_held():  # a Ctrl-C in the middle would leave workers, or a lock, behind
+            stop()
 
 
 @contextlib.contextmanager

@@ -467,6 +467,94 @@ def test_a_swallowed_interrupt_is_raised_again_at_the_next_step():
         faults.INTERRUPT_REQUESTED[0] = False
 
 
+# ------------------------------------------------ signals held while a worker pool starts or stops
+
+
+def _cli_handler(signum, frame):  # as the command line's (cli._on_sigterm)
+    if faults.interrupt_now():
+        raise KeyboardInterrupt()
+
+
+@pytest.mark.parametrize("handler", ["command line", "python"])
+def test_a_signal_in_a_held_block_is_raised_at_the_end_of_the_outermost(handler):
+    mine = _cli_handler if handler == "command line" else signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, mine)
+    ran = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with faults.signals_held():
+                signal.raise_signal(signal.SIGINT)
+                ran.append("the block goes on")
+                with faults.signals_held():
+                    ran.append("an inner block")
+                ran.append("the inner block did not raise it")
+        assert ran == ["the block goes on", "an inner block", "the inner block did not raise it"]
+        assert signal.getsignal(signal.SIGINT) is mine and faults.HELD == [0]
+        with faults.signals_held():  # raised once: nothing is owed any more
+            pass
+        with pytest.raises(KeyboardInterrupt):  # outside a held block, at once as before
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_held_block_that_raises_gives_way_to_the_signal_that_came_in_it():
+    previous = signal.signal(signal.SIGINT, _cli_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            with faults.signals_held():
+                signal.raise_signal(signal.SIGINT)
+                raise OSError("the pool failed to start")
+        assert isinstance(caught.value.__context__, OSError)  # as Python would have raised it
+        assert faults.OWED == [False]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_under_a_lockstep_a_held_block_leaves_the_signal_to_the_next_agreement():
+    previous = signal.signal(signal.SIGINT, _cli_handler)
+    faults.DEFER_INTERRUPTS[0] += 1
+    try:
+        with faults.signals_held():
+            signal.raise_signal(signal.SIGINT)
+        assert faults.OWED == [False]  # only noted (the lockstep reads INTERRUPT_REQUESTED)
+    finally:
+        faults.DEFER_INTERRUPTS[0] -= 1
+        signal.signal(signal.SIGINT, previous)
+
+
+def _answers_sigint_as_python(queue) -> None:
+    queue.put(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork here")
+def test_a_worker_forked_in_a_held_block_answers_ctrl_c_as_python_does():
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.SimpleQueue()
+    try:
+        with faults.signals_held():  # the block's own SIGINT handler is not the worker's
+            worker = ctx.Process(target=_answers_sigint_as_python, args=(queue,))
+            worker.start()
+        worker.join(30)
+        assert queue.get() is True
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_the_watchdogs_alarm_waits_for_a_held_block_to_end():
+    fired = []
+    with faults.Watchdog(0.3) as dog:
+        assert dog.active
+        with faults.signals_held():
+            time.sleep(1.0)  # no beat past the timeout: the alarm comes, and waits
+        try:
+            time.sleep(10)  # it comes again after the timeout
+        except faults.StepTimeout:
+            fired.append("after the block")
+    assert fired == ["after the block"]
+
+
 # ---------------------------------------------------------------- the rescue (torchrun)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing.util
 import os
+import signal
 import time
 
 import pytest
@@ -13,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from bisect_pipeline import bisect
 from bisect_pipeline.pipeline.loader import describe
-from bisect_pipeline.measure.sources import BatchCache, full_loader
+from bisect_pipeline.measure.sources import BatchCache, LoaderSource, full_loader
 from conftest import FAST_PLAN, FEATURES, PlantedIterable, make_loader
 
 PIXELS = (3, 160, 160)  # float32: 300 KiB a sample, 19 MiB a batch of 64
@@ -222,3 +223,38 @@ def test_a_failed_point_stops_idle_workers_cleanly_and_terminates_a_hung_one(tmp
             raise ValueError("the point failed")
     assert time.monotonic() - t0 < 30  # not the 120 s of the hung sample
     assert sorted(os.listdir(tmp_path)) == ["left-0"]  # the idle one left by itself, the hung one was stopped
+
+
+class CtrlCAtStart(torch.utils.data.Sampler):
+    """A sampler that gets a Ctrl-C when its iterator starts: inside iter(loader), the
+    workers forked and DataLoader's reset priming their queues."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        signal.raise_signal(signal.SIGINT)
+        return iter(range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_ctrl_c_while_the_workers_start_is_raised_once_they_have_and_stops_them(persistent):
+    # Raised inside iter(loader), the KeyboardInterrupt left the workers running behind a
+    # half-built iterator (and, where it landed in a queue's `with lock:`, the lock held:
+    # the process hung at its exit, faults.signals_held). Now it is raised once iter()
+    # is done, and the source shuts the workers down on the way out.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own (bisect() in a notebook)
+    before = set(multiprocessing.active_children())
+    source = LoaderSource(lambda: DataLoader(list(range(16)), batch_size=4, sampler=CtrlCAtStart(16), num_workers=2,
+                                             persistent_workers=persistent, multiprocessing_context="fork"))
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:  # (its traceback kept: the frames stay alive)
+            with source:
+                pytest.fail("the visit ran after a Ctrl-C")
+        assert set(multiprocessing.active_children()) <= before, caught  # shut down, not left to gc
+        assert source.loader is None and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
