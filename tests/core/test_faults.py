@@ -347,7 +347,16 @@ def test_interrupt_writes_the_partial_result_and_leaves_no_worker(tmp_path, sig,
         children = [c for c in parent.children(recursive=True) if _a_python(c, psutil)]
     assert children, "no worker process was started"
     proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=60)
+    try:
+        stdout, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # hung at its exit: stopped, its workers with it, so no later test finds them
+        for p in [*parent.children(recursive=True), parent]:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        proc.communicate()
+        raise
     assert proc.returncode == code, stderr
     doc = json.loads(out.read_text())
     assert doc["complete"] is False and doc["interrupted"] is True
