@@ -22,7 +22,9 @@ def run(model, loader, **kw):
     return bisect(model, loader, device="cpu", **kw)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+# With 2 workers the run shares the 2 cores with them: under pytest -n 3 in a clean clone
+# (51245ac) the augment run left `collated` out ("failed") once; it measures alone.
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.alone)])
 @pytest.mark.parametrize("kind,expected", [("load", "load"), ("augment", "augment"), ("collate", "collate"),
                                            ("model", "none")])
 def test_planted_bottleneck_is_found(kind, expected, num_workers, planted_run, no_leftover_workers):

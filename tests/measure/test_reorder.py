@@ -199,6 +199,7 @@ def _augment_of(tmp_path, transform):
 
 
 @pytest.mark.e2e
+@pytest.mark.alone  # under pytest -n 3 in a clean clone the 54-ms saving read within a 64-ms tolerance (11 samples)
 def test_blur_and_jitter_before_a_4x_crop_come_out_faster_reordered(tmp_path):
     transform = v1.Compose([v1.GaussianBlur(9), v1.ColorJitter(0.4, 0.4, 0.4, 0.1), v1.RandomResizedCrop(256),
                             v1.ToTensor()])
