@@ -62,6 +62,12 @@ def interrupt_now() -> bool:
     return True
 
 
+def _owe(signum: int, frame: Any) -> None:
+    """Python's own SIGINT handler as a held block puts it off: raised at the block's end,
+    also in a lockstep (Python's handler does not wait for its agreement)."""
+    OWED[0] = True
+
+
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
     """Hold Ctrl-C, SIGTERM and the watchdog's alarm while the block runs, then raise
@@ -75,15 +81,15 @@ def signals_held() -> Iterator[None]:
     handler waits on it before it terminates the workers (the report printed, the
     process and its workers left running: tests/core/test_faults.py's interrupt test in
     CI). Under the command line's handler (cli._on_sigterm) the signal is only noted
-    here; under Python's own (bisect() in a notebook) SIGINT is noted by one put in for
-    the block. In other threads than the main one (signals go to the main thread) the
+    here; under Python's own (bisect() in a notebook) SIGINT is owed by one put in for
+    the block (_owe). In other threads than the main one (signals go to the main thread) the
     block runs as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     own = signal.getsignal(signal.SIGINT) is signal.default_int_handler
     if own:
-        signal.signal(signal.SIGINT, lambda signum, frame: interrupt_now())
+        signal.signal(signal.SIGINT, _owe)
         undo = undo_in_child(lambda: signal.signal(signal.SIGINT, signal.default_int_handler))
     HELD[0] += 1
     try:

@@ -520,6 +520,20 @@ def test_a_held_block_that_raises_gives_way_to_the_signal_that_came_in_it():
         signal.signal(signal.SIGINT, previous)
 
 
+def test_under_a_lockstep_pythons_own_handler_still_raises_at_the_blocks_end():
+    # bisect() under torchrun without the command line: Python's handler never waited for
+    # an agreement, so a held block must not swallow its Ctrl-C either
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    faults.DEFER_INTERRUPTS[0] += 1
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with faults.signals_held():
+                signal.raise_signal(signal.SIGINT)
+    finally:
+        faults.DEFER_INTERRUPTS[0] -= 1
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_under_a_lockstep_a_held_block_leaves_the_signal_to_the_next_agreement():
     previous = signal.signal(signal.SIGINT, _cli_handler)
     faults.DEFER_INTERRUPTS[0] += 1
